@@ -1,0 +1,91 @@
+"""The contract every compute adapter implements, and the one vocabulary of worker states.
+
+Adapters talk to a provider; they decide nothing. Each adapter maps its provider's own states
+onto `WorkerPhase` in one table and keeps the provider's word beside it for humans.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol, runtime_checkable
+
+
+class WorkerPhase(StrEnum):
+    PENDING = "pending"  # accepted by the provider, not started yet
+    RUNNING = "running"
+    EXITED = "exited"  # the process ended by itself; see exit_code
+    PREEMPTED = "preempted"  # taken away: spot reclaim, node failure, killed from outside
+    SESSION_LIMIT = "session-limit"  # the provider's time limit ended it
+    LOST = "lost"  # unreachable or unknown to the provider
+
+
+@dataclass(frozen=True)
+class WorkerRef:
+    """Names one worker; `id` is the provider's handle, the rest are our labels on it."""
+
+    provider: str
+    id: str
+    job: str
+    run_id: str
+    epoch: int
+
+
+@dataclass(frozen=True)
+class WorkerState:
+    phase: WorkerPhase
+    exit_code: int | None = None
+    provider_state: str = ""  # the provider's own word, e.g. "PREEMPTED" or "killed by SIGKILL"
+    detail: str = ""  # who or what, when the provider says (e.g. "cancelled by uid 1001")
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything an adapter needs to start one attempt. `env` already holds RECONCILER_* variables;
+    `secret_env` is kept apart so adapters never write it to logs or files others can read."""
+
+    job: str
+    run_id: str
+    epoch: int
+    command: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    secret_env: dict[str, str] = field(default_factory=dict)
+    workdir: str | None = None
+    cpus: int = 1
+    memory_gb: float | None = None
+    gpus: int = 0
+
+
+class ProviderUnavailable(Exception):
+    """The provider cannot serve now: API down, no capacity, quota spent. Not the job's fault."""
+
+
+class ProviderConfigError(Exception):
+    """The provider's settings or credentials are wrong; a person must fix them."""
+
+
+@runtime_checkable
+class ComputeAdapter(Protocol):
+    name: str
+
+    def launch(self, spec: LaunchSpec) -> WorkerRef:
+        """Start a worker labelled (job, run_id, epoch); adopt one that already carries the labels."""
+        ...
+
+    def observe(self) -> dict[WorkerRef, WorkerState]:
+        """Every worker carrying our labels, launched by this process or not. Raises
+        ProviderUnavailable when the provider cannot be asked (the caller must not conclude
+        anything about the workers from that)."""
+        ...
+
+    def terminate(self, ref: WorkerRef) -> None:
+        """Stop the worker; a worker already gone is not an error."""
+        ...
+
+    def logs(self, ref: WorkerRef, tail: int = 50) -> str:
+        """The last `tail` lines of the worker's output, or '' if there are none."""
+        ...
+
+    def free_slots(self) -> int | None:
+        """How many more workers the provider can take now, if it can tell; None = unknown."""
+        ...

@@ -1,0 +1,247 @@
+"""Manifest models: what a user may write under `desired/`.
+
+Every model forbids unknown fields, so a typo is an error naming the field rather than a
+setting that silently does nothing. Names are lowercase DNS labels because they become
+storage paths, worker labels and file names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+API_VERSION = "reconciler.dev/v1"
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def check_dns_label(value: str) -> str:
+    if not DNS_LABEL.match(value):
+        raise ValueError(
+            f"{value!r} is not a valid name: use 1-63 lowercase letters, digits and '-', "
+            "starting and ending with a letter or digit"
+        )
+    return value
+
+
+Name = Annotated[str, Field(min_length=1, max_length=63)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Metadata(Strict):
+    name: Name
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_dns_label(cls, v: str) -> str:
+        return check_dns_label(v)
+
+
+class Placement(Strict):
+    """Where a run may go: providers in order of preference (empty = any), and a price cap."""
+
+    providers: list[Name] = Field(default_factory=list)
+    max_price_per_hour: float | None = Field(default=None, ge=0)
+
+    @field_validator("providers")
+    @classmethod
+    def _providers_are_names(cls, v: list[str]) -> list[str]:
+        return [check_dns_label(p) for p in v]
+
+
+class Retry(Strict):
+    """Budget for the job's own failures. Interruptions never count against it."""
+
+    max_failures: int = Field(default=3, ge=0)
+    backoff_seconds: float = Field(default=10.0, ge=0)
+    backoff_max_seconds: float = Field(default=600.0, ge=0)
+
+
+class Resources(Strict):
+    cpus: int = Field(default=1, ge=1)
+    memory_gb: float | None = Field(default=None, gt=0)
+    gpus: int = Field(default=0, ge=0)
+    gpu_model: str | None = None
+
+
+class Code(Strict):
+    """Where the job's code comes from; part of the run identity."""
+
+    path: str | None = Field(default=None, description="working directory for the command")
+    git: str | None = Field(default=None, description="git URL of the code")
+    ref: str | None = Field(default=None, description="commit, tag or branch of `git`")
+    image: str | None = Field(default=None, description="container image, for providers that use one")
+
+
+class JobSpec(Strict):
+    command: list[str] = Field(min_length=1, description="argv of the worker; no shell is involved")
+    code: Code = Field(default_factory=Code)
+    env: dict[str, str] = Field(default_factory=dict)
+    secrets: list[str] = Field(
+        default_factory=list,
+        description="names of environment variables whose values the reconciler passes to the worker",
+    )
+    resources: Resources = Field(default_factory=Resources)
+    target_steps: int | None = Field(default=None, ge=1, description="completion target, for progress")
+    checkpoint_every: int | None = Field(default=None, ge=1, description="checkpoint interval hint, steps")
+    placement: Placement = Field(default_factory=Placement)
+    retry: Retry = Field(default_factory=Retry)
+    budget_usd: float | None = Field(default=None, ge=0)
+    deadline: datetime | None = None
+    stall_timeout_seconds: float = Field(
+        default=300.0, gt=0, description="heartbeat age after which a running worker is stalled"
+    )
+    suspend: bool = False
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if not ENV_NAME.match(key):
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+            if key.startswith("RECONCILER_"):
+                raise ValueError(f"{key!r} is reserved: RECONCILER_* variables are set by the reconciler")
+        return v
+
+    @field_validator("secrets")
+    @classmethod
+    def _secret_names(cls, v: list[str]) -> list[str]:
+        for key in v:
+            if not ENV_NAME.match(key):
+                raise ValueError(f"secret {key!r} is not a valid environment variable name")
+        return v
+
+
+class Job(Strict):
+    apiVersion: Literal["reconciler.dev/v1"] = API_VERSION
+    kind: Literal["Job"]
+    metadata: Metadata
+    spec: JobSpec
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    def run_id(self) -> str:
+        """Digest of the fields that define *what is computed*; a change starts a new run."""
+        identity = {
+            "name": self.metadata.name,
+            "command": self.spec.command,
+            "code": self.spec.code.model_dump(mode="json"),
+            "env": dict(sorted(self.spec.env.items())),
+            "secrets": sorted(self.spec.secrets),
+        }
+        blob = json.dumps(identity, sort_keys=True, separators=(",", ":")).encode()
+        return "r-" + hashlib.sha256(blob).hexdigest()[:12]
+
+
+# ---- providers -------------------------------------------------------------------------------
+
+
+class LocalSettings(Strict):
+    type: Literal["local"] = "local"
+    workdir: str | None = Field(default=None, description="where worker folders live; default ~/.reconciler")
+
+
+class SshHost(Strict):
+    name: Name
+    address: str = Field(min_length=1)
+    port: int = Field(default=22, ge=1, le=65535)
+    user: str = Field(default="root", pattern=r"^[a-z_][a-z0-9_-]*\$?$")
+    key_file: str | None = None
+    max_workers: int = Field(default=1, ge=1)
+    labels: dict[str, str] = Field(default_factory=dict)
+    python: str = Field(default="python3", description="interpreter used on the host")
+
+    @field_validator("name")
+    @classmethod
+    def _host_name(cls, v: str) -> str:
+        return check_dns_label(v)
+
+
+class SshSettings(Strict):
+    type: Literal["ssh"] = "ssh"
+    hosts: list[SshHost] = Field(min_length=1)
+    host_key_policy: Literal["strict", "accept-new"] = "strict"
+    known_hosts: str | None = Field(default=None, description="known_hosts file; default ~/.ssh/known_hosts")
+    workdir: str = Field(default="~/.reconciler", description="folder on each host for worker files")
+    connect_timeout_seconds: float = Field(default=10.0, gt=0)
+
+
+class SlurmSettings(Strict):
+    type: Literal["slurm"] = "slurm"
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time_limit: str | None = Field(default=None, description="sbatch --time, e.g. 04:00:00")
+    sbatch_options: list[str] = Field(default_factory=list)
+    signal_seconds: int = Field(default=120, ge=0, description="warning signal this long before the limit")
+    workdir: str = Field(default="~/.reconciler", description="folder for batch scripts and logs")
+
+
+class SimSettings(Strict):
+    """A simulated provider, for tests and benchmarks in simulated time."""
+
+    type: Literal["sim"] = "sim"
+    launch_delay_seconds: float = Field(default=60.0, ge=0)
+    mean_time_between_preemptions_seconds: float | None = Field(default=None, gt=0)
+    api_error_rate: float = Field(default=0.0, ge=0, le=1)
+
+
+ProviderSettings = Annotated[
+    LocalSettings | SshSettings | SlurmSettings | SimSettings, Field(discriminator="type")
+]
+
+
+class ProviderSpec(Strict):
+    settings: ProviderSettings
+    concurrency: int = Field(default=1, ge=1, description="most workers at once on this provider")
+    price_per_hour: float = Field(default=0.0, ge=0)
+    free_quota_hours: float | None = Field(default=None, ge=0, description="free hours per week, if any")
+    secrets: list[str] = Field(default_factory=list, description="credential variable names it needs")
+
+    @property
+    def type(self) -> str:
+        return self.settings.type
+
+
+class Provider(Strict):
+    apiVersion: Literal["reconciler.dev/v1"] = API_VERSION
+    kind: Literal["Provider"]
+    metadata: Metadata
+    spec: ProviderSpec
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+
+class Settings(Strict):
+    """Reconciler settings, from `reconciler.yaml` at the repository root; all have safe defaults."""
+
+    storage: str = Field(default="file://~/.reconciler/runs", description="fsspec URL of run data")
+    tick_seconds: float = Field(default=30.0, gt=0)
+    status_branch: str | None = Field(default=None, description="branch for status commits; default current")
+    commit_name: str = "reconciler"
+    commit_email: str = "reconciler@localhost"
+    remote: str | None = Field(default=None, description="git remote to fetch from and push to")
+    storage_options: dict[str, str] = Field(default_factory=dict)
+
+
+def default_local_provider() -> Provider:
+    """Used when the repository declares no provider, so one Job alone already works."""
+    return Provider(
+        kind="Provider",
+        metadata=Metadata(name="local"),
+        spec=ProviderSpec(settings=LocalSettings(), concurrency=2),
+    )
