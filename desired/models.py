@@ -62,7 +62,7 @@ class Placement(Strict):
 class Retry(Strict):
     """Budget for the job's own failures. Interruptions never count against it."""
 
-    max_failures: int = Field(default=3, ge=0)
+    max_retries: int = Field(default=3, ge=0, description="relaunches after job errors before Failed")
     backoff_seconds: float = Field(default=10.0, ge=0)
     backoff_max_seconds: float = Field(default=600.0, ge=0)
 
@@ -231,7 +231,6 @@ class Settings(Strict):
 
     storage: str = Field(default="file://~/.reconciler/runs", description="fsspec URL of run data")
     tick_seconds: float = Field(default=30.0, gt=0)
-    status_branch: str | None = Field(default=None, description="branch for status commits; default current")
     commit_name: str = "reconciler"
     commit_email: str = "reconciler@localhost"
     remote: str | None = Field(default=None, description="git remote to fetch from and push to")

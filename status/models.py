@@ -1,0 +1,214 @@
+"""What the reconciler records about each job, and how it is written to `status/`.
+
+Pure: data in, text out. Serialization is canonical (sorted keys, stable float formatting), so
+a tick whose status did not change produces byte-identical files and commits nothing.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+MAX_ATTEMPTS_KEPT = 10
+LOG_TAIL_CHARS = 4000
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    LAUNCHING = "Launching"
+    RUNNING = "Running"
+    BACKOFF = "Backoff"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SUSPENDED = "Suspended"
+    CANCELLED = "Cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED)
+
+
+class Outcome(StrEnum):
+    """How an attempt ended, by whose fault (DESIGN.md §5)."""
+
+    SUCCEEDED = "succeeded"
+    INTERRUPTION = "interruption"  # preempted, host lost, killed from outside: free
+    SESSION_END = "session-end"  # the provider's time limit: free
+    STALLED = "stalled"  # heartbeat stale while the provider says running: charged
+    JOB_ERROR = "job-error"  # exit != 0, or 0 without done.json: charged
+    CANCELLED = "cancelled"  # we stopped it: manifest deleted, suspended, run replaced
+    SUPERSEDED = "superseded"  # a newer attempt holds the lease
+
+    @property
+    def charged(self) -> bool:
+        return self in (Outcome.JOB_ERROR, Outcome.STALLED)
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class Attempt(Model):
+    epoch: int
+    provider: str
+    worker: str
+    started: float
+    ended: float | None = None
+    outcome: Outcome | None = None
+    exit_code: int | None = None
+    detail: str = ""
+    step_start: int = 0
+    step_end: int | None = None
+    steps_lost: int = 0
+    cost_usd: float = 0.0
+    unseen_since: float | None = None  # first observation that did not find the worker
+
+    @property
+    def open(self) -> bool:
+        return self.outcome is None
+
+
+class Progress(Model):
+    step: int = 0  # durable: newest committed checkpoint
+    target: int | None = None
+
+    def percent(self) -> float | None:
+        if not self.target:
+            return None
+        return min(100.0, 100.0 * self.step / self.target)
+
+
+class JobStatus(Model):
+    job: str
+    phase: Phase = Phase.PENDING
+    run_id: str = ""
+    manifest: str = ""  # file under desired/ that defines the job
+    desired_commit: str = ""
+    message: str = ""
+    progress: Progress = Field(default_factory=Progress)
+    failures: int = 0  # charged to the retry budget
+    interruptions: int = 0  # free
+    total_attempts: int = 0
+    steps_lost: int = 0
+    cost_usd: float = 0.0
+    backoff_until: float | None = None
+    provider_backoff: dict[str, float] = Field(default_factory=dict)  # provider -> until
+    attempts: list[Attempt] = Field(default_factory=list)
+    log_tail: str | None = None
+
+    @property
+    def current(self) -> Attempt | None:
+        return self.attempts[-1] if self.attempts and self.attempts[-1].open else None
+
+
+def iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def from_iso(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, datetime):
+        return value.replace(tzinfo=value.tzinfo or UTC).timestamp()
+    return datetime.strptime(str(value), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+
+
+_TIME_FIELDS = ("started", "ended", "unseen_since", "backoff_until")
+
+
+def _times_to_iso(data: Any) -> Any:
+    if isinstance(data, dict):
+        out = {}
+        for k, v in data.items():
+            if k in _TIME_FIELDS and isinstance(v, int | float):
+                out[k] = iso(v)
+            elif k == "provider_backoff" and isinstance(v, dict):
+                out[k] = {p: iso(t) for p, t in v.items()}
+            else:
+                out[k] = _times_to_iso(v)
+        return out
+    if isinstance(data, list):
+        return [_times_to_iso(x) for x in data]
+    if isinstance(data, float):
+        return round(data, 4)
+    return data
+
+
+def _times_from_iso(data: Any) -> Any:
+    if isinstance(data, dict):
+        out = {}
+        for k, v in data.items():
+            if k in _TIME_FIELDS:
+                out[k] = from_iso(v)
+            elif k == "provider_backoff" and isinstance(v, dict):
+                out[k] = {p: from_iso(t) for p, t in v.items()}
+            else:
+                out[k] = _times_from_iso(v)
+        return out
+    if isinstance(data, list):
+        return [_times_from_iso(x) for x in data]
+    return data
+
+
+class _LiteralDumper(yaml.SafeDumper):
+    pass
+
+
+def _str_presenter(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_LiteralDumper.add_representer(str, _str_presenter)
+
+
+def render_status(status: JobStatus) -> str:
+    """Canonical YAML for `status/<job>.yaml`. Whole seconds, so re-rendering is stable."""
+    data = status.model_dump(mode="json", exclude_none=True)
+    data = _times_to_iso(data)
+    header = "# Written by the reconciler; do not edit. History: git log -- status/" + status.job + ".yaml\n"
+    return header + yaml.dump(data, Dumper=_LiteralDumper, sort_keys=True, allow_unicode=True, width=100)
+
+
+def parse_status(text: str | bytes) -> JobStatus | None:
+    """Reads a status file back; a damaged one is treated as absent (status is ours to rewrite)."""
+    try:
+        data = yaml.safe_load(text)
+        if not isinstance(data, dict):
+            return None
+        return JobStatus.model_validate(_times_from_iso(data))
+    except (yaml.YAMLError, ValidationError, ValueError):
+        return None
+
+
+def render_index(statuses: list[JobStatus], errors: list[str]) -> str:
+    """`status/README.md`: one table of all jobs, for people browsing the repository."""
+    lines = [
+        "# Status",
+        "",
+        "Written by the reconciler on every change; do not edit.",
+        "",
+        "| job | phase | progress | attempts | interruptions | failures | message |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for st in sorted(statuses, key=lambda s: s.job):
+        pct = st.progress.percent()
+        prog = f"{st.progress.step}/{st.progress.target} ({pct:.0f}%)" if pct is not None else str(
+            st.progress.step)
+        msg = st.message.replace("|", "\\|").replace("\n", " ")
+        lines.append(
+            f"| {st.job} | {st.phase.value} | {prog} | {st.total_attempts} | {st.interruptions} | "
+            f"{st.failures} | {msg} |"
+        )
+    if errors:
+        lines += ["", "## Manifest errors", ""]
+        lines += [f"- {e}" for e in errors]
+    return "\n".join(lines) + "\n"
