@@ -468,7 +468,10 @@ def apply_results(p: Plan, results: list[LaunchResult], now: float, durable: dic
             st.phase = Phase.LAUNCHING
             st.message = f"attempt {res.ref.epoch} launched on {res.ref.provider} ({res.action.reason})"
             _trim(st)
-        else:
+        elif res.unavailable:
             st.provider_backoff[res.action.provider] = now + UNAVAILABLE_BACKOFF_SECONDS
             st.phase = Phase.PENDING
             st.message = f"provider {res.action.provider} refused the launch: {res.error}"
+        else:
+            st.phase = Phase.PENDING
+            st.message = f"cannot launch: {res.error}"

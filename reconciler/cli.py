@@ -1,0 +1,249 @@
+"""The command line: init, validate, plan, run, status, schema, demo, exec."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from reconciler.loop import Reconciler
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Drive compute jobs to completion on executors that owe you nothing, GitOps-style.")
+console = Console()
+err = Console(stderr=True)
+
+RepoOption = Annotated[Path, typer.Option("--repo", "-r", help="the state repository (a git checkout)")]
+
+EXAMPLE_JOB = """\
+# A job the reconciler drives to completion. See `reconciler schema` for every field.
+apiVersion: reconciler.dev/v1
+kind: Job
+metadata:
+  name: hello
+spec:
+  command: ["python", "-c", "from reconciler.worker import open_run; r = open_run(); r.complete(1)"]
+  target_steps: 1
+"""
+
+EXAMPLE_SETTINGS = """\
+# Reconciler settings; every field has a safe default.
+storage: file://~/.reconciler/runs   # where run data (leases, checkpoints) lives; s3://bucket/prefix for real use
+tick_seconds: 30
+"""
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s",
+                        handlers=[RichHandler(console=err, show_path=False, rich_tracebacks=False)])
+    for noisy in ("apscheduler", "git", "watchfiles", "fsspec", "botocore", "s3fs", "urllib3", "aiobotocore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    err.print(f"[red]error:[/red] {message}")
+    return typer.Exit(code)
+
+
+def _reconciler(repo: Path) -> Reconciler:
+    from adapters.gitrepo import GitError
+    from reconciler.loop import Reconciler
+
+    try:
+        return Reconciler(repo)
+    except GitError as exc:
+        raise _fail(str(exc)) from exc
+
+
+@app.command()
+def init(path: Annotated[Path, typer.Argument(help="folder for the new state repository")] = Path(".")) -> None:
+    """Create a state repository with an example job and default settings."""
+    from adapters.gitrepo import init_repo
+
+    repo = init_repo(path)
+    (path / "desired").mkdir(exist_ok=True)
+    (path / "status").mkdir(exist_ok=True)
+    created = []
+    for rel, text in (("desired/hello.yaml", EXAMPLE_JOB), ("reconciler.yaml", EXAMPLE_SETTINGS)):
+        target = path / rel
+        if not target.exists():
+            target.write_text(text)
+            created.append(rel)
+    if created:
+        repo.git.add(*created)
+        repo.git.commit("-q", "-m", "reconciler init", env={
+            "GIT_AUTHOR_NAME": "reconciler", "GIT_AUTHOR_EMAIL": "reconciler@localhost",
+            "GIT_COMMITTER_NAME": "reconciler", "GIT_COMMITTER_EMAIL": "reconciler@localhost"})
+    console.print(f"state repository ready at {path.resolve()}; created: {', '.join(created) or 'nothing'}")
+    console.print(f"next: edit desired/*.yaml, commit, then `reconciler run --repo {path}`")
+
+
+@app.command()
+def validate(repo: RepoOption = Path(".")) -> None:
+    """Check every manifest under desired/ in the working tree; exit 1 naming file and field on errors."""
+    from desired.parse import SETTINGS_FILE, parse_desired
+
+    root = repo / "desired"
+    if not root.is_dir():
+        raise _fail(f"{root} does not exist; run this in a state repository or pass --repo")
+    files = {str(p.relative_to(repo)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    settings = (repo / SETTINGS_FILE).read_bytes() if (repo / SETTINGS_FILE).exists() else None
+    state = parse_desired(files, settings)
+    for e in state.errors:
+        err.print(f"[red]error:[/red] {e}")
+    console.print(f"{len(state.jobs)} job(s), {len(state.providers)} provider(s), {len(state.errors)} error(s)")
+    if state.errors:
+        raise typer.Exit(1)
+
+
+@app.command()
+def plan(repo: RepoOption = Path("."), verbose: bool = False) -> None:
+    """Show what the next tick would do, without doing it."""
+    _setup_logging(verbose)
+    rec = _reconciler(repo)
+    the_plan, report = rec.preview()
+    for e in report.errors:
+        err.print(f"[yellow]warning:[/yellow] {e}")
+    if not report.actions:
+        console.print("no actions: the world matches the desired state")
+    for a in report.actions:
+        console.print(f"- {a}")
+    for name, st in sorted(the_plan.statuses.items()):
+        console.print(f"  {name}: {st.phase.value} — {st.message}")
+
+
+@app.command()
+def run(
+    repo: RepoOption = Path("."),
+    once: Annotated[bool, typer.Option(help="do one tick and exit")] = False,
+    until_done: Annotated[bool, typer.Option(help="exit when every job is terminal (0 if all succeeded)")] = False,
+    tick_seconds: Annotated[float | None, typer.Option(help="override the interval of reconciler.yaml")] = None,
+    watch: Annotated[bool, typer.Option(help="tick at once when desired/ changes")] = True,
+    verbose: bool = False,
+) -> None:
+    """Reconcile: launch and relaunch workers until every job is done, committing status to git."""
+    from reconciler.daemon import Daemon
+    from reconciler.loop import AlreadyRunning, TickReport
+
+    _setup_logging(verbose)
+    rec = _reconciler(repo)
+
+    def show(report: TickReport) -> None:
+        for line in report.changed:
+            logging.getLogger("reconciler").info("%s", line)
+
+    try:
+        if once:
+            rec.acquire_lock()
+            report = rec.tick()
+            show(report)
+            return
+        daemon = Daemon(rec, tick_seconds=tick_seconds, until_done=until_done, on_tick=show, watch=watch)
+        final = daemon.run()
+    except AlreadyRunning as exc:
+        raise _fail(str(exc)) from exc
+    if until_done and final is not None:
+        failed = [n for n, s in final.statuses.items() if s.phase.value != "Succeeded"]
+        if failed:
+            raise _fail(f"not all jobs succeeded: {', '.join(sorted(failed))}")
+
+
+@app.command()
+def status(repo: RepoOption = Path("."), as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """A table of every job with its phase and progress (live progress from storage)."""
+    from reconciler.loop import read_run
+
+    rec = _reconciler(repo)
+    commit = rec.repo.head()
+    recorded = rec.read_recorded(commit)
+    desired = rec.read_desired(commit)
+    rows = []
+    for name in sorted(set(recorded) | set(desired.jobs)):
+        st = recorded.get(name)
+        job = desired.jobs.get(name)
+        run_id = st.run_id if st else (job.run_id() if job else "")
+        live = read_run(desired.settings.storage, name, run_id, dict(desired.settings.storage_options))
+        target = (job.spec.target_steps if job else None) or (st.progress.target if st else None)
+        step = live.heartbeat_step if live.heartbeat_step is not None else (st.progress.step if st else 0)
+        rows.append({
+            "job": name, "phase": st.phase.value if st else "New", "run": run_id,
+            "step": step, "durable": live.durable_step, "target": target,
+            "attempts": st.total_attempts if st else 0, "interruptions": st.interruptions if st else 0,
+            "failures": st.failures if st else 0, "message": st.message if st else "not reconciled yet",
+        })
+    if as_json:
+        console.print_json(json.dumps(rows))
+        return
+    table = Table("job", "phase", "progress", "attempts", "interruptions", "failures", "message")
+    for r in rows:
+        prog = f"{r['step']}/{r['target']} (saved {r['durable']})" if r["target"] else str(r["step"])
+        table.add_row(r["job"], r["phase"], prog, str(r["attempts"]), str(r["interruptions"]),
+                      str(r["failures"]), r["message"])
+    console.print(table)
+    for e in desired.errors:
+        err.print(f"[red]error:[/red] {e}")
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON schema of manifests (Job, Provider) and settings (reconciler.yaml)."""
+    from pydantic import TypeAdapter
+
+    from desired.models import Job, Provider, Settings
+
+    doc = {
+        "Job": Job.model_json_schema(),
+        "Provider": Provider.model_json_schema(),
+        "Settings": TypeAdapter(Settings).json_schema(),
+    }
+    console.print_json(json.dumps(doc))
+
+
+@app.command()
+def demo(
+    directory: Annotated[Path, typer.Option("--dir", help="where the demo state repository goes")] = Path(
+        "demo-state"),
+    chaos: Annotated[bool, typer.Option(help="kill the worker with SIGKILL at random moments")] = True,
+    seed: Annotated[int | None, typer.Option(help="seed of the chaos")] = None,
+    steps: Annotated[int, typer.Option(help="training steps of the demo job")] = 400,
+) -> None:
+    """Run a small PyTorch training job to completion on this machine while chaos kills its worker."""
+    from reconciler.demo import run_demo
+
+    _setup_logging(False)
+    code = run_demo(directory, chaos=chaos, seed=seed, steps=steps, console=console)
+    raise typer.Exit(code)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def exec(ctx: typer.Context) -> None:  # noqa: A001 - the command's name is `exec`
+    """Run a non-Python command as a worker: `reconciler exec -- CMD ARGS...` (heartbeats, signals, exit)."""
+    from reconciler.execwrap import main as exec_main
+
+    args = list(ctx.args)
+    if args and args[0] == "--":
+        args = args[1:]
+    if not args:
+        raise _fail("nothing to run: use `reconciler exec -- CMD ARGS...`", 2)
+    raise typer.Exit(exec_main(args))
+
+
+def main() -> None:
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

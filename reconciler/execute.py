@@ -1,0 +1,102 @@
+"""The executor: carries out the planner's actions and reports what happened. It decides nothing.
+
+A launch bumps the run's lease epoch in storage BEFORE the worker starts, so that any older
+worker of the run is fenced out by the time the new one can write.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from adapters.compute import ComputeAdapter, LaunchSpec, ProviderConfigError, ProviderUnavailable
+from adapters.storage import RunFolder, StorageError
+from desired.models import Job, Settings
+from reconciler.plan import Launch, LaunchResult, Terminate
+
+log = logging.getLogger("reconciler")
+
+
+@dataclass
+class ExecutionReport:
+    launches: list[LaunchResult] = field(default_factory=list)
+    terminated: list[Terminate] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def worker_env(job: Job, folder: RunFolder, run_id: str, epoch: int) -> dict[str, str]:
+    """The worker environment every adapter passes on (DESIGN.md §3), secrets excluded."""
+    env = dict(job.spec.env)
+    env.update({
+        "RECONCILER_JOB": job.name,
+        "RECONCILER_RUN_URI": folder.uri,
+        "RECONCILER_RUN_ID": run_id,
+        "RECONCILER_EPOCH": str(epoch),
+    })
+    if job.spec.checkpoint_every:
+        env["RECONCILER_CHECKPOINT_EVERY"] = str(job.spec.checkpoint_every)
+    if job.spec.target_steps:
+        env["RECONCILER_TARGET_STEPS"] = str(job.spec.target_steps)
+    return env
+
+
+def resolve_secrets(job: Job, environ: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    values = {name: environ[name] for name in job.spec.secrets if name in environ}
+    missing = [name for name in job.spec.secrets if name not in environ]
+    return values, missing
+
+
+def execute(actions: list[Launch | Terminate], *, jobs: dict[str, Job], adapters: dict[str, ComputeAdapter],
+            settings: Settings, environ: Mapping[str, str] | None = None) -> ExecutionReport:
+    environ = os.environ if environ is None else environ
+    report = ExecutionReport()
+    for action in actions:
+        if isinstance(action, Terminate):
+            adapter = adapters.get(action.ref.provider)
+            if adapter is None:
+                report.errors.append(f"cannot terminate {action.ref.id}: provider {action.ref.provider!r} is gone")
+                continue
+            try:
+                adapter.terminate(action.ref)
+                report.terminated.append(action)
+                log.info("terminated %s on %s: %s", action.ref.id, action.ref.provider, action.reason)
+            except Exception as exc:  # a provider failure must not stop the other actions
+                report.errors.append(f"terminate {action.ref.id} on {action.ref.provider} failed: {exc}")
+            continue
+        report.launches.append(_launch(action, jobs[action.job], adapters, settings, environ))
+    return report
+
+
+def _launch(action: Launch, job: Job, adapters: dict[str, ComputeAdapter], settings: Settings,
+            environ: Mapping[str, str]) -> LaunchResult:
+    adapter = adapters.get(action.provider)
+    if adapter is None:
+        return LaunchResult(action, error=f"provider {action.provider!r} has no working adapter")
+    secrets, missing = resolve_secrets(job, environ)
+    if missing:
+        return LaunchResult(action, unavailable=False, error=(
+            f"secret {', '.join(missing)} is not set in the reconciler's environment; set it and the "
+            "next tick launches"))
+    folder = RunFolder.for_run(settings.storage, job.name, action.run_id, dict(settings.storage_options))
+    try:
+        epoch = folder.bump_lease()
+    except StorageError as exc:
+        return LaunchResult(action, unavailable=False, error=f"cannot take the run's lease: {exc}")
+    workdir = job.spec.code.path
+    spec = LaunchSpec(
+        job=job.name, run_id=action.run_id, epoch=epoch, command=list(job.spec.command),
+        env=worker_env(job, folder, action.run_id, epoch), secret_env=secrets, workdir=workdir,
+        cpus=job.spec.resources.cpus, memory_gb=job.spec.resources.memory_gb, gpus=job.spec.resources.gpus,
+    )
+    try:
+        ref = adapter.launch(spec)
+    except ProviderUnavailable as exc:
+        return LaunchResult(action, error=str(exc))
+    except ProviderConfigError as exc:
+        return LaunchResult(action, error=str(exc))
+    except Exception as exc:  # an adapter bug is the provider's failure, not the job's
+        return LaunchResult(action, error=f"{type(exc).__name__}: {exc}")
+    log.info("launched %s attempt %d on %s as %s (%s)", job.name, epoch, action.provider, ref.id, action.reason)
+    return LaunchResult(action, ref=ref)

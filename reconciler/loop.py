@@ -1,0 +1,262 @@
+"""One tick of the loop, level-triggered: rebuild the whole view from git, storage and providers,
+plan, execute, and commit the status that changed.
+
+A tick keeps no memory of its own between runs: whatever it must remember (attempts, when a
+worker was last seen, backoff) is in the status files it commits, so a reconciler killed at any
+point and started again carries on from git and storage alone.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from adapters.compute import ComputeAdapter, ProviderConfigError, WorkerPhase
+from adapters.gitrepo import DESIRED_DIR, STATUS_DIR, GitError, StateRepo
+from adapters.registry import make_adapter
+from adapters.storage import RunFolder, StorageError
+from desired.models import Provider
+from desired.parse import DesiredState, parse_desired
+from reconciler.clock import Clock, SystemClock
+from reconciler.execute import execute
+from reconciler.plan import Observed, Plan, RunObservation, apply_results, plan
+from status.models import JobStatus, parse_status, render_index, render_status
+
+log = logging.getLogger("reconciler")
+
+AdapterFactory = Callable[[Provider], ComputeAdapter]
+
+
+class AlreadyRunning(Exception):
+    pass
+
+
+@dataclass
+class TickReport:
+    commit: str = ""
+    status_commit: str | None = None
+    actions: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    statuses: dict[str, JobStatus] = field(default_factory=dict)
+    desired: DesiredState | None = None
+
+    @property
+    def all_terminal(self) -> bool:
+        if self.desired is None or not self.desired.jobs:
+            return False
+        return all(self.statuses[j].phase.terminal for j in self.desired.jobs if j in self.statuses)
+
+
+class Reconciler:
+    def __init__(self, repo_path: str | os.PathLike[str], *, clock: Clock | None = None,
+                 adapter_factory: AdapterFactory = make_adapter, environ: Mapping[str, str] | None = None,
+                 storage_override: str | None = None) -> None:
+        self.repo = StateRepo(repo_path)
+        self.clock = clock or SystemClock()
+        self.adapter_factory = adapter_factory
+        self.environ = os.environ if environ is None else environ
+        self.storage_override = storage_override
+        self._adapters: dict[str, tuple[str, ComputeAdapter]] = {}
+        self._lock: IO[str] | None = None
+
+    # ---- one daemon per repository ---------------------------------------------------------------
+    def acquire_lock(self) -> None:
+        path = Path(self.repo.repo.git_dir) / "reconciler.lock"
+        fh = open(path, "a+")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            fh.close()
+            raise AlreadyRunning(f"another reconciler is already running on {self.repo.path}; "
+                                 "stop it first (only one may act on a repository)") from exc
+        fh.seek(0)
+        fh.truncate()
+        fh.write(str(os.getpid()))
+        fh.flush()
+        self._lock = fh
+
+    def release_lock(self) -> None:
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+    # ---- reading the world ------------------------------------------------------------------------
+    def read_desired(self, commit: str) -> DesiredState:
+        desired = parse_desired(self.repo.read_files(commit, DESIRED_DIR), self.repo.read_settings(commit))
+        if self.storage_override:
+            desired.settings = desired.settings.model_copy(update={"storage": self.storage_override})
+        return desired
+
+    def read_recorded(self, commit: str) -> dict[str, JobStatus]:
+        recorded: dict[str, JobStatus] = {}
+        for path, blob in self.repo.read_files(commit, STATUS_DIR).items():
+            if not path.endswith(".yaml"):
+                continue
+            st = parse_status(blob)
+            if st is not None and path == f"{STATUS_DIR}/{st.job}.yaml":
+                recorded[st.job] = st
+        return recorded
+
+    def adapters_for(self, desired: DesiredState, errors: list[str]) -> dict[str, ComputeAdapter]:
+        """Adapters are kept between ticks and rebuilt only when their provider's spec changes."""
+        out: dict[str, ComputeAdapter] = {}
+        for name, provider in desired.providers.items():
+            key = provider.model_dump_json()
+            cached = self._adapters.get(name)
+            if cached is not None and cached[0] == key:
+                out[name] = cached[1]
+                continue
+            try:
+                adapter = self.adapter_factory(provider)
+            except ProviderConfigError as exc:
+                errors.append(str(exc))
+                continue
+            self._adapters[name] = (key, adapter)
+            out[name] = adapter
+        return out
+
+    def observe(self, desired: DesiredState, recorded: dict[str, JobStatus],
+                adapters: dict[str, ComputeAdapter], errors: list[str]) -> Observed:
+        observed = Observed()
+        for name in desired.providers:
+            adapter = adapters.get(name)
+            if adapter is None:
+                observed.unreachable[name] = "adapter could not be built"
+                continue
+            try:
+                workers = adapter.observe()
+            except Exception as exc:  # any failure to ask is "unknown", never "gone"
+                observed.unreachable[name] = str(exc) or type(exc).__name__
+                errors.append(f"cannot observe provider {name}: {exc}")
+                continue
+            observed.workers.update(workers)
+        runs = {(name, job.run_id()) for name, job in desired.jobs.items()}
+        runs |= {(st.job, st.run_id) for st in recorded.values() if st.run_id and not st.phase.terminal}
+        settings = desired.settings
+        for job, run_id in sorted(runs):
+            observed.runs[(job, run_id)] = read_run(settings.storage, job, run_id, dict(settings.storage_options))
+        for st in recorded.values():
+            att = st.current
+            if att is None:
+                continue
+            for ref, state in observed.workers.items():
+                if ref.job == st.job and ref.epoch == att.epoch and ref.run_id == st.run_id \
+                        and state.phase == WorkerPhase.EXITED and state.exit_code not in (0, 75):
+                    try:
+                        observed.logs[ref] = adapters[ref.provider].logs(ref, 40)
+                    except Exception as exc:
+                        observed.logs[ref] = f"(log unavailable: {exc})"
+        return observed
+
+    # ---- the tick ------------------------------------------------------------------------------
+    def preview(self) -> tuple[Plan, TickReport]:
+        """What the next tick would do, without doing it (no launch, no commit, no pull)."""
+        report = TickReport()
+        commit = self.repo.head()
+        report.commit = commit
+        desired = self.read_desired(commit)
+        report.desired = desired
+        report.errors.extend(str(e) for e in desired.errors)
+        recorded = self.read_recorded(commit)
+        adapters = self.adapters_for(desired, report.errors)
+        observed = self.observe(desired, recorded, adapters, report.errors)
+        the_plan = plan(desired, observed, recorded, self.clock.now(), commit)
+        report.actions = [_describe(a) for a in the_plan.actions]
+        report.statuses = the_plan.statuses
+        return the_plan, report
+
+    def tick(self) -> TickReport:
+        report = TickReport()
+        try:
+            self.repo.pull()
+        except GitError as exc:
+            report.errors.append(str(exc))
+        commit = self.repo.head()
+        report.commit = commit
+        desired = self.read_desired(commit)
+        report.desired = desired
+        report.errors.extend(str(e) for e in desired.errors)
+        recorded = self.read_recorded(commit)
+        adapters = self.adapters_for(desired, report.errors)
+        observed = self.observe(desired, recorded, adapters, report.errors)
+        now = self.clock.now()
+        the_plan = plan(desired, observed, recorded, now, commit)
+        result = execute(the_plan.actions, jobs=desired.jobs, adapters=adapters, settings=desired.settings,
+                         environ=self.environ)
+        report.errors.extend(result.errors)
+        durable = {k: v.durable_step for k, v in observed.runs.items()}
+        apply_results(the_plan, result.launches, now, durable)
+        report.actions = [_describe(a) for a in the_plan.actions]
+        report.statuses = the_plan.statuses
+        self._commit(the_plan, recorded, desired, commit, report)
+        for err in report.errors:
+            log.warning("%s", err)
+        return report
+
+    def _commit(self, the_plan: Plan, recorded: dict[str, JobStatus], desired: DesiredState, commit: str,
+                report: TickReport) -> None:
+        files: dict[str, str | None] = {}
+        changes = []
+        desired_commit = self.repo.last_change(commit, [DESIRED_DIR, "reconciler.yaml"]) or commit
+        for name, st in sorted(the_plan.statuses.items()):
+            old = recorded.get(name)
+            text = render_status(st)
+            old_text = self.repo.read_file(commit, f"{STATUS_DIR}/{name}.yaml")
+            if old_text is not None and old_text.decode() == text:
+                continue
+            st.desired_commit = desired_commit[:12]
+            text = render_status(st)
+            files[f"{STATUS_DIR}/{name}.yaml"] = text
+            changes.append(_change_line(old, st))
+        if not files:
+            return
+        index = render_index(list(the_plan.statuses.values()), [str(e) for e in desired.errors])
+        files[f"{STATUS_DIR}/README.md"] = index
+        report.changed = changes
+        subject = changes[0] if len(changes) == 1 else f"status: {len(changes)} jobs changed"
+        message = subject + ("\n\n" + "\n".join(f"- {c}" for c in changes) if len(changes) > 1 else "")
+        try:
+            report.status_commit = self.repo.commit_status(files, message)
+            self.repo.push()
+        except GitError as exc:
+            report.errors.append(str(exc))
+
+
+def read_run(storage: str, job: str, run_id: str, options: dict[str, str]) -> RunObservation:
+    try:
+        folder = RunFolder.for_run(storage, job, run_id, options)
+        progress = folder.progress()
+        return RunObservation(
+            lease_epoch=folder.lease_epoch(),
+            durable_step=folder.durable_step(),
+            heartbeat_step=progress.step if progress else None,
+            heartbeat_epoch=progress.epoch if progress else None,
+            heartbeat_time=progress.time if progress else None,
+            done=folder.done() is not None,
+        )
+    except (StorageError, OSError, ValueError) as exc:
+        return RunObservation(error=str(exc))
+
+
+def _describe(action: object) -> str:
+    from reconciler.plan import Launch, Terminate
+
+    if isinstance(action, Launch):
+        return f"launch {action.job} ({action.run_id}) on {action.provider}: {action.reason}"
+    if isinstance(action, Terminate):
+        return f"terminate {action.ref.id} on {action.ref.provider}: {action.reason}"
+    return str(action)
+
+
+def _change_line(old: JobStatus | None, new: JobStatus) -> str:
+    if old is None:
+        return f"{new.job}: {new.phase.value} ({new.message})"
+    if old.phase != new.phase:
+        return f"{new.job}: {old.phase.value} -> {new.phase.value} ({new.message})"
+    return f"{new.job}: {new.phase.value} ({new.message})"
