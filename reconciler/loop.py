@@ -54,10 +54,11 @@ class TickReport:
 
 
 class Reconciler:
-    def __init__(self, repo_path: str | os.PathLike[str], *, clock: Clock | None = None,
+    def __init__(self, repo: str | os.PathLike[str] | StateRepo, *, clock: Clock | None = None,
                  adapter_factory: AdapterFactory = make_adapter, environ: Mapping[str, str] | None = None,
                  storage_override: str | None = None) -> None:
-        self.repo = StateRepo(repo_path)
+        # A StateRepo-like object may be passed in (the simulator's in-memory repository).
+        self.repo = StateRepo(repo) if isinstance(repo, str | os.PathLike) else repo
         self.clock = clock or SystemClock()
         self.adapter_factory = adapter_factory
         self.environ = os.environ if environ is None else environ
