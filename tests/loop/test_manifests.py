@@ -1,0 +1,115 @@
+"""Bad manifests get one clear error naming the file; the other jobs still reconcile."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from desired.parse import MAX_FILE_BYTES, parse_desired
+from reconciler.loop import Reconciler
+from status.models import Phase
+from tests.conftest import StateRepoFixture
+
+GOOD = """
+apiVersion: reconciler.dev/v1
+kind: Job
+metadata: {name: good}
+spec:
+  command: ["sleep", "30"]
+"""
+
+
+def job_named(name: str) -> str:
+    return GOOD.replace("name: good", f"name: {json.dumps(name)}")
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "needle"),
+    [
+        (GOOD.replace("command:", "comand:"), "spec.comand", "unknown field"),
+        (job_named("../x"), "metadata.name", "not a valid name"),
+        (job_named("Train"), "metadata.name", "not a valid name"),
+        (job_named("a;rm -rf /"), "metadata.name", "not a valid name"),
+        (job_named("$(reboot)"), "metadata.name", "not a valid name"),
+        (GOOD + "  env: {RECONCILER_EPOCH: '9'}\n", "spec.env", "reserved"),
+        (GOOD.replace("Job", "Jobb"), "kind", "unknown kind"),
+    ],
+)
+def test_invalid_manifest_names_file_document_and_field(text: str, field: str, needle: str) -> None:
+    state = parse_desired({"desired/bad.yaml": text, "desired/ok.yaml": GOOD.replace("good", "fine")})
+    assert "fine" in state.jobs
+    assert state.errors and all(e.file == "desired/bad.yaml" and e.document == 1 for e in state.errors)
+    assert any(e.field == field and needle in str(e) for e in state.errors), state.errors
+
+
+def test_yaml_alias_bomb_is_refused_without_expanding() -> None:
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"
+        for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+    )
+    state = parse_desired({"desired/bomb.yaml": bomb, "desired/ok.yaml": GOOD})
+    assert "good" in state.jobs
+    assert [e.file for e in state.errors] == ["desired/bomb.yaml"]
+    assert "aliases are not allowed" in str(state.errors[0])
+
+
+def test_ten_megabyte_file_is_refused_by_size() -> None:
+    big = GOOD + "#" + "x" * (10 * 1024 * 1024) + "\n"
+    state = parse_desired({"desired/big.yaml": big, "desired/ok.yaml": GOOD})
+    assert "good" in state.jobs
+    assert state.errors[0].file == "desired/big.yaml"
+    assert f"limit is {MAX_FILE_BYTES}" in str(state.errors[0])
+
+
+def test_duplicate_job_name_is_an_error_on_the_second_file() -> None:
+    state = parse_desired({"desired/a.yaml": GOOD, "desired/b.yaml": GOOD})
+    assert list(state.jobs) == ["good"]
+    assert state.errors[0].file == "desired/b.yaml" and "already defined in desired/a.yaml" in str(state.errors[0])
+
+
+def test_run_identity_changes_with_what_is_computed_only() -> None:
+    base = parse_desired({"d/a.yaml": GOOD}).jobs["good"]
+    moved = parse_desired({"d/a.yaml": GOOD + "  placement: {providers: [local]}\n  retry: {max_retries: 9}\n"})
+    changed = parse_desired({"d/a.yaml": GOOD.replace('"30"', '"31"')})
+    env = parse_desired({"d/a.yaml": GOOD + "  env: {LR: '0.1'}\n"})
+    assert moved.jobs["good"].run_id() == base.run_id()
+    assert changed.jobs["good"].run_id() != base.run_id()
+    assert env.jobs["good"].run_id() != base.run_id()
+
+
+def test_broken_files_do_not_stop_other_jobs_in_a_real_tick(state_repo: StateRepoFixture) -> None:
+    state_repo.write("desired/good.yaml", GOOD)
+    state_repo.write("desired/typo.yaml", GOOD.replace("good", "typo").replace("command:", "comand:"))
+    state_repo.write("desired/bomb.yaml", "a: &a [1]\nb: [*a, *a]\n")
+    state_repo.write("desired/huge.yaml", "#" + "x" * (10 * 1024 * 1024))
+    state_repo.commit("jobs, some broken")
+    report = Reconciler(state_repo.path).tick()
+    assert report.statuses["good"].phase == Phase.LAUNCHING
+    assert any("desired/typo.yaml" in e and "spec.comand" in e for e in report.errors)
+    assert any("desired/bomb.yaml" in e for e in report.errors)
+    assert any("desired/huge.yaml" in e for e in report.errors)
+    index = (state_repo.path / "status" / "README.md").read_text()
+    assert "desired/typo.yaml" in index and "| good |" in index
+
+
+def test_validate_command_exits_1_and_names_file_and_field(state_repo: StateRepoFixture) -> None:
+    state_repo.write("desired/typo.yaml", GOOD.replace("command:", "comand:"))
+    res = subprocess.run([sys.executable, "-m", "reconciler", "validate", "--repo", str(state_repo.path)],
+                         capture_output=True, text=True)
+    assert res.returncode == 1
+    assert "desired/typo.yaml" in res.stderr and "spec.comand" in res.stderr
+    assert "Traceback" not in res.stderr
+    state_repo.write("desired/typo.yaml", GOOD)
+    ok = subprocess.run([sys.executable, "-m", "reconciler", "validate", "--repo", str(state_repo.path)],
+                        capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_schema_command_prints_json_schema_of_job_and_provider() -> None:
+    res = subprocess.run([sys.executable, "-m", "reconciler", "schema"], capture_output=True, text=True, check=True)
+    doc = json.loads(res.stdout)
+    assert set(doc) == {"Job", "Provider", "Settings"}
+    assert "spec" in doc["Job"]["properties"]
