@@ -21,7 +21,7 @@ from adapters.gitrepo import DESIRED_DIR, STATUS_DIR, GitError, StateRepo
 from adapters.registry import make_adapter
 from adapters.storage import RunFolder, StorageError
 from desired.models import Provider
-from desired.parse import DesiredState, parse_desired
+from desired.parse import DesiredState, parse_desired, parse_settings
 from reconciler.clock import Clock, SystemClock
 from reconciler.execute import execute
 from reconciler.plan import Observed, Plan, RunObservation, apply_results, plan
@@ -56,13 +56,14 @@ class TickReport:
 class Reconciler:
     def __init__(self, repo: str | os.PathLike[str] | StateRepo, *, clock: Clock | None = None,
                  adapter_factory: AdapterFactory = make_adapter, environ: Mapping[str, str] | None = None,
-                 storage_override: str | None = None) -> None:
+                 storage_override: str | None = None, remote: str | None = None) -> None:
         # A StateRepo-like object may be passed in (the simulator's in-memory repository).
         self.repo = StateRepo(repo) if isinstance(repo, str | os.PathLike) else repo
         self.clock = clock or SystemClock()
         self.adapter_factory = adapter_factory
         self.environ = os.environ if environ is None else environ
         self.storage_override = storage_override
+        self.remote = remote
         self._adapters: dict[str, tuple[str, ComputeAdapter]] = {}
         self._lock: IO[str] | None = None
 
@@ -156,6 +157,17 @@ class Reconciler:
         return observed
 
     # ---- the tick ------------------------------------------------------------------------------
+    def _configure_remote(self) -> None:
+        """The remote comes from reconciler.yaml (or the constructor); read before pulling."""
+        if self.remote is not None:
+            self.repo.remote = self.remote
+            return
+        try:
+            settings, _ = parse_settings(self.repo.read_settings(self.repo.head()))
+        except GitError:
+            return
+        self.repo.remote = settings.remote
+
     def preview(self) -> tuple[Plan, TickReport]:
         """What the next tick would do, without doing it (no launch, no commit, no pull)."""
         report = TickReport()
@@ -174,6 +186,7 @@ class Reconciler:
 
     def tick(self) -> TickReport:
         report = TickReport()
+        self._configure_remote()
         try:
             self.repo.pull()
         except GitError as exc:
