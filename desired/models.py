@@ -176,6 +176,18 @@ class SshSettings(Strict):
     known_hosts: str | None = Field(default=None, description="known_hosts file; default ~/.ssh/known_hosts")
     workdir: str = Field(default="~/.reconciler", description="folder on each host for worker files")
     connect_timeout_seconds: float = Field(default=10.0, gt=0)
+    lost_after_failures: int = Field(
+        default=3, ge=1, description="failed probes in a row before a silent host's workers are lost"
+    )
+    lost_after_seconds: float = Field(
+        default=120.0, ge=0, description="and at least this long since the first failed probe"
+    )
+    terminate_grace_seconds: float = Field(
+        default=30.0, gt=0, description="time a worker gets after SIGTERM to checkpoint before SIGKILL"
+    )
+    control_persist_seconds: float | None = Field(
+        default=None, gt=0, description="reuse one SSH connection per host (ControlMaster) for this long"
+    )
 
 
 class SlurmSettings(Strict):
@@ -186,7 +198,12 @@ class SlurmSettings(Strict):
     time_limit: str | None = Field(default=None, description="sbatch --time, e.g. 04:00:00")
     sbatch_options: list[str] = Field(default_factory=list)
     signal_seconds: int = Field(default=120, ge=0, description="warning signal this long before the limit")
-    workdir: str = Field(default="~/.reconciler", description="folder for batch scripts and logs")
+    workdir: str = Field(
+        default="~/.reconciler",
+        description="folder for batch scripts and logs; must be visible on the compute nodes (shared)",
+    )
+    python: str = Field(default="python3", description="interpreter on the compute nodes")
+    command_timeout_seconds: float = Field(default=30.0, gt=0, description="limit for one sbatch/squeue call")
 
 
 class SimSettings(Strict):

@@ -1,0 +1,377 @@
+"""The worker agent that the ssh and slurm adapters put next to every worker they start.
+
+This file is both a helper module for those adapters (`agent_source()`, `agent_digest()`) and the
+script itself: its own source is uploaded to `<workdir>/bin/agent-<digest>.py` on each SSH host
+(or written to the shared workdir of a Slurm cluster) and run there with the host's Python. It
+therefore imports only the standard library and runs on Python >= 3.7.
+
+Why an agent instead of shell one-liners: the worker's argv, env and secrets arrive as one JSON
+document on stdin (or, for Slurm, in a 0600 file that is removed as soon as it is read), so no
+argument ever passes through a shell, and no secret is ever on a command line or in a file others
+can read. One `list` call per host reports every worker of ours, which is what `observe` needs.
+
+Each worker has a folder `<workdir>/workers/<job>.<run_id>.e<epoch>/` (the same layout as the
+local adapter) holding:
+
+    labels.json      provider, job, run_id, epoch (written first; the folder is created exclusively,
+                     so a second launch with the same labels adopts instead of starting twice)
+    wrapper.pid      pid and start time of the agent process that supervises the command
+    child.pid        pid and start time of the command (it leads its own process group)
+    log              the command's stdout and stderr
+    exit.json        {"code": n} or {"signal": n}, written by the wrapper when the command ends
+    terminated       the reconciler asked for the stop (so a kill is not blamed on someone else)
+    warned           Slurm's time-limit warning arrived before the end
+
+Subcommands: `launch DIR` (ssh: detach and supervise), `run DIR` (slurm batch step: supervise in
+the foreground), `list WORKDIR PROVIDER`, `terminate DIR`, `logs DIR N`.
+"""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+AGENT_VERSION = "1"
+KEEP_FINISHED_SECONDS = 7 * 24 * 3600  # finished worker folders older than this are removed by `list`
+NEVER_STARTED_SECONDS = 120  # a folder with no wrapper after this long is reported lost
+
+
+def agent_source():
+    """The text uploaded to hosts: this very file."""
+    with open(os.path.abspath(__file__), encoding="utf-8") as fh:
+        return fh.read()
+
+
+def agent_digest():
+    """Names the uploaded copy, so hosts keep one file per agent version and never run a stale one."""
+    return hashlib.sha256(agent_source().encode()).hexdigest()[:16]
+
+
+# ---- small file helpers ---------------------------------------------------------------------------
+
+
+def _write(path, text, mode=0o600):
+    tmp = f"{path}.tmp.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def _read(path):
+    try:
+        with open(path) as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
+
+
+def _read_json(path):
+    text = _read(path)
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _start_time(pid):
+    """Start time of a process in clock ticks since boot, to tell a pid from its reuse."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        if fields[0] == "Z":
+            return None
+        return fields[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(record):
+    if not record or not record.get("pid"):
+        return False
+    pid = int(record["pid"])
+    if os.path.isdir("/proc"):
+        now = _start_time(pid)
+        return now is not None and (record.get("start") in (None, now))
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _process_record(pid):
+    return json.dumps({"pid": pid, "start": _start_time(pid)})
+
+
+# ---- supervising the command -----------------------------------------------------------------------
+
+
+def supervise(folder, payload):
+    """Runs the command, forwards stop signals to its process group, records how it ended."""
+    log = os.open(os.path.join(folder, "log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    env = dict(os.environ)
+    env.update(payload.get("env") or {})
+    env.update(payload.get("secret_env") or {})
+    payload["secret_env"] = None
+    deadline_in = payload.get("deadline_in")
+    if deadline_in:
+        deadline = int(time.time() + float(deadline_in))
+        given = env.get("RECONCILER_DEADLINE", "")
+        if given.isdigit():
+            deadline = min(deadline, int(given))
+        env["RECONCILER_DEADLINE"] = str(deadline)
+    grace = float(payload.get("grace") or 30)
+    state = dict(child=None, stop=None)  # type: dict
+
+    def signal_child(sig):
+        child = state["child"]
+        if child is not None and child.poll() is None:
+            try:
+                os.killpg(child.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def on_stop(signum, _frame):
+        state["stop"] = signum
+        signal_child(signal.SIGTERM)
+        signal.alarm(max(1, int(grace)))
+
+    def on_alarm(_signum, _frame):
+        signal_child(signal.SIGKILL)
+
+    def on_warning(_signum, _frame):
+        _write(os.path.join(folder, "warned"), str(int(time.time())))
+        signal_child(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
+    signal.signal(signal.SIGALRM, on_alarm)
+    signal.signal(signal.SIGUSR1, on_warning)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    cwd = payload.get("cwd")
+    cwd = os.path.expanduser(cwd) if cwd else folder
+    try:
+        child = subprocess.Popen(
+            payload["command"],
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        os.write(
+            log, ("reconciler agent: cannot start {!r}: {}\n".format(payload["command"][0], exc)).encode()
+        )
+        _write(
+            os.path.join(folder, "exit.json"),
+            json.dumps({"code": 127, "error": str(exc), "time": time.time()}),
+        )
+        return 127
+    env.clear()  # drop our copy of the secrets
+    state["child"] = child
+    _write(os.path.join(folder, "child.pid"), _process_record(child.pid))
+    if state["stop"] is not None:
+        signal_child(signal.SIGTERM)
+    code = child.wait()
+    signal.alarm(0)
+    record = {"signal": -code} if code < 0 else {"code": code}  # type: dict
+    record["time"] = time.time()
+    _write(os.path.join(folder, "exit.json"), json.dumps(record))
+    return code if code >= 0 else 128 - code
+
+
+def _create(folder, labels):
+    """Creates the worker folder exclusively; False when it already exists (adopt, do not duplicate)."""
+    parent = os.path.dirname(folder)
+    os.makedirs(parent, mode=0o700, exist_ok=True)
+    try:
+        os.mkdir(folder, 0o700)
+    except FileExistsError:
+        return False
+    _write(os.path.join(folder, "labels.json"), json.dumps(labels))
+    return True
+
+
+def cmd_launch(folder):
+    """ssh: read the payload from stdin, detach a supervisor into its own session, wait until it runs."""
+    payload = json.loads(sys.stdin.read())
+    labels = payload["labels"]
+    labels["created"] = time.time()
+    if not _create(folder, labels):
+        print(json.dumps({"adopted": True}))
+        return 0
+    first = os.fork()
+    if first == 0:
+        try:
+            os.setsid()
+            if os.fork() != 0:
+                os._exit(0)
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            _write(os.path.join(folder, "wrapper.pid"), _process_record(os.getpid()))
+            code = supervise(folder, payload)
+        except BaseException:
+            code = 70
+        os._exit(code & 0xFF)
+    payload = None
+    os.waitpid(first, 0)
+    for _ in range(200):
+        if os.path.exists(os.path.join(folder, "child.pid")) or os.path.exists(
+            os.path.join(folder, "exit.json")
+        ):
+            break
+        time.sleep(0.05)
+    print(json.dumps({"adopted": False, "child": _read_json(os.path.join(folder, "child.pid"))}))
+    return 0
+
+
+def cmd_run(folder):
+    """slurm batch step: the payload file is read and removed at once, then the command is supervised here."""
+    path = os.path.join(folder, "payload.json")
+    try:
+        with open(path) as fh:
+            payload = json.load(fh)
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    _write(os.path.join(folder, "wrapper.pid"), _process_record(os.getpid()))
+    return supervise(folder, payload)
+
+
+def describe(folder):
+    labels = _read_json(os.path.join(folder, "labels.json"))
+    if not isinstance(labels, dict):
+        return None
+    entry = {
+        "folder": os.path.basename(folder),
+        "labels": labels,
+        "exit": _read_json(os.path.join(folder, "exit.json")),
+        "terminated": os.path.exists(os.path.join(folder, "terminated")),
+        "warned": os.path.exists(os.path.join(folder, "warned")),
+        "slurm_job_id": _read(os.path.join(folder, "slurm_job_id")),
+    }
+    wrapper = _read_json(os.path.join(folder, "wrapper.pid"))
+    child = _read_json(os.path.join(folder, "child.pid"))
+    entry["child_pid"] = child.get("pid") if child else None
+    if entry["exit"] is not None:
+        entry["state"] = "exited"
+    elif wrapper is not None and _alive(wrapper):
+        entry["state"] = "running" if child else "starting"
+    elif wrapper is None and time.time() - float(labels.get("created") or 0) < NEVER_STARTED_SECONDS:
+        entry["state"] = "starting"
+    else:
+        entry["state"] = "vanished"
+    return entry
+
+
+def cmd_list(workdir, provider):
+    root = os.path.join(os.path.expanduser(workdir), "workers")
+    found = []
+    try:
+        names = sorted(os.listdir(root))
+    except FileNotFoundError:
+        names = []
+    now = time.time()
+    for name in names:
+        folder = os.path.join(root, name)
+        entry = describe(folder)
+        if entry is None or entry["labels"].get("provider") != provider:
+            continue
+        ended = (entry["exit"] or {}).get("time")
+        if ended and now - float(ended) > KEEP_FINISHED_SECONDS:
+            _remove_tree(folder)
+            continue
+        found.append(entry)
+    print(json.dumps(found))
+    return 0
+
+
+def _remove_tree(folder):
+    for name in os.listdir(folder):
+        try:
+            os.unlink(os.path.join(folder, name))
+        except OSError:
+            pass
+    try:
+        os.rmdir(folder)
+    except OSError:
+        pass
+
+
+def cmd_terminate(folder):
+    """Asks the wrapper to stop the command (SIGTERM, SIGKILL after its grace); kills it directly if the
+    wrapper is gone. A worker already ended is left alone."""
+    if not os.path.isdir(folder):
+        print(json.dumps({"found": False}))
+        return 0
+    _write(os.path.join(folder, "terminated"), str(int(time.time())))
+    if os.path.exists(os.path.join(folder, "exit.json")):
+        print(json.dumps({"found": True, "running": False}))
+        return 0
+    wrapper = _read_json(os.path.join(folder, "wrapper.pid"))
+    child = _read_json(os.path.join(folder, "child.pid"))
+    if wrapper is not None and _alive(wrapper):
+        os.kill(int(wrapper["pid"]), signal.SIGTERM)
+    elif child is not None and _alive(child):
+        try:
+            os.killpg(int(child["pid"]), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    print(json.dumps({"found": True, "running": True}))
+    return 0
+
+
+def cmd_logs(folder, tail):
+    path = os.path.join(folder, "log")
+    tail = max(0, int(tail))
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            block = min(size, max(65536, tail * 512))
+            fh.seek(size - block)
+            data = fh.read()
+    except OSError:
+        return 0
+    lines = data.decode("utf-8", "replace").splitlines(True)
+    sys.stdout.write("".join(lines[-tail:] if tail else []))
+    return 0
+
+
+def main(argv):
+    if not argv:
+        sys.stderr.write("usage: agent launch|run|list|terminate|logs ...\n")
+        return 2
+    cmd, args = argv[0], argv[1:]
+    if cmd == "launch":
+        return cmd_launch(args[0])
+    if cmd == "run":
+        return cmd_run(args[0])
+    if cmd == "list":
+        return cmd_list(args[0], args[1])
+    if cmd == "terminate":
+        return cmd_terminate(args[0])
+    if cmd == "logs":
+        return cmd_logs(args[0], args[1] if len(args) > 1 else 50)
+    if cmd == "version":
+        print(AGENT_VERSION)
+        return 0
+    sys.stderr.write(f"agent: unknown command {cmd!r}\n")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
