@@ -391,6 +391,7 @@ class SlurmAdapter:
             return WorkerRef(self.name, known, spec.job, spec.run_id, spec.epoch)
         for job_id, fields in self._controller_jobs().items():  # submitted, but the id was never written
             if self._labels_of(fields) == (spec.job, spec.run_id, spec.epoch):
+                folder.mkdir(parents=True, exist_ok=True, mode=0o700)
                 (folder / "slurm_job_id").write_text(job_id)
                 return WorkerRef(self.name, job_id, spec.job, spec.run_id, spec.epoch)
         self._write_agent()

@@ -1,0 +1,40 @@
+"""A test worker: records what it was given, prints numbered lines, then sleeps or exits.
+
+Controlled only through env (argv is what the tests check): PROBE_OUT (append one JSON line per
+start: argv, selected env, pid), PROBE_LINES, PROBE_SLEEP, PROBE_EXIT, PROBE_ON_TERM (exit code to
+use on SIGTERM, e.g. 75 as after a final checkpoint; unset = die by the signal).
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+
+WATCHED = ("RECONCILER_RUN_ID", "RECONCILER_EPOCH", "RECONCILER_DEADLINE", "PROBE_PLAIN", "PROBE_SECRET")
+
+
+def main() -> int:
+    on_term = os.environ.get("PROBE_ON_TERM")
+    if on_term:
+
+        def stop(_signum: int, _frame: object) -> None:
+            print("probe: got SIGTERM", flush=True)
+            with open(os.environ["PROBE_OUT"] + ".term", "a") as fh:
+                fh.write(f"{time.time()}\n")
+            sys.exit(int(on_term))
+
+        signal.signal(signal.SIGTERM, stop)
+    record = {"argv": sys.argv[1:], "env": {k: os.environ.get(k) for k in WATCHED}, "pid": os.getpid()}
+    with open(os.environ["PROBE_OUT"], "a") as fh:
+        fh.write(json.dumps(record) + "\n")
+    for i in range(int(os.environ.get("PROBE_LINES", "0"))):
+        print(f"line {i}", flush=True)
+    deadline = time.time() + float(os.environ.get("PROBE_SLEEP", "0"))
+    while time.time() < deadline:
+        time.sleep(0.1)
+    return int(os.environ.get("PROBE_EXIT", "0"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

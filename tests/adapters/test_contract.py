@@ -1,0 +1,279 @@
+"""The contract every compute adapter keeps (adapters/compute.py), run against each real backend:
+local processes, a real sshd on 127.0.0.1 and a real single-node Slurm. A new adapter joins by
+adding a case to `KINDS` and a branch in `kit`: how to build it, and how an outsider interrupts one
+of its workers (a kill on the host, an admin's scancel)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from adapters.compute import ComputeAdapter, LaunchSpec, WorkerPhase, WorkerRef, WorkerState
+
+PROBE = str(Path(__file__).with_name("probe.py"))
+KINDS = ["local", "ssh", "slurm"]
+
+
+@dataclass
+class Kit:
+    kind: str
+    workdir: Path
+    tmp: Path
+    make: Callable[[], ComputeAdapter]
+    interrupt: Callable[[ComputeAdapter, WorkerRef], None]
+    launched: list[tuple[ComputeAdapter, WorkerRef]] = field(default_factory=list)
+    counter: int = 0
+    tag: str = field(default_factory=lambda: uuid.uuid4().hex[:8])  # jobs of earlier tests linger in Slurm
+
+    def spec(self, *args: str, epoch: int = 1, **env: str) -> LaunchSpec:
+        """A probe launch; `env` keys are PROBE_* settings (SLEEP, EXIT, LINES, ON_TERM, ...)."""
+        self.counter += 1
+        out = self.tmp / f"probe-{self.counter}.jsonl"
+        plain = {"PROBE_OUT": str(out), **{f"PROBE_{k.upper()}": v for k, v in env.items() if k != "secret"}}
+        plain.update({"RECONCILER_RUN_ID": "r-contract", "RECONCILER_EPOCH": str(epoch)})
+        secret = {"PROBE_SECRET": env["secret"]} if "secret" in env else {}
+        return LaunchSpec(
+            job=f"job{self.counter}-{self.tag}",
+            run_id="r-contract",
+            epoch=epoch,
+            command=[sys.executable, "-u", PROBE, *args],
+            env=plain,
+            secret_env=secret,
+        )
+
+    def launch(self, adapter: ComputeAdapter, spec: LaunchSpec) -> WorkerRef:
+        ref = adapter.launch(spec)
+        self.launched.append((adapter, ref))
+        return ref
+
+
+def probe_records(spec: LaunchSpec, timeout: float = 30) -> list[dict]:
+    """What the probe recorded, once it has started (one line per start)."""
+    path = Path(spec.env["PROBE_OUT"])
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().endswith("\n"):
+            return [json.loads(line) for line in path.read_text().splitlines()]
+        time.sleep(0.1)
+    raise AssertionError(f"the worker never started (no {path})")
+
+
+def wait_state(
+    adapter: ComputeAdapter, ref: WorkerRef, accept: Callable[[WorkerState], bool], timeout: float = 30
+) -> WorkerState:
+    deadline = time.monotonic() + timeout
+    last: WorkerState | None = None
+    while time.monotonic() < deadline:
+        last = adapter.observe().get(ref)
+        if last is not None and accept(last):
+            return last
+        time.sleep(0.2)
+    raise AssertionError(f"{ref.id}: last state {last}")
+
+
+def ended(state: WorkerState) -> bool:
+    return state.phase not in (WorkerPhase.PENDING, WorkerPhase.RUNNING)
+
+
+def running(state: WorkerState) -> bool:
+    return state.phase is WorkerPhase.RUNNING
+
+
+@pytest.fixture(params=KINDS)
+def kit(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Kit]:
+    kind: str = request.param
+    workdir = tmp_path / "workdir"
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    if kind == "local":
+        from adapters.local import LocalAdapter
+        from desired.models import LocalSettings
+
+        def make() -> ComputeAdapter:
+            return LocalAdapter("local", LocalSettings(workdir=str(workdir)))
+
+        def interrupt(adapter: ComputeAdapter, ref: WorkerRef) -> None:
+            assert isinstance(adapter, LocalAdapter) and adapter.kill_worker(ref, signal.SIGKILL)
+
+    elif kind == "ssh":
+        from adapters.ssh import SshAdapter
+
+        sshd = request.getfixturevalue("sshd")
+        settings = sshd.settings(workdir)
+
+        def make() -> ComputeAdapter:
+            return SshAdapter("ssh", settings)
+
+        def interrupt(adapter: ComputeAdapter, ref: WorkerRef) -> None:
+            """Someone on the host kills the worker process (the host is this machine)."""
+            folder = workdir / "workers" / ref.id.split("/", 1)[1]
+            os.kill(json.loads((folder / "child.pid").read_text())["pid"], signal.SIGKILL)
+
+    else:
+        from adapters.slurm import SlurmAdapter
+
+        cluster = request.getfixturevalue("slurm")
+        settings = cluster.settings(workdir)
+
+        def make() -> ComputeAdapter:
+            return SlurmAdapter("slurm", settings)
+
+        def interrupt(adapter: ComputeAdapter, ref: WorkerRef) -> None:
+            """An admin cancels the job behind the reconciler's back."""
+            cluster.run("scancel", ref.id)
+
+    the_kit = Kit(kind=kind, workdir=workdir, tmp=probes, make=make, interrupt=interrupt)
+    yield the_kit
+    for adapter, ref in the_kit.launched:
+        try:
+            adapter.terminate(ref)
+        except Exception:  # noqa: BLE001 - cleanup of a test; the test itself has reported
+            pass
+
+
+def test_adapter_satisfies_the_protocol_and_has_its_name(kit: Kit) -> None:
+    adapter = kit.make()
+    assert isinstance(adapter, ComputeAdapter)
+    assert adapter.name == kit.kind
+
+
+def test_launched_worker_is_observed_running_with_its_labels(kit: Kit) -> None:
+    adapter = kit.make()
+    spec = kit.spec(sleep="60", epoch=3)
+    ref = kit.launch(adapter, spec)
+    assert (ref.provider, ref.job, ref.run_id, ref.epoch) == (kit.kind, spec.job, "r-contract", 3)
+    probe_records(spec)
+    state = wait_state(adapter, ref, running)
+    assert state.exit_code is None
+    assert state.provider_state
+
+
+def test_worker_gets_exact_argv_env_and_secrets_and_no_file_holds_the_secret(kit: Kit) -> None:
+    adapter = kit.make()
+    secret = "s3cr3t-value-7f3a"
+    args = ["plain", "two words", "it's", '"quoted"', "$HOME", "`id`", "a;b", "", "*"]
+    spec = kit.spec(*args, plain="visible $PATH", secret=secret)
+    ref = kit.launch(adapter, spec)
+    wait_state(adapter, ref, ended)
+    record = probe_records(spec)[0]
+    assert record["argv"] == args
+    assert record["env"]["PROBE_PLAIN"] == "visible $PATH"
+    assert record["env"]["PROBE_SECRET"] == secret
+    assert record["env"]["RECONCILER_EPOCH"] == "1"
+    assert secret not in adapter.logs(ref, 1000)
+    for path in kit.workdir.rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), f"the secret is in {path}"
+
+
+def test_exit_codes_are_reported_as_exited(kit: Kit) -> None:
+    adapter = kit.make()
+    ok, bad = kit.spec(exit="0"), kit.spec(exit="3")
+    ok_ref, bad_ref = kit.launch(adapter, ok), kit.launch(adapter, bad)
+    for ref, code in ((ok_ref, 0), (bad_ref, 3)):
+        state = wait_state(adapter, ref, ended)
+        assert (state.phase, state.exit_code) == (WorkerPhase.EXITED, code)
+
+
+def test_launch_twice_with_the_same_labels_starts_one_worker(kit: Kit) -> None:
+    adapter = kit.make()
+    spec = kit.spec(sleep="60")
+    first = kit.launch(adapter, spec)
+    second = kit.launch(adapter, spec)
+    third = kit.launch(kit.make(), spec)  # also from another instance, as after a daemon restart
+    assert first == second == third
+    probe_records(spec)
+    wait_state(adapter, first, running)
+    time.sleep(1)
+    assert len(probe_records(spec)) == 1
+    assert [r for r in adapter.observe() if r.job == spec.job] == [first]
+
+
+def test_fresh_adapter_adopts_a_running_worker_and_can_stop_it(kit: Kit) -> None:
+    old = kit.make()
+    spec = kit.spec(sleep="60")
+    ref = kit.launch(old, spec)
+    probe_records(spec)
+    wait_state(old, ref, running)
+    del old  # the daemon restarts; the worker keeps running
+    fresh = kit.make()
+    assert running(fresh.observe()[ref])
+    fresh.terminate(ref)
+    state = wait_state(fresh, ref, ended)
+    assert state.phase in (WorkerPhase.PREEMPTED, WorkerPhase.EXITED)
+
+
+def test_terminate_stops_the_worker_and_a_second_terminate_is_quiet(kit: Kit) -> None:
+    adapter = kit.make()
+    spec = kit.spec(sleep="60")
+    ref = kit.launch(adapter, spec)
+    pid = probe_records(spec)[0]["pid"]
+    wait_state(adapter, ref, running)
+    adapter.terminate(ref)
+    wait_state(adapter, ref, ended)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and pid_alive(pid):
+        time.sleep(0.1)
+    assert not pid_alive(pid)
+    adapter.terminate(ref)  # already gone: not an error
+
+
+def test_terminate_lets_the_worker_checkpoint_and_exit_75(kit: Kit) -> None:
+    adapter = kit.make()
+    spec = kit.spec(sleep="60", on_term="75")
+    ref = kit.launch(adapter, spec)
+    probe_records(spec)
+    wait_state(adapter, ref, running)
+    adapter.terminate(ref)
+    wait_state(adapter, ref, ended)
+    assert Path(spec.env["PROBE_OUT"] + ".term").exists(), "the worker never saw SIGTERM"
+
+
+def test_logs_return_the_last_lines(kit: Kit) -> None:
+    adapter = kit.make()
+    spec = kit.spec(lines="200")
+    ref = kit.launch(adapter, spec)
+    wait_state(adapter, ref, ended)
+    tail = [line for line in adapter.logs(ref, 5).splitlines() if line.startswith("line ")]
+    assert tail[-3:] == ["line 197", "line 198", "line 199"]
+    assert "line 100" not in adapter.logs(ref, 5)
+
+
+def test_worker_killed_from_outside_is_reported_preempted(kit: Kit) -> None:
+    adapter = kit.make()
+    spec = kit.spec(sleep="60")
+    ref = kit.launch(adapter, spec)
+    probe_records(spec)
+    wait_state(adapter, ref, running)
+    kit.interrupt(adapter, ref)
+    state = wait_state(adapter, ref, ended)
+    assert state.phase is WorkerPhase.PREEMPTED, state
+    assert state.provider_state
+    assert kit.make().observe()[ref].phase is WorkerPhase.PREEMPTED  # a restarted daemon agrees
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_probe_runs_standalone(tmp_path: Path) -> None:
+    """The probe itself behaves, so contract failures point at adapters, not at the probe."""
+    out = tmp_path / "out.jsonl"
+    env = {**os.environ, "PROBE_OUT": str(out), "PROBE_EXIT": "4", "PROBE_LINES": "2"}
+    proc = subprocess.run([sys.executable, PROBE, "a b"], env=env, capture_output=True, text=True)
+    assert proc.returncode == 4 and proc.stdout == "line 0\nline 1\n"
+    assert json.loads(out.read_text())["argv"] == ["a b"]
