@@ -19,6 +19,10 @@ API_VERSION = "reconciler.dev/v1"
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+RESERVED_ENV = frozenset({
+    "RECONCILER_JOB", "RECONCILER_RUN_URI", "RECONCILER_RUN_ID", "RECONCILER_EPOCH",
+    "RECONCILER_DEADLINE", "RECONCILER_CHECKPOINT_EVERY", "RECONCILER_TARGET_STEPS",
+})
 
 
 def check_dns_label(value: str) -> str:
@@ -109,8 +113,8 @@ class JobSpec(Strict):
         for key in v:
             if not ENV_NAME.match(key):
                 raise ValueError(f"{key!r} is not a valid environment variable name")
-            if key.startswith("RECONCILER_"):
-                raise ValueError(f"{key!r} is reserved: RECONCILER_* variables are set by the reconciler")
+            if key in RESERVED_ENV:
+                raise ValueError(f"{key!r} is reserved: the reconciler sets it for every attempt")
         return v
 
     @field_validator("secrets")
