@@ -286,8 +286,10 @@ def _plan_job(out: Plan, job: Job, rec: JobStatus | None, workers: dict[WorkerRe
         price = provider.spec.price_per_hour if provider else 0.0
         ref = next((r for r in workers if r.run_id == run_id and r.epoch == current.epoch
                     and r.provider == current.provider), None)
-        if run.done and (ref is None or not _live(workers[ref])):
-            _record_close(st, _close(current, Outcome.SUCCEEDED, now, run, "completed", 0, price))
+        if run.done:
+            # The completion record is the proof; a worker still exiting is left to finish.
+            code = workers[ref].exit_code if ref is not None else None
+            _record_close(st, _close(current, Outcome.SUCCEEDED, now, run, "completed", code, price))
             current = None
         elif ref is not None:
             state = workers[ref]

@@ -1,0 +1,214 @@
+"""The whole loop against real local processes and a real git repository: the faults of issue 2."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+from adapters.compute import WorkerPhase
+from adapters.local import LocalAdapter
+from reconciler.loop import Reconciler, TickReport
+from status.models import Outcome, Phase
+from tests.conftest import StateRepoFixture
+
+WORKLOAD = Path(__file__).parent / "workloads" / "counter.py"
+
+
+def job(name: str, command: list[str], extra: str = "") -> str:
+    return yaml.safe_dump({
+        "apiVersion": "reconciler.dev/v1", "kind": "Job", "metadata": {"name": name},
+        "spec": {"command": command, "target_steps": 60, "checkpoint_every": 10,
+                 "retry": {"max_retries": 2, "backoff_seconds": 0.2, "backoff_max_seconds": 0.5},
+                 **(yaml.safe_load(extra) or {})},
+    })
+
+
+def counter(steps_seconds: float = 0.05) -> list[str]:
+    return [sys.executable, str(WORKLOAD), str(steps_seconds)]
+
+
+def tick_until(rec: Reconciler, done: Callable[[TickReport], bool], timeout: float = 60,
+               between: float = 0.2, each: Callable[[TickReport], None] | None = None) -> TickReport:
+    deadline = time.time() + timeout
+    while True:
+        report = rec.tick()
+        if each:
+            each(report)
+        if done(report):
+            return report
+        assert time.time() < deadline, f"timed out; last statuses: {report.statuses}, errors {report.errors}"
+        time.sleep(between)
+
+
+def phase(name: str) -> Callable[[TickReport], bool]:
+    return lambda r: name in r.statuses and r.statuses[name].phase.terminal
+
+
+def live_workers(root: Path) -> list[str]:
+    adapter = LocalAdapter("local")
+    return [ref.id for ref, st in adapter.observe().items()
+            if st.phase in (WorkerPhase.RUNNING, WorkerPhase.PENDING)]
+
+
+def test_worker_killed_twice_resumes_from_checkpoint_and_succeeds(state_repo: StateRepoFixture,
+                                                                  local_workdir: Path) -> None:
+    state_repo.write("desired/count.yaml", job("count", counter()))
+    state_repo.commit("add count")
+    rec = Reconciler(state_repo.path)
+    adapter = LocalAdapter("local")
+    kills: list[int] = []
+
+    def chaos(report: TickReport) -> None:
+        st = report.statuses.get("count")
+        if st is None or st.current is None or len(kills) >= 2:
+            return
+        progress = state_repo.storage / "count" / st.run_id / "progress.json"
+        beat = json.loads(progress.read_text()) if progress.exists() else {}
+        # Kill only a worker that has made progress of its own, so each attempt gains ground.
+        if beat.get("epoch") == st.current.epoch and beat.get("step", 0) >= st.current.step_start + 15:
+            for ref, ws in adapter.observe().items():
+                if ref.epoch == st.current.epoch and ws.phase == WorkerPhase.RUNNING:
+                    if adapter.kill_worker(ref, signal.SIGKILL):
+                        kills.append(ref.epoch)
+
+    final = tick_until(rec, phase("count"), each=chaos)
+    st = final.statuses["count"]
+    assert st.phase == Phase.SUCCEEDED, st.message
+    assert len(kills) == 2
+    assert st.interruptions == 2 and st.failures == 0
+    assert [a.outcome for a in st.attempts] == [Outcome.INTERRUPTION, Outcome.INTERRUPTION, Outcome.SUCCEEDED]
+    # Each relaunch resumed from the newest checkpoint rather than from zero.
+    assert st.attempts[1].step_start > 0 and st.attempts[2].step_start >= st.attempts[1].step_start
+    assert st.steps_lost <= 2 * 10
+    history = state_repo.git("log", "--format=%s", "--", "status/count.yaml")
+    assert "Succeeded" in history and "killed by SIGKILL" in history
+
+
+def test_daemon_killed_while_worker_runs_adopts_it_on_restart(state_repo: StateRepoFixture,
+                                                              local_workdir: Path) -> None:
+    state_repo.write("desired/count.yaml", job("count", counter(0.1)))
+    state_repo.commit("add count")
+    cmd = [sys.executable, "-m", "reconciler", "run", "--repo", str(state_repo.path), "--tick-seconds", "0.3"]
+    daemon = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            status = state_repo.path / "status" / "count.yaml"
+            if status.exists() and "phase: Running" in status.read_text():
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("the worker never ran")
+    finally:
+        daemon.send_signal(signal.SIGKILL)
+        daemon.wait()
+    assert len(live_workers(local_workdir)) == 1  # the worker outlives the daemon
+    restarted = subprocess.run([*cmd, "--until-done"], capture_output=True, text=True, timeout=120)
+    assert restarted.returncode == 0, restarted.stderr
+    st = yaml.safe_load(state_repo.status_text("count"))
+    assert st["phase"] == "Succeeded"
+    assert st["total_attempts"] == 1  # adopted, never duplicated
+    assert len(list((local_workdir / "workers").iterdir())) == 1
+
+
+def test_job_that_always_fails_is_failed_after_retry_budget_with_log_tail(state_repo: StateRepoFixture) -> None:
+    crash = [sys.executable, "-c", "import sys; print('loading config'); print('boom: no such dataset'); sys.exit(1)"]
+    state_repo.write("desired/crash.yaml", job("crash", crash))
+    state_repo.commit("add crash")
+    final = tick_until(Reconciler(state_repo.path), phase("crash"))
+    st = final.statuses["crash"]
+    assert st.phase == Phase.FAILED
+    assert st.failures == 3 and st.total_attempts == 3
+    assert "retry budget" in st.message
+    assert "boom: no such dataset" in (st.log_tail or "")
+    assert "boom: no such dataset" in state_repo.status_text("crash")
+
+
+def test_twenty_interruptions_are_free_and_the_job_still_succeeds(state_repo: StateRepoFixture) -> None:
+    flaky = [sys.executable, str(WORKLOAD), "0.0", "--interrupt-until-epoch", "20"]
+    state_repo.write("desired/flaky.yaml", job("flaky", flaky))
+    state_repo.commit("add flaky")
+    final = tick_until(Reconciler(state_repo.path), phase("flaky"), timeout=120, between=0.05)
+    st = final.statuses["flaky"]
+    assert st.phase == Phase.SUCCEEDED, st.message
+    assert st.interruptions == 20 and st.failures == 0 and st.total_attempts == 21
+
+
+def _wait_running(rec: Reconciler, name: str) -> TickReport:
+    return tick_until(rec, lambda r: r.statuses[name].phase == Phase.RUNNING)
+
+
+def test_deleted_manifest_terminates_worker_and_cancels(state_repo: StateRepoFixture, local_workdir: Path) -> None:
+    state_repo.write("desired/count.yaml", job("count", counter(1.0)))
+    state_repo.commit("add count")
+    rec = Reconciler(state_repo.path)
+    _wait_running(rec, "count")
+    state_repo.remove("desired/count.yaml")
+    state_repo.commit("remove count")
+    report = rec.tick()
+    assert report.statuses["count"].phase == Phase.CANCELLED
+    deadline = time.time() + 10
+    while live_workers(local_workdir) and time.time() < deadline:
+        time.sleep(0.1)
+    assert live_workers(local_workdir) == []
+    assert "manifest deleted" in state_repo.status_text("count")
+
+
+def test_command_change_replaces_the_run_placement_change_keeps_it(state_repo: StateRepoFixture,
+                                                                    local_workdir: Path) -> None:
+    state_repo.write("desired/count.yaml", job("count", counter(1.0)))
+    state_repo.commit("add count")
+    rec = Reconciler(state_repo.path)
+    first = _wait_running(rec, "count").statuses["count"]
+    # Placement and retry are "where and how": same run, same worker.
+    state_repo.write("desired/count.yaml", job("count", counter(1.0),
+                                               "placement: {providers: [local]}\nbudget_usd: 5"))
+    state_repo.commit("pin to local")
+    same = rec.tick().statuses["count"]
+    assert same.run_id == first.run_id and same.total_attempts == 1 and same.phase == Phase.RUNNING
+    assert live_workers(local_workdir) == [first.attempts[-1].worker]
+    # The command is "what": a new run, the old worker terminated.
+    state_repo.write("desired/count.yaml", job("count", counter(0.9)))
+    state_repo.commit("change the command")
+    new = _wait_running(rec, "count").statuses["count"]
+    assert new.run_id != first.run_id
+    deadline = time.time() + 10
+    while first.attempts[-1].worker in live_workers(local_workdir) and time.time() < deadline:
+        time.sleep(0.1)
+    assert live_workers(local_workdir) == [new.attempts[-1].worker]
+
+
+def test_only_one_daemon_per_repository(state_repo: StateRepoFixture) -> None:
+    cmd = [sys.executable, "-m", "reconciler", "run", "--repo", str(state_repo.path)]
+    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(3)
+        second = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        assert second.returncode == 1
+        assert "another reconciler is already running" in second.stderr
+    finally:
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=20) == 0
+
+
+def test_daemon_ticks_at_once_when_a_manifest_is_committed(state_repo: StateRepoFixture) -> None:
+    cmd = [sys.executable, "-m", "reconciler", "run", "--repo", str(state_repo.path), "--tick-seconds", "3600"]
+    daemon = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3)
+        state_repo.write("desired/count.yaml", job("count", counter(1.0)))
+        state_repo.commit("add count")
+        deadline = time.time() + 20
+        while not (state_repo.path / "status" / "count.yaml").exists():
+            assert time.time() < deadline, "no tick after the commit"
+            time.sleep(0.2)
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=20)

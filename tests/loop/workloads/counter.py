@@ -1,0 +1,32 @@
+"""A tiny worker for loop tests: sums step numbers, checkpointing through the worker SDK.
+
+usage: counter.py STEP_SECONDS [--interrupt-until-epoch N]
+With --interrupt-until-epoch N, attempts 1..N leave at once with exit 75 (as if preempted after
+a final checkpoint), before the SDK is even imported, so many attempts stay cheap.
+"""
+
+import os
+import sys
+import time
+
+step_seconds = float(sys.argv[1])
+if "--interrupt-until-epoch" in sys.argv:
+    limit = int(sys.argv[sys.argv.index("--interrupt-until-epoch") + 1])
+    if int(os.environ["RECONCILER_EPOCH"]) <= limit:
+        sys.exit(75)
+
+from reconciler.worker import open_run  # noqa: E402
+
+with open_run(heartbeat_interval=0.0) as run:
+    target = run.target or 60
+    state = {"total": 0}
+    start = run.restore(state=state)
+    for step in range(start + 1, target + 1):
+        state["total"] += step
+        time.sleep(step_seconds)
+        run.heartbeat(step, total=state["total"])
+        if run.should_checkpoint(step):
+            run.save(step, state=state)
+        run.exit_if_stopping(step, state=state)
+    assert state["total"] == target * (target + 1) // 2, "a resumed run must carry on where it stopped"
+    run.complete(target, total=state["total"])
