@@ -365,7 +365,7 @@ class SshAdapter:
         check_label(spec.run_id, "run id")
         if not spec.command:
             raise ProviderConfigError(f"job {spec.job!r}: the command is empty")
-        if self._known_worker(spec) is None:
+        if not self._observed:
             try:
                 self.observe()  # learn what runs where, so a restarted daemon adopts instead of duplicating
             except ProviderUnavailable:

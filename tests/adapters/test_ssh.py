@@ -1,0 +1,180 @@
+"""SSH-specific behaviour against a real sshd on 127.0.0.1: quoting, silence, stale workers, login errors."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from adapters.compute import LaunchSpec, ProviderConfigError, ProviderUnavailable, WorkerPhase
+from adapters.ssh import SshAdapter
+from tests.adapters.conftest import Sshd, free_port
+from tests.adapters.test_contract import PROBE, ended, pid_alive, probe_records, running, wait_state
+
+METACHARACTERS = "'\"`$\\;&|<>(){}[]*?~!#%^= \t\n\r-"
+
+
+def generated_strings(seed: int, count: int) -> list[str]:
+    """Random strings made mostly of characters a shell would act on, plus some unicode."""
+    rng = random.Random(seed)
+    alphabet = METACHARACTERS + "abcXYZ019é中"
+    return ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 24))) for _ in range(count)]
+
+
+def probe_spec(tmp: Path, job: str, args: list[str], epoch: int = 1, **env: str) -> LaunchSpec:
+    return LaunchSpec(
+        job=job,
+        run_id="r-ssh",
+        epoch=epoch,
+        command=[sys.executable, "-u", PROBE, *args],
+        env={"PROBE_OUT": str(tmp / f"{job}.e{epoch}.jsonl"), **{f"PROBE_{k.upper()}": v for k, v in env.items()}},
+    )
+
+
+def test_shell_metacharacters_reach_the_worker_verbatim_and_nothing_else_runs(sshd: Sshd, tmp_path: Path) -> None:
+    canary = tmp_path / "canary"
+    attacks = [
+        f"$(touch {canary})",
+        f"`touch {canary}`",
+        f"; touch {canary}",
+        f"' ; touch {canary} ; '",
+        f'" ; touch {canary} ; "',
+        f"\ntouch {canary}\n",
+        f"&& touch {canary}",
+        f"| touch {canary}",
+        f"$'\\n'touch {canary}",
+        "${IFS}",
+        "-o",
+        "--",
+        "~",
+        "*",
+    ]
+    args = attacks + generated_strings(seed=4, count=200)
+    adapter = SshAdapter("ssh", sshd.settings(tmp_path / "wd"))
+    spec = probe_spec(tmp_path, "quoting", args, plain=f"$(touch {canary}) '\"`")
+    ref = adapter.launch(spec)
+    state = wait_state(adapter, ref, ended)
+    assert (state.phase, state.exit_code) == (WorkerPhase.EXITED, 0)
+    record = probe_records(spec)[0]
+    assert record["argv"] == args
+    assert record["env"]["PROBE_PLAIN"] == f"$(touch {canary}) '\"`"
+    assert not canary.exists(), "a shell interpreted part of an argument"
+
+
+def test_unreachable_host_is_lost_only_after_sustained_silence_and_its_worker_survives(
+    sshd: Sshd, tmp_path: Path
+) -> None:
+    settings = sshd.settings(tmp_path / "wd", lost_after_failures=3, lost_after_seconds=1.5)
+    adapter = SshAdapter("ssh", settings)
+    spec = probe_spec(tmp_path, "silent", [], sleep="120")
+    ref = adapter.launch(spec)
+    pid = probe_records(spec)[0]["pid"]
+    wait_state(adapter, ref, running)
+    sshd.stop()
+    try:
+        for _ in range(2):  # one or two failed probes say nothing about the worker
+            with pytest.raises(ProviderUnavailable, match="box"):
+                adapter.observe()
+        time.sleep(0.3)
+        with pytest.raises(ProviderUnavailable):  # three failures, but not yet for long enough
+            adapter.observe()
+        time.sleep(1.5)
+        state = adapter.observe()[ref]
+        assert state.phase is WorkerPhase.LOST
+        assert "box" in state.detail and "4 failed probes" in state.detail
+        assert pid_alive(pid), "the worker must keep running while its host is unreachable"
+    finally:
+        sshd.start()
+    assert running(adapter.observe()[ref])  # the host is back and so is the worker
+    adapter.terminate(ref)
+
+
+def test_silent_host_beside_a_healthy_one_keeps_last_known_state(sshd: Sshd, tmp_path: Path) -> None:
+    """With one host down, the others are still observed and launched on; nothing is raised."""
+    dead = sshd.host("dead").model_copy(update={"port": free_port()})
+    settings = sshd.settings(tmp_path / "wd", hosts=[dead, sshd.host("box", max_workers=2)])
+    adapter = SshAdapter("ssh", settings)
+    spec = probe_spec(tmp_path, "beside", [], sleep="60")
+    ref = adapter.launch(spec)
+    assert ref.id.startswith("box/")
+    assert running(wait_state(adapter, ref, running))
+    assert adapter.free_slots() == 1
+    adapter.terminate(ref)
+
+
+def test_stale_worker_on_a_host_that_comes_back_is_terminated(sshd: Sshd, tmp_path: Path) -> None:
+    settings = sshd.settings(tmp_path / "wd", lost_after_failures=2, lost_after_seconds=0)
+    adapter = SshAdapter("ssh", settings)
+    spec = probe_spec(tmp_path, "stale", [], sleep="120")
+    ref = adapter.launch(spec)
+    pid = probe_records(spec)[0]["pid"]
+    wait_state(adapter, ref, running)
+    sshd.stop()
+    try:
+        with pytest.raises(ProviderUnavailable):
+            adapter.observe()
+        assert adapter.observe()[ref].phase is WorkerPhase.LOST
+        adapter.terminate(ref)  # the planner replaces the run; the stop waits for the host
+        assert pid_alive(pid)
+    finally:
+        sshd.start()
+    state = wait_state(adapter, ref, ended)
+    assert state.phase is WorkerPhase.PREEMPTED and state.detail == "stopped by the reconciler"
+    deadline = time.monotonic() + 10
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not pid_alive(pid)
+
+
+def test_host_key_mismatch_is_one_sentence_naming_the_host(sshd: Sshd, tmp_path: Path) -> None:
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    kind, key = Path(f"{other}.pub").read_text().split()[:2]
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{sshd.port} {kind} {key}\n")
+    adapter = SshAdapter("ssh", sshd.settings(tmp_path / "wd", known_hosts=str(known)))
+    with pytest.raises(ProviderConfigError) as info:
+        adapter.launch(probe_spec(tmp_path, "mismatch", []))
+    message = str(info.value)
+    assert "'box'" in message and "known_hosts" in message and "\n" not in message
+
+
+def test_unknown_host_key_is_refused_by_default_and_recorded_with_accept_new(sshd: Sshd, tmp_path: Path) -> None:
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    strict = SshAdapter("ssh", sshd.settings(tmp_path / "wd", known_hosts=str(known)))
+    with pytest.raises(ProviderUnavailable, match="known_hosts"):
+        strict.observe()
+    trusting = SshAdapter(
+        "ssh", sshd.settings(tmp_path / "wd", known_hosts=str(known), host_key_policy="accept-new")
+    )
+    assert trusting.observe() == {}
+    found = subprocess.run(["ssh-keygen", "-F", f"[127.0.0.1]:{sshd.port}", "-f", str(known)], capture_output=True)
+    assert found.returncode == 0, "accept-new should have recorded the host key"
+
+
+def test_missing_key_file_is_one_sentence_naming_the_file(sshd: Sshd, tmp_path: Path) -> None:
+    host = sshd.host().model_copy(update={"key_file": str(tmp_path / "no-such-key")})
+    adapter = SshAdapter("ssh", sshd.settings(tmp_path / "wd", hosts=[host]))
+    with pytest.raises(ProviderConfigError) as info:
+        adapter.launch(probe_spec(tmp_path, "nokey", []))
+    assert "no-such-key" in str(info.value) and "'box'" in str(info.value)
+
+
+def test_worker_folder_on_the_host_holds_labels_and_no_secret(sshd: Sshd, tmp_path: Path) -> None:
+    adapter = SshAdapter("ssh", sshd.settings(tmp_path / "wd"))
+    spec = probe_spec(tmp_path, "labels", [])
+    spec = LaunchSpec(**{**spec.__dict__, "secret_env": {"PROBE_SECRET": "hunter2-xyz"}})
+    ref = adapter.launch(spec)
+    wait_state(adapter, ref, ended)
+    folder = tmp_path / "wd" / "workers" / ref.id.split("/", 1)[1]
+    labels = json.loads((folder / "labels.json").read_text())
+    assert (labels["provider"], labels["job"], labels["run_id"], labels["epoch"]) == ("ssh", "labels", "r-ssh", 1)
+    assert oct(folder.stat().st_mode & 0o777) == "0o700"
+    assert probe_records(spec)[0]["env"]["PROBE_SECRET"] == "hunter2-xyz"
+    assert not any(b"hunter2-xyz" in p.read_bytes() for p in (tmp_path / "wd").rglob("*") if p.is_file())
