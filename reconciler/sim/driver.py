@@ -1,0 +1,370 @@
+"""The simulation driver: the real `Reconciler.tick()` in simulated time against a world that
+fails on purpose.
+
+One step = physical time moves by one tick interval (workers compute, checkpoint, die), then
+the real tick runs — real parse, real plan, real execute, real status rendering — against the
+`SimAdapter`s, the fault-injecting `simfs://` storage and the in-memory `SimRepo`. A crash is a
+`SimCrash` (a BaseException, so no `except Exception` in the loop can swallow it, as a real
+SIGKILL could not be caught) raised at the N-th injected call of a tick; the driver then throws
+the Reconciler away and builds a fresh one from the same git and storage, as a restarted
+daemon would. The invariant checker runs after every step.
+
+Two clocks: the world's physical time, and the reconciler's clock (a ManualClock) which is the
+physical time plus a skew that a clock-jump fault changes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from adapters.compute import ComputeAdapter
+from adapters.sim import JobModel, ProviderModel, SimAdapter, SimCloud, SimWorker
+from adapters.storage import RunFolder
+from desired.models import Provider
+from reconciler.checkpoint_policy import checkpoint_interval, estimate_mtbf
+from reconciler.clock import ManualClock
+from reconciler.loop import Reconciler, TickReport
+from reconciler.sim.invariants import InvariantChecker
+from reconciler.sim.repo import RepoFaults, SimRepo
+from reconciler.sim.storage import PROTOCOL, drop_world, world_store
+from status.models import JobStatus, parse_status
+
+START = 1_800_000_000.0
+_ids = itertools.count(1)
+
+
+class SimCrash(BaseException):
+    """The reconciler process dies here (not an Exception: nothing in the loop may catch it)."""
+
+
+@dataclass
+class ProviderPlan:
+    """A provider as the manifest declares it, plus the world's model of it."""
+
+    model: ProviderModel
+    concurrency: int = 100
+
+
+@dataclass
+class JobPlan:
+    name: str
+    target_steps: int = 3600
+    providers: list[str] = field(default_factory=list)
+    model: JobModel = field(default_factory=JobModel)
+    max_retries: int = 3
+    budget_usd: float | None = None
+    checkpoint_every: int | None = None
+    stall_timeout_seconds: float = 300.0
+
+
+@dataclass
+class Faults:
+    """Every switchable fault of the simulation (provider API faults live on ProviderModel)."""
+
+    crash_rate: float = 0.0  # chance that a tick is killed at a random call
+    tick_storage_error_rate: float = 0.0
+    worker_storage_error_rate: float = 0.0
+    slow_write_seconds: float = 0.0
+    push_reject_rate: float = 0.0
+    pull_error_rate: float = 0.0
+    clock_jump_rate: float = 0.0  # chance per step that the reconciler's clock jumps
+    clock_jump_seconds: float = 120.0  # largest jump, either way
+
+
+@dataclass
+class SimConfig:
+    providers: list[ProviderPlan]
+    jobs: list[JobPlan]
+    seed: int = 0
+    tick_seconds: float = 30.0
+    faults: Faults = field(default_factory=Faults)
+    policy: str = "hint"  # "hint": the job's checkpoint_every; "young-daly": checkpoint_policy; "fixed-30m"
+    prior_mtbf_seconds: float = 6 * 3600.0
+
+
+def job_manifest(job: JobPlan) -> str:
+    lines = [
+        "apiVersion: reconciler.dev/v1",
+        "kind: Job",
+        "metadata:",
+        f"  name: {job.name}",
+        "spec:",
+        "  command: [sim-train]",
+        f"  target_steps: {job.target_steps}",
+        f"  stall_timeout_seconds: {job.stall_timeout_seconds}",
+        "  retry:",
+        f"    max_retries: {job.max_retries}",
+        "    backoff_seconds: 10",
+    ]
+    if job.checkpoint_every:
+        lines.append(f"  checkpoint_every: {job.checkpoint_every}")
+    if job.providers:
+        lines.append(f"  placement: {{providers: [{', '.join(job.providers)}]}}")
+    if job.budget_usd is not None:
+        lines.append(f"  budget_usd: {job.budget_usd}")
+    return "\n".join(lines) + "\n"
+
+
+def provider_manifest(p: ProviderPlan) -> str:
+    m = p.model
+    return "\n".join([
+        "apiVersion: reconciler.dev/v1",
+        "kind: Provider",
+        "metadata:",
+        f"  name: {m.name}",
+        "spec:",
+        f"  settings: {{type: sim, launch_delay_seconds: {m.launch_delay_seconds}}}",
+        f"  concurrency: {p.concurrency}",
+        f"  price_per_hour: {m.price_per_hour}",
+        *([f"  free_quota_hours: {m.quota_seconds / 3600.0}"] if m.quota_seconds is not None else []),
+    ]) + "\n"
+
+
+class Simulation:
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.rng = random.Random(config.seed)
+        self.world = f"w{next(_ids)}-{config.seed}"
+        self.storage_url = f"{PROTOCOL}://{self.world}/runs"
+        self.storage_options = {"world": self.world}
+        self.phys = START
+        self.skew = 0.0
+        self.clock = ManualClock(START)
+        f = config.faults
+        self.store = world_store(self.world)
+        sf = self.store.faults
+        sf.tick_error_rate = f.tick_storage_error_rate
+        sf.worker_error_rate = f.worker_storage_error_rate
+        sf.slow_write_seconds = f.slow_write_seconds
+        sf.rng = random.Random(config.seed + 1)
+        sf.hook = self._hook
+        sf.advance = self._slow
+        self.cloud = SimCloud(_PhysClock(self), seed=config.seed + 2, storage_options=self.storage_options,
+                              heartbeat_seconds=30.0)
+        self.cloud.call_hook = self._hook
+        self.cloud.slow_fn = self._slow
+        self.cloud.interval_fn = self._interval
+        for p in config.providers:
+            self.cloud.add_provider(p.model)
+        for j in config.jobs:
+            self.cloud.jobs[j.name] = j.model
+        files: dict[str, bytes] = {
+            "reconciler.yaml": (f"storage: {self.storage_url}\ntick_seconds: {config.tick_seconds}\n"
+                                f"storage_options: {{world: {self.world}}}\nremote: origin\n").encode(),
+            "desired/providers.yaml": "---\n".join(provider_manifest(p) for p in config.providers).encode(),
+        }
+        for j in config.jobs:
+            files[f"desired/{j.name}.yaml"] = job_manifest(j).encode()
+        repo_faults = RepoFaults(push_reject_rate=f.push_reject_rate, pull_error_rate=f.pull_error_rate,
+                                 rng=random.Random(config.seed + 3), hook=self._hook)
+        self.repo = SimRepo(files, repo_faults)
+        self.calls = 0
+        self.crash_at: int | None = None
+        self.in_tick = False
+        self.steps = 0
+        self.crashes = 0
+        self.tick_exceptions: list[str] = []
+        self.last_report: TickReport | None = None
+        self.tick_calls = 50
+        self.reconciler = self._new_reconciler()
+        self.checker = InvariantChecker(self)
+        self.deleted_jobs: set[str] = set()
+
+    # ---- wiring ---------------------------------------------------------------------------
+    def _new_reconciler(self) -> Reconciler:
+        repo: Any = self.repo  # StateRepo's methods, in memory
+        return Reconciler(repo, clock=self.clock, adapter_factory=self._adapter, environ={})
+
+    def _adapter(self, provider: Provider) -> ComputeAdapter:
+        settings = provider.spec.settings
+        return SimAdapter(provider.name, settings if settings.type == "sim" else None,  # type: ignore[arg-type]
+                          world=self.cloud)
+
+    def _hook(self, where: str) -> None:
+        if not self.in_tick:
+            return
+        self.calls += 1
+        if self.crash_at is not None and self.calls >= self.crash_at:
+            self.crash_at = None
+            raise SimCrash(where)
+
+    def _slow(self, seconds: float) -> None:
+        self.phys += seconds
+        self.clock.t = self.phys + self.skew
+
+    def _interval(self, w: SimWorker) -> float:
+        policy = self.config.policy
+        if policy == "fixed-30m":
+            return 1800.0
+        if policy == "young-daly":
+            exposure, failures = self.provider_exposure(w.provider.name)
+            mtbf = estimate_mtbf(exposure, failures, self.config.prior_mtbf_seconds)
+            return checkpoint_interval(w.model.checkpoint_cost_seconds, mtbf)
+        return w.interval
+
+    def provider_exposure(self, provider: str) -> tuple[float, int]:
+        """What a worker can know of its provider's reliability: machine time seen and how many
+        times it was taken away (the status files hold the same per run)."""
+        exposure = 0.0
+        failures = 0
+        for w in self.cloud.ended:
+            if w.provider.name != provider:
+                continue
+            exposure += w.ledger.billed_seconds
+            if w.ledger.end_reason in ("preempted", "session-limit") or (
+                    w.ledger.end_reason in ("interrupted", "fenced") and w.hidden_until is not None):
+                failures += 1
+        for w in self.cloud.live.values():
+            if w.provider.name == provider:
+                exposure += w.ledger.billed_seconds
+        return exposure, failures
+
+    @contextmanager
+    def quiet(self) -> Iterator[None]:
+        """Reads for the checker: no faults, no crash points, no slow writes."""
+        sf = self.store.faults
+        saved = (sf.tick_error_rate, sf.worker_error_rate, sf.slow_write_seconds, sf.context)
+        sf.tick_error_rate = sf.worker_error_rate = sf.slow_write_seconds = 0.0
+        sf.context = "worker"
+        was = self.in_tick
+        self.in_tick = False
+        try:
+            yield
+        finally:
+            sf.tick_error_rate, sf.worker_error_rate, sf.slow_write_seconds, sf.context = saved
+            self.in_tick = was
+
+    def folder(self, job: str, run_id: str) -> RunFolder:
+        return RunFolder.for_run(self.storage_url, job, run_id, self.storage_options)
+
+    # ---- what a person does -----------------------------------------------------------------
+    def delete_job(self, name: str) -> None:
+        self.repo.user_commit({f"desired/{name}.yaml": None}, f"delete {name}")
+        self.deleted_jobs.add(name)
+
+    def edit_job(self, job: JobPlan) -> None:
+        self.repo.user_commit({f"desired/{job.name}.yaml": job_manifest(job).encode()}, f"edit {job.name}")
+
+    # ---- running ----------------------------------------------------------------------------
+    def step(self, *, crash_at: int | None = None, jump: float | None = None) -> TickReport | None:
+        """One tick interval of physical time, then one real tick (maybe killed part way)."""
+        f = self.config.faults
+        self.phys += self.config.tick_seconds
+        self.store.faults.context = "worker"
+        self.cloud.advance(self.phys)
+        if jump is None and f.clock_jump_rate and self.rng.random() < f.clock_jump_rate:
+            jump = self.rng.uniform(-f.clock_jump_seconds, f.clock_jump_seconds)
+        if jump is not None:
+            self.skew += jump
+        self.clock.t = self.phys + self.skew
+        if crash_at is None and f.crash_rate and self.rng.random() < f.crash_rate:
+            crash_at = self.rng.randint(1, max(1, self.tick_calls))
+        self.crash_at = crash_at
+        self.calls = 0
+        self.in_tick = True
+        self.store.faults.context = "tick"
+        report: TickReport | None = None
+        try:
+            report = self.reconciler.tick()
+            self.last_report = report
+            self.tick_calls = max(1, self.calls)
+        except SimCrash:
+            self.crashes += 1
+            self.reconciler = self._new_reconciler()
+        except Exception as exc:  # a fault the loop did not survive: a finding, then restart
+            self.tick_exceptions.append(f"step {self.steps}: {type(exc).__name__}: {exc}")
+            self.reconciler = self._new_reconciler()
+        finally:
+            self.in_tick = False
+            self.crash_at = None
+            self.store.faults.context = "worker"
+        self.steps += 1
+        self.checker.after_step()
+        return report
+
+    def statuses(self) -> dict[str, JobStatus]:
+        out = {}
+        head = self.repo.head()
+        for path, blob in self.repo.read_files(head, "status").items():
+            if path.endswith(".yaml"):
+                st = parse_status(blob)
+                if st is not None:
+                    out[st.job] = st
+        return out
+
+    def desired_jobs(self) -> set[str]:
+        return {p[len("desired/"):-len(".yaml")] for p in self.repo.read_files(self.repo.head(), "desired")
+                if p != "desired/providers.yaml"}
+
+    def all_settled(self) -> bool:
+        sts = self.statuses()
+        return all(j in sts and sts[j].phase.terminal for j in self.desired_jobs())
+
+    def heal(self) -> None:
+        """Stops every fault, so that liveness can be judged: the world becomes merely slow."""
+        f = self.config.faults
+        f.crash_rate = f.tick_storage_error_rate = f.worker_storage_error_rate = f.slow_write_seconds = 0.0
+        f.push_reject_rate = f.pull_error_rate = f.clock_jump_rate = 0.0
+        sf = self.store.faults
+        sf.tick_error_rate = sf.worker_error_rate = sf.slow_write_seconds = 0.0
+        self.repo.faults.push_reject_rate = self.repo.faults.pull_error_rate = 0.0
+        for p in self.cloud.providers.values():
+            p.api_error_rate = p.api_timeout_rate = p.lost_observation_rate = p.api_slow_seconds = 0.0
+            p.down = False
+
+    def run(self, max_steps: int, until: Callable[[Simulation], bool] | None = None) -> int:
+        for _ in range(max_steps):
+            self.step()
+            if until is not None and until(self):
+                break
+        return self.steps
+
+    def run_to_completion(self, max_steps: int) -> bool:
+        """Steps until every job is terminal and no push is pending; True when settled."""
+        for _ in range(max_steps):
+            self.step()
+            if not self.repo.unpushed and self.all_settled():
+                return True
+        return False
+
+    def close(self) -> None:
+        drop_world(self.world)
+
+    def figures(self) -> dict[str, Any]:
+        sts = self.statuses()
+        lost = [x[4] for x in self.cloud.interruptions]
+        lost_s = [x[5] for x in self.cloud.interruptions]
+        delays = [d / self.config.tick_seconds for d in self.cloud.relaunch_delays]
+        return {
+            "jobs": len(self.config.jobs),
+            "completed": sum(1 for s in sts.values() if s.phase.value == "Succeeded"),
+            "failed": sum(1 for s in sts.values() if s.phase.value == "Failed"),
+            "violations": len(self.checker.violations),
+            "duplicate_completions": self.checker.duplicate_completions,
+            "interruptions": len(lost),
+            "mean_lost_steps": sum(lost) / len(lost) if lost else 0.0,
+            "worst_lost_steps": max(lost) if lost else 0,
+            "mean_lost_seconds": sum(lost_s) / len(lost_s) if lost_s else 0.0,
+            "worst_lost_seconds": max(lost_s) if lost_s else 0.0,
+            "mean_relaunch_ticks": sum(delays) / len(delays) if delays else 0.0,
+            "worst_relaunch_ticks": max(delays) if delays else 0.0,
+            "crashes": self.crashes,
+            "tick_exceptions": len(self.tick_exceptions),
+            "zombies": self.cloud.zombies,
+            "rejected_pushes": self.repo.faults.rejected_pushes,
+            "storage_errors": self.store.faults.errors,
+            "steps": self.steps,
+        }
+
+
+class _PhysClock:
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+
+    def now(self) -> float:
+        return self.sim.phys
