@@ -273,4 +273,8 @@ def _change_line(old: JobStatus | None, new: JobStatus) -> str:
         return f"{new.job}: {new.phase.value} ({new.message})"
     if old.phase != new.phase:
         return f"{new.job}: {old.phase.value} -> {new.phase.value} ({new.message})"
+    if old.progress.step != new.progress.step and old.message == new.message:
+        pct = new.progress.percent()
+        share = f" ({pct:.0f}%)" if pct is not None else ""
+        return f"{new.job}: {new.phase.value}, checkpointed step {new.progress.step}{share}"
     return f"{new.job}: {new.phase.value} ({new.message})"
