@@ -1,0 +1,29 @@
+"""Worker SDK: what a training script uses to restore, checkpoint, heartbeat and complete a run.
+
+    from reconciler.worker import open_run
+
+    with open_run() as run:
+        start = run.restore(model=model, optimizer=opt, scheduler=sched)
+        for step in range(start + 1, total + 1):
+            loss = train_step()
+            run.heartbeat(step, loss=loss)
+            if run.should_checkpoint(step):
+                run.save(step, model=model, optimizer=opt, scheduler=sched)
+            run.exit_if_stopping(step, model=model, optimizer=opt, scheduler=sched)
+        run.complete(total)
+
+See docs/worker-sdk.md for the contract (DESIGN.md §3).
+"""
+
+from adapters.storage import CheckpointName, StorageError
+from reconciler.worker.run import EXIT_INTERRUPTED, Run, RunConfigError, Superseded, open_run
+
+__all__ = [
+    "EXIT_INTERRUPTED",
+    "CheckpointName",
+    "Run",
+    "RunConfigError",
+    "StorageError",
+    "Superseded",
+    "open_run",
+]

@@ -1,0 +1,398 @@
+"""The worker side of a run: restore, save in the background, heartbeat, complete, stop on notice.
+
+Exit codes follow DESIGN.md §3: 0 after `complete()`; 75 (EX_TEMPFAIL) when the attempt stops on
+a preemption notice after its final checkpoint, or when it finds it was replaced by a newer
+attempt (`Superseded`, a SystemExit, so a broad `except Exception` in user code cannot keep a
+replaced worker alive).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from types import FrameType
+from typing import Any
+
+import torch
+
+from adapters.storage import CheckpointName, CorruptCheckpoint, Fenced, RunFolder, StorageError
+from reconciler.worker import snapshot
+
+log = logging.getLogger("reconciler.worker")
+
+EXIT_INTERRUPTED = 75
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class Superseded(SystemExit):
+    """This attempt's epoch is no longer the lease's: a newer attempt owns the run. Exits 75."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(EXIT_INTERRUPTED)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class RunConfigError(ValueError):
+    """The worker's environment does not describe a run."""
+
+
+def _env_int(name: str, value: Any) -> int | None:
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise RunConfigError(f"{name}={value!r} is not an integer: fix the worker's environment") from None
+
+
+def _env_float(name: str, value: Any) -> float | None:
+    if value is None or value == "":
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise RunConfigError(f"{name}={value!r} is not a number: fix the worker's environment") from None
+
+
+class Run:
+    """One attempt of a run, holding lease epoch `epoch`. Create it with `open_run()`."""
+
+    def __init__(
+        self,
+        folder: RunFolder,
+        run_id: str,
+        epoch: int,
+        *,
+        deadline: float | None = None,
+        checkpoint_every: int | None = None,
+        checkpoint_seconds: float = 600.0,
+        target: int | None = None,
+        grace: float = 30.0,
+        heartbeat_interval: float = 10.0,
+        keep: int = 2,
+        install_signal_handlers: bool = True,
+    ) -> None:
+        self.folder = folder
+        self.run_id = run_id
+        self.epoch = epoch
+        self.deadline = deadline
+        self.checkpoint_every = checkpoint_every
+        self.checkpoint_seconds = checkpoint_seconds
+        self.target = target
+        self.grace = grace
+        self.heartbeat_interval = heartbeat_interval
+        self.keep = keep
+        self.restored: dict[str, Any] = {}
+        self.stop_signal: int | None = None
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="reconciler-io")
+        self._upload: threading.Thread | None = None
+        self._upload_error: BaseException | None = None
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._last_saved_step: int | None = None
+        self._last_save_time = time.monotonic()
+        self._last_committed: str | None = None
+        self._restored_from: str | None = None
+        self._last_beat = float("-inf")
+        self._progress_tag: str | None = None
+        self._closed = False
+        self._completed = False
+        self._old_handlers: dict[int, Any] = {}
+        if install_signal_handlers and threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+
+    # ---- stopping --------------------------------------------------------------------------------------
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.stop_signal = signum
+
+    @property
+    def stop_requested(self) -> bool:
+        """True after SIGTERM/SIGUSR1, or when the deadline is closer than the grace period."""
+        if self.stop_signal is not None:
+            return True
+        return self.deadline is not None and time.time() >= self.deadline - self.grace
+
+    def exit_if_stopping(self, step: int, **objects: Any) -> None:
+        """When a stop was requested: checkpoint `step` (unless saved already), wait for it, exit 75.
+
+        Call it once per step, after the step's work. It returns normally when no stop is pending.
+        """
+        if not self.stop_requested:
+            return
+        reason = f"signal {signal.Signals(self.stop_signal).name}" if self.stop_signal else "deadline near"
+        log.warning(
+            "stopping at step %d (%s): final checkpoint, then exit %d", step, reason, EXIT_INTERRUPTED
+        )
+        if objects and self._last_saved_step != step:
+            self.save(step, **objects)
+        self.wait()
+        self._heartbeat(step, {}, force=True)
+        self.close()
+        raise SystemExit(EXIT_INTERRUPTED)
+
+    # ---- restore -----------------------------------------------------------------------------------------
+    def restore(self, **objects: Any) -> int:
+        """Load the newest good checkpoint into `objects`; returns its step, or 0 for a fresh start.
+
+        Every file is verified against the commit record before anything is loaded; a corrupt or
+        incomplete checkpoint is withdrawn and the one before it is used. RNG states are restored
+        too. Plain values can be read afterwards from `run.restored[name]`.
+        """
+        for name, obj in objects.items():
+            snapshot.restorable(name, obj)
+        try:
+            candidates = self.folder.accepted_checkpoints()
+        except Fenced as exc:
+            raise self._superseded(exc) from None
+        for ckpt in candidates:
+            try:
+                meta = snapshot.read(self.folder, ckpt, self._pool)
+            except CorruptCheckpoint as exc:
+                log.warning(
+                    "checkpoint %s is unusable (%s); falling back to the one before", ckpt.dirname, exc
+                )
+                try:
+                    self.folder.discard_checkpoint(self.epoch, ckpt)
+                except Fenced as fenced:
+                    raise self._superseded(fenced) from None
+                continue
+            saved = meta["objects"]
+            missing = [n for n in objects if n not in saved]
+            if missing:
+                raise KeyError(
+                    f"checkpoint {self.folder.url('checkpoints/' + ckpt.dirname)} has no "
+                    f"{', '.join(missing)}: it holds {', '.join(sorted(saved))}"
+                )
+            for name, obj in objects.items():
+                snapshot.apply(name, obj, saved[name])
+            self.restored = dict(saved)
+            snapshot.set_rng_state(meta[snapshot.RNG_KEY])
+            self._restored_from = self._last_committed = ckpt.dirname
+            self._last_saved_step = int(meta["step"])
+            self._last_save_time = time.monotonic()
+            log.info("restored step %d from %s", meta["step"], self.folder.url("checkpoints/" + ckpt.dirname))
+            return int(meta["step"])
+        return 0
+
+    # ---- save --------------------------------------------------------------------------------------------
+    def should_checkpoint(self, step: int) -> bool:
+        """True every `checkpoint_every` steps (else every `checkpoint_seconds`), and when stopping."""
+        if self.stop_requested:
+            return True
+        if self.checkpoint_every:
+            return step % self.checkpoint_every == 0
+        return time.monotonic() - self._last_save_time >= self.checkpoint_seconds
+
+    def save(self, step: int, **objects: Any) -> None:
+        """Checkpoint `objects` at `step`. Blocks only while the state is copied to host memory
+        (and, if the previous save is still uploading, until that one is done); the upload and
+        commit run in the background. A failed upload is raised by the next save/wait/complete.
+        """
+        self._check_open()
+        self.wait()
+        if step == self._last_saved_step:
+            return
+        if not objects:
+            raise ValueError("save() needs the objects to checkpoint, e.g. run.save(step, model=model)")
+        snap = snapshot.capture(step, objects, self._buffers)
+        self._buffers = snap.sections
+        self._last_saved_step = step
+        self._last_save_time = time.monotonic()
+        self._upload = threading.Thread(target=self._write, args=(snap,), name="reconciler-upload")
+        self._upload.start()
+
+    def _write(self, snap: snapshot.Snapshot) -> None:
+        try:
+            ckpt = snapshot.write(self.folder, self.epoch, snap, self._last_committed, self._pool)
+            self._last_committed = ckpt.dirname
+            protect = frozenset([self._restored_from]) if self._restored_from else frozenset()
+            try:
+                self.folder.collect(self.epoch, keep=self.keep, protect=protect)
+            except StorageError as exc:
+                if isinstance(exc, Fenced):
+                    raise
+                log.warning("could not collect old checkpoints: %s", exc)
+        except BaseException as exc:  # kept and raised in the training thread
+            self._upload_error = exc
+
+    def wait(self) -> None:
+        """Wait for the pending upload; raise its error if it failed (Superseded when fenced)."""
+        if self._upload is not None:
+            self._upload.join()
+            self._upload = None
+        err, self._upload_error = self._upload_error, None
+        if err is None:
+            return
+        if isinstance(err, Fenced):
+            raise self._superseded(err) from None
+        raise err
+
+    # ---- heartbeat and completion -----------------------------------------------------------------------
+    def heartbeat(self, step: int, **metrics: float) -> None:
+        """Report progress (written at most every `heartbeat_interval` seconds). Raises Superseded
+        when the attempt was replaced, so a zombie stops at its next heartbeat.
+        """
+        self._heartbeat(step, metrics, force=False)
+
+    def _heartbeat(self, step: int, metrics: dict[str, Any], force: bool) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_beat < self.heartbeat_interval:
+            return
+        self._last_beat = now
+        record = {
+            "epoch": self.epoch,
+            "step": int(step),
+            "target": self.target,
+            "time": time.time(),
+            "metrics": {k: float(v) for k, v in metrics.items()},
+        }
+        try:
+            self._progress_tag = self.folder.write_progress(self.epoch, record, self._progress_tag)
+        except Fenced as exc:
+            raise self._superseded(exc) from None
+
+    def complete(self, step: int, **metrics: float) -> None:
+        """Mark the run done: waits for the pending upload, then creates done.json once (fenced)."""
+        self._check_open()
+        self.wait()
+        self._heartbeat(step, metrics, force=True)
+        record = {
+            "step": int(step),
+            "run_id": self.run_id,
+            "time": time.time(),
+            "metrics": {k: float(v) for k, v in metrics.items()},
+        }
+        try:
+            self.folder.mark_done(self.epoch, record)
+        except Fenced as exc:
+            raise self._superseded(exc) from None
+        self._completed = True
+        self.close()
+
+    # ---- lifecycle ---------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Wait for the pending upload (logging, not raising, its failure) and release resources."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._upload is not None:
+            self._upload.join()
+            self._upload = None
+        if self._upload_error is not None:
+            log.error("the last checkpoint upload failed: %s", self._upload_error)
+        self._pool.shutdown(wait=True)
+        for sig, handler in self._old_handlers.items():
+            try:
+                signal.signal(sig, handler)
+            except (ValueError, TypeError):
+                pass
+        self._old_handlers = {}
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this Run is closed; open a new one with open_run()")
+
+    def _superseded(self, exc: BaseException) -> Superseded:
+        err = Superseded(f"run {self.run_id} attempt epoch {self.epoch} was superseded: {exc}")
+        print(f"reconciler.worker: {err}; exiting {EXIT_INTERRUPTED}", file=sys.stderr, flush=True)
+        self._closed_after_fence()
+        return err
+
+    def _closed_after_fence(self) -> None:
+        # A replaced worker must not linger: drop the pending upload's outcome, stop cleanly.
+        self._upload_error = None
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - closing must not hide the fence
+            pass
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_run(
+    *,
+    uri: str | None = None,
+    run_id: str | None = None,
+    epoch: int | None = None,
+    deadline: float | None = None,
+    checkpoint_every: int | None = None,
+    checkpoint_seconds: float = 600.0,
+    target: int | None = None,
+    grace: float | None = None,
+    heartbeat_interval: float | None = None,
+    keep: int = 2,
+    storage_options: dict[str, Any] | None = None,
+    install_signal_handlers: bool = True,
+) -> Run:
+    """Open this attempt's run from the environment (arguments override it).
+
+    Reads RECONCILER_RUN_URI, RECONCILER_RUN_ID, RECONCILER_EPOCH, RECONCILER_DEADLINE (unix
+    seconds), RECONCILER_CHECKPOINT_EVERY (steps) and, optionally, RECONCILER_TARGET_STEPS,
+    RECONCILER_GRACE (seconds, default 30) and RECONCILER_HEARTBEAT_INTERVAL (seconds, default 10).
+    Without an epoch (a script started by hand) it takes the lease itself by bumping it.
+    """
+    env = os.environ
+    uri = uri or env.get("RECONCILER_RUN_URI")
+    if not uri:
+        raise RunConfigError(
+            "RECONCILER_RUN_URI is not set: start this script through the reconciler, "
+            "or pass open_run(uri=...) with the run's storage folder"
+        )
+    folder = RunFolder(uri, storage_options)
+    run_id = run_id or env.get("RECONCILER_RUN_ID") or folder.uri.rsplit("/", 1)[-1]
+    if epoch is None:
+        epoch = _env_int("RECONCILER_EPOCH", env.get("RECONCILER_EPOCH"))
+    if deadline is None:
+        deadline = _env_float("RECONCILER_DEADLINE", env.get("RECONCILER_DEADLINE"))
+    if checkpoint_every is None:
+        checkpoint_every = _env_int("RECONCILER_CHECKPOINT_EVERY", env.get("RECONCILER_CHECKPOINT_EVERY"))
+    if target is None:
+        target = _env_int("RECONCILER_TARGET_STEPS", env.get("RECONCILER_TARGET_STEPS"))
+    if grace is None:
+        grace = _env_float("RECONCILER_GRACE", env.get("RECONCILER_GRACE"))
+    if heartbeat_interval is None:
+        heartbeat_interval = _env_float(
+            "RECONCILER_HEARTBEAT_INTERVAL", env.get("RECONCILER_HEARTBEAT_INTERVAL")
+        )
+    folder.check_conditional_writes()
+    if epoch is None:
+        epoch = folder.bump_lease(holder=f"worker:{socket.gethostname()}:{os.getpid()}")
+    current = folder.lease_epoch()
+    if current > epoch:
+        raise Superseded(
+            f"lease at {folder.url('lease.json')} is at epoch {current}; this attempt has {epoch}"
+        )
+    if current < epoch:
+        raise RunConfigError(
+            f"lease at {folder.url('lease.json')} is at epoch {current} but this worker was given epoch "
+            f"{epoch}: the launcher must bump the lease before starting the worker"
+        )
+    return Run(
+        folder,
+        run_id,
+        epoch,
+        deadline=deadline,
+        checkpoint_every=checkpoint_every,
+        checkpoint_seconds=checkpoint_seconds,
+        target=target,
+        grace=30.0 if grace is None else grace,
+        heartbeat_interval=10.0 if heartbeat_interval is None else heartbeat_interval,
+        keep=keep,
+        install_signal_handlers=install_signal_handlers,
+    )
+
+
+__all__ = ["EXIT_INTERRUPTED", "CheckpointName", "Run", "RunConfigError", "Superseded", "open_run"]

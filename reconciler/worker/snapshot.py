@@ -1,0 +1,301 @@
+"""Checkpoint payload: capture state into host memory fast, write it verified, read it back verified.
+
+A checkpoint folder holds ``meta.pkl`` (the structure of every saved object with tensors replaced
+by references, plus the RNG states) and, per saved object, its tensor bytes packed into one flat
+buffer written as shards ``<object>.<k>.bin``. Packing lets the training loop's only blocking work
+be one memcpy per tensor into reused host buffers; shards let digests and transfers run in
+parallel; restoring maps tensors as views of the verified buffer, so nothing is copied twice.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import io
+import os
+import random
+import sys
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from adapters.storage import CheckpointName, RunFolder
+
+FORMAT = 1
+ALIGN = 64
+META = "meta.pkl"
+DEFAULT_SHARD_BYTES = 64 << 20
+RNG_KEY = "__rng__"
+
+
+def shard_bytes() -> int:
+    return int(os.environ.get("RECONCILER_SHARD_BYTES", DEFAULT_SHARD_BYTES))
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """Where one tensor lives inside its object's flat buffer."""
+
+    offset: int
+    nbytes: int
+    dtype: str
+    shape: tuple[int, ...]
+
+
+def _packable(t: torch.Tensor) -> bool:
+    return t.layout == torch.strided and not t.is_quantized and not t.is_nested
+
+
+def _strip(value: Any, tensors: list[torch.Tensor]) -> Any:
+    """Copy the structure of `value`, replacing packable tensors by their index in `tensors`."""
+    if isinstance(value, torch.Tensor):
+        if _packable(value):
+            tensors.append(value.detach())
+            return _Slot(len(tensors) - 1)
+        return value.detach().clone()
+    if isinstance(value, OrderedDict):
+        return OrderedDict((k, _strip(v, tensors)) for k, v in value.items())
+    if type(value) is dict:
+        return {k: _strip(v, tensors) for k, v in value.items()}
+    if type(value) is list:
+        return [_strip(v, tensors) for v in value]
+    if type(value) is tuple:
+        return tuple(_strip(v, tensors) for v in value)
+    if isinstance(value, int | float | str | bytes | bool | type(None)):
+        return value
+    return copy.deepcopy(value)
+
+
+@dataclass(frozen=True)
+class _Slot:
+    index: int
+
+
+def _resolve(value: Any, refs: list[TensorRef]) -> Any:
+    if isinstance(value, _Slot):
+        return refs[value.index]
+    if isinstance(value, OrderedDict):
+        return OrderedDict((k, _resolve(v, refs)) for k, v in value.items())
+    if type(value) is dict:
+        return {k: _resolve(v, refs) for k, v in value.items()}
+    if type(value) is list:
+        return [_resolve(v, refs) for v in value]
+    if type(value) is tuple:
+        return tuple(_resolve(v, refs) for v in value)
+    return value
+
+
+def _materialize(value: Any, buf: torch.Tensor) -> Any:
+    if isinstance(value, TensorRef):
+        dtype = getattr(torch, value.dtype.removeprefix("torch."))
+        if value.nbytes == 0:
+            return torch.empty(value.shape, dtype=dtype)
+        return buf[value.offset : value.offset + value.nbytes].view(dtype).view(value.shape)
+    if isinstance(value, OrderedDict):
+        return OrderedDict((k, _materialize(v, buf)) for k, v in value.items())
+    if type(value) is dict:
+        return {k: _materialize(v, buf) for k, v in value.items()}
+    if type(value) is list:
+        return [_materialize(v, buf) for v in value]
+    if type(value) is tuple:
+        return tuple(_materialize(v, buf) for v in value)
+    return value
+
+
+def state_of(obj: Any) -> Any:
+    """What gets saved for one object: its state_dict() when it has one, else the object itself."""
+    sd = getattr(obj, "state_dict", None)
+    if callable(sd) and not isinstance(obj, torch.Tensor):
+        return sd()
+    return obj
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    np = sys.modules.get("numpy")
+    if np is not None:
+        state["numpy"] = np.random.get_state()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        import numpy as np
+
+        np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@dataclass
+class Snapshot:
+    """A checkpoint held in host memory, ready to be written in the background."""
+
+    step: int
+    meta: dict[str, Any]
+    sections: dict[str, torch.Tensor]  # object name -> flat uint8 buffer
+
+
+def capture(step: int, objects: dict[str, Any], reuse: dict[str, torch.Tensor]) -> Snapshot:
+    """Copy every object's state into host buffers (reusing `reuse` where the sizes match).
+
+    This is the only part of a save that blocks the training loop.
+    """
+    skeleton: dict[str, Any] = {}
+    sections: dict[str, torch.Tensor] = {}
+    cuda_seen = False
+    for name, obj in objects.items():
+        tensors: list[torch.Tensor] = []
+        tree = _strip(state_of(obj), tensors)
+        refs: list[TensorRef] = []
+        offset = 0
+        for t in tensors:
+            nbytes = t.numel() * t.element_size()
+            refs.append(TensorRef(offset, nbytes, str(t.dtype), tuple(t.shape)))
+            offset += (nbytes + ALIGN - 1) // ALIGN * ALIGN
+        buf = reuse.get(name)
+        if buf is None or buf.numel() != offset:
+            pin = any(t.is_cuda for t in tensors)
+            buf = torch.empty(offset, dtype=torch.uint8, pin_memory=pin)
+        for t, ref in zip(tensors, refs, strict=True):
+            if ref.nbytes:
+                dst = buf[ref.offset : ref.offset + ref.nbytes].view(t.dtype).view(t.shape)
+                cuda_seen |= t.is_cuda
+                dst.copy_(t, non_blocking=t.is_cuda)
+        skeleton[name] = _resolve(tree, refs)
+        sections[name] = buf
+    if cuda_seen:
+        torch.cuda.synchronize()
+    meta = {"format": FORMAT, "step": step, "objects": skeleton, RNG_KEY: rng_state(), "time": time.time()}
+    return Snapshot(step, meta, sections)
+
+
+def _shards(name: str, buf: torch.Tensor) -> list[tuple[str, memoryview]]:
+    view = memoryview(buf.numpy()).cast("B")  # type: ignore[arg-type]
+    size = shard_bytes()
+    if len(view) == 0:
+        return [(f"{name}.0000.bin", view)]
+    return [(f"{name}.{k:04d}.bin", view[i : i + size]) for k, i in enumerate(range(0, len(view), size))]
+
+
+def write(
+    folder: RunFolder, epoch: int, snap: Snapshot, parent: str | None, pool: ThreadPoolExecutor
+) -> CheckpointName:
+    """Upload the payload, then commit it (COMMIT.json last, then the fenced lease ack)."""
+    ckpt = CheckpointName(snap.step, epoch)
+    base = f"checkpoints/{ckpt.dirname}"
+    meta_blob = io.BytesIO()
+    torch.save(snap.meta, meta_blob)
+    files: list[tuple[str, memoryview]] = [(META, memoryview(meta_blob.getvalue()))]
+    for name, buf in snap.sections.items():
+        files.extend(_shards(name, buf))
+
+    def put(item: tuple[str, memoryview]) -> tuple[str, dict[str, Any]]:
+        fname, data = item
+        digest = hashlib.sha256(data).hexdigest()
+        folder.write_payload(f"{base}/{fname}", data)
+        return fname, {"size": len(data), "sha256": digest}
+
+    record = {
+        "format": FORMAT,
+        "step": snap.step,
+        "epoch": epoch,
+        "parent": parent,
+        "time": time.time(),
+        "files": dict(pool.map(put, files)),
+        "sections": {name: int(buf.numel()) for name, buf in snap.sections.items()},
+    }
+    folder.commit_checkpoint(epoch, ckpt, record)
+    return ckpt
+
+
+def read(folder: RunFolder, ckpt: CheckpointName, pool: ThreadPoolExecutor) -> dict[str, Any]:
+    """Read and verify every file of a checkpoint; returns meta with tensors bound to their data.
+
+    Raises CorruptCheckpoint (from the storage layer) before anything is handed to the caller.
+    """
+    record = folder.read_commit(ckpt)
+    files: dict[str, dict[str, Any]] = record["files"]
+    from adapters.storage import CorruptCheckpoint
+
+    if META not in files:
+        raise CorruptCheckpoint(
+            f"{folder.url(f'checkpoints/{ckpt.dirname}')} has no {META} in its commit record"
+        )
+    sections: dict[str, torch.Tensor] = {}
+    jobs: list[tuple[str, dict[str, Any], memoryview]] = []
+    meta_buf = bytearray(int(files[META]["size"]))
+    jobs.append((META, files[META], memoryview(meta_buf)))
+    for sec, total in (record.get("sections") or {}).items():
+        buf = torch.empty(int(total), dtype=torch.uint8)
+        sections[sec] = buf
+        view = memoryview(buf.numpy()).cast("B")  # type: ignore[arg-type]
+        shard_names = sorted(f for f in files if f.startswith(f"{sec}.") and f.endswith(".bin"))
+        offset = 0
+        for fname in shard_names:
+            size = int(files[fname]["size"])
+            if offset + size > len(view):
+                raise CorruptCheckpoint(f"commit record of {ckpt.dirname} lists more bytes than {sec} holds")
+            jobs.append((fname, files[fname], view[offset : offset + size]))
+            offset += size
+        if offset != len(view):
+            raise CorruptCheckpoint(f"commit record of {ckpt.dirname} lists fewer bytes than {sec} holds")
+
+    def get(job: tuple[str, dict[str, Any], memoryview]) -> None:
+        fname, info, out = job
+        folder.read_verified(ckpt, fname, int(info["size"]), str(info["sha256"]), out)
+
+    list(pool.map(get, jobs))
+    meta = torch.load(io.BytesIO(bytes(meta_buf)), weights_only=False)
+    objects = {
+        name: _materialize(tree, sections.get(name, torch.empty(0, dtype=torch.uint8)))
+        for name, tree in meta["objects"].items()
+    }
+    return {**meta, "objects": objects}
+
+
+def apply(name: str, obj: Any, state: Any) -> None:
+    """Load `state` into `obj` in place."""
+    load = getattr(obj, "load_state_dict", None)
+    if callable(load):
+        load(state)
+    elif isinstance(obj, torch.Tensor):
+        with torch.no_grad():
+            obj.copy_(state)
+    elif isinstance(obj, dict):
+        obj.clear()
+        obj.update(state)
+    elif isinstance(obj, list):
+        obj[:] = state
+    elif isinstance(obj, set):
+        obj.clear()
+        obj.update(state)
+    elif isinstance(obj, bytearray):
+        obj[:] = state
+    elif hasattr(obj, "__dict__"):
+        obj.__dict__.clear()
+        obj.__dict__.update(state.__dict__)
+    else:
+        raise TypeError(f"cannot restore {name!r} in place")
+
+
+def restorable(name: str, obj: Any) -> None:
+    """Refuse up front an object that restore could not update in place (an int, a str...)."""
+    ok = (
+        callable(getattr(obj, "load_state_dict", None))
+        or isinstance(obj, torch.Tensor | dict | list | set | bytearray)
+        or (hasattr(obj, "__dict__") and not isinstance(obj, type))
+    )
+    if not ok:
+        raise TypeError(
+            f"restore cannot update {name}={type(obj).__name__} in place (it is immutable): "
+            f"pass it inside a dict, e.g. {name}={{'value': ...}}"
+        )

@@ -1,0 +1,59 @@
+"""Fixtures for the worker tests: a real S3 server (moto) on loopback, and stores on both backends.
+
+The server is started here, by the tests; with CI=true a server that cannot start fails the run
+instead of skipping the S3 half.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tests.worker.harness import S3_CREDENTIALS, Store
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    try:
+        from moto.server import ThreadedMotoServer
+
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        host, port = server.get_host_and_port()
+    except Exception as exc:  # noqa: BLE001 - any failure to start is reported the same way
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"cannot start the S3 test server (moto) on 127.0.0.1: {exc}")
+        pytest.skip(f"cannot start the S3 test server (moto): {exc}")
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+def make_bucket(endpoint: str) -> str:
+    import boto3
+
+    name = f"runs-{uuid.uuid4().hex[:12]}"
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+        region_name=S3_CREDENTIALS["AWS_DEFAULT_REGION"],
+    )
+    client.create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture(params=["file", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Store:
+    if request.param == "file":
+        return Store("file", str(tmp_path_factory.mktemp("runs")))
+    endpoint = request.getfixturevalue("s3_endpoint")
+    options = {
+        "endpoint_url": endpoint,
+        "key": S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        "secret": S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+    }
+    return Store("s3", f"s3://{make_bucket(endpoint)}/runs", endpoint, options)

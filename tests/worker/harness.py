@@ -1,0 +1,106 @@
+"""Helpers shared by the worker tests: stores on disk and S3, training attempts in forked children."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from adapters.storage import RunFolder
+
+S3_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+PRELOAD = ["torch", "torch._dynamo", "torch.optim", "numpy", "boto3", "botocore", "reconciler.worker", "tests.worker.workloads.train"]
+
+
+@dataclass
+class Store:
+    """A place for run folders: a temp directory, or a fresh bucket on the loopback S3 server."""
+
+    kind: str
+    base: str
+    endpoint: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def folder(self, job: str = "job", run: str | None = None) -> RunFolder:
+        return RunFolder.for_run(self.base, job, run or f"r-{uuid.uuid4().hex[:8]}", self.options)
+
+    def env(self, folder: RunFolder, epoch: int, **extra: Any) -> dict[str, str]:
+        env = {
+            "RECONCILER_RUN_URI": folder.uri,
+            "RECONCILER_RUN_ID": folder.uri.rsplit("/", 1)[-1],
+            "RECONCILER_EPOCH": str(epoch),
+            "RECONCILER_HEARTBEAT_INTERVAL": "0",
+        }
+        if self.endpoint:
+            env.update(S3_CREDENTIALS, AWS_ENDPOINT_URL=self.endpoint)
+        env.update({k: str(v) for k, v in extra.items()})
+        return env
+
+
+def _child(env: dict[str, str], cfg: dict[str, Any]) -> None:
+    os.environ.update(env)
+    from tests.worker.workloads.train import main
+
+    main(cfg)
+
+
+_ctx: Any = None
+
+
+def context() -> Any:
+    """A fork server that has imported torch once; each attempt is a fork of it, killed for real."""
+    global _ctx
+    if _ctx is None:
+        _ctx = multiprocessing.get_context("forkserver")
+        _ctx.set_forkserver_preload(PRELOAD)
+    return _ctx
+
+
+def start(env: dict[str, str], cfg: dict[str, Any]) -> Any:
+    proc = context().Process(target=_child, args=(env, cfg), daemon=True)
+    proc.start()
+    return proc
+
+
+def attempt(env: dict[str, str], cfg: dict[str, Any], timeout: float = 120) -> int:
+    """Run one training attempt to its end; returns its exit code (-9 when SIGKILLed)."""
+    proc = start(env, cfg)
+    proc.join(timeout)
+    if proc.exitcode is None:
+        proc.kill()
+        proc.join()
+        raise AssertionError(f"training attempt did not finish within {timeout}s")
+    return int(proc.exitcode)
+
+
+def assert_same(a: Any, b: Any, where: str = "state") -> None:
+    """Bitwise equality of nested state (tensors compared by dtype, shape and every bit)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), where
+        assert a.dtype == b.dtype and a.shape == b.shape, where
+        assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)), (
+            f"{where} differs"
+        )
+    elif isinstance(a, dict):
+        assert set(a) == set(b), f"{where}: keys {set(a) ^ set(b)}"
+        for k in a:
+            assert_same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def load(path: str) -> Any:
+    return torch.load(path, weights_only=False)

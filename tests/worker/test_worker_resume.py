@@ -1,0 +1,58 @@
+"""Resumed runs are bit-identical to uninterrupted ones, whatever step the worker is killed at."""
+
+from __future__ import annotations
+
+import random
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from tests.worker.harness import Store, assert_same, attempt, load
+
+STEPS = 40
+EVERY = 4
+SEEDS = [0, 1, 2]
+KILLS_PER_SEED = 7
+
+
+def reference(store: Store, seed: int, out: Path) -> object:
+    folder = store.folder()
+    epoch = folder.bump_lease()
+    env = store.env(folder, epoch, RECONCILER_CHECKPOINT_EVERY=EVERY)
+    assert attempt(env, {"steps": STEPS, "seed": seed, "out": str(out)}) == 0
+    return load(str(out))
+
+
+def test_resume_after_sigkill_at_random_steps_is_bitwise_equal_to_uninterrupted(
+    store: Store, tmp_path: Path
+) -> None:
+    rng = random.Random(20261202)
+    plans = {
+        seed: [
+            (k, rng.choice(["before_save", "after_save"]))
+            for k in sorted(rng.sample(range(1, STEPS), KILLS_PER_SEED))
+        ]
+        for seed in SEEDS
+    }
+    assert sum(len(p) for p in plans.values()) >= 20
+
+    def one_seed(seed: int) -> None:
+        expected = reference(store, seed, tmp_path / f"ref-{seed}.pt")
+        folder = store.folder()
+        log = tmp_path / f"log-{seed}.txt"
+        for step, phase in plans[seed]:
+            epoch = folder.bump_lease()
+            env = store.env(folder, epoch, RECONCILER_CHECKPOINT_EVERY=EVERY)
+            cfg = {"steps": STEPS, "seed": seed, "die_at": step, "die_phase": phase, "log": str(log)}
+            assert attempt(env, cfg) == -9, f"seed {seed}: attempt should have been killed at step {step}"
+            assert folder.durable_step() <= step
+        epoch = folder.bump_lease()
+        out = tmp_path / f"resumed-{seed}.pt"
+        env = store.env(folder, epoch, RECONCILER_CHECKPOINT_EVERY=EVERY)
+        assert attempt(env, {"steps": STEPS, "seed": seed, "out": str(out), "log": str(log)}) == 0
+        restores = [int(line.split()[1]) for line in log.read_text().split("\n") if line.startswith("restored")]
+        assert restores[0] == 0 and max(restores) > 0, restores
+        assert_same(expected, load(str(out)))
+        assert folder.done() is not None
+
+    with ThreadPoolExecutor(len(SEEDS)) as pool:
+        list(pool.map(one_seed, SEEDS))
