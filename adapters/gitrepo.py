@@ -52,7 +52,7 @@ class StateRepo:
         out: dict[str, bytes] = {}
         for item in sub.traverse():
             if isinstance(item, git.Blob):
-                out[item.path] = item.data_stream.read()
+                out[str(item.path)] = item.data_stream.read()
         return out
 
     def read_file(self, commit: str, path: str) -> bytes | None:

@@ -127,7 +127,7 @@ class JobSpec(Strict):
 
 
 class Job(Strict):
-    apiVersion: Literal["reconciler.dev/v1"] = API_VERSION
+    apiVersion: Literal["reconciler.dev/v1"] = "reconciler.dev/v1"
     kind: Literal["Job"]
     metadata: Metadata
     spec: JobSpec
@@ -237,7 +237,7 @@ class ProviderSpec(Strict):
 
 
 class Provider(Strict):
-    apiVersion: Literal["reconciler.dev/v1"] = API_VERSION
+    apiVersion: Literal["reconciler.dev/v1"] = "reconciler.dev/v1"
     kind: Literal["Provider"]
     metadata: Metadata
     spec: ProviderSpec

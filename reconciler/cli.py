@@ -186,8 +186,8 @@ def status(repo: RepoOption = Path("."), as_json: Annotated[bool, typer.Option("
     table = Table("job", "phase", "progress", "attempts", "interruptions", "failures", "message")
     for r in rows:
         prog = f"{r['step']}/{r['target']} (saved {r['durable']})" if r["target"] else str(r["step"])
-        table.add_row(r["job"], r["phase"], prog, str(r["attempts"]), str(r["interruptions"]),
-                      str(r["failures"]), r["message"])
+        table.add_row(str(r["job"]), str(r["phase"]), prog, str(r["attempts"]), str(r["interruptions"]),
+                      str(r["failures"]), str(r["message"]))
     console.print(table)
     for e in desired.errors:
         err.print(f"[red]error:[/red] {e}")

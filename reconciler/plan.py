@@ -284,14 +284,15 @@ def _plan_job(out: Plan, job: Job, rec: JobStatus | None, workers: dict[WorkerRe
     if current is not None:
         provider = desired.providers.get(current.provider)
         price = provider.spec.price_per_hour if provider else 0.0
-        ref = next((r for r in workers if r.run_id == run_id and r.epoch == current.epoch
-                    and r.provider == current.provider), None)
+        seen: WorkerRef | None = next((r for r in workers if r.run_id == run_id and r.epoch == current.epoch
+                                       and r.provider == current.provider), None)
         if run.done:
             # The completion record is the proof; a worker still exiting is left to finish.
-            code = workers[ref].exit_code if ref is not None else None
+            code = workers[seen].exit_code if seen is not None else None
             _record_close(st, _close(current, Outcome.SUCCEEDED, now, run, "completed", code, price))
             current = None
-        elif ref is not None:
+        elif seen is not None:
+            ref = seen
             state = workers[ref]
             if current.unseen_since is not None:
                 st.attempts[-1] = current = current.model_copy(update={"unseen_since": None})
@@ -382,13 +383,14 @@ def _plan_job(out: Plan, job: Job, rec: JobStatus | None, workers: dict[WorkerRe
         _fail(st, f"policy: deadline {job.spec.deadline.isoformat()} passed")
         out.statuses[job.name] = st
         return
-    last = st.attempts[-1] if st.attempts else None
-    if last is not None and last.outcome is not None and last.outcome.charged and last.ended is not None:
-        if st.backoff_until is None or st.backoff_until < last.ended:
-            st.backoff_until = last.ended + _backoff(job, st.failures)
+    last_attempt = st.attempts[-1] if st.attempts else None
+    if last_attempt is not None and last_attempt.outcome is not None and last_attempt.outcome.charged \
+            and last_attempt.ended is not None:
+        if st.backoff_until is None or st.backoff_until < last_attempt.ended:
+            st.backoff_until = last_attempt.ended + _backoff(job, st.failures)
     if st.backoff_until is not None and now < st.backoff_until:
         st.phase = Phase.BACKOFF
-        st.message = f"backing off after {st.failures} failure(s): {last.detail if last else ''}"
+        st.message = f"backing off after {st.failures} failure(s): {last_attempt.detail if last_attempt else ''}"
         _trim(st)
         out.statuses[job.name] = st
         return

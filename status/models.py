@@ -126,7 +126,7 @@ _TIME_FIELDS = ("started", "ended", "unseen_since", "backoff_until")
 
 def _times_to_iso(data: Any) -> Any:
     if isinstance(data, dict):
-        out = {}
+        out: dict[str, Any] = {}
         for k, v in data.items():
             if k in _TIME_FIELDS and isinstance(v, int | float):
                 out[k] = iso(v)
@@ -144,7 +144,7 @@ def _times_to_iso(data: Any) -> Any:
 
 def _times_from_iso(data: Any) -> Any:
     if isinstance(data, dict):
-        out = {}
+        out: dict[str, Any] = {}
         for k, v in data.items():
             if k in _TIME_FIELDS:
                 out[k] = from_iso(v)
