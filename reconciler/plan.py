@@ -262,8 +262,10 @@ def _plan_job(out: Plan, job: Job, rec: JobStatus | None, workers: dict[WorkerRe
             out.actions.append(Terminate(ref, f"stale worker of epoch {ref.epoch}; lease is at {run.lease_epoch}"))
 
     if run.error:
-        # Storage cannot be read: decide nothing about this run that depends on it.
-        st.message = f"run data unreadable, waiting: {run.error}"
+        # Storage cannot be read: decide nothing about this run that depends on it. A finished
+        # job keeps its own message (the reason it failed must survive a storage outage).
+        if not st.phase.terminal:
+            st.message = f"run data unreadable, waiting: {run.error}"
         out.statuses[job.name] = st
         return
 
@@ -301,10 +303,19 @@ def _plan_job(out: Plan, job: Job, rec: JobStatus | None, workers: dict[WorkerRe
                 stalled = _stalled(job, current, run, now, state)
                 pending_too_long = (state.phase == WorkerPhase.PENDING
                                     and now - current.started > PENDING_TIMEOUT_SECONDS)
+                budget = job.spec.budget_usd
+                spent = st.cost_usd + max(0.0, now - current.started) / 3600.0 * price
                 if stalled:
                     out.actions.append(Terminate(ref, "stalled: no heartbeat"))
                     _record_close(st, _close(current, Outcome.STALLED, now, run, stalled, None, price))
                     current = None
+                elif budget is not None and price > 0 and spent >= budget:
+                    # The budget binds the running attempt too, not only the next launch.
+                    out.actions.append(Terminate(ref, "policy: cost budget spent"))
+                    _record_close(st, _close(current, Outcome.CANCELLED, now, run, "cost budget spent", None, price))
+                    _fail(st, f"policy: cost budget of ${budget:g} spent (${st.cost_usd:g})")
+                    out.statuses[job.name] = st
+                    return
                 elif pending_too_long:
                     out.actions.append(Terminate(ref, "never started"))
                     _record_close(st, _close(current, Outcome.INTERRUPTION, now, run,
