@@ -25,15 +25,15 @@ State table (Slurm's word -> WorkerPhase), one place for every state Slurm docum
     CANCELLED                                                                           -> preempted
     anything else                                                                       -> lost
 
-Decisions: a job that received the time-limit warning and then exited 75 (checkpointed, as asked) is
-session-limit, not a job error. CANCELLED is preempted, an interruption that does not count against
-the job's retry budget: when the reconciler cancelled it (a `terminated` marker in the folder) the
-detail says so; otherwise the detail says it was cancelled outside the reconciler, naming the uid when
-accounting (`sacct`) is available. A person who wants a job to stop sets `suspend: true` or deletes
-the manifest; a `scancel` by an admin is treated like a preemption. Suspended jobs are pending: they
-hold their allocation but make no progress and will resume. Finished jobs leave the controller after
-MinJobAge; then `sacct` (if accounting is on) or the exit record the agent wrote in the folder tells
-how they ended.
+Decisions: a job that received the time-limit warning and then exited 75 (checkpointed, as asked) or
+died of the SIGTERM it was sent is session-limit, not a job error. CANCELLED is preempted, an
+interruption that does not count against the job's retry budget: when the reconciler cancelled it (a
+`terminated` marker in the folder) the detail says so; otherwise the detail says it was cancelled
+outside the reconciler, naming the uid when accounting (`sacct`) is available. A person who wants a
+job to stop sets `suspend: true` or deletes the manifest; a `scancel` by an admin is treated like a
+preemption. Suspended jobs are pending: they hold their allocation but make no progress and will
+resume. Finished jobs leave the controller after MinJobAge; then `sacct` (if accounting is on) or
+the exit record the agent wrote in the folder tells how they ended.
 """
 
 from __future__ import annotations
@@ -129,9 +129,9 @@ def map_state(
         return WorkerState(phase, code, state, detail)
     if phase is WorkerPhase.EXITED:
         code = 0 if code is None and word == "COMPLETED" else code
-        if word == "OUT_OF_MEMORY" and not code:
-            code = 137
-        if warned and code == INTERRUPTED_EXIT:
+        if word == "OUT_OF_MEMORY":  # Slurm says 0:125 here; report the kernel OOM killer's usual 137
+            code = int(exit_code.partition(":")[0] or 0) or 137
+        if warned and code in (INTERRUPTED_EXIT, 128 + 15):
             return WorkerState(
                 WorkerPhase.SESSION_LIMIT,
                 code,
@@ -149,7 +149,16 @@ def map_state(
             phase, code, state, "time limit reached" if word == "TIMEOUT" else "deadline reached"
         )
     if phase is WorkerPhase.LOST:
-        return WorkerState(phase, code, state or "unknown", f"Slurm state {state!r} is not one we know")
+        return WorkerState(phase, None, state or "unknown", f"Slurm state {state!r} is not one we know")
+    if phase is WorkerPhase.PREEMPTED:
+        return WorkerState(
+            phase,
+            code,
+            state,
+            {"NODE_FAIL": "node failure", "BOOT_FAIL": "node failed to boot"}.get(
+                word, "preempted by a higher-priority job" if word == "PREEMPTED" else ""
+            ),
+        )
     return WorkerState(phase, None, state, "" if reason in ("", "None", "(null)") else reason)
 
 
@@ -423,7 +432,11 @@ class SlurmAdapter:
         proc = self._run(self._sbatch_argv(spec, folder, script), env=env)
         if proc.returncode != 0 or not proc.stdout.strip():
             shutil.rmtree(folder, ignore_errors=True)  # takes the secrets with it; a retry submits afresh
-            message = (proc.stderr.strip() or proc.stdout.strip()).replace("sbatch: error: ", "")
+            message = "; ".join(
+                line.replace("sbatch: error: ", "").strip()
+                for line in (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+                if line.strip()
+            )
             transient = any(
                 w in message.lower() for w in ("unable to contact", "timed out", "try again", "busy")
             )

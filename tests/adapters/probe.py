@@ -2,7 +2,8 @@
 
 Controlled only through env (argv is what the tests check): PROBE_OUT (append one JSON line per
 start: argv, selected env, pid), PROBE_LINES, PROBE_SLEEP, PROBE_EXIT, PROBE_ON_TERM (exit code to
-use on SIGTERM, e.g. 75 as after a final checkpoint; unset = die by the signal).
+use on SIGTERM, e.g. 75 as after a final checkpoint; "ignore" = note it and carry on; unset = die by
+the signal).
 """
 
 import json
@@ -22,7 +23,8 @@ def main() -> int:
             print("probe: got SIGTERM", flush=True)
             with open(os.environ["PROBE_OUT"] + ".term", "a") as fh:
                 fh.write(f"{time.time()}\n")
-            sys.exit(int(on_term))
+            if on_term != "ignore":
+                sys.exit(int(on_term))
 
         signal.signal(signal.SIGTERM, stop)
     record = {"argv": sys.argv[1:], "env": {k: os.environ.get(k) for k in WATCHED}, "pid": os.getpid()}
