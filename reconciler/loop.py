@@ -157,16 +157,15 @@ class Reconciler:
         return observed
 
     # ---- the tick ------------------------------------------------------------------------------
-    def _configure_remote(self) -> None:
-        """The remote comes from reconciler.yaml (or the constructor); read before pulling."""
-        if self.remote is not None:
-            self.repo.remote = self.remote
-            return
+    def _configure_repo(self) -> None:
+        """Remote and commit identity come from reconciler.yaml (the remote may be overridden by
+        the constructor); read before pulling."""
         try:
             settings, _ = parse_settings(self.repo.read_settings(self.repo.head()))
         except GitError:
             return
-        self.repo.remote = settings.remote
+        self.repo.remote = self.remote if self.remote is not None else settings.remote
+        self.repo.name, self.repo.email = settings.commit_name, settings.commit_email
 
     def preview(self) -> tuple[Plan, TickReport]:
         """What the next tick would do, without doing it (no launch, no commit, no pull)."""
@@ -186,7 +185,7 @@ class Reconciler:
 
     def tick(self) -> TickReport:
         report = TickReport()
-        self._configure_remote()
+        self._configure_repo()
         try:
             self.repo.pull()
         except GitError as exc:
