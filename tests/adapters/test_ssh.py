@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -14,7 +16,17 @@ import pytest
 from adapters.compute import LaunchSpec, ProviderConfigError, ProviderUnavailable, WorkerPhase
 from adapters.ssh import SshAdapter
 from tests.adapters.conftest import Sshd, free_port
+from tests.adapters.e2e import (
+    finish,
+    job_manifest,
+    progress_step,
+    provider_manifest,
+    start_daemon,
+    status,
+    wait_for,
+)
 from tests.adapters.test_contract import PROBE, ended, pid_alive, probe_records, running, wait_state
+from tests.conftest import StateRepoFixture
 
 METACHARACTERS = "'\"`$\\;&|<>(){}[]*?~!#%^= \t\n\r-"
 
@@ -32,7 +44,10 @@ def probe_spec(tmp: Path, job: str, args: list[str], epoch: int = 1, **env: str)
         run_id="r-ssh",
         epoch=epoch,
         command=[sys.executable, "-u", PROBE, *args],
-        env={"PROBE_OUT": str(tmp / f"{job}.e{epoch}.jsonl"), **{f"PROBE_{k.upper()}": v for k, v in env.items()}},
+        env={
+            "PROBE_OUT": str(tmp / f"{job}.e{epoch}.jsonl"),
+            **{f"PROBE_{k.upper()}": v for k, v in env.items()},
+        },
     )
 
 
@@ -150,9 +165,7 @@ def test_unknown_host_key_is_refused_by_default_and_recorded_with_accept_new(ssh
     strict = SshAdapter("ssh", sshd.settings(tmp_path / "wd", known_hosts=str(known)))
     with pytest.raises(ProviderUnavailable, match="known_hosts"):
         strict.observe()
-    trusting = SshAdapter(
-        "ssh", sshd.settings(tmp_path / "wd", known_hosts=str(known), host_key_policy="accept-new")
-    )
+    trusting = SshAdapter("ssh", sshd.settings(tmp_path / "wd", known_hosts=str(known), host_key_policy="accept-new"))
     assert trusting.observe() == {}
     found = subprocess.run(["ssh-keygen", "-F", f"[127.0.0.1]:{sshd.port}", "-f", str(known)], capture_output=True)
     assert found.returncode == 0, "accept-new should have recorded the host key"
@@ -174,7 +187,42 @@ def test_worker_folder_on_the_host_holds_labels_and_no_secret(sshd: Sshd, tmp_pa
     wait_state(adapter, ref, ended)
     folder = tmp_path / "wd" / "workers" / ref.id.split("/", 1)[1]
     labels = json.loads((folder / "labels.json").read_text())
-    assert (labels["provider"], labels["job"], labels["run_id"], labels["epoch"]) == ("ssh", "labels", "r-ssh", 1)
+    assert (labels["provider"], labels["job"], labels["run_id"], labels["epoch"]) == (
+        "ssh",
+        "labels",
+        "r-ssh",
+        1,
+    )
     assert oct(folder.stat().st_mode & 0o777) == "0o700"
     assert probe_records(spec)[0]["env"]["PROBE_SECRET"] == "hunter2-xyz"
     assert not any(b"hunter2-xyz" in p.read_bytes() for p in (tmp_path / "wd").rglob("*") if p.is_file())
+
+
+def test_end_to_end_worker_killed_on_the_host_is_relaunched_and_completes(
+    sshd: Sshd, state_repo: StateRepoFixture, tmp_path: Path
+) -> None:
+    """`reconciler run --until-done` with an ssh provider; someone kills the worker process on the host."""
+    workdir = tmp_path / "ssh-workdir"
+    state_repo.write("desired/box.yaml", provider_manifest("box", sshd.settings(workdir)))
+    state_repo.write("desired/count.yaml", job_manifest("count", "box", step_seconds=0.1, target=60))
+    state_repo.commit("count on an ssh box")
+    log = tmp_path / "daemon.log"
+    daemon = start_daemon(state_repo, log)
+    try:
+        pid_file = wait_for(
+            lambda: next(iter(workdir.glob("workers/count.*.e1/child.pid")), None), 60, "the first worker", daemon, log
+        )
+        assert isinstance(pid_file, Path)
+        wait_for(lambda: progress_step(state_repo, "count") >= 12, 60, "checkpoints", daemon, log)
+        os.kill(json.loads(pid_file.read_text())["pid"], signal.SIGKILL)
+        finish(daemon, log, timeout=120)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+    st = status(state_repo, "count")
+    assert st["phase"] == "Succeeded", st.get("message")
+    outcomes = [a["outcome"] for a in st["attempts"]]
+    assert outcomes == ["interruption", "succeeded"], st["attempts"]
+    assert st["interruptions"] == 1 and st["failures"] == 0
+    assert st["attempts"][0]["provider"] == "box" and "SIGKILL" in st["attempts"][0]["detail"]
+    assert st["attempts"][1]["step_start"] > 0, "the relaunch must resume from a checkpoint"
