@@ -154,6 +154,30 @@ def _is_missing(exc: Exception) -> bool:
     return code in ("NoSuchKey", "404", "NotFound") or status == 404
 
 
+_clients: dict[tuple[Any, ...], Any] = {}
+_clients_lock = threading.Lock()
+
+
+def _s3_client(endpoint: str | None, region: str, key: str | None, secret: str | None, token: str | None) -> Any:
+    """One boto3 client per configuration and process (they are thread-safe and slow to make)."""
+    cache_key = (endpoint, region, key, secret, token, os.getpid())
+    with _clients_lock:
+        if cache_key not in _clients:
+            import boto3
+            from botocore.config import Config
+
+            _clients[cache_key] = boto3.session.Session().client(
+                "s3",
+                endpoint_url=endpoint,
+                region_name=region,
+                aws_access_key_id=key,
+                aws_secret_access_key=secret,
+                aws_session_token=token,
+                config=Config(max_pool_connections=32, retries={"max_attempts": 5, "mode": "standard"}),
+            )
+        return _clients[cache_key]
+
+
 class _MemReader(io.RawIOBase):
     """A seekable read-only file over a memoryview, so uploads need no extra copy of the state."""
 
@@ -189,29 +213,30 @@ class RunFolder:
     def __init__(self, uri: str, storage_options: dict[str, Any] | None = None) -> None:
         self.uri = expand_url(uri).rstrip("/")
         options = dict(storage_options or {})
-        self.kind = (
-            "local" if self.uri.startswith("file://") else "s3" if self.uri.startswith("s3://") else "other"
-        )
+        self.kind = "local" if self.uri.startswith("file://") else "s3" if self.uri.startswith("s3://") else "other"
         if self.kind == "s3":
             options.setdefault("skip_instance_cache", True)
             endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-            if (
-                endpoint
-                and "endpoint_url" not in options
-                and "endpoint_url" not in options.get("client_kwargs", {})
-            ):
+            if endpoint and "endpoint_url" not in options and "endpoint_url" not in options.get("client_kwargs", {}):
                 options["endpoint_url"] = endpoint
         self.storage_options = options
-        self.fs: fsspec.AbstractFileSystem
-        self.fs, self.root = url_to_fs(self.uri, **options)
+        self._fs: fsspec.AbstractFileSystem | None = None
+        if self.kind == "s3":  # the S3 path is ours to parse; s3fs is made only if someone asks for .fs
+            self.root = self.uri[len("s3://") :]
+        else:
+            self._fs, self.root = url_to_fs(self.uri, **options)
         self._client_obj: Any = None
-        self._client_lock = threading.Lock()
         self._unfenced = False
 
+    @property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        """The fsspec filesystem of this folder (s3fs with skip_instance_cache=True on S3)."""
+        if self._fs is None:
+            self._fs, _ = url_to_fs(self.uri, **self.storage_options)
+        return self._fs
+
     @classmethod
-    def for_run(
-        cls, storage: str, job: str, run_id: str, storage_options: dict[str, Any] | None = None
-    ) -> RunFolder:
+    def for_run(cls, storage: str, job: str, run_id: str, storage_options: dict[str, Any] | None = None) -> RunFolder:
         return cls(f"{expand_url(storage).rstrip('/')}/{job}/{run_id}", storage_options)
 
     def path(self, *parts: str) -> str:
@@ -223,24 +248,17 @@ class RunFolder:
     # ---- S3 client, used directly for conditional writes and fast transfers ------------------------
     @property
     def _client(self) -> Any:
-        with self._client_lock:
-            if self._client_obj is None:
-                import boto3
-                from botocore.config import Config
-
-                o = self.storage_options
-                ck = dict(o.get("client_kwargs") or {})
-                endpoint = o.get("endpoint_url") or ck.get("endpoint_url")
-                self._client_obj = boto3.session.Session().client(
-                    "s3",
-                    endpoint_url=endpoint,
-                    region_name=ck.get("region_name") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
-                    aws_access_key_id=o.get("key"),
-                    aws_secret_access_key=o.get("secret"),
-                    aws_session_token=o.get("token"),
-                    config=Config(max_pool_connections=32, retries={"max_attempts": 5, "mode": "standard"}),
-                )
-            return self._client_obj
+        if self._client_obj is None:
+            o = self.storage_options
+            ck = dict(o.get("client_kwargs") or {})
+            self._client_obj = _s3_client(
+                o.get("endpoint_url") or ck.get("endpoint_url"),
+                ck.get("region_name") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
+                o.get("key"),
+                o.get("secret"),
+                o.get("token"),
+            )
+        return self._client_obj
 
     def _bucket_key(self, name: str) -> tuple[str, str]:
         bucket, _, prefix = self.root.partition("/")
@@ -560,9 +578,7 @@ class RunFolder:
         if not _probed[key]:
             if os.environ.get(ALLOW_UNFENCED_ENV) == "1":
                 if not self._unfenced:
-                    log.warning(
-                        "%s ignores conditional writes; fencing relies on epoch-named paths", self.uri
-                    )
+                    log.warning("%s ignores conditional writes; fencing relies on epoch-named paths", self.uri)
                 self._unfenced = True
                 return
             raise UnsafeStoreError(
@@ -749,9 +765,7 @@ class RunFolder:
             if tag is None:
                 current, tag = self.read_with_tag("progress.json")
                 if current is not None and int(_loads(current, "progress").get("epoch", 0)) > epoch:
-                    raise Fenced(
-                        f"{self.url('progress.json')} is written by a newer attempt: this one was replaced"
-                    )
+                    raise Fenced(f"{self.url('progress.json')} is written by a newer attempt: this one was replaced")
             new_tag = self.replace_if_match("progress.json", blob, tag)
             if new_tag is not None:
                 return new_tag
@@ -870,9 +884,7 @@ class RunFolder:
             raise CorruptCheckpoint(f"{self.url(name)} is not a valid commit record: {exc}") from exc
         return dict(record)
 
-    def read_verified(
-        self, ckpt: CheckpointName, fname: str, size: int, sha256: str, out: memoryview
-    ) -> None:
+    def read_verified(self, ckpt: CheckpointName, fname: str, size: int, sha256: str, out: memoryview) -> None:
         """Fill `out` with a checkpoint file, or raise CorruptCheckpoint if size or digest differ."""
         name = f"checkpoints/{ckpt.dirname}/{fname}"
         got = self.read_payload_into(name, out)
