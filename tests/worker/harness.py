@@ -18,7 +18,16 @@ S3_CREDENTIALS = {
     "AWS_DEFAULT_REGION": "us-east-1",
 }
 
-PRELOAD = ["torch", "torch._dynamo", "torch.optim", "numpy", "boto3", "botocore", "reconciler.worker", "tests.worker.workloads.train"]
+PRELOAD = [
+    "torch",
+    "torch._dynamo",
+    "torch.optim",
+    "numpy",
+    "boto3",
+    "botocore",
+    "reconciler.worker",
+    "tests.worker.workloads.train",
+]
 
 
 @dataclass
