@@ -368,6 +368,11 @@ def _plan_job(out: Plan, job: Job, rec: JobStatus | None, workers: dict[WorkerRe
 
     # No live attempt: decide whether and where to launch the next one.
     if st.phase == Phase.FAILED or st.phase == Phase.CANCELLED:
+        # A worker of a finished job still running (its terminate failed, or it came back) is
+        # stopped on every tick until it is gone: it would only spend money.
+        for ref, state in workers.items():
+            if _live(state) and not any(a.ref == ref for a in out.actions if isinstance(a, Terminate)):
+                out.actions.append(Terminate(ref, f"job is {st.phase.value.lower()}"))
         out.statuses[job.name] = st
         return
     if job.spec.suspend:
