@@ -102,6 +102,7 @@ class ProviderModel:
     zombie_rate: float = 0.0  # a preempted machine keeps running, cut off
     zombie_return_seconds: float = 600.0
     down: bool = False
+    fail_ops: frozenset[str] = frozenset()  # calls that always fail, e.g. {"terminate"}
     retention_seconds: float = 3600.0  # how long ended workers stay listed
 
     @classmethod
@@ -558,6 +559,8 @@ class SimCloud:
             self.slow_fn(p.api_slow_seconds)
         if p.down:
             raise ProviderUnavailable(f"sim provider {provider}: API unreachable (outage)")
+        if op in p.fail_ops:
+            raise ProviderUnavailable(f"sim provider {provider}: {op} refused (injected)")
         if p.api_error_rate and self.rng.random() < p.api_error_rate:
             raise ProviderUnavailable(f"sim provider {provider}: API error 503 on {op}")
         return p

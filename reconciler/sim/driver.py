@@ -260,7 +260,9 @@ class Simulation:
         if jump is None and f.clock_jump_rate and self.rng.random() < f.clock_jump_rate:
             jump = self.rng.uniform(-f.clock_jump_seconds, f.clock_jump_seconds)
         if jump is not None:
-            self.skew += jump
+            self.skew = jump  # a step of the reconciler host's clock, corrected later
+        elif self.skew and self.rng.random() < 0.5:
+            self.skew = 0.0  # NTP brings it back
         self.clock.t = self.phys + self.skew
         if crash_at is None and f.crash_rate and self.rng.random() < f.crash_rate:
             crash_at = self.rng.randint(1, max(1, self.tick_calls))
@@ -316,6 +318,7 @@ class Simulation:
         for p in self.cloud.providers.values():
             p.api_error_rate = p.api_timeout_rate = p.lost_observation_rate = p.api_slow_seconds = 0.0
             p.down = False
+            p.fail_ops = frozenset()
 
     def run(self, max_steps: int, until: Callable[[Simulation], bool] | None = None) -> int:
         for _ in range(max_steps):

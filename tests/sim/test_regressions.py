@@ -44,3 +44,23 @@ def test_a_running_attempt_is_stopped_when_the_cost_budget_is_spent(make_sim: Ca
     assert billed <= 0.05 + 2 * 30 / 3600.0
     sim.checker.check_final()
     assert sim.checker.violations == []
+
+
+def test_a_worker_left_running_by_a_failed_terminate_is_stopped_once_the_job_failed(
+        make_sim: Callable[..., Simulation]) -> None:
+    """Found by the chaos run: when the terminate for a budget stop failed (provider API error),
+    the job was recorded Failed and its worker, still holding the lease, was never asked again: it
+    ran on and billed past the budget until it finished by itself."""
+    provider = ProviderModel("paid", launch_delay_seconds=0.0, price_per_hour=1.0,
+                             fail_ops=frozenset({"terminate"}))
+    config = SimConfig(providers=[ProviderPlan(provider)],
+                       jobs=[JobPlan("costly", target_steps=3600, budget_usd=0.05, checkpoint_every=300)])
+    sim = make_sim(config)
+    sim.run(30, until=lambda s: "costly" in s.statuses() and s.statuses()["costly"].phase == Phase.FAILED)
+    assert sim.statuses()["costly"].phase == Phase.FAILED
+    assert sim.cloud.live, "the terminate was refused, so the worker is still running"
+    provider.fail_ops = frozenset()
+    sim.run(3)
+    assert not sim.cloud.live
+    billed = sum(w.ledger.billed_seconds for w in sim.cloud.workers.values()) / 3600.0
+    assert billed <= 0.05 + 4 * 30 / 3600.0
