@@ -7,14 +7,24 @@ import json
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from adapters.compute import LaunchSpec, ProviderConfigError, ProviderUnavailable, WorkerPhase, WorkerState
+from adapters.compute import (
+    LaunchSpec,
+    ProviderConfigError,
+    ProviderUnavailable,
+    WorkerPhase,
+    WorkerRef,
+    WorkerState,
+)
 from adapters.slurm import SlurmAdapter, map_state, parse_scontrol, time_limit_seconds
 from tests.adapters.conftest import Slurm
+from tests.adapters.e2e import finish, job_manifest, progress_step, provider_manifest, start_daemon, status, wait_for
 from tests.adapters.test_contract import PROBE, ended, probe_records, running, wait_state
+from tests.conftest import StateRepoFixture
 
 P, R, X = WorkerPhase.PENDING, WorkerPhase.RUNNING, WorkerPhase.EXITED
 PRE, SL, LOST = WorkerPhase.PREEMPTED, WorkerPhase.SESSION_LIMIT, WorkerPhase.LOST
@@ -101,24 +111,32 @@ def spec_for(tmp: Path, name: str, **env: str) -> LaunchSpec:
     )
 
 
-def test_time_limit_warns_the_worker_passes_the_deadline_and_ends_as_session_limit(
-    slurm: Slurm, tmp_path: Path
-) -> None:
-    """One minute is Slurm's shortest limit; both jobs run side by side to spend it once."""
-    adapter = SlurmAdapter("slurm", slurm.settings(tmp_path / "wd", time_limit="1", signal_seconds=30))
-    polite = spec_for(tmp_path, "polite", sleep="300", on_term="75")  # checkpoints and leaves on the warning
-    stubborn = spec_for(tmp_path, "stubborn", sleep="300", on_term="ignore")  # runs into the limit
+@dataclass
+class TimeLimited:
+    adapter: SlurmAdapter
+    polite: LaunchSpec
+    stubborn: LaunchSpec
+    refs: list[WorkerRef]
+    started: float
+
+
+@pytest.fixture(scope="module")
+def time_limited(slurm: Slurm, tmp_path_factory: pytest.TempPathFactory) -> TimeLimited:
+    """Two jobs with Slurm's shortest limit (one minute), started when the module starts and checked by
+    its last test, so the minute passes while the other tests run."""
+    tmp = tmp_path_factory.mktemp("time-limited")
+    adapter = SlurmAdapter("slurm", slurm.settings(tmp / "wd", time_limit="1", signal_seconds=30))
+    polite = spec_for(tmp, "polite", sleep="300", on_term="75")  # checkpoints and leaves on the warning
+    stubborn = spec_for(tmp, "stubborn", sleep="300", on_term="ignore")  # runs into the limit
     started = time.time()
-    refs = [adapter.launch(polite), adapter.launch(stubborn)]
-    deadline = int(probe_records(polite)[0]["env"]["RECONCILER_DEADLINE"])
-    assert started + 50 <= deadline <= started + 75
-    states = [wait_state(adapter, ref, ended, timeout=110) for ref in refs]
-    assert (states[0].phase, states[0].exit_code) == (SL, 75), states[0]
-    assert "warning" in states[0].detail
-    assert states[1].phase is SL and states[1].provider_state == "TIMEOUT", states[1]
-    assert Path(stubborn.env["PROBE_OUT"] + ".term").exists(), "the stubborn worker never got the warning"
-    warned_at = float(Path(polite.env["PROBE_OUT"] + ".term").read_text().split()[0])
-    assert warned_at < started + 60, "the warning must come before the limit"
+    return TimeLimited(adapter, polite, stubborn, [adapter.launch(polite), adapter.launch(stubborn)], started)
+
+
+def test_time_limited_job_asks_for_a_warning_and_passes_its_deadline(time_limited: TimeLimited) -> None:
+    deadline = int(probe_records(time_limited.polite)[0]["env"]["RECONCILER_DEADLINE"])
+    assert time_limited.started + 50 <= deadline <= time_limited.started + 75
+    states = time_limited.adapter.observe()
+    assert all(states[ref].phase in (P, R) for ref in time_limited.refs)
 
 
 def test_outsider_scancel_is_preempted_and_reported_as_not_ours(slurm: Slurm, tmp_path: Path) -> None:
@@ -162,9 +180,7 @@ def test_job_forgotten_by_the_controller_is_read_from_its_exit_record(slurm: Slu
     assert found["gone"].phase is LOST and "990002" in found["gone"].detail
 
 
-def test_controller_down_is_provider_unavailable(
-    slurm: Slurm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_controller_down_is_provider_unavailable(slurm: Slurm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     conf = tmp_path / "slurm.conf"
     text = slurm.conf.read_text()
     port = text.split("SlurmctldPort=")[1].split()[0]
@@ -182,3 +198,60 @@ def test_pending_job_that_is_cancelled_by_us_is_not_blamed_on_anyone(slurm: Slur
     adapter.terminate(ref)
     state = wait_state(adapter, ref, ended)
     assert state.phase is PRE and state.detail == "cancelled by the reconciler"
+
+
+def test_end_to_end_outsider_scancel_and_time_limit_are_relaunched_and_complete(
+    slurm: Slurm, state_repo: StateRepoFixture, tmp_path: Path
+) -> None:
+    """`reconciler run --until-done` with two slurm providers on the test cluster: an admin scancels
+    one job's worker; the other job's worker is warned before its one-minute limit and checkpoints."""
+    workdir = tmp_path / "slurm-workdir"
+    state_repo.write("desired/cluster.yaml", provider_manifest("cluster", slurm.settings(workdir)))
+    # Slurm checks for the warning about every 30 s, so a 40 s job with a one-minute limit is warned once.
+    short = slurm.settings(workdir, time_limit="1", signal_seconds=50)
+    state_repo.write("desired/short.yaml", provider_manifest("short", short))
+    state_repo.write("desired/victim.yaml", job_manifest("victim", "cluster", step_seconds=0.1, target=60))
+    state_repo.write("desired/overtime.yaml", job_manifest("overtime", "short", step_seconds=0.1, target=400, every=20))
+    state_repo.commit("two jobs on slurm")
+    log = tmp_path / "daemon.log"
+    daemon = start_daemon(state_repo, log)
+    try:
+        job_id = wait_for(
+            lambda: read(next(iter(workdir.glob("workers/victim.*.e1/slurm_job_id")), None)), 60, "victim", daemon, log
+        )
+        wait_for(lambda: progress_step(state_repo, "victim") >= 12, 60, "victim checkpoints", daemon, log)
+        slurm.run("scancel", str(job_id))  # an admin, not the reconciler
+        finish(daemon, log, timeout=150)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+    victim = status(state_repo, "victim")
+    assert victim["phase"] == "Succeeded", victim.get("message")
+    assert [a["outcome"] for a in victim["attempts"]] == ["interruption", "succeeded"], victim["attempts"]
+    assert "outside the reconciler" in victim["attempts"][0]["detail"]
+    assert victim["attempts"][1]["step_start"] > 0 and victim["failures"] == 0
+    overtime = status(state_repo, "overtime")
+    assert overtime["phase"] == "Succeeded", overtime.get("message")
+    outcomes = [a["outcome"] for a in overtime["attempts"]]
+    assert outcomes[0] == "session-end" and outcomes[-1] == "succeeded", overtime["attempts"]
+    assert set(outcomes[1:-1]) <= {"session-end"} and overtime["failures"] == 0
+    assert overtime["attempts"][1]["step_start"] > 0, "the next session must resume from the final checkpoint"
+
+
+def read(path: Path | None) -> str:
+    return path.read_text().strip() if path is not None and path.exists() else ""
+
+
+def test_time_limited_jobs_end_as_session_limit_with_or_without_the_worker_s_help(
+    time_limited: TimeLimited,
+) -> None:
+    """Runs last in the module: the polite worker checkpointed on the warning and left with 75; the
+    stubborn one ignored it and Slurm stopped it at the limit (TIMEOUT). Both are session ends."""
+    adapter = time_limited.adapter
+    polite, stubborn = (wait_state(adapter, ref, ended, timeout=120) for ref in time_limited.refs)
+    assert (polite.phase, polite.exit_code) == (SL, 75), polite
+    assert "warning" in polite.detail
+    assert stubborn.phase is SL and stubborn.provider_state == "TIMEOUT", stubborn
+    assert Path(time_limited.stubborn.env["PROBE_OUT"] + ".term").exists(), "the warning never reached the worker"
+    warned_at = float(Path(time_limited.polite.env["PROBE_OUT"] + ".term").read_text().split()[0])
+    assert warned_at < time_limited.started + 60, "the warning must come before the limit"
