@@ -96,9 +96,7 @@ def assert_same(a: Any, b: Any, where: str = "state") -> None:
     if isinstance(a, torch.Tensor):
         assert isinstance(b, torch.Tensor), where
         assert a.dtype == b.dtype and a.shape == b.shape, where
-        assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)), (
-            f"{where} differs"
-        )
+        assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)), f"{where} differs"
     elif isinstance(a, dict):
         assert set(a) == set(b), f"{where}: keys {set(a) ^ set(b)}"
         for k in a:

@@ -22,14 +22,11 @@ def reference(store: Store, seed: int, out: Path) -> object:
     return load(str(out))
 
 
-def test_resume_after_sigkill_at_random_steps_is_bitwise_equal_to_uninterrupted(
-    store: Store, tmp_path: Path
-) -> None:
+def test_resume_after_sigkill_at_random_steps_is_bitwise_equal_to_uninterrupted(store: Store, tmp_path: Path) -> None:
     rng = random.Random(20261202)
     plans = {
         seed: [
-            (k, rng.choice(["before_save", "after_save"]))
-            for k in sorted(rng.sample(range(1, STEPS), KILLS_PER_SEED))
+            (k, rng.choice(["before_save", "after_save"])) for k in sorted(rng.sample(range(1, STEPS), KILLS_PER_SEED))
         ]
         for seed in SEEDS
     }

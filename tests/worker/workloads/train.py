@@ -68,8 +68,8 @@ def main(cfg: dict[str, Any]) -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
             run.heartbeat(step, loss=last_loss)
             if run.should_checkpoint(step):
-                _note(cfg, f"saving {step}")
                 run.save(step, model=model, optimizer=opt, scheduler=sched, extra=extra)
+                _note(cfg, f"saved {step}")
             if die_at == step:
                 os.kill(os.getpid(), signal.SIGKILL)
             if cfg.get("sleep"):
@@ -79,6 +79,10 @@ def main(cfg: dict[str, Any]) -> None:
             state = {"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict()}
             torch.save({**state, "extra": extra}, cfg["out"])
         run.complete(steps, loss=last_loss)
+    if os.environ.get("RECONCILER_FAULT_KILL_AT"):
+        import adapters.storage
+
+        _note(cfg, f"points {adapters.storage._fault_count}")
 
 
 if __name__ == "__main__":
