@@ -171,7 +171,6 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[tuple[str, str, dict[str, float]]] = []
     try:
         targets = ["disk"] if args.no_s3 else ["disk", "s3"]
-        endpoint = None
         with s3_server() if not args.no_s3 else _nothing() as endpoint:
             for size in sizes:
                 for kind in targets:
