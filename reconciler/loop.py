@@ -12,7 +12,7 @@ import fcntl
 import logging
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO
 
@@ -66,6 +66,7 @@ class Reconciler:
         self.remote = remote
         self._adapters: dict[str, tuple[str, ComputeAdapter]] = {}
         self._lock: IO[str] | None = None
+        self._heartbeats: dict[tuple[str, str], tuple[object, float, int]] = {}
 
     # ---- one daemon per repository ---------------------------------------------------------------
     def acquire_lock(self) -> None:
@@ -124,7 +125,7 @@ class Reconciler:
         return out
 
     def observe(self, desired: DesiredState, recorded: dict[str, JobStatus],
-                adapters: dict[str, ComputeAdapter], errors: list[str]) -> Observed:
+                adapters: dict[str, ComputeAdapter], errors: list[str], now: float) -> Observed:
         observed = Observed()
         for name in desired.providers:
             adapter = adapters.get(name)
@@ -142,7 +143,9 @@ class Reconciler:
         runs |= {(st.job, st.run_id) for st in recorded.values() if st.run_id and not st.phase.terminal}
         settings = desired.settings
         for job, run_id in sorted(runs):
-            observed.runs[(job, run_id)] = read_run(settings.storage, job, run_id, dict(settings.storage_options))
+            run = read_run(settings.storage, job, run_id, dict(settings.storage_options))
+            observed.runs[(job, run_id)] = self._remember_heartbeat((job, run_id), run, now)
+        self._heartbeats = {k: v for k, v in self._heartbeats.items() if k in runs}
         for st in recorded.values():
             att = st.current
             if att is None:
@@ -155,6 +158,20 @@ class Reconciler:
                     except Exception as exc:
                         observed.logs[ref] = f"(log unavailable: {exc})"
         return observed
+
+    def _remember_heartbeat(self, key: tuple[str, str], run: RunObservation, now: float) -> RunObservation:
+        """Stall detection times heartbeats by this process's own observations (kept in memory
+        only: after a restart the window starts afresh, which can only delay a stall verdict)."""
+        if run.error:
+            return run
+        value = (run.heartbeat_epoch, run.heartbeat_step, run.heartbeat_time)
+        seen = self._heartbeats.get(key)
+        if seen is None or seen[0] != value:
+            seen = (value, now, 1)
+        else:
+            seen = (value, seen[1], seen[2] + 1)
+        self._heartbeats[key] = seen
+        return replace(run, heartbeat_unchanged_since=seen[1], heartbeat_unchanged_ticks=seen[2])
 
     # ---- the tick ------------------------------------------------------------------------------
     def _configure_repo(self) -> None:
@@ -177,8 +194,9 @@ class Reconciler:
         report.errors.extend(str(e) for e in desired.errors)
         recorded = self.read_recorded(commit)
         adapters = self.adapters_for(desired, report.errors)
-        observed = self.observe(desired, recorded, adapters, report.errors)
-        the_plan = plan(desired, observed, recorded, self.clock.now(), commit)
+        now = self.clock.now()
+        observed = self.observe(desired, recorded, adapters, report.errors, now)
+        the_plan = plan(desired, observed, recorded, now, commit)
         report.actions = [_describe(a) for a in the_plan.actions]
         report.statuses = the_plan.statuses
         return the_plan, report
@@ -197,8 +215,8 @@ class Reconciler:
         report.errors.extend(str(e) for e in desired.errors)
         recorded = self.read_recorded(commit)
         adapters = self.adapters_for(desired, report.errors)
-        observed = self.observe(desired, recorded, adapters, report.errors)
         now = self.clock.now()
+        observed = self.observe(desired, recorded, adapters, report.errors, now)
         the_plan = plan(desired, observed, recorded, now, commit)
         result = execute(the_plan.actions, jobs=desired.jobs, adapters=adapters, settings=desired.settings,
                          environ=self.environ)

@@ -22,6 +22,7 @@ LOST_AFTER_SECONDS = 60.0  # a worker missing from observations this long is los
 PENDING_TIMEOUT_SECONDS = 1800.0  # a launch the provider never starts is given up on
 PROVIDER_COOLDOWN_SECONDS = 300.0  # a provider that just interrupted a run is tried last
 UNAVAILABLE_BACKOFF_SECONDS = 120.0  # a provider that refused a launch is skipped this long
+STALL_MIN_OBSERVATIONS = 3  # a stall needs this many observations of the same heartbeat
 EXIT_INTERRUPTED = 75  # worker checkpointed and left because it was told to (EX_TEMPFAIL)
 
 
@@ -39,6 +40,10 @@ class RunObservation:
     heartbeat_time: float | None = None
     done: bool = False
     error: str | None = None  # storage could not be read
+    # Since when (reconciler's clock) and over how many observations the heartbeat has not changed;
+    # None when the loop has no such memory yet (just started): then nothing is judged stalled.
+    heartbeat_unchanged_since: float | None = None
+    heartbeat_unchanged_ticks: int = 0
 
 
 @dataclass
@@ -446,15 +451,16 @@ def _status_step(recorded: int, durable: int, target: int | None) -> int:
 
 
 def _stalled(job: Job, attempt: Attempt, run: RunObservation, now: float, state: WorkerState) -> str:
-    if state.phase != WorkerPhase.RUNNING:
+    """Stalled = the heartbeat has not changed for the stall timeout, timed by the reconciler's
+    own clock from when it first saw that heartbeat, over several observations. Never by comparing
+    the worker's clock with ours, and never on one observation: a clock jump, or a tick that comes
+    late, must not make a healthy worker look stalled."""
+    if state.phase != WorkerPhase.RUNNING or run.heartbeat_unchanged_since is None:
         return ""
     limit = job.spec.stall_timeout_seconds
-    if run.heartbeat_epoch == attempt.epoch and run.heartbeat_time is not None:
-        age = now - run.heartbeat_time
-    else:
-        age = now - attempt.started
-    if age > limit:
-        return f"stalled: no heartbeat for {int(age)}s (limit {int(limit)}s) while the provider says running"
+    age = now - max(run.heartbeat_unchanged_since, attempt.started)
+    if age > limit and run.heartbeat_unchanged_ticks >= STALL_MIN_OBSERVATIONS:
+        return f"stalled: no new heartbeat for {int(age)}s (limit {int(limit)}s) while the provider says running"
     return ""
 
 

@@ -196,16 +196,31 @@ def test_a_seen_worker_resets_the_silence() -> None:
     assert p.statuses["train"].current.unseen_since is None
 
 
-def test_stale_heartbeat_is_stalled_and_charged() -> None:
+def test_unchanged_heartbeat_over_several_observations_is_stalled_and_charged() -> None:
     d = desired(job_yaml(extra="  stall_timeout_seconds: 60"))
     run_id = d.jobs["train"].run_id()
     ref, state = running("train", run_id, 1)
     obs = Observed(workers={ref: state}, runs={("train", run_id): RunObservation(
-        lease_epoch=1, heartbeat_epoch=1, heartbeat_step=10, heartbeat_time=NOW - 61)})
+        lease_epoch=1, heartbeat_epoch=1, heartbeat_step=10, heartbeat_time=NOW - 5000,
+        heartbeat_unchanged_since=NOW - 61, heartbeat_unchanged_ticks=3)})
     p = plan(d, obs, {"train": with_attempt(d)}, NOW)
     assert Terminate(ref, "stalled: no heartbeat") in p.actions
     assert p.statuses["train"].attempts[0].outcome == Outcome.STALLED
     assert p.statuses["train"].failures == 1
+
+
+@pytest.mark.parametrize(("since", "ticks"), [(NOW - 400, 2), (None, 0), (NOW - 30, 10)])
+def test_clock_jump_or_missing_memory_never_makes_a_worker_stalled(since: float | None, ticks: int) -> None:
+    """A worker's clock far behind ours, a jump of our clock within two observations, or a fresh
+    reconciler with no memory of the heartbeat: none is evidence of a stall."""
+    d = desired(job_yaml(extra="  stall_timeout_seconds: 60"))
+    run_id = d.jobs["train"].run_id()
+    ref, state = running("train", run_id, 1)
+    obs = Observed(workers={ref: state}, runs={("train", run_id): RunObservation(
+        lease_epoch=1, heartbeat_epoch=1, heartbeat_step=10, heartbeat_time=NOW - 5000,
+        heartbeat_unchanged_since=since, heartbeat_unchanged_ticks=ticks)})
+    p = plan(d, obs, {"train": with_attempt(d)}, NOW)
+    assert not p.actions and p.statuses["train"].current is not None
 
 
 def test_unrecorded_worker_holding_the_lease_is_adopted_not_duplicated() -> None:

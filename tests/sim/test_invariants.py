@@ -187,9 +187,6 @@ def test_the_checker_catches_a_worker_that_ignores_the_lease(make_sim: Make) -> 
     assert any("may write" in v for v in sim.checker.violations)
 
 
-@pytest.mark.xfail(strict=True, reason="open: a forward jump of the reconciler's clock past the stall timeout "
-                   "makes every healthy worker look stalled and charges the job (heartbeat age compares two "
-                   "machines' clocks); see docs/simulation.md")
 def test_a_clock_jump_never_charges_a_healthy_job(make_sim: Make) -> None:
     sim = make_sim(small_config(jobs=1, target=3600, max_retries=0))
     sim.run(20)
