@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import pytest
-
 from adapters.sim import JobModel, ProviderModel
 from reconciler.sim import Faults, JobPlan, ProviderPlan, SimConfig, Simulation
 from status.models import Phase
