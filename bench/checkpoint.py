@@ -3,7 +3,7 @@
 For a model + AdamW state of about 100 MB and 1 GB (``--quick``: 20 MB and 100 MB) it measures,
 on local disk and on an S3 server on loopback (moto, started here):
 
-- plain save: `torch.save` of the state dicts (+ fsync on disk; + upload through s3fs on S3);
+- plain save: `torch.save` of the state dicts (+ fsync on disk; + a boto3 multipart upload on S3);
   everything blocks the training loop;
 - SDK blocked: how long `run.save()` blocks the loop (the copy to host memory; warm buffers);
 - SDK durable: from `run.save()` until the checkpoint is committed (background upload + commit);
@@ -100,15 +100,18 @@ def bench_target(kind: str, nbytes: int, repeat: int, workdir: str, endpoint: st
         plain_path = os.path.join(workdir, "plain.pt")
     else:
         import boto3
-        import s3fs
+        from boto3.s3.transfer import TransferConfig
+        from botocore.config import Config
 
         bucket = f"bench-{uuid.uuid4().hex[:10]}"
         creds = {"aws_access_key_id": "bench", "aws_secret_access_key": "bench", "region_name": "us-east-1"}
-        boto3.client("s3", endpoint_url=endpoint, **creds).create_bucket(Bucket=bucket)
+        client = boto3.client("s3", endpoint_url=endpoint, config=Config(read_timeout=900), **creds)
+        client.create_bucket(Bucket=bucket)
+        # the plain baseline uploads with boto3's own concurrent multipart transfer
+        transfer = TransferConfig(multipart_threshold=16 * MB, multipart_chunksize=16 * MB, max_concurrency=8)
         options = {"endpoint_url": endpoint, "key": "bench", "secret": "bench"}
-        fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
         base = f"s3://{bucket}/runs"
-        plain_path = f"{bucket}/plain.pt"
+        plain_path = "plain.pt"
 
     def plain_save() -> None:
         if kind == "disk":
@@ -119,14 +122,15 @@ def bench_target(kind: str, nbytes: int, repeat: int, workdir: str, endpoint: st
         else:
             buf = io.BytesIO()
             torch.save(state(), buf)
-            fs.pipe_file(plain_path, buf.getvalue())
+            buf.seek(0)
+            client.upload_fileobj(buf, bucket, plain_path, Config=transfer)
 
     def plain_load() -> None:
         m, o = fresh_like(nbytes) if not loaded else loaded
         if kind == "disk":
             sd = torch.load(plain_path)
         else:
-            sd = torch.load(io.BytesIO(fs.cat_file(plain_path)))
+            sd = torch.load(io.BytesIO(client.get_object(Bucket=bucket, Key=plain_path)["Body"].read()))
         m.load_state_dict(sd["model"])
         o.load_state_dict(sd["optimizer"])
 

@@ -17,7 +17,7 @@ KILLS_PER_SEED = 7
 def reference(store: Store, seed: int, out: Path) -> object:
     folder = store.folder()
     epoch = folder.bump_lease()
-    env = store.env(folder, epoch, RECONCILER_CHECKPOINT_EVERY=EVERY)
+    env = store.env(folder, epoch, RECONCILER_CHECKPOINT_EVERY=EVERY, RECONCILER_HEARTBEAT_INTERVAL=1000)
     assert attempt(env, {"steps": STEPS, "seed": seed, "out": str(out)}) == 0
     return load(str(out))
 
@@ -38,13 +38,13 @@ def test_resume_after_sigkill_at_random_steps_is_bitwise_equal_to_uninterrupted(
         log = tmp_path / f"log-{seed}.txt"
         for step, phase in plans[seed]:
             epoch = folder.bump_lease()
-            env = store.env(folder, epoch, RECONCILER_CHECKPOINT_EVERY=EVERY)
+            env = store.env(folder, epoch, RECONCILER_CHECKPOINT_EVERY=EVERY, RECONCILER_HEARTBEAT_INTERVAL=1000)
             cfg = {"steps": STEPS, "seed": seed, "die_at": step, "die_phase": phase, "log": str(log)}
             assert attempt(env, cfg) == -9, f"seed {seed}: attempt should have been killed at step {step}"
             assert folder.durable_step() <= step
         epoch = folder.bump_lease()
         out = tmp_path / f"resumed-{seed}.pt"
-        env = store.env(folder, epoch, RECONCILER_CHECKPOINT_EVERY=EVERY)
+        env = store.env(folder, epoch, RECONCILER_CHECKPOINT_EVERY=EVERY, RECONCILER_HEARTBEAT_INTERVAL=1000)
         assert attempt(env, {"steps": STEPS, "seed": seed, "out": str(out), "log": str(log)}) == 0
         restores = [int(line.split()[1]) for line in log.read_text().split("\n") if line.startswith("restored")]
         assert restores[0] == 0 and max(restores) > 0, restores
