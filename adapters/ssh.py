@@ -57,7 +57,24 @@ MISSING_AGENT = 86  # exit code of the remote preamble when the agent file is no
 
 
 class HostUnreachable(Exception):
-    """ssh could not reach or log in to the host; the message names the host and what to do."""
+    """ssh could not reach or log in to the host; the message names the host and what to do.
+    `before_command` is True only when the command surely never ran (the connection was refused or
+    never set up), so a launch may safely be tried on another host."""
+
+    def __init__(self, message: str, before_command: bool = False) -> None:
+        super().__init__(message)
+        self.before_command = before_command
+
+
+NEVER_CONNECTED = (
+    "connect to host",
+    "could not resolve hostname",
+    "connection refused",
+    "no route to host",
+    "network is unreachable",
+    "during banner exchange",
+    "connection closed by remote host",
+)
 
 
 @dataclass
@@ -116,6 +133,7 @@ class SshAdapter:
         self.digest = agent_digest()
         self.workdir = settings.workdir.rstrip("/") or "/"
         self._observed = False
+        self._uncertain: dict[tuple[str, str, int], str] = {}  # labels -> host where a launch may have started
         self._control_dir = tempfile.mkdtemp(prefix="rc-ssh-") if settings.control_persist_seconds else None
 
     # ---- talking to a host --------------------------------------------------------------------
@@ -198,7 +216,13 @@ class SshAdapter:
                 message, person = explain_ssh_failure(host, proc.stderr, host.key_file)
                 if person:
                     raise ProviderConfigError(f"ssh provider {self.name!r}: {message}")
-                raise HostUnreachable(message)
+                low = proc.stderr.lower()
+                raise HostUnreachable(message, before_command=any(s in low for s in NEVER_CONNECTED))
+            if proc.returncode == 127:
+                raise ProviderConfigError(
+                    f"ssh provider {self.name!r}, host {host.name!r}: {host.python!r} was not found there "
+                    f"({proc.stderr.strip()[-200:]}); install Python 3 or set `python` for the host"
+                )
             if proc.returncode != 0:
                 raise HostUnreachable(
                     f"ssh host {host.name!r}: the remote command failed with exit code {proc.returncode} "
@@ -209,16 +233,12 @@ class SshAdapter:
 
     def _agent(self, host: SshHost, *args: str, stdin: str | None = None) -> str:
         words = " ".join(shlex.quote(a) for a in args)
-        return self._run(
-            host, f"exec {shlex.quote(host.python)} {remote_path(self._agent_path())} {words}", stdin
-        )
+        return self._run(host, f"exec {shlex.quote(host.python)} {remote_path(self._agent_path())} {words}", stdin)
 
     def _folder(self, folder_name: str) -> str:
         return f"{self.workdir}/workers/{folder_name}"
 
-    def _agent_at(
-        self, host: SshHost, command: str, folder_name: str, *rest: str, stdin: str | None = None
-    ) -> str:
+    def _agent_at(self, host: SshHost, command: str, folder_name: str, *rest: str, stdin: str | None = None) -> str:
         """Agent call on one worker folder; the folder path keeps `~` for the remote shell to expand."""
         words = " ".join(shlex.quote(a) for a in rest)
         line = (
@@ -239,11 +259,7 @@ class SshAdapter:
                     sig = signal.Signals(num).name
                 except ValueError:
                     sig = f"signal {num}"
-                who = (
-                    "stopped by the reconciler"
-                    if by_us
-                    else f"killed by {sig} {where}, not by the reconciler"
-                )
+                who = "stopped by the reconciler" if by_us else f"killed by {sig} {where}, not by the reconciler"
                 return WorkerState(WorkerPhase.PREEMPTED, -num, f"killed by {sig}", who)
             code = int(ended.get("code", 0))
             detail = "stopped by the reconciler" if by_us else str(ended.get("error", ""))
@@ -294,6 +310,9 @@ class SshAdapter:
                 health.failures, health.first_failure, health.last_error = 0, None, ""
                 workers = self._carry_out_pending_stops(host, workers)
                 health.known = dict(workers)
+                present = {(r.job, r.run_id, r.epoch) for r in workers}
+                for key in [k for k, h in self._uncertain.items() if h == host.name and k not in present]:
+                    del self._uncertain[key]  # the host answered and the worker is not there: it never started
                 found.update(workers)
                 continue
             health.failures += 1
@@ -301,8 +320,7 @@ class SshAdapter:
             health.last_error = error
             silent_for = now - health.first_failure
             sustained = (
-                health.failures >= self.settings.lost_after_failures
-                and silent_for >= self.settings.lost_after_seconds
+                health.failures >= self.settings.lost_after_failures and silent_for >= self.settings.lost_after_seconds
             )
             for ref, last in health.known.items():
                 if last.phase in (WorkerPhase.EXITED, WorkerPhase.PREEMPTED, WorkerPhase.LOST):
@@ -386,30 +404,34 @@ class SshAdapter:
             self.hosts.values(),
             key=lambda h: (self.health[h.name].failures > 0, self._busy(h) - h.max_workers),
         )
+        key = (spec.job, spec.run_id, spec.epoch)
+        if key in self._uncertain:  # an earlier try may have started it there: never start a twin elsewhere
+            order = [self.hosts[self._uncertain[key]]]
         errors = []
         for host in order:
-            if self._busy(host) >= host.max_workers:
+            if self._busy(host) >= host.max_workers and key not in self._uncertain:
                 errors.append(f"{host.name} is full ({host.max_workers} workers)")
                 continue
             try:
                 self._agent_at(host, "launch", folder, stdin=json.dumps(payload))
             except HostUnreachable as exc:
                 errors.append(str(exc))
-                continue
+                if exc.before_command:
+                    continue
+                self._uncertain[key] = host.name
+                break
+            self._uncertain.pop(key, None)
             ref = WorkerRef(self.name, f"{host.name}/{folder}", spec.job, spec.run_id, spec.epoch)
             self.health[host.name].known[ref] = WorkerState(WorkerPhase.PENDING, None, "starting", "")
             return ref
-        raise ProviderUnavailable(
-            f"ssh provider {self.name!r}: no host could take the worker: {'; '.join(errors)}"
-        )
+        raise ProviderUnavailable(f"ssh provider {self.name!r}: no host could take the worker: {'; '.join(errors)}")
 
     def _host_of(self, ref: WorkerRef) -> tuple[SshHost, str]:
         host_name, _, folder = ref.id.partition("/")
         host = self.hosts.get(host_name)
         if host is None or not folder:
             raise ProviderConfigError(
-                f"ssh provider {self.name!r}: worker {ref.id!r} names a host that is no longer "
-                "in the manifest"
+                f"ssh provider {self.name!r}: worker {ref.id!r} names a host that is no longer in the manifest"
             )
         check_label(folder, "worker folder")
         return host, folder

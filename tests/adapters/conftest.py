@@ -192,9 +192,7 @@ class Slurm:
     procs: list[subprocess.Popen] = field(default_factory=list)
 
     def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            list(argv), env={**os.environ, **self.env}, capture_output=True, text=True, check=check
-        )
+        return subprocess.run(list(argv), env={**os.environ, **self.env}, capture_output=True, text=True, check=check)
 
     def settings(self, workdir: Path, **extra: object) -> SlurmSettings:
         values: dict[str, object] = {
@@ -295,7 +293,8 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
     try:
         for daemon in ("slurmctld", "slurmd"):
             program = shutil.which(daemon) or str(sbin / daemon)
-            argv = [program, "-D", "-f", str(conf)] + (["-i"] if daemon == "slurmctld" else [])
+            # -N: the node is named in slurm.conf after the short hostname, whatever slurmd would guess
+            argv = [program, "-D", "-f", str(conf)] + (["-i"] if daemon == "slurmctld" else ["-N", host])
             log = open(root / f"{daemon}.out", "ab")
             cluster.procs.append(
                 subprocess.Popen(argv, stdout=log, stderr=log, env={**os.environ}, start_new_session=True)
