@@ -677,7 +677,12 @@ class RunFolder:
             return False
         try:  # the mirror and the pruning are for people and disk space; the log is the truth
             self.write_bytes(LEASE_FILE, blob)
-            for old in self._lease_versions():
+            versions = self._lease_versions()
+            if versions and versions[-1] > version:  # a newer lease landed meanwhile: mirror that one
+                newest = self.read_bytes(f"{LEASE_LOG}/{versions[-1]:012d}.json")
+                if newest is not None:
+                    self.write_bytes(LEASE_FILE, newest)
+            for old in versions:
                 if old <= version - LEASE_LOG_KEEP:
                     self.delete(f"{LEASE_LOG}/{old:012d}.json")
         except StorageError as exc:
