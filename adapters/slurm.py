@@ -340,9 +340,11 @@ class SlurmAdapter:
             if labels is None:
                 continue
             ref = WorkerRef(self.name, job_id, *labels)
-            state = self._state_of(fields, self._folder(*labels))
+            folder = self._folder(*labels)
+            state = self._state_of(fields, folder)
             if state.phase not in (WorkerPhase.PENDING, WorkerPhase.RUNNING):
                 self._finished[job_id] = state
+                _forget_payload(folder)  # a job cancelled before it started never read its secrets
             found[ref] = state
         if not self.workers.is_dir():
             return found
@@ -456,6 +458,7 @@ class SlurmAdapter:
         folder = self._folder_of(ref)
         if folder.is_dir():
             (folder / "terminated").write_text(str(int(time.time())))
+            _forget_payload(folder)
         proc = self._run(["scancel", ref.id])
         if proc.returncode != 0 and "invalid job id" not in proc.stderr.lower():
             raise ProviderUnavailable(
@@ -472,3 +475,11 @@ class SlurmAdapter:
     def free_slots(self) -> int | None:
         """Slurm queues what it cannot run yet; the provider's `concurrency` is the limit that matters."""
         return None
+
+
+def _forget_payload(folder: Path) -> None:
+    """The payload holds secrets; once the job can no longer start, nothing should keep them."""
+    try:
+        (folder / "payload.json").unlink()
+    except FileNotFoundError:
+        pass
