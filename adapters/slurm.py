@@ -251,13 +251,14 @@ class SlurmAdapter:
         """Asks accounting who cancelled a job; '' when accounting is off (remembered, asked once)."""
         if self._accounting is False or shutil.which("sacct") is None:
             return ""
-        proc = self._run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "JobID,State"])
+        proc = self._run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "JobID,State,ExitCode"])
         if proc.returncode != 0 or "disabled" in (proc.stderr + proc.stdout).lower():
             self._accounting = False
             return ""
         self._accounting = True
         for line in proc.stdout.splitlines():
-            _, _, state = line.partition("|")
+            parts = line.split("|")
+            state = parts[1] if len(parts) > 1 and parts[0] == job_id else ""
             if " by " in state:
                 uid = state.split(" by ", 1)[1].strip().rstrip("+")
                 try:

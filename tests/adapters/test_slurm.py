@@ -4,6 +4,7 @@ signal and RECONCILER_DEADLINE, sbatch rejections, jobs the controller has forgo
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import uuid
@@ -256,3 +257,22 @@ def test_time_limited_jobs_end_as_session_limit_with_or_without_the_worker_s_hel
     assert Path(time_limited.stubborn.env["PROBE_OUT"] + ".term").exists(), "the warning never reached the worker"
     warned_at = float(Path(time_limited.polite.env["PROBE_OUT"] + ".term").read_text().split()[0])
     assert warned_at < time_limited.started + 60, "the warning must come before the limit"
+
+
+def test_outsider_is_named_when_accounting_can_tell(
+    slurm: Slurm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The test cluster has no slurmdbd, so a stand-in `sacct` answers as one with accounting would."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "sacct"
+    fake.write_text('#!/bin/sh\n# sacct -j ID -X -n -P -o FIELDS\necho "$2|CANCELLED by 0|0:15"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    adapter = SlurmAdapter("slurm", slurm.settings(tmp_path / "wd"))
+    ref = adapter.launch(spec_for(tmp_path, "named", sleep="60"))
+    wait_state(adapter, ref, running)
+    slurm.run("scancel", ref.id)
+    state = wait_state(adapter, ref, ended)
+    assert state.phase is PRE
+    assert state.detail == "cancelled outside the reconciler by root (uid 0)"
