@@ -226,3 +226,13 @@ def test_end_to_end_worker_killed_on_the_host_is_relaunched_and_completes(
     assert st["interruptions"] == 1 and st["failures"] == 0
     assert st["attempts"][0]["provider"] == "box" and "SIGKILL" in st["attempts"][0]["detail"]
     assert st["attempts"][1]["step_start"] > 0, "the relaunch must resume from a checkpoint"
+
+
+def test_control_master_reuses_one_connection_when_asked(sshd: Sshd, tmp_path: Path) -> None:
+    adapter = SshAdapter("ssh", sshd.settings(tmp_path / "wd", control_persist_seconds=5))
+    assert adapter.observe() == {}
+    assert adapter._control_dir is not None
+    sockets = list(Path(adapter._control_dir).iterdir())
+    assert len(sockets) == 1, "one master connection per host"
+    assert adapter.observe() == {}
+    assert list(Path(adapter._control_dir).iterdir()) == sockets
