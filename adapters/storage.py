@@ -52,6 +52,7 @@ LEASE_LOG = ".lease"
 LEASE_REMEMBERS = 32
 LEASE_LOG_KEEP = 16
 S3_PART_BYTES = 16 << 20
+READ_CHUNK = 1 << 20
 ALLOW_UNFENCED_ENV = "RECONCILER_ALLOW_UNFENCED_STORE"
 
 
@@ -527,17 +528,23 @@ class RunFolder:
         except Exception as exc:
             raise StorageError(f"cannot upload {self.url(name)}: {exc}") from exc
 
-    def read_payload_into(self, name: str, out: memoryview) -> int:
-        """Read a whole file into `out` (sized for it); returns bytes read (the file may be shorter)."""
+    def read_payload_into(self, name: str, out: memoryview, digest: Any = None) -> int:
+        """Read a whole file into `out` (sized for it); returns bytes read (the file may be shorter).
+
+        With `digest` (a hashlib object), each chunk is hashed right after it lands, while it is
+        still in the CPU cache, instead of in a second pass over memory.
+        """
         out = out.cast("B") if out.format != "B" else out
         try:
             if self.kind == "local":
                 with open(self.path(name), "rb", buffering=0) as fh:
                     n = 0
                     while n < len(out):
-                        got = fh.readinto(out[n:])
+                        got = fh.readinto(out[n : n + READ_CHUNK])
                         if not got:
                             break
+                        if digest is not None:
+                            digest.update(out[n : n + got])
                         n += got
                     if fh.read(1):
                         return len(out) + 1  # longer than recorded
@@ -553,11 +560,15 @@ class RunFolder:
                     if n + len(chunk) > len(out):
                         return len(out) + 1
                     out[n : n + len(chunk)] = chunk
+                    if digest is not None:
+                        digest.update(chunk)
                     n += len(chunk)
             data = self.fs.cat_file(self.path(name))
             if len(data) > len(out):
                 return len(out) + 1
             out[: len(data)] = data
+            if digest is not None:
+                digest.update(data)
             return len(data)
         except FileNotFoundError as exc:
             raise CorruptCheckpoint(f"{self.url(name)} is missing") from exc
@@ -892,10 +903,11 @@ class RunFolder:
     def read_verified(self, ckpt: CheckpointName, fname: str, size: int, sha256: str, out: memoryview) -> None:
         """Fill `out` with a checkpoint file, or raise CorruptCheckpoint if size or digest differ."""
         name = f"checkpoints/{ckpt.dirname}/{fname}"
-        got = self.read_payload_into(name, out)
+        digest = hashlib.sha256()
+        got = self.read_payload_into(name, out, digest)
         if got != size:
             raise CorruptCheckpoint(f"{self.url(name)} has {got} bytes, its commit record says {size}")
-        if hashlib.sha256(out).hexdigest() != sha256:
+        if digest.hexdigest() != sha256:
             raise CorruptCheckpoint(f"{self.url(name)} does not match its sha256 in the commit record")
 
     def commit_checkpoint(self, epoch: int, ckpt: CheckpointName, record: dict[str, Any]) -> None:

@@ -15,7 +15,6 @@ import socket
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from types import FrameType
 from typing import Any
 
@@ -93,7 +92,7 @@ class Run:
         self.keep = keep
         self.restored: dict[str, Any] = {}
         self.stop_signal: int | None = None
-        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="reconciler-io")
+        self._pool = snapshot.io_pool()
         self._upload: threading.Thread | None = None
         self._upload_error: BaseException | None = None
         self._buffers: dict[str, torch.Tensor] = {}
@@ -129,9 +128,7 @@ class Run:
         if not self.stop_requested:
             return
         reason = f"signal {signal.Signals(self.stop_signal).name}" if self.stop_signal else "deadline near"
-        log.warning(
-            "stopping at step %d (%s): final checkpoint, then exit %d", step, reason, EXIT_INTERRUPTED
-        )
+        log.warning("stopping at step %d (%s): final checkpoint, then exit %d", step, reason, EXIT_INTERRUPTED)
         if objects and self._last_saved_step != step:
             self.save(step, **objects)
         self.wait()
@@ -157,9 +154,7 @@ class Run:
             try:
                 meta = snapshot.read(self.folder, ckpt, self._pool)
             except CorruptCheckpoint as exc:
-                log.warning(
-                    "checkpoint %s is unusable (%s); falling back to the one before", ckpt.dirname, exc
-                )
+                log.warning("checkpoint %s is unusable (%s); falling back to the one before", ckpt.dirname, exc)
                 try:
                     self.folder.discard_checkpoint(self.epoch, ckpt)
                 except Fenced as fenced:
@@ -289,7 +284,6 @@ class Run:
             self._upload = None
         if self._upload_error is not None:
             log.error("the last checkpoint upload failed: %s", self._upload_error)
-        self._pool.shutdown(wait=True)
         for sig, handler in self._old_handlers.items():
             try:
                 signal.signal(sig, handler)
@@ -364,17 +358,13 @@ def open_run(
     if grace is None:
         grace = _env_float("RECONCILER_GRACE", env.get("RECONCILER_GRACE"))
     if heartbeat_interval is None:
-        heartbeat_interval = _env_float(
-            "RECONCILER_HEARTBEAT_INTERVAL", env.get("RECONCILER_HEARTBEAT_INTERVAL")
-        )
+        heartbeat_interval = _env_float("RECONCILER_HEARTBEAT_INTERVAL", env.get("RECONCILER_HEARTBEAT_INTERVAL"))
     folder.check_conditional_writes()
     if epoch is None:
         epoch = folder.bump_lease(holder=f"worker:{socket.gethostname()}:{os.getpid()}")
     current = folder.lease_epoch()
     if current > epoch:
-        raise Superseded(
-            f"lease at {folder.url('lease.json')} is at epoch {current}; this attempt has {epoch}"
-        )
+        raise Superseded(f"lease at {folder.url('lease.json')} is at epoch {current}; this attempt has {epoch}")
     if current < epoch:
         raise RunConfigError(
             f"lease at {folder.url('lease.json')} is at epoch {current} but this worker was given epoch "

@@ -15,6 +15,7 @@ import io
 import os
 import random
 import sys
+import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +29,7 @@ from adapters.storage import CheckpointName, RunFolder
 FORMAT = 1
 ALIGN = 64
 META = "meta.pkl"
-DEFAULT_SHARD_BYTES = 64 << 20
+DEFAULT_SHARD_BYTES = 16 << 20  # small enough to verify in parallel on few cores
 RNG_KEY = "__rng__"
 
 
@@ -144,14 +145,37 @@ class Snapshot:
     sections: dict[str, torch.Tensor]  # object name -> flat uint8 buffer
 
 
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def io_pool() -> ThreadPoolExecutor:
+    """One warm thread pool per process for copies, digests and transfers (threads start once)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            workers = max(8, min(16, 4 * (os.cpu_count() or 2)))
+            _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reconciler-io")
+            barrier = threading.Barrier(workers + 1)
+            for _ in range(workers):
+                _pool.submit(barrier.wait)
+            barrier.wait()
+        return _pool
+
+
+COPY_CHUNK = 8 << 20
+
+
 def capture(step: int, objects: dict[str, Any], reuse: dict[str, torch.Tensor]) -> Snapshot:
     """Copy every object's state into host buffers (reusing `reuse` where the sizes match).
 
-    This is the only part of a save that blocks the training loop.
+    This is the only part of a save that blocks the training loop; large CPU tensors are copied
+    in chunks on a few threads, since one thread rarely saturates memory bandwidth.
     """
     skeleton: dict[str, Any] = {}
     sections: dict[str, torch.Tensor] = {}
     cuda_seen = False
+    jobs: list[tuple[torch.Tensor, torch.Tensor]] = []
     for name, obj in objects.items():
         tensors: list[torch.Tensor] = []
         tree = _strip(state_of(obj), tensors)
@@ -169,9 +193,19 @@ def capture(step: int, objects: dict[str, Any], reuse: dict[str, torch.Tensor]) 
             if ref.nbytes:
                 dst = buf[ref.offset : ref.offset + ref.nbytes].view(t.dtype).view(t.shape)
                 cuda_seen |= t.is_cuda
-                dst.copy_(t, non_blocking=t.is_cuda)
+                if not t.is_cuda and t.is_contiguous() and ref.nbytes > COPY_CHUNK:
+                    flat_src, flat_dst = t.reshape(-1), dst.reshape(-1)
+                    step_n = max(1, COPY_CHUNK // t.element_size())
+                    jobs.extend(
+                        (flat_dst[i : i + step_n], flat_src[i : i + step_n]) for i in range(0, t.numel(), step_n)
+                    )
+                else:
+                    dst.copy_(t, non_blocking=t.is_cuda)
         skeleton[name] = _resolve(tree, refs)
         sections[name] = buf
+    if jobs:
+        with torch.no_grad():
+            list(io_pool().map(lambda job: job[0].copy_(job[1]), jobs))
     if cuda_seen:
         torch.cuda.synchronize()
     meta = {"format": FORMAT, "step": step, "objects": skeleton, RNG_KEY: rng_state(), "time": time.time()}
@@ -227,9 +261,7 @@ def read(folder: RunFolder, ckpt: CheckpointName, pool: ThreadPoolExecutor) -> d
     from adapters.storage import CorruptCheckpoint
 
     if META not in files:
-        raise CorruptCheckpoint(
-            f"{folder.url(f'checkpoints/{ckpt.dirname}')} has no {META} in its commit record"
-        )
+        raise CorruptCheckpoint(f"{folder.url(f'checkpoints/{ckpt.dirname}')} has no {META} in its commit record")
     sections: dict[str, torch.Tensor] = {}
     jobs: list[tuple[str, dict[str, Any], memoryview]] = []
     meta_buf = bytearray(int(files[META]["size"]))
