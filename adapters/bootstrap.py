@@ -32,11 +32,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 AGENT_VERSION = "1"
 KEEP_FINISHED_SECONDS = 7 * 24 * 3600  # finished worker folders older than this are removed by `list`
 NEVER_STARTED_SECONDS = 120  # a folder with no wrapper after this long is reported lost
+WARNING_HOLD_SECONDS = 10  # a time-limit warning is passed on no sooner than this after the worker starts
 
 
 def agent_source():
@@ -129,7 +131,7 @@ def supervise(folder, payload):
             deadline = min(deadline, int(given))
         env["RECONCILER_DEADLINE"] = str(deadline)
     grace = float(payload.get("grace") or 30)
-    state = dict(child=None, stop=None)  # type: dict
+    state = dict(child=None, stop=None, started=time.time())  # type: dict
 
     def signal_child(sig):
         child = state["child"]
@@ -148,8 +150,16 @@ def supervise(folder, payload):
         signal_child(signal.SIGKILL)
 
     def on_warning(_signum, _frame):
+        """Slurm's time-limit warning. One that comes while the worker is still starting (Slurm may send
+        it up to a minute early) is held until the worker had WARNING_HOLD_SECONDS to set its handlers."""
         _write(os.path.join(folder, "warned"), str(int(time.time())))
-        signal_child(signal.SIGTERM)
+        held = WARNING_HOLD_SECONDS - (time.time() - state["started"])
+        if held > 0:
+            timer = threading.Timer(held, signal_child, (signal.SIGTERM,))
+            timer.daemon = True
+            timer.start()
+        else:
+            signal_child(signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, on_stop)
     signal.signal(signal.SIGINT, on_stop)
@@ -169,9 +179,7 @@ def supervise(folder, payload):
             start_new_session=True,
         )
     except OSError as exc:
-        os.write(
-            log, ("reconciler agent: cannot start {!r}: {}\n".format(payload["command"][0], exc)).encode()
-        )
+        os.write(log, ("reconciler agent: cannot start {!r}: {}\n".format(payload["command"][0], exc)).encode())
         _write(
             os.path.join(folder, "exit.json"),
             json.dumps({"code": 127, "error": str(exc), "time": time.time()}),
@@ -179,6 +187,7 @@ def supervise(folder, payload):
         return 127
     env.clear()  # drop our copy of the secrets
     state["child"] = child
+    state["started"] = time.time()
     _write(os.path.join(folder, "child.pid"), _process_record(child.pid))
     if state["stop"] is not None:
         signal_child(signal.SIGTERM)
@@ -227,9 +236,7 @@ def cmd_launch(folder):
     payload = None
     os.waitpid(first, 0)
     for _ in range(200):
-        if os.path.exists(os.path.join(folder, "child.pid")) or os.path.exists(
-            os.path.join(folder, "exit.json")
-        ):
+        if os.path.exists(os.path.join(folder, "child.pid")) or os.path.exists(os.path.join(folder, "exit.json")):
             break
         time.sleep(0.05)
     print(json.dumps({"adopted": False, "child": _read_json(os.path.join(folder, "child.pid"))}))

@@ -237,7 +237,9 @@ def test_end_to_end_outsider_scancel_and_time_limit_are_relaunched_and_complete(
     outcomes = [a["outcome"] for a in overtime["attempts"]]
     assert outcomes[0] == "session-end" and outcomes[-1] == "succeeded", overtime["attempts"]
     assert set(outcomes[1:-1]) <= {"session-end"} and overtime["failures"] == 0
-    assert overtime["attempts"][1]["step_start"] > 0, "the next session must resume from the final checkpoint"
+    # Slurm may warn up to a minute early; every session after one that checkpointed resumes from it.
+    resumed = [a["step_start"] for a in overtime["attempts"][1:]]
+    assert resumed == sorted(resumed) and resumed[-1] > 0, "sessions must resume from the final checkpoints"
 
 
 def read(path: Path | None) -> str:
