@@ -172,6 +172,7 @@ class SimWorker:
         self.state: WorkerState = WorkerState(WorkerPhase.PENDING, None, "PROVISIONING")
         self.alive = True  # the process exists (a zombie is alive while reported preempted)
         self.hidden_until: float | None = None  # zombie: cut off from us and storage until then
+        self.zombie = False  # it survived a preemption it was reported dead from
         self.reported: WorkerState | None = None  # what the provider says while the zombie is hidden
         self.log: list[str] = []
         self.ledger = WorkerLedger()
@@ -314,6 +315,7 @@ class SimWorker:
         if reason == "preempted" and self.provider.zombie_rate and self.hidden_until is None \
                 and self.cloud.rng.random() < self.provider.zombie_rate:
             self.hidden_until = self.t + self.provider.zombie_return_seconds
+            self.zombie = True
             self.reported = WorkerState(phase, None, word, "zombie: cut off, still running")
             self.cloud.zombies += 1
             self.cloud.on_interruption(self)

@@ -6,7 +6,7 @@ new), then steady ticks with every job running. Reported as ratios against the 1
 the same invocation, plus where the steady tick spends its time (cProfile of one tick at the
 largest size run).
 
-    python bench/scale.py --quick          # 10, 100, 1,000
+    python bench/scale.py --quick          # 10, 100, 300
     python bench/scale.py                  # 10, 100, 1,000, 10,000
 
 Prints the table, then one line: tick_seconds_per_1000_jobs=X growth_exponent=Y
@@ -80,7 +80,7 @@ def measure(n: int, steady: int, profile: bool) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="10, 100 and 1,000 jobs")
+    ap.add_argument("--quick", action="store_true", help="10, 100 and 300 jobs")
     ap.add_argument("--sizes", help="comma-separated job counts (overrides --quick)")
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--steady", type=int, default=2)
@@ -89,11 +89,11 @@ def main() -> None:
     if a.child is not None:
         print(json.dumps(measure(a.child, a.steady, a.profile)))
         return
-    sizes = [int(x) for x in a.sizes.split(",")] if a.sizes else ([10, 100, 1000] if a.quick else
+    sizes = [int(x) for x in a.sizes.split(",")] if a.sizes else ([10, 100, 300] if a.quick else
                                                                   [10, 100, 1000, 10000])
     rows = []
     for n in sizes:
-        steady = 3 if n <= 100 else (2 if n <= 1000 else 1)
+        steady = 3 if n <= 100 else 1
         cmd = [sys.executable, __file__, "--child", str(n), "--steady", str(steady)]
         if n == sizes[-1]:
             cmd.append("--profile")
