@@ -4,7 +4,7 @@ simulated providers, in-memory storage and git, so the figure is the loop's own 
 Each size runs in its own process (for a clean peak RSS): one launching tick (every status is
 new), then steady ticks with every job running. Reported as ratios against the 10-job run of
 the same invocation, plus where the steady tick spends its time (cProfile of one tick at the
-largest size run).
+largest size up to 1,000).
 
     python bench/scale.py --quick          # 10, 100, 300
     python bench/scale.py                  # 10, 100, 1,000, 10,000
@@ -92,10 +92,11 @@ def main() -> None:
     sizes = [int(x) for x in a.sizes.split(",")] if a.sizes else ([10, 100, 300] if a.quick else
                                                                   [10, 100, 1000, 10000])
     rows = []
+    profiled = max(n for n in sizes if n <= 1000) if min(sizes) <= 1000 else sizes[0]
     for n in sizes:
         steady = 3 if n <= 100 else 1
         cmd = [sys.executable, __file__, "--child", str(n), "--steady", str(steady)]
-        if n == sizes[-1]:
+        if n == profiled:
             cmd.append("--profile")
         done = subprocess.run(cmd, capture_output=True, text=True, check=True)
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -109,13 +110,14 @@ def main() -> None:
         print(f"| {r['n']:,} | {r['launch']:.2f} | {r['tick']:.3f} | {1000 * r['tick'] / r['n']:.1f} "
               f"| {r['tick'] / base['tick']:.0f}x | {r['n'] // base['n']}x | {r['rss_mb']:.0f} | {r['violations']} |")
     last = rows[-1]
-    if "profile" in last:
+    prof = next((r for r in rows if "profile" in r), None)
+    if prof is not None:
         print()
-        print(f"Where a steady tick of {last['n']:,} jobs spends its time (cProfile, share of the tick):")
+        print(f"Where a steady tick of {prof['n']:,} jobs spends its time (cProfile, share of the tick):")
         print()
         print("| part | share |")
         print("|---|---|")
-        for label, share in last["profile"].items():
+        for label, share in prof["profile"].items():
             print(f"| {label} | {100 * share:.0f}% |")
     # growth exponent: slope of log(tick) against log(jobs) over the two largest sizes
     if len(rows) >= 2:
