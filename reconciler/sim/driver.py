@@ -60,6 +60,7 @@ class JobPlan:
     budget_usd: float | None = None
     checkpoint_every: int | None = None
     stall_timeout_seconds: float = 300.0
+    suspend: bool = False
 
 
 @dataclass
@@ -107,6 +108,8 @@ def job_manifest(job: JobPlan) -> str:
         lines.append(f"  placement: {{providers: [{', '.join(job.providers)}]}}")
     if job.budget_usd is not None:
         lines.append(f"  budget_usd: {job.budget_usd}")
+    if job.suspend:
+        lines.append("  suspend: true")
     return "\n".join(lines) + "\n"
 
 
@@ -251,8 +254,12 @@ class Simulation:
         self.repo.user_commit({f"desired/{job.name}.yaml": job_manifest(job).encode()}, f"edit {job.name}")
 
     # ---- running ----------------------------------------------------------------------------
-    def step(self, *, crash_at: int | None = None, jump: float | None = None) -> TickReport | None:
-        """One tick interval of physical time, then one real tick (maybe killed part way)."""
+    def step(self, *, crash_at: int | None = None, jump: float | None = None,
+             fresh: bool = False) -> TickReport | None:
+        """One tick interval of physical time, then one real tick (maybe killed part way).
+        `fresh` starts a new Reconciler first, as `reconciler run --once` from cron would."""
+        if fresh:
+            self.reconciler = self._new_reconciler()
         f = self.config.faults
         self.phys += self.config.tick_seconds
         self.store.faults.context = "worker"
