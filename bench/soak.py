@@ -65,7 +65,7 @@ def world_config(seed: int, jobs: int, trace: dict[str, Any] | None, quick: bool
     faults = Faults(crash_rate=0.05, tick_storage_error_rate=0.01, worker_storage_error_rate=0.02,
                     slow_write_seconds=0.2, push_reject_rate=0.1, pull_error_rate=0.05, clock_jump_rate=0.02,
                     clock_jump_seconds=60.0)
-    return SimConfig(providers=providers, jobs=plans, seed=seed, tick_seconds=60.0, faults=faults)
+    return SimConfig(providers=providers, jobs=plans, seed=seed, tick_seconds=120.0, faults=faults)
 
 
 def run_world(args: tuple[int, int, dict[str, Any] | None, bool]) -> dict[str, Any]:
@@ -74,7 +74,7 @@ def run_world(args: tuple[int, int, dict[str, Any] | None, bool]) -> dict[str, A
     config = world_config(seed, jobs, trace, quick)
     sim = Simulation(config)
     t0 = time.perf_counter()
-    chaos_steps = 60 if quick else 100
+    chaos_steps = 30 if quick else 40
     sim.run(chaos_steps)
     sim.heal()
     settled = sim.run_to_completion(2000)
@@ -129,8 +129,12 @@ def main() -> None:
         left -= n
         i += 1
     t0 = time.perf_counter()
+    results = []
     with ProcessPoolExecutor(max_workers=a.processes) as pool:
-        results = list(pool.map(run_world, tasks))
+        for r in pool.map(run_world, tasks):
+            results.append(r)
+            print(f"# world {len(results)}/{len(tasks)}: {r['completed']}/{r['jobs']} completed, "
+                  f"{r['violations']} violations, {r['seconds']:.0f} s", file=sys.stderr, flush=True)
     wall = time.perf_counter() - t0
     total = {k: sum(r[k] for r in results) for k in (
         "jobs", "completed", "failed_own", "violations", "duplicate_completions", "interruptions", "crashes",
