@@ -44,7 +44,11 @@ def main(argv: list[str]) -> int:
             child.send_signal(signum)
         except ProcessLookupError:
             return
-        timer = threading.Timer(GRACE_SECONDS, lambda: child.poll() is None and child.kill())
+        def kill_if_running() -> None:
+            if child.poll() is None:
+                child.kill()
+
+        timer = threading.Timer(GRACE_SECONDS, kill_if_running)
         timer.daemon = True
         timer.start()
 
