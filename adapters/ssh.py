@@ -109,8 +109,9 @@ def explain_ssh_failure(host: SshHost, stderr: str, key_file: str | None) -> tup
     low = stderr.lower()
     if "host key verification failed" in low or "remote host identification has changed" in low:
         return (
-            f"{where}: its host key is not the one in known_hosts; verify the host and update "
-            "known_hosts (or set host_key_policy: accept-new for a first contact)",
+            f"{where}: its host key is not in known_hosts or does not match it; check the host's "
+            f"fingerprint and add it (ssh-keyscan -p {host.port} {host.address}), or set "
+            "host_key_policy: accept-new for a first contact",
             True,
         )
     if "permission denied" in low:
