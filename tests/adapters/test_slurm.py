@@ -202,6 +202,7 @@ def test_pending_job_that_is_cancelled_by_us_is_not_blamed_on_anyone(slurm: Slur
     assert not list((tmp_path / "wd").rglob("payload.json")), "a job that never ran must not keep its secrets"
 
 
+@pytest.mark.slow
 def test_end_to_end_outsider_scancel_and_time_limit_are_relaunched_and_complete(
     slurm: Slurm, state_repo: StateRepoFixture, tmp_path: Path
 ) -> None:

@@ -198,6 +198,7 @@ def test_worker_folder_on_the_host_holds_labels_and_no_secret(sshd: Sshd, tmp_pa
     assert not any(b"hunter2-xyz" in p.read_bytes() for p in (tmp_path / "wd").rglob("*") if p.is_file())
 
 
+@pytest.mark.slow
 def test_end_to_end_worker_killed_on_the_host_is_relaunched_and_completes(
     sshd: Sshd, state_repo: StateRepoFixture, tmp_path: Path
 ) -> None:
