@@ -99,7 +99,8 @@ def run_stateful(examples: int) -> str:
 
     logging.getLogger("reconciler").setLevel(logging.CRITICAL)
     run_state_machine_as_test(ChaosMachine, settings=settings(
-        max_examples=examples, stateful_step_count=25, deadline=None, suppress_health_check=list(HealthCheck)))
+        max_examples=examples, stateful_step_count=25, deadline=None, database=None,
+        suppress_health_check=list(HealthCheck)))
     return f"{examples} random fault sequences: no invariant broken"
 
 
