@@ -92,6 +92,7 @@ class Run:
         self.keep = keep
         self.restored: dict[str, Any] = {}
         self.stop_signal: int | None = None
+        self._stop_at = 0.0
         self._pool = snapshot.io_pool()
         self._upload: threading.Thread | None = None
         self._upload_error: BaseException | None = None
@@ -111,7 +112,18 @@ class Run:
 
     # ---- stopping --------------------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.stop_signal is None:
+            self._stop_at = time.monotonic()
         self.stop_signal = signum
+
+    def _grace_left(self) -> float:
+        """Seconds left before the provider is expected to kill us."""
+        left = float("inf")
+        if self.stop_signal is not None:
+            left = self.grace - (time.monotonic() - self._stop_at)
+        if self.deadline is not None:
+            left = min(left, self.deadline - time.time())
+        return left
 
     @property
     def stop_requested(self) -> bool:
@@ -131,6 +143,14 @@ class Run:
         log.warning("stopping at step %d (%s): final checkpoint, then exit %d", step, reason, EXIT_INTERRUPTED)
         if objects and self._last_saved_step != step:
             self.save(step, **objects)
+        if self._upload is not None:
+            self._upload.join(timeout=max(0.0, self._grace_left() - 1.0))
+            if self._upload.is_alive():
+                # Out of time: the previous checkpoint stands; leave before the provider kills us.
+                log.error("the final checkpoint did not finish within the grace period; exiting without it")
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(EXIT_INTERRUPTED)
         self.wait()
         self._heartbeat(step, {}, force=True)
         self.close()
