@@ -913,9 +913,9 @@ class RunFolder:
     def commit_checkpoint(self, epoch: int, ckpt: CheckpointName, record: dict[str, Any]) -> None:
         """Make a fully uploaded checkpoint visible: COMMIT.json (exclusive), then the lease ack.
 
-        Raises Fenced when the lease moved on: the checkpoint then stays unaccepted garbage.
+        Raises Fenced when the lease moved on: the checkpoint then stays unaccepted garbage (the
+        lease swap, not an earlier read, is the fence, so there is no window to slip through).
         """
-        self.check_epoch(epoch)
         name = f"checkpoints/{ckpt.dirname}/{COMMIT_FILE}"
         if not self.create_exclusive(name, json.dumps(record, sort_keys=True).encode()):
             raise StorageError(f"{self.url(name)} already exists: checkpoint folders are never reused")
