@@ -101,17 +101,26 @@ class StateRepo:
             paths.append(rel)
         if not paths:
             return None
-        g = self.repo.git
-        g.add("--all", "--", *paths)
-        if not g.diff("--cached", "--name-only", "--", *paths).strip():
-            return None
         env = {
             "GIT_AUTHOR_NAME": self.name, "GIT_AUTHOR_EMAIL": self.email,
             "GIT_COMMITTER_NAME": self.name, "GIT_COMMITTER_EMAIL": self.email,
         }
-        with self.repo.git.custom_environment(**env):
-            g.commit("--no-verify", "-q", "-m", message, "--only", "--", *paths)
-        return self.head()
+        g = self.repo.git
+        last: Exception | None = None
+        for attempt in range(5):
+            # A person committing in the same checkout holds the index lock for a moment: wait.
+            try:
+                g.add("--all", "--", *paths)
+                if not g.diff("--cached", "--name-only", "--", *paths).strip():
+                    return None
+                with self.repo.git.custom_environment(**env):
+                    g.commit("--no-verify", "-q", "-m", message, "--only", "--", *paths)
+                return self.head()
+            except git.GitCommandError as exc:
+                last = exc
+                time.sleep(0.1 * (2**attempt))
+        raise GitError(f"cannot commit status in {self.path}: {_first_line(last)}; "
+                       "the next tick writes it again")
 
     # ---- remote -----------------------------------------------------------------------------
     def branch(self) -> str:

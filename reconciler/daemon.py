@@ -16,6 +16,7 @@ from pathlib import Path
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from adapters.gitrepo import StateRepo
 from reconciler.loop import Reconciler, TickReport
 
 log = logging.getLogger("reconciler")
@@ -40,7 +41,8 @@ class Daemon:
         try:
             report = self.rec.tick()
         except Exception as exc:  # one bad tick must not end the daemon
-            log.exception("tick failed: %s", exc)
+            log.error("tick failed: %s; the next tick tries again", exc)
+            log.debug("tick failure detail", exc_info=True)
             return
         self.last_report = report
         self._seen_desired = self._desired_id()
@@ -49,10 +51,13 @@ class Daemon:
         if self.until_done and report.all_terminal:
             self.stop_event.set()
 
-    def _desired_id(self) -> str:
+    def _desired_id(self, repo: StateRepo | None = None) -> str:
+        """Identifies the desired state at HEAD. GitPython objects are not thread-safe, so the
+        watcher thread passes a repository object of its own."""
+        repo = repo or self.rec.repo
         try:
-            head = self.rec.repo.head()
-            return f"{self.rec.repo.tree_id(head, 'desired')}:{self.rec.repo.read_settings(head)!r}"
+            head = repo.head()
+            return f"{repo.tree_id(head, 'desired')}:{repo.read_settings(head)!r}"
         except Exception:
             return ""
 
@@ -65,7 +70,8 @@ class Daemon:
     def _watch(self, storage_root: Path | None) -> None:
         import watchfiles
 
-        git_dir = Path(self.rec.repo.repo.git_dir)
+        own_repo = StateRepo(self.rec.repo.path)
+        git_dir = Path(own_repo.repo.git_dir)
         paths = [git_dir]
         if storage_root is not None and storage_root.exists():
             paths.append(storage_root)
@@ -78,7 +84,7 @@ class Daemon:
                                         debounce=300, rust_timeout=1000, yield_on_timeout=False):
             if any(Path(p).name == "done.json" for _c, p in changes):
                 self.trigger()
-            elif self._desired_id() != self._seen_desired:  # our own status commits do not count
+            elif self._desired_id(own_repo) != self._seen_desired:  # our own status commits do not count
                 log.info("desired state changed; ticking now")
                 self.trigger()
 
@@ -95,20 +101,18 @@ class Daemon:
             for s in previous:
                 signal.signal(s, stop)
         try:
-            first = self.rec.tick()
-            self.last_report = first
-            self._seen_desired = self._desired_id()
-            if self.on_tick:
-                self.on_tick(first)
-            if self.until_done and first.all_terminal:
+            self._tick()
+            first = self.last_report
+            if self.until_done and first is not None and first.all_terminal:
                 return first
-            interval = self.tick_seconds or first.desired.settings.tick_seconds if first.desired else 30.0
+            interval = self.tick_seconds or (first.desired.settings.tick_seconds
+                                             if first is not None and first.desired else 30.0)
             self._scheduler.add_job(self._tick, "interval", seconds=interval, id="tick", max_instances=1,
                                     coalesce=True, misfire_grace_time=None)
             self._scheduler.start()
             watcher = None
             if self.watch:
-                storage = first.desired.settings.storage if first.desired else ""
+                storage = first.desired.settings.storage if first is not None and first.desired else ""
                 root = Path(storage[len("file://"):]).expanduser() if storage.startswith("file://") else None
                 watcher = threading.Thread(target=self._watch, args=(root,), daemon=True, name="watch")
                 watcher.start()

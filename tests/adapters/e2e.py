@@ -47,10 +47,8 @@ def job_manifest(name: str, provider: str, step_seconds: float, target: int, eve
 
 
 def start_daemon(repo: StateRepoFixture, log: Path) -> subprocess.Popen:
-    """Interval ticks only (--no-watch): a watch-triggered tick overlapping an interval tick has been seen
-    to corrupt gitpython's object reads in the daemon, which is the loop's concern, not the adapters'."""
+    """The daemon as users run it, watching the repository as well as ticking on an interval."""
     cmd = [sys.executable, "-m", "reconciler", "run", "--repo", str(repo.path), "--until-done", "--tick-seconds", "0.5"]
-    cmd.append("--no-watch")
     return subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
 
 

@@ -212,3 +212,26 @@ def test_daemon_ticks_at_once_when_a_manifest_is_committed(state_repo: StateRepo
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(timeout=20)
+
+
+def test_commits_while_the_daemon_ticks_never_break_a_tick(state_repo: StateRepoFixture) -> None:
+    """The watcher reads the repository while a tick may be reading it too (GitPython objects are
+    not thread-safe): many commits during a run must not make any tick fail."""
+    state_repo.write("desired/count.yaml", job("count", counter(0.05)))
+    state_repo.commit("add count")
+    cmd = [sys.executable, "-m", "reconciler", "run", "--repo", str(state_repo.path), "--tick-seconds", "0.2",
+           "--until-done"]
+    daemon = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for i in range(15):
+        state_repo.write(f"desired/note-{i}.yaml", f"# note {i}\n")
+        for _ in range(20):  # the daemon's status commit may hold the index lock for a moment
+            try:
+                state_repo.commit(f"note {i}")
+                break
+            except subprocess.CalledProcessError:
+                time.sleep(0.1)
+        time.sleep(0.15)
+    out, _ = daemon.communicate(timeout=120)
+    assert daemon.returncode == 0, out
+    assert "tick failed" not in out
+    assert yaml.safe_load(state_repo.status_text("count"))["phase"] == "Succeeded"
