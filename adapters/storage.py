@@ -18,6 +18,11 @@ epoch by acknowledging what it had committed at that moment, so a zombie's later
 never accepted. Completion goes through the same swap before `done.json` is created, so a zombie
 cannot complete a run.
 
+Heartbeats: on S3, progress.json is written with `If-Match` on the ETag this attempt wrote last,
+so a replaced worker cannot overwrite its successor's heartbeat; elsewhere the lease is checked
+just before the write (a worker frozen inside that window may land one stale heartbeat, which
+carries its old epoch; readers compare `Progress.epoch` with the lease).
+
 A store that silently ignores conditional writes would void all of this, so the first
 conditional write on a store probes it, and an ignoring store is refused with a clear error
 unless RECONCILER_ALLOW_UNFENCED_STORE=1 (then only epoch-named paths protect the run).
