@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from adapters.storage import CheckpointName, RunFolder
+from adapters.storage import CheckpointName, CorruptCheckpoint, RunFolder, StorageError
 
 FORMAT = 1
 ALIGN = 64
@@ -258,8 +258,6 @@ def read(folder: RunFolder, ckpt: CheckpointName, pool: ThreadPoolExecutor) -> d
     """
     record = folder.read_commit(ckpt)
     files: dict[str, dict[str, Any]] = record["files"]
-    from adapters.storage import CorruptCheckpoint
-
     if META not in files:
         raise CorruptCheckpoint(f"{folder.url(f'checkpoints/{ckpt.dirname}')} has no {META} in its commit record")
     sections: dict[str, torch.Tensor] = {}
@@ -286,7 +284,13 @@ def read(folder: RunFolder, ckpt: CheckpointName, pool: ThreadPoolExecutor) -> d
         folder.read_verified(ckpt, fname, int(info["size"]), str(info["sha256"]), out)
 
     list(pool.map(get, jobs))
-    meta = torch.load(io.BytesIO(bytes(meta_buf)), weights_only=False)
+    try:  # our own verified file; it may hold any picklable user state, hence weights_only=False
+        meta = torch.load(io.BytesIO(bytes(meta_buf)), weights_only=False)
+    except Exception as exc:
+        raise StorageError(
+            f"cannot load {folder.url(f'checkpoints/{ckpt.dirname}/{META}')}: {exc}: it was written by "
+            "code that is not importable here (install the same packages as the job that saved it)"
+        ) from exc
     objects = {
         name: _materialize(tree, sections.get(name, torch.empty(0, dtype=torch.uint8)))
         for name, tree in meta["objects"].items()
