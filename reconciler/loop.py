@@ -165,13 +165,14 @@ class Reconciler:
         if run.error:
             return run
         value = (run.heartbeat_epoch, run.heartbeat_step, run.heartbeat_time)
-        seen = self._heartbeats.get(key)
-        if seen is None or seen[0] != value:
+        previous = self._heartbeats.get(key)
+        if previous is None or previous[0] != value:
             seen = (value, now, 1)
         else:
-            seen = (value, seen[1], seen[2] + 1)
+            seen = (value, previous[1], previous[2] + 1)
         self._heartbeats[key] = seen
-        return replace(run, heartbeat_unchanged_since=seen[1], heartbeat_unchanged_ticks=seen[2])
+        return replace(run, heartbeat_unchanged_since=seen[1], heartbeat_unchanged_ticks=seen[2],
+                       heartbeat_first_observation=previous is None)
 
     # ---- the tick ------------------------------------------------------------------------------
     def _configure_repo(self) -> None:

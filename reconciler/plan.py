@@ -23,6 +23,7 @@ PENDING_TIMEOUT_SECONDS = 1800.0  # a launch the provider never starts is given 
 PROVIDER_COOLDOWN_SECONDS = 300.0  # a provider that just interrupted a run is tried last
 UNAVAILABLE_BACKOFF_SECONDS = 120.0  # a provider that refused a launch is skipped this long
 STALL_MIN_OBSERVATIONS = 3  # a stall needs this many observations of the same heartbeat
+STALE_BY_WORKER_CLOCK = 3  # without observations of our own, a heartbeat this many timeouts old is a stall
 EXIT_INTERRUPTED = 75  # worker checkpointed and left because it was told to (EX_TEMPFAIL)
 
 
@@ -44,6 +45,7 @@ class RunObservation:
     # None when the loop has no such memory yet (just started): then nothing is judged stalled.
     heartbeat_unchanged_since: float | None = None
     heartbeat_unchanged_ticks: int = 0
+    heartbeat_first_observation: bool = False  # this reconciler process has not watched the run before
 
 
 @dataclass
@@ -287,6 +289,16 @@ def _plan_job(out: Plan, job: Job, rec: JobStatus | None, workers: dict[WorkerRe
                 current = adopted
                 break
 
+    # A suspended job's live attempt is stopped (the worker gets SIGTERM and saves); free.
+    if current is not None and job.spec.suspend and not run.done:
+        provider = desired.providers.get(current.provider)
+        price = provider.spec.price_per_hour if provider else 0.0
+        for ref, state in workers.items():
+            if ref.run_id == run_id and ref.epoch == current.epoch and _live(state):
+                out.actions.append(Terminate(ref, "suspended by the manifest"))
+        _record_close(st, _close(current, Outcome.CANCELLED, now, run, "suspended by the manifest", None, price))
+        current = None
+
     # Judge the current attempt.
     if current is not None:
         provider = desired.providers.get(current.provider)
@@ -461,6 +473,14 @@ def _stalled(job: Job, attempt: Attempt, run: RunObservation, now: float, state:
     age = now - max(run.heartbeat_unchanged_since, attempt.started)
     if age > limit and run.heartbeat_unchanged_ticks >= STALL_MIN_OBSERVATIONS:
         return f"stalled: no new heartbeat for {int(age)}s (limit {int(limit)}s) while the provider says running"
+    if run.heartbeat_first_observation:
+        # A reconciler that has never watched this run (just restarted, or `run --once` from
+        # cron) has only the worker's own clock to go by: trust it with a wide margin.
+        beat = run.heartbeat_time if run.heartbeat_epoch == attempt.epoch else None
+        worker_age = now - (beat if beat is not None else attempt.started)
+        if worker_age > STALE_BY_WORKER_CLOCK * limit:
+            return (f"stalled: last heartbeat {int(worker_age)}s ago by the worker's clock "
+                    f"(limit {int(limit)}s, x{STALE_BY_WORKER_CLOCK} without observations of our own)")
     return ""
 
 

@@ -223,6 +223,35 @@ def test_clock_jump_or_missing_memory_never_makes_a_worker_stalled(since: float 
     assert not p.actions and p.statuses["train"].current is not None
 
 
+def test_fresh_reconciler_judges_a_stall_by_the_worker_clock_with_a_wide_margin() -> None:
+    """`run --once` from cron never accumulates observations: a heartbeat three timeouts old by the
+    worker's clock is a stall; one timeout old is not."""
+    d = desired(job_yaml(extra="  stall_timeout_seconds: 60"))
+    run_id = d.jobs["train"].run_id()
+    ref, state = running("train", run_id, 1)
+
+    def verdict(beat_age: float) -> list[object]:
+        obs = Observed(workers={ref: state}, runs={("train", run_id): RunObservation(
+            lease_epoch=1, heartbeat_epoch=1, heartbeat_step=10, heartbeat_time=NOW - beat_age,
+            heartbeat_unchanged_since=NOW, heartbeat_unchanged_ticks=1, heartbeat_first_observation=True)})
+        return plan(d, obs, {"train": with_attempt(d)}, NOW).actions
+
+    assert verdict(70) == []
+    assert verdict(181) == [Terminate(ref, "stalled: no heartbeat")]
+
+
+def test_suspending_a_running_job_stops_its_worker_for_free() -> None:
+    d = desired(job_yaml(extra="  suspend: true"))
+    run_id = d.jobs["train"].run_id()
+    ref, state = running("train", run_id, 1)
+    p = plan(d, Observed(workers={ref: state}, runs={("train", run_id): RunObservation(lease_epoch=1)}),
+             {"train": with_attempt(d)}, NOW)
+    assert p.actions == [Terminate(ref, "suspended by the manifest")]
+    st = p.statuses["train"]
+    assert st.phase == Phase.SUSPENDED and st.failures == 0
+    assert st.attempts[0].outcome == Outcome.CANCELLED
+
+
 def test_unrecorded_worker_holding_the_lease_is_adopted_not_duplicated() -> None:
     d = desired(job_yaml())
     run_id = d.jobs["train"].run_id()

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import pytest
-
 from adapters.sim import JobModel, ProviderModel
 from reconciler.sim import Faults, JobPlan, ProviderPlan, SimConfig, Simulation
 from status.models import Phase
@@ -194,9 +192,6 @@ def test_a_clock_jump_never_charges_a_healthy_job(make_sim: Make) -> None:
     assert phases(sim) == {"job-0": Phase.SUCCEEDED}
 
 
-@pytest.mark.xfail(strict=True, reason="open: spec.suspend only takes effect when no attempt is live, so "
-                   "suspending a running job leaves its worker running (and billing) until it ends by itself; "
-                   "see docs/simulation.md")
 def test_suspending_a_running_job_stops_its_worker(make_sim: Make) -> None:
     sim = make_sim(small_config(jobs=1, target=3600))
     sim.run(10)
@@ -208,9 +203,6 @@ def test_suspending_a_running_job_stops_its_worker(make_sim: Make) -> None:
     assert not sim.cloud.live
 
 
-@pytest.mark.xfail(strict=True, reason="open: stall detection remembers heartbeats in the Reconciler's memory "
-                   "only, so a reconciler that restarts every tick (`run --once` from cron, or a crash loop) "
-                   "never judges a hung worker stalled and the job never ends; see docs/simulation.md")
 def test_a_hung_worker_is_found_even_when_the_reconciler_restarts_every_tick(make_sim: Make) -> None:
     model = JobModel(step_seconds=1.0, checkpoint_cost_seconds=10.0, restart_cost_seconds=20.0,
                      hang_rate_per_hour=60.0)
