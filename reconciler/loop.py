@@ -67,6 +67,8 @@ class Reconciler:
         self._adapters: dict[str, tuple[str, ComputeAdapter]] = {}
         self._lock: IO[str] | None = None
         self._heartbeats: dict[tuple[str, str], tuple[object, float, int]] = {}
+        self._desired_cache: tuple[tuple[str | None, bytes | None], DesiredState] | None = None
+        self._status_cache: dict[bytes, JobStatus | None] = {}
 
     # ---- one daemon per repository ---------------------------------------------------------------
     def acquire_lock(self) -> None:
@@ -91,19 +93,29 @@ class Reconciler:
 
     # ---- reading the world ------------------------------------------------------------------------
     def read_desired(self, commit: str) -> DesiredState:
-        desired = parse_desired(self.repo.read_files(commit, DESIRED_DIR), self.repo.read_settings(commit))
+        """Parsed once per distinct desired/ tree and settings file: most ticks reuse it."""
+        settings_text = self.repo.read_settings(commit)
+        key = (self.repo.tree_id(commit, DESIRED_DIR), settings_text)
+        if self._desired_cache is not None and self._desired_cache[0] == key and key[0] is not None:
+            desired = self._desired_cache[1]
+        else:
+            desired = parse_desired(self.repo.read_files(commit, DESIRED_DIR), settings_text)
+            self._desired_cache = (key, desired)
         if self.storage_override:
             desired.settings = desired.settings.model_copy(update={"storage": self.storage_override})
         return desired
 
     def read_recorded(self, commit: str) -> dict[str, JobStatus]:
         recorded: dict[str, JobStatus] = {}
+        cache: dict[bytes, JobStatus | None] = {}
         for path, blob in self.repo.read_files(commit, STATUS_DIR).items():
             if not path.endswith(".yaml"):
                 continue
-            st = parse_status(blob)
+            st = self._status_cache[blob] if blob in self._status_cache else parse_status(blob)
+            cache[blob] = st  # shared with the planner, which copies before it changes anything
             if st is not None and path == f"{STATUS_DIR}/{st.job}.yaml":
                 recorded[st.job] = st
+        self._status_cache = cache
         return recorded
 
     def adapters_for(self, desired: DesiredState, errors: list[str]) -> dict[str, ComputeAdapter]:
@@ -238,6 +250,8 @@ class Reconciler:
         desired_commit = self.repo.last_change(commit, [DESIRED_DIR, "reconciler.yaml"]) or commit
         for name, st in sorted(the_plan.statuses.items()):
             old = recorded.get(name)
+            if old is not None and old == st:
+                continue  # unchanged: no need to render it to find out
             text = render_status(st)
             old_text = self.repo.read_file(commit, f"{STATUS_DIR}/{name}.yaml")
             if old_text is not None and old_text.decode() == text:
