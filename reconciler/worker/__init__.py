@@ -12,7 +12,7 @@
             run.exit_if_stopping(step, model=model, optimizer=opt, scheduler=sched)
         run.complete(total)
 
-See docs/worker-sdk.md for the contract (DESIGN.md §3).
+See "The worker SDK" in README.md for the contract (DESIGN.md §3).
 """
 
 from adapters.storage import CheckpointName, StorageError

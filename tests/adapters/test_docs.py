@@ -10,11 +10,12 @@ from adapters.ssh import SshAdapter
 from desired.models import SlurmSettings, SshSettings
 from desired.parse import parse_desired
 
-DOC = Path(__file__).parents[2] / "docs" / "ssh-slurm.md"
+DOC = Path(__file__).parents[2] / "README.md"
 
 
 def test_example_manifests_in_the_docs_parse_and_build_adapters() -> None:
-    blocks = re.findall(r"```yaml\n(.*?)```", DOC.read_text(), re.S)
+    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", DOC.read_text(), re.S)
+              if "type: ssh" in b or "type: slurm" in b]
     assert len(blocks) == 2
     kinds = []
     for index, block in enumerate(blocks):
