@@ -231,7 +231,10 @@ def test_commits_while_the_daemon_ticks_never_break_a_tick(state_repo: StateRepo
             except subprocess.CalledProcessError:
                 time.sleep(0.1)
         time.sleep(0.15)
-    out, _ = daemon.communicate(timeout=120)
+    try:
+        out, _ = daemon.communicate(timeout=120)
+    finally:
+        daemon.kill()
     assert daemon.returncode == 0, out
     assert "tick failed" not in out
     assert yaml.safe_load(state_repo.status_text("count"))["phase"] == "Succeeded"
