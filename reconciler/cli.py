@@ -45,8 +45,10 @@ tick_seconds: 30
 def _setup_logging(verbose: bool) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s",
                         handlers=[RichHandler(console=err, show_path=False, rich_tracebacks=False)])
-    for noisy in ("apscheduler", "git", "watchfiles", "fsspec", "botocore", "s3fs", "urllib3", "aiobotocore"):
+    for noisy in ("git", "watchfiles", "fsspec", "botocore", "s3fs", "urllib3", "aiobotocore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # A tick that is still running when the next is due is skipped on purpose (one at a time).
+    logging.getLogger("apscheduler").setLevel(logging.ERROR)
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
