@@ -48,6 +48,7 @@ def measure(n: int, steady: int, profile: bool) -> dict[str, Any]:
     sim.step()
     launch = sim.last_tick_cpu
     sim.step()  # the attempts become Running
+    sim.step()  # and the loop has seen their heartbeats once: from here on nothing changes
     times = []
     walls = []
     for _ in range(steady):
@@ -74,6 +75,8 @@ def measure(n: int, steady: int, profile: bool) -> dict[str, Any]:
             "render status YAML": ("status/models.py", "render_status"),
             "parse manifests": ("desired/parse.py", "parse_desired"),
             "read run folders": ("reconciler/loop.py", "read_run"),
+            "plan (copies of every status)": ("reconciler/plan.py", "plan"),
+            "compare and commit statuses": ("reconciler/loop.py", "_commit"),
             "observe providers": ("adapters/sim.py", "observe"),
         }.items():
             share[label] = sum(v[3] for k, v in stats.stats.items()  # type: ignore[attr-defined]
@@ -99,7 +102,7 @@ def main() -> None:
     rows = []
     profiled = max(n for n in sizes if n <= 1000) if min(sizes) <= 1000 else sizes[0]
     for n in sizes:
-        steady = 3 if n <= 100 else 1
+        steady = 3 if n <= 1000 else 2
         cmd = [sys.executable, __file__, "--child", str(n), "--steady", str(steady)]
         if n == profiled:
             cmd.append("--profile")
