@@ -13,7 +13,7 @@ from reconciler.sim.stateful import ChaosMachine
 logging.getLogger("reconciler").setLevel(logging.CRITICAL)
 
 ChaosMachine.TestCase.settings = settings(
-    max_examples=8, stateful_step_count=12, deadline=None, derandomize=True, database=None,
+    max_examples=25, stateful_step_count=20, deadline=None, derandomize=True, database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 TestRandomFaultSequencesKeepTheGuarantee = ChaosMachine.TestCase
