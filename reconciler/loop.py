@@ -67,6 +67,9 @@ class Reconciler:
         self._adapters: dict[str, tuple[str, ComputeAdapter]] = {}
         self._lock: IO[str] | None = None
         self._heartbeats: dict[tuple[str, str], tuple[object, float, int]] = {}
+        # Status commits a push did not deliver go out with the next push, even in a tick that
+        # changes nothing; a new process pushes once, for what an earlier one left unpushed.
+        self._push_pending = True
         self._desired_cache: tuple[tuple[str | None, bytes | None], DesiredState] | None = None
         self._status_cache: dict[bytes, JobStatus | None] = {}
 
@@ -265,6 +268,12 @@ class Reconciler:
             files[f"{STATUS_DIR}/{name}.yaml"] = text
             changes.append(_change_line(old, st))
         if not files:
+            if self._push_pending:
+                try:
+                    self.repo.push()
+                    self._push_pending = False
+                except GitError as exc:
+                    report.errors.append(str(exc))
             return
         index = render_index(list(the_plan.statuses.values()), [str(e) for e in desired.errors])
         files[f"{STATUS_DIR}/README.md"] = index
@@ -274,7 +283,9 @@ class Reconciler:
         try:
             report.status_commit = self.repo.commit_status(files, message)
             self.repo.push()
+            self._push_pending = False
         except GitError as exc:
+            self._push_pending = True
             report.errors.append(str(exc))
 
 
