@@ -64,3 +64,25 @@ def test_a_worker_left_running_by_a_failed_terminate_is_stopped_once_the_job_fai
     assert not sim.cloud.live
     billed = sum(w.ledger.billed_seconds for w in sim.cloud.workers.values()) / 3600.0
     assert billed <= 0.05 + 4 * 30 / 3600.0
+
+
+def test_status_left_unpushed_by_a_rejected_push_reaches_the_remote_once_pushes_work(
+        make_sim: Callable[..., Simulation]) -> None:
+    """Found by the Hypothesis soak (1,000 sequences): the loop pushed only in a tick that made a
+    new status commit, so when the last change of a job (its completion) met a rejected push,
+    the remote kept the stale status for good: nothing changed any more, so nothing was pushed.
+    A restarted reconciler must flush it too."""
+    config = SimConfig(providers=[ProviderPlan(ProviderModel("spot", launch_delay_seconds=0.0))],
+                       jobs=[JobPlan("short", target_steps=300, checkpoint_every=100)])
+    for fresh in (False, True):
+        sim = make_sim(config)
+        sim.repo.faults.push_reject_rate = 1.0
+        sim.run(30, until=lambda s: s.statuses().get("short") is not None
+                and s.statuses()["short"].phase == Phase.SUCCEEDED)
+        assert sim.repo.unpushed, "the completion is committed locally, its push was rejected"
+        sim.repo.faults.push_reject_rate = 0.0
+        sim.step(fresh=fresh)
+        sim.step()
+        assert not sim.repo.unpushed
+        remote = sim.repo.read_file(sim.repo.remote_head, "status/short.yaml") or b""
+        assert b"phase: Succeeded" in remote
