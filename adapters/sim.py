@@ -17,14 +17,15 @@ later), and a whole-API outage. Time comes from the caller: the world moves only
 
 State table (what happened to the simulated machine -> WorkerPhase):
 
-| machine                                    | phase          |
-|--------------------------------------------|----------------|
-| launched, not started yet (launch delay)   | pending        |
-| restoring, computing or checkpointing      | running        |
-| process ended by itself (code 0, 1, 75)    | exited(code)   |
-| reclaimed, or terminated by request        | preempted      |
-| killed at the provider's session limit     | session-limit  |
-| a zombie while cut off, after its preemption | preempted    |
+| machine                                        | phase          |
+|------------------------------------------------|----------------|
+| launched, not started yet (launch delay)       | pending        |
+| restoring, computing or checkpointing          | running        |
+| process ended by itself (code 0, 1, 75)        | exited(code)   |
+| reclaimed, or terminated by request            | preempted      |
+| killed at the provider's session limit         | session-limit  |
+| a zombie while cut off, after its preemption   | preempted      |
+| a zombie after it came back                    | running        |
 """
 
 from __future__ import annotations
