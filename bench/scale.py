@@ -75,7 +75,7 @@ def measure(n: int, steady: int, profile: bool) -> dict[str, Any]:
             "render status YAML": ("status/models.py", "render_status"),
             "parse manifests": ("desired/parse.py", "parse_desired"),
             "read run folders": ("reconciler/loop.py", "read_run"),
-            "plan (copies of every status)": ("reconciler/plan.py", "plan"),
+            "plan (mostly deep copies of every status)": ("reconciler/plan.py", "plan"),
             "compare and commit statuses": ("reconciler/loop.py", "_commit"),
             "observe providers": ("adapters/sim.py", "observe"),
         }.items():
