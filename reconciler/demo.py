@@ -113,20 +113,13 @@ class Chaos(threading.Thread):
 def reference_parameter_sum(steps: int) -> float:
     """The same training, uninterrupted and in-process, to check the resumed run bit for bit."""
     import torch
-    from torch import nn
 
-    from reconciler.demo_train import build
+    from reconciler.demo_train import build, train_step, true_weights
 
     model, optimizer, scheduler = build()
-    true_w = torch.linspace(-1, 1, 16).unsqueeze(1)
+    true_w = true_weights()
     for _ in range(steps):
-        x = torch.randn(64, 16)
-        y = torch.sin(x @ true_w) + 0.01 * torch.randn(64, 1)
-        loss = nn.functional.mse_loss(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
+        train_step(model, optimizer, scheduler, true_w)
     with torch.no_grad():
         return float(sum(p.double().sum() for p in model.parameters()))
 

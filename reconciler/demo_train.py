@@ -23,24 +23,35 @@ def build() -> tuple[nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.
     return model, optimizer, scheduler
 
 
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
+               scheduler: torch.optim.lr_scheduler.LRScheduler, true_w: torch.Tensor) -> torch.Tensor:
+    """One step on a fresh synthetic batch; draws from torch's global RNG, which the SDK restores."""
+    x = torch.randn(64, 16)
+    y = torch.sin(x @ true_w) + 0.01 * torch.randn(64, 1)
+    loss = nn.functional.mse_loss(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    scheduler.step()
+    return loss
+
+
+def true_weights() -> torch.Tensor:
+    return torch.linspace(-1, 1, 16).unsqueeze(1)
+
+
 def main() -> None:
     step_seconds = float(os.environ.get("DEMO_STEP_SECONDS", "0.03"))
     torch.set_num_threads(1)
     model, optimizer, scheduler = build()
-    true_w = torch.linspace(-1, 1, 16).unsqueeze(1)
+    true_w = true_weights()
     with open_run(heartbeat_interval=0.2) as run:
         target = run.target or 400
         start = run.restore(model=model, optimizer=optimizer, scheduler=scheduler)
         print(f"attempt {run.epoch}: {'resuming at step ' + str(start) if start else 'fresh start'}", flush=True)
         loss = torch.tensor(0.0)
         for step in range(start + 1, target + 1):
-            x = torch.randn(64, 16)
-            y = torch.sin(x @ true_w) + 0.01 * torch.randn(64, 1)
-            loss = nn.functional.mse_loss(model(x), y)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
+            loss = train_step(model, optimizer, scheduler, true_w)
             time.sleep(step_seconds)
             run.heartbeat(step, loss=float(loss))
             if run.should_checkpoint(step):

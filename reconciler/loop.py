@@ -204,9 +204,9 @@ class Reconciler:
         self.repo.remote = self.remote if self.remote is not None else settings.remote
         self.repo.name, self.repo.email = settings.commit_name, settings.commit_email
 
-    def preview(self) -> tuple[Plan, TickReport]:
-        """What the next tick would do, without doing it (no launch, no commit, no pull)."""
-        report = TickReport()
+    def _look_and_plan(self, report: TickReport) -> tuple[Plan, DesiredState, dict[str, JobStatus],
+                                                           dict[str, ComputeAdapter], Observed, float]:
+        """Read git, storage and providers at HEAD and plan: the part a preview and a tick share."""
         commit = self.repo.head()
         report.commit = commit
         desired = self.read_desired(commit)
@@ -219,6 +219,12 @@ class Reconciler:
         the_plan = plan(desired, observed, recorded, now, commit)
         report.actions = [_describe(a) for a in the_plan.actions]
         report.statuses = the_plan.statuses
+        return the_plan, desired, recorded, adapters, observed, now
+
+    def preview(self) -> tuple[Plan, TickReport]:
+        """What the next tick would do, without doing it (no launch, no commit, no pull)."""
+        report = TickReport()
+        the_plan = self._look_and_plan(report)[0]
         return the_plan, report
 
     def tick(self) -> TickReport:
@@ -228,23 +234,13 @@ class Reconciler:
             self.repo.pull()
         except GitError as exc:
             report.errors.append(str(exc))
-        commit = self.repo.head()
-        report.commit = commit
-        desired = self.read_desired(commit)
-        report.desired = desired
-        report.errors.extend(str(e) for e in desired.errors)
-        recorded = self.read_recorded(commit)
-        adapters = self.adapters_for(desired, report.errors)
-        now = self.clock.now()
-        observed = self.observe(desired, recorded, adapters, report.errors, now)
-        the_plan = plan(desired, observed, recorded, now, commit)
+        the_plan, desired, recorded, adapters, observed, now = self._look_and_plan(report)
+        commit = report.commit
         result = execute(the_plan.actions, jobs=desired.jobs, adapters=adapters, settings=desired.settings,
                          environ=self.environ)
         report.errors.extend(result.errors)
         durable = {k: v.durable_step for k, v in observed.runs.items()}
         apply_results(the_plan, result.launches, now, durable)
-        report.actions = [_describe(a) for a in the_plan.actions]
-        report.statuses = the_plan.statuses
         self._commit(the_plan, recorded, desired, commit, report)
         for err in report.errors:
             log.warning("%s", err)
