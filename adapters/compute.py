@@ -6,6 +6,7 @@ onto `WorkerPhase` in one table and keeps the provider's word beside it for huma
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
@@ -62,6 +63,17 @@ class ProviderUnavailable(Exception):
 
 class ProviderConfigError(Exception):
     """The provider's settings or credentials are wrong; a person must fix them."""
+
+
+SAFE_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def check_label(value: str, what: str) -> str:
+    """Labels become folder names and job comments on a host; refuse anything that could escape
+    or confuse them (one rule for every adapter)."""
+    if not SAFE_LABEL.match(value) or ".." in value:
+        raise ProviderConfigError(f"{what} {value!r} cannot be used as a worker label")
+    return value
 
 
 @runtime_checkable

@@ -58,10 +58,10 @@ from adapters.compute import (
     WorkerPhase,
     WorkerRef,
     WorkerState,
+    check_label,
 )
 from desired.models import SlurmSettings
 
-SAFE_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 FIELD = re.compile(r"(?:^|\s)([A-Za-z][\w:/]*)=")
 SUBMIT_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "SHELL", "TMPDIR")
 
@@ -282,9 +282,8 @@ class SlurmAdapter:
 
     # ---- folders --------------------------------------------------------------------------------
     def _folder(self, job: str, run_id: str, epoch: int) -> Path:
-        for value, what in ((job, "job name"), (run_id, "run id")):
-            if not SAFE_LABEL.match(value) or ".." in value:
-                raise ProviderConfigError(f"{what} {value!r} cannot be used as a worker label")
+        check_label(job, "job name")
+        check_label(run_id, "run id")
         return self.workers / f"{job}.{run_id}.e{epoch}"
 
     def _labels_of(self, fields: dict[str, str]) -> tuple[str, str, int] | None:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -49,10 +48,10 @@ from adapters.compute import (
     WorkerPhase,
     WorkerRef,
     WorkerState,
+    check_label,
 )
 from desired.models import SshHost, SshSettings
 
-SAFE_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 MISSING_AGENT = 86  # exit code of the remote preamble when the agent file is not there yet
 
 
@@ -84,13 +83,6 @@ class HostHealth:
     last_error: str = ""
     known: dict[WorkerRef, WorkerState] = field(default_factory=dict)  # last successful observation
     pending_stop: set[str] = field(default_factory=set)  # worker folders to stop when the host answers
-
-
-def check_label(value: str, what: str) -> str:
-    """Labels become folder names on the host; refuse anything that could escape or confuse them."""
-    if not SAFE_LABEL.match(value) or ".." in value:
-        raise ProviderConfigError(f"{what} {value!r} cannot be used as a worker label")
-    return value
 
 
 def remote_path(path: str) -> str:
