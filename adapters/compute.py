@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
+from desired.models import Capacity
+
 
 class WorkerPhase(StrEnum):
     PENDING = "pending"  # accepted by the provider, not started yet
@@ -38,6 +40,9 @@ class WorkerState:
     exit_code: int | None = None
     provider_state: str = ""  # the provider's own word, e.g. "PREEMPTED" or "killed by SIGKILL"
     detail: str = ""  # who or what, when the provider says (e.g. "cancelled by uid 1001")
+    # Evidence for the planner (an adapter reports facts, the planner classifies them):
+    signal: str | None = None  # the signal that ended the command, e.g. "SIGSEGV" (phase EXITED)
+    oom: bool = False  # the provider says the kernel or the scheduler killed it for memory
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,9 @@ class LaunchSpec:
     cpus: int = 1
     memory_gb: float | None = None
     gpus: int = 0
+    gpu_model: str | None = None
+    deadline: float | None = None  # the job's deadline (epoch seconds); adapters pass the earlier of
+    # it and their own session limit to the worker as RECONCILER_DEADLINE
 
 
 class ProviderUnavailable(Exception):
@@ -78,7 +86,14 @@ def check_label(value: str, what: str) -> str:
 
 @runtime_checkable
 class ComputeAdapter(Protocol):
+    """Built as `cls(name, settings, owner=identity)`. `owner` is the state repository's identity:
+    it goes into every worker's labels, folder name and job comment, and observe/terminate/adopt
+    touch only workers that carry it. `foreign_workers` is set by observe(): how many workers of
+    other owners it saw (reported, never touched)."""
+
     name: str
+    owner: str
+    foreign_workers: int
 
     def launch(self, spec: LaunchSpec) -> WorkerRef:
         """Start a worker labelled (job, run_id, epoch); adopt one that already carries the labels."""
@@ -100,4 +115,9 @@ class ComputeAdapter(Protocol):
 
     def free_slots(self) -> int | None:
         """How many more workers the provider can take now, if it can tell; None = unknown."""
+        ...
+
+    def capacity(self) -> Capacity | None:
+        """What one worker may use here (CPUs, memory, GPUs and models), if the adapter can tell;
+        None = unknown. A Provider's declared `spec.resources` takes precedence."""
         ...

@@ -63,19 +63,58 @@ class Placement(Strict):
         return [check_dns_label(p) for p in v]
 
 
+class ExitCodeRule(Strict):
+    """The job's own word on what an exit code means (in the spirit of Kubernetes'
+    podFailurePolicy): `fail` = Failed at once, `count` = a job error charged to the retry
+    budget, `ignore` = a free interruption (the crash-loop guard still applies)."""
+
+    codes: list[int] = Field(min_length=1)
+    action: Literal["fail", "count", "ignore"]
+
+
 class Retry(Strict):
     """Budget for the job's own failures. Interruptions never count against it."""
 
     max_retries: int = Field(default=3, ge=0, description="relaunches after job errors before Failed")
     backoff_seconds: float = Field(default=10.0, ge=0)
     backoff_max_seconds: float = Field(default=600.0, ge=0)
+    max_unproductive_attempts: int = Field(
+        default=5, ge=1,
+        description="attempts in a row that end without a new durable checkpoint before the job fails "
+                    "as a crash loop (they also back off exponentially)",
+    )
+    exit_codes: list[ExitCodeRule] = Field(default_factory=list, description="what an exit code means")
 
 
 class Resources(Strict):
+    """What a job needs; it is placed only where a provider (or one of its hosts) offers it."""
+
     cpus: int = Field(default=1, ge=1)
     memory_gb: float | None = Field(default=None, gt=0)
     gpus: int = Field(default=0, ge=0)
     gpu_model: str | None = None
+
+
+class Capacity(Strict):
+    """What a provider, or one SSH host, offers. A field left out is unknown and not checked."""
+
+    cpus: int | None = Field(default=None, ge=1)
+    memory_gb: float | None = Field(default=None, gt=0)
+    gpus: int | None = Field(default=None, ge=0)
+    gpu_models: list[str] = Field(default_factory=list, description="GPU models offered, e.g. [A100, rtx4090]")
+
+    def shortfall(self, need: Resources) -> str | None:
+        """Why `need` does not fit here, or None when it does (or cannot be told)."""
+        if self.cpus is not None and need.cpus > self.cpus:
+            return f"needs {need.cpus} CPUs, offers {self.cpus}"
+        if self.memory_gb is not None and need.memory_gb is not None and need.memory_gb > self.memory_gb:
+            return f"needs {need.memory_gb:g} GB of memory, offers {self.memory_gb:g}"
+        if self.gpus is not None and need.gpus > self.gpus:
+            return f"needs {need.gpus} GPUs, offers {self.gpus}"
+        if need.gpu_model and need.gpus and self.gpu_models and \
+                need.gpu_model.lower() not in {m.lower() for m in self.gpu_models}:
+            return f"needs GPU model {need.gpu_model}, offers {', '.join(self.gpu_models)}"
+        return None
 
 
 class Code(Strict):
@@ -102,8 +141,10 @@ class JobSpec(Strict):
     retry: Retry = Field(default_factory=Retry)
     budget_usd: float | None = Field(default=None, ge=0)
     deadline: datetime | None = None
-    stall_timeout_seconds: float = Field(
-        default=300.0, gt=0, description="heartbeat age after which a running worker is stalled"
+    stall_timeout_seconds: float | None = Field(
+        default=None, gt=0,
+        description="heartbeat age after which a running worker is stalled; unset = 300 s, and a worker "
+                    "that has never heartbeated (not instrumented) is judged by its provider's state alone",
     )
     suspend: bool = False
 
@@ -165,6 +206,7 @@ class SshHost(Strict):
     key_file: str | None = None
     max_workers: int = Field(default=1, ge=1)
     labels: dict[str, str] = Field(default_factory=dict)
+    resources: Capacity | None = Field(default=None, description="what the host offers (CPUs, memory, GPUs)")
     python: str = Field(default="python3", description="interpreter used on the host")
 
     @field_validator("name")
@@ -229,6 +271,8 @@ class ProviderSpec(Strict):
     concurrency: int = Field(default=1, ge=1, description="most workers at once on this provider")
     price_per_hour: float = Field(default=0.0, ge=0)
     free_quota_hours: float | None = Field(default=None, ge=0, description="free hours per week, if any")
+    resources: Capacity | None = Field(
+        default=None, description="what one worker may use here; unset = what the adapter reports, or unknown")
     secrets: list[str] = Field(default_factory=list, description="credential variable names it needs")
 
     @property
@@ -256,6 +300,11 @@ class Settings(Strict):
     commit_email: str = "reconciler@localhost"
     remote: str | None = Field(default=None, description="git remote to fetch from and push to")
     storage_options: dict[str, str] = Field(default_factory=dict)
+    identity: str | None = Field(
+        default=None, pattern=r"^[a-z0-9][a-z0-9-]{2,39}$",
+        description="this state repository's identity, put on every worker it launches (made by "
+                    "`reconciler init`; unset = derived from the repository's first commit)",
+    )
 
 
 def default_local_provider() -> Provider:

@@ -469,7 +469,7 @@ def _stalled(job: Job, attempt: Attempt, run: RunObservation, now: float, state:
     late, must not make a healthy worker look stalled."""
     if state.phase != WorkerPhase.RUNNING or run.heartbeat_unchanged_since is None:
         return ""
-    limit = job.spec.stall_timeout_seconds
+    limit = job.spec.stall_timeout_seconds or 300.0
     age = now - max(run.heartbeat_unchanged_since, attempt.started)
     if age > limit and run.heartbeat_unchanged_ticks >= STALL_MIN_OBSERVATIONS:
         return f"stalled: no new heartbeat for {int(age)}s (limit {int(limit)}s) while the provider says running"
