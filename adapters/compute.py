@@ -43,6 +43,7 @@ class WorkerState:
     # Evidence for the planner (an adapter reports facts, the planner classifies them):
     signal: str | None = None  # the signal that ended the command, e.g. "SIGSEGV" (phase EXITED)
     oom: bool = False  # the provider says the kernel or the scheduler killed it for memory
+    ended_at: float | None = None  # when the command ended, if the provider can tell (for billing)
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,11 @@ class ProviderUnavailable(Exception):
 
 class ProviderConfigError(Exception):
     """The provider's settings or credentials are wrong; a person must fix them."""
+
+
+class JobConfigError(Exception):
+    """The job cannot run as written (its code path does not exist, its resources cannot be met):
+    the job fails at once with this reason instead of waiting for a provider that cannot help."""
 
 
 SAFE_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")

@@ -81,6 +81,22 @@ class StateRepo:
             return None
         return out.strip() or None
 
+    def messages_since(self, commit: str, since: str, limit: int = 200) -> list[str]:
+        """Messages of the commits from `since` (included) up to `commit`, newest first."""
+        try:
+            out: str = self.repo.git.log(f"-{limit}", "--format=%H%x00%B%x01", commit)
+        except git.GitCommandError:
+            return []
+        messages = []
+        for entry in out.split("\x01"):
+            sha, _, body = entry.strip().partition("\x00")
+            if not sha:
+                continue
+            messages.append(body)
+            if sha == since:
+                break
+        return messages
+
     # ---- writing ----------------------------------------------------------------------------
     def commit_status(self, files: dict[str, str | None], message: str) -> str | None:
         """Writes `status/` files (None deletes) and commits only them. Returns the new commit,

@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from adapters.compute import ComputeAdapter, LaunchSpec, ProviderConfigError, ProviderUnavailable
+from adapters.compute import ComputeAdapter, JobConfigError, LaunchSpec, ProviderConfigError, ProviderUnavailable
 from adapters.storage import RunFolder, StorageError
 from desired.models import Job, Settings
 from reconciler.plan import Launch, LaunchResult, Terminate
@@ -89,9 +89,13 @@ def _launch(action: Launch, job: Job, adapters: dict[str, ComputeAdapter], setti
         job=job.name, run_id=action.run_id, epoch=epoch, command=list(job.spec.command),
         env=worker_env(job, folder, action.run_id, epoch), secret_env=secrets, workdir=workdir,
         cpus=job.spec.resources.cpus, memory_gb=job.spec.resources.memory_gb, gpus=job.spec.resources.gpus,
+        gpu_model=job.spec.resources.gpu_model,
+        deadline=job.spec.deadline.timestamp() if job.spec.deadline is not None else None,
     )
     try:
         ref = adapter.launch(spec)
+    except JobConfigError as exc:
+        return LaunchResult(action, error=str(exc), unavailable=False, job_config_error=True)
     except ProviderUnavailable as exc:
         return LaunchResult(action, error=str(exc))
     except ProviderConfigError as exc:

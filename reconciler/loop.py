@@ -20,11 +20,11 @@ from adapters.compute import ComputeAdapter, ProviderConfigError, WorkerPhase, W
 from adapters.gitrepo import DESIRED_DIR, STATUS_DIR, GitError, StateRepo
 from adapters.registry import make_adapter
 from adapters.storage import RunFolder, StorageError
-from desired.models import Provider
+from desired.models import Capacity, Provider
 from desired.parse import DesiredState, parse_desired, parse_settings
 from reconciler.clock import Clock, SystemClock
 from reconciler.execute import execute
-from reconciler.plan import Observed, Plan, RunObservation, apply_results, plan
+from reconciler.plan import CONFIRM_CANCEL_TRAILER, Observed, Plan, RunObservation, apply_results, plan
 from status.models import JobStatus, parse_status, render_index, render_status
 
 log = logging.getLogger("reconciler")
@@ -95,7 +95,7 @@ class Reconciler:
             self._lock = None
 
     # ---- reading the world ------------------------------------------------------------------------
-    def read_desired(self, commit: str) -> DesiredState:
+    def read_desired(self, commit: str, cache: bool = True) -> DesiredState:
         """Parsed once per distinct desired/ tree and settings file: most ticks reuse it."""
         settings_text = self.repo.read_settings(commit)
         key = (self.repo.tree_id(commit, DESIRED_DIR), settings_text)
@@ -103,7 +103,8 @@ class Reconciler:
             desired = self._desired_cache[1]
         else:
             desired = parse_desired(self.repo.read_files(commit, DESIRED_DIR), settings_text)
-            self._desired_cache = (key, desired)
+            if cache:
+                self._desired_cache = (key, desired)
         if self.storage_override:
             desired.settings = desired.settings.model_copy(update={"storage": self.storage_override})
         return desired
@@ -154,6 +155,8 @@ class Reconciler:
                 errors.append(f"cannot observe provider {name}: {exc}")
                 continue
             observed.workers.update(workers)
+            if desired.providers[name].spec.resources is None:
+                observed.capacity.update(_reported_capacity(name, adapter))
         runs = {(name, job.run_id()) for name, job in desired.jobs.items()}
         runs |= {(st.job, st.run_id) for st in recorded.values() if st.run_id and not st.phase.terminal}
         settings = desired.settings
@@ -193,6 +196,30 @@ class Reconciler:
         return replace(run, heartbeat_unchanged_since=seen[1], heartbeat_unchanged_ticks=seen[2],
                        heartbeat_first_observation=previous is None)
 
+    def retired_providers(self, desired: DesiredState, recorded: dict[str, JobStatus]) -> dict[str, Provider]:
+        """Providers that live attempts ran on but that desired/ no longer defines, as the desired
+        commit their status was written from defined them."""
+        out: dict[str, Provider] = {}
+        for st in recorded.values():
+            att = st.current
+            if att is None or att.provider in desired.providers or att.provider in out or not st.desired_commit:
+                continue
+            try:
+                then = self.read_desired(st.desired_commit, cache=False)
+            except (GitError, ValueError, KeyError) as exc:
+                log.warning("cannot read the provider %s of %s at %s: %s", att.provider, st.job,
+                            st.desired_commit, exc)
+                continue
+            if att.provider in then.providers:
+                out[att.provider] = then.providers[att.provider]
+        return out
+
+    def _cancel_confirmed(self, commit: str) -> bool:
+        """The commits since the last change to desired/ carry the trailer that confirms a change
+        cancelling most jobs at once."""
+        since = self.repo.last_change(commit, [DESIRED_DIR]) or commit
+        return any(CONFIRM_CANCEL_TRAILER in m for m in self.repo.messages_since(commit, since))
+
     # ---- the tick ------------------------------------------------------------------------------
     def _configure_repo(self) -> None:
         """Remote and commit identity come from reconciler.yaml (the remote may be overridden by
@@ -213,10 +240,15 @@ class Reconciler:
         report.desired = desired
         report.errors.extend(str(e) for e in desired.errors)
         recorded = self.read_recorded(commit)
-        adapters = self.adapters_for(desired, report.errors)
+        retired = self.retired_providers(desired, recorded)
+        # Providers gone from desired/ are still asked, so their workers can be stopped and billed.
+        view = replace(desired, providers={**retired, **desired.providers})
+        adapters = self.adapters_for(view, report.errors)
         now = self.clock.now()
-        observed = self.observe(desired, recorded, adapters, report.errors, now)
-        the_plan = plan(desired, observed, recorded, now, commit)
+        observed = self.observe(view, recorded, adapters, report.errors, now)
+        observed.retired = retired
+        the_plan = plan(desired, observed, recorded, now, commit, confirm_cancel=self._cancel_confirmed(commit))
+        report.errors.extend(the_plan.notes)
         report.actions = [_describe(a) for a in the_plan.actions]
         report.statuses = the_plan.statuses
         return the_plan, desired, recorded, adapters, observed, now
@@ -289,16 +321,33 @@ def read_run(storage: str, job: str, run_id: str, options: dict[str, str]) -> Ru
     try:
         folder = RunFolder.for_run(storage, job, run_id, options)
         progress = folder.progress()
+        done = folder.done()
         return RunObservation(
             lease_epoch=folder.lease_epoch(),
             durable_step=folder.durable_step(),
             heartbeat_step=progress.step if progress else None,
             heartbeat_epoch=progress.epoch if progress else None,
             heartbeat_time=progress.time if progress else None,
-            done=folder.done() is not None,
+            done=done is not None,
+            done_time=_number(done.get("time")) if done else None,
         )
     except (StorageError, OSError, ValueError) as exc:
         return RunObservation(error=str(exc))
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _reported_capacity(name: str, adapter: ComputeAdapter) -> dict[str, Capacity]:
+    """What the adapter says one worker may use, when it can tell (placement checks resources)."""
+    ask = getattr(adapter, "capacity", None)
+    try:
+        cap = ask() if callable(ask) else None
+    except Exception as exc:  # unknown capacity places as before; never stops the tick
+        log.debug("provider %s could not report its capacity: %s", name, exc)
+        return {}
+    return {name: cap} if isinstance(cap, Capacity) else {}
 
 
 def _describe(action: object) -> str:

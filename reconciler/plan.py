@@ -4,27 +4,36 @@
 would have if they succeed; `apply_results` folds in what the executor reports. Nothing here
 does I/O or reads the clock, so every rule is tested with tables of inputs and expected actions.
 
-Failure classes (DESIGN.md §5): interruptions and session ends are free; job errors and stalls
-are charged to the retry budget, with exponential backoff; a worker is declared lost only after
-it has been missing for `LOST_AFTER_SECONDS` across at least two observations.
+Each job goes through the same named steps in a fixed order (as Flux's reconcilers run their
+guards): identify the run -> fence workers that must not run -> read storage -> adopt an
+unrecorded worker -> stop on policy (suspend, deadline, budget) -> judge the live attempt ->
+finish -> hold a finished job -> decide the next launch. A step either passes the job on or
+settles its status for this tick. How attempts end is judged in `reconciler.judge`; where the
+next one goes, in `reconciler.placement`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from adapters.compute import WorkerPhase, WorkerRef, WorkerState
-from desired.models import Job, Provider
+from desired.models import Capacity, Job, Provider
 from desired.parse import DesiredState
+from reconciler.judge import EXIT_INTERRUPTED, classify, close, end_time, record_close
+from reconciler.placement import PROVIDER_COOLDOWN_SECONDS, place
 from status.models import LOG_TAIL_CHARS, MAX_ATTEMPTS_KEPT, Attempt, JobStatus, Outcome, Phase, Progress
+
+__all__ = ["EXIT_INTERRUPTED", "PROVIDER_COOLDOWN_SECONDS"]
 
 LOST_AFTER_SECONDS = 60.0  # a worker missing from observations this long is lost
 PENDING_TIMEOUT_SECONDS = 1800.0  # a launch the provider never starts is given up on
-PROVIDER_COOLDOWN_SECONDS = 300.0  # a provider that just interrupted a run is tried last
 UNAVAILABLE_BACKOFF_SECONDS = 120.0  # a provider that refused a launch is skipped this long
 STALL_MIN_OBSERVATIONS = 3  # a stall needs this many observations of the same heartbeat
 STALE_BY_WORKER_CLOCK = 3  # without observations of our own, a heartbeat this many timeouts old is a stall
-EXIT_INTERRUPTED = 75  # worker checkpointed and left because it was told to (EX_TEMPFAIL)
+DEFAULT_STALL_SECONDS = 300.0  # stall timeout of an instrumented worker when the job sets none
+FINISHED_GRACE_SECONDS = 60.0  # a worker still alive this long after its run completed is stopped
+CONFIRM_CANCEL_TRAILER = "Reconciler-Confirm: cancel"
 
 
 # ---- inputs -----------------------------------------------------------------------------------
@@ -40,6 +49,7 @@ class RunObservation:
     heartbeat_epoch: int | None = None
     heartbeat_time: float | None = None
     done: bool = False
+    done_time: float | None = None  # the worker's clock when it wrote the completion record
     error: str | None = None  # storage could not be read
     # Since when (reconciler's clock) and over how many observations the heartbeat has not changed;
     # None when the loop has no such memory yet (just started): then nothing is judged stalled.
@@ -54,6 +64,10 @@ class Observed:
     unreachable: dict[str, str] = field(default_factory=dict)  # provider -> why it could not be asked
     runs: dict[tuple[str, str], RunObservation] = field(default_factory=dict)  # (job, run_id)
     logs: dict[WorkerRef, str] = field(default_factory=dict)  # tails of exited workers
+    capacity: dict[str, Capacity] = field(default_factory=dict)  # provider -> what its adapter reports
+    # Providers no longer in desired/ that the status says ran workers: asked so those workers can
+    # be stopped and billed, never launched on.
+    retired: dict[str, Provider] = field(default_factory=dict)
 
 
 # ---- actions ----------------------------------------------------------------------------------
@@ -92,362 +106,449 @@ class LaunchResult:
     ref: WorkerRef | None = None
     error: str | None = None
     unavailable: bool = True  # error was the provider's (capacity, API), not the job's config
+    job_config_error: bool = False  # the job cannot run as written: fail it at once
 
 
-# ---- helpers -----------------------------------------------------------------------------------
+# ---- one job's tick -----------------------------------------------------------------------------
 
 
-def _close(attempt: Attempt, outcome: Outcome, now: float, run: RunObservation, detail: str = "",
-           exit_code: int | None = None, price_per_hour: float = 0.0) -> Attempt:
-    heartbeat = run.heartbeat_step if run.heartbeat_epoch == attempt.epoch else None
-    lost = 0
-    if outcome in (Outcome.INTERRUPTION, Outcome.SESSION_END, Outcome.STALLED, Outcome.JOB_ERROR):
-        if heartbeat is not None:
-            lost = max(0, heartbeat - run.durable_step)
-    hours = max(0.0, now - attempt.started) / 3600.0
-    return attempt.model_copy(
-        update={
-            "ended": now,
-            "outcome": outcome,
-            "detail": detail or attempt.detail,
-            "exit_code": exit_code,
-            "step_end": run.durable_step,
-            "steps_lost": lost,
-            "cost_usd": round(hours * price_per_hour, 4),
-            "unseen_since": None,
-        }
-    )
+@dataclass
+class JobTick:
+    """The planner's working state for one job, handed from step to step."""
+
+    job: Job
+    st: JobStatus
+    run: RunObservation
+    workers: dict[WorkerRef, WorkerState]
+    desired: DesiredState
+    observed: Observed
+    now: float
+    out: Plan
+    busy: dict[str, int]
+    current: Attempt | None = None
+
+    def price(self, provider: str) -> float:
+        prov = self.desired.providers.get(provider) or self.observed.retired.get(provider)
+        return prov.spec.price_per_hour if prov else 0.0
+
+    def live_refs(self, epoch: int | None = None) -> list[WorkerRef]:
+        return [r for r, s in self.workers.items() if _live(s) and r.run_id == self.st.run_id
+                and (epoch is None or r.epoch == epoch)]
+
+    def stop(self, ref: WorkerRef, reason: str) -> None:
+        if not any(isinstance(a, Terminate) and a.ref == ref for a in self.out.actions):
+            self.out.actions.append(Terminate(ref, reason))
+
+    def close_current(self, outcome: Outcome, detail: str, exit_code: int | None = None,
+                      ended: float | None = None) -> None:
+        assert self.current is not None
+        record_close(self.st, close(self.current, outcome, self.now, self.run, detail, exit_code,
+                                    self.price(self.current.provider), ended))
+        self.current = None
 
 
-def _record_close(st: JobStatus, closed: Attempt) -> None:
-    st.attempts[-1] = closed
-    st.steps_lost += closed.steps_lost
-    st.cost_usd = round(st.cost_usd + closed.cost_usd, 4)
-    if closed.outcome is not None and closed.outcome.charged:
-        st.failures += 1
-    elif closed.outcome in (Outcome.INTERRUPTION, Outcome.SESSION_END):
-        st.interruptions += 1
-
-
-def _classify(state: WorkerState, run: RunObservation) -> tuple[Outcome | None, str]:
-    """One table from the shared worker vocabulary to the failure classes of DESIGN.md §5."""
-    if state.phase in (WorkerPhase.PENDING, WorkerPhase.RUNNING):
-        return None, ""
-    word = state.provider_state or state.phase.value
-    if state.detail:
-        word += f" ({state.detail})"
-    if state.phase == WorkerPhase.PREEMPTED:
-        return Outcome.INTERRUPTION, f"interrupted: {word}"
-    if state.phase == WorkerPhase.LOST:
-        return Outcome.INTERRUPTION, f"worker lost: {word}"
-    if state.phase == WorkerPhase.SESSION_LIMIT:
-        return Outcome.SESSION_END, f"session limit reached: {word}"
-    # exited by itself
-    if state.exit_code == 0 and run.done:
-        return Outcome.SUCCEEDED, "completed"
-    if state.exit_code == EXIT_INTERRUPTED:
-        return Outcome.INTERRUPTION, "worker checkpointed and exited on a stop notice (exit 75)"
-    if state.exit_code == 0:
-        return Outcome.JOB_ERROR, "exited 0 without writing its completion record (done.json)"
-    return Outcome.JOB_ERROR, f"exited with code {state.exit_code}"
-
-
-def _backoff(job: Job, failures: int) -> float:
-    r = job.spec.retry
-    return min(r.backoff_max_seconds, r.backoff_seconds * (2 ** max(0, failures - 1)))
-
-
-def _provider_order(job: Job, providers: dict[str, Provider], st: JobStatus, now: float) -> list[str]:
-    """Placement: allowed providers, free first, then cheapest, preference order breaking ties;
-    one that just interrupted this run is tried after the others."""
-    allowed = job.spec.placement.providers or sorted(providers)
-    cap = job.spec.placement.max_price_per_hour
-    recent_bad = {
-        a.provider
-        for a in st.attempts
-        if a.outcome in (Outcome.INTERRUPTION, Outcome.SESSION_END)
-        and a.ended is not None
-        and now - a.ended < PROVIDER_COOLDOWN_SECONDS
-    }
-    candidates = []
-    for rank, name in enumerate(allowed):
-        prov = providers.get(name)
-        if prov is None:
-            continue
-        price = prov.spec.price_per_hour
-        if cap is not None and price > cap:
-            continue
-        free = 0 if (prov.spec.free_quota_hours or price == 0) else 1
-        candidates.append((name in recent_bad, free, price, rank, name))
-    return [c[-1] for c in sorted(candidates)]
-
-
-# ---- the planner -------------------------------------------------------------------------------
-
-
-def plan(desired: DesiredState, observed: Observed, recorded: dict[str, JobStatus], now: float,
-         commit: str = "") -> Plan:
-    out = Plan()
-    # Live workers per provider, to respect concurrency limits across jobs.
-    busy: dict[str, int] = {}
-    for ref, state in observed.workers.items():
-        if state.phase in (WorkerPhase.PENDING, WorkerPhase.RUNNING):
-            busy[ref.provider] = busy.get(ref.provider, 0) + 1
-    by_job: dict[str, dict[WorkerRef, WorkerState]] = {}
-    for ref, state in observed.workers.items():
-        by_job.setdefault(ref.job, {})[ref] = state
-
-    for name in sorted(set(desired.jobs) | set(recorded)):
-        job = desired.jobs.get(name)
-        rec = recorded.get(name)
-        workers = by_job.get(name, {})
-        if job is None:
-            assert rec is not None
-            _plan_removed(out, rec, workers, desired, observed, now)
-        else:
-            _plan_job(out, job, rec, workers, desired, observed, now, commit, busy)
-    return out
+Step = Callable[[JobTick], bool]  # True = the job's status is settled for this tick
 
 
 def _live(state: WorkerState) -> bool:
     return state.phase in (WorkerPhase.PENDING, WorkerPhase.RUNNING)
 
 
-def _plan_removed(out: Plan, rec: JobStatus, workers: dict[WorkerRef, WorkerState],
-                  desired: DesiredState, observed: Observed, now: float) -> None:
-    st = rec.model_copy(deep=True)
-    if rec.manifest and rec.manifest in desired.files_with_errors:
-        # The file is broken, not deleted: hold everything as it is until it is fixed.
-        st.message = f"manifest {rec.manifest} has errors; holding the job as it is until they are fixed"
-        out.statuses[st.job] = st
-        return
-    for ref, state in workers.items():
+# ---- the planner -------------------------------------------------------------------------------
+
+
+def plan(desired: DesiredState, observed: Observed, recorded: dict[str, JobStatus], now: float,
+         commit: str = "", confirm_cancel: bool = False) -> Plan:
+    """`confirm_cancel`: the commits being acted on carry the CONFIRM_CANCEL_TRAILER, so a change
+    that cancels most jobs at once is meant (otherwise it is held, as Argo CD guards pruning)."""
+    out = Plan()
+    busy: dict[str, int] = {}
+    by_job: dict[str, dict[WorkerRef, WorkerState]] = {}
+    for ref, state in observed.workers.items():
+        by_job.setdefault(ref.job, {})[ref] = state
         if _live(state):
-            out.actions.append(Terminate(ref, "manifest deleted"))
-    if not st.phase.terminal:
-        run = observed.runs.get((st.job, st.run_id), RunObservation())
-        if st.current is not None:
-            _record_close(st, _close(st.current, Outcome.CANCELLED, now, run, "manifest deleted"))
-        st.phase = Phase.CANCELLED
-        st.message = "manifest deleted; run cancelled (this file stays as history)"
-        st.backoff_until = None
-    out.statuses[st.job] = st
+            busy[ref.provider] = busy.get(ref.provider, 0) + 1
+    held = _mass_cancel_hold(desired, recorded, confirm_cancel)
+    if held:
+        out.notes.append(held)
+    for name in sorted(set(desired.jobs) | set(recorded)):
+        job = desired.jobs.get(name)
+        workers = by_job.get(name, {})
+        if job is None:
+            _plan_removed(out, recorded[name], workers, desired, observed, now, held)
+        else:
+            _plan_job(out, job, recorded.get(name), workers, desired, observed, now, commit, busy)
+    return out
 
 
 def _plan_job(out: Plan, job: Job, rec: JobStatus | None, workers: dict[WorkerRef, WorkerState],
-              desired: DesiredState, observed: Observed, now: float, commit: str,
-              busy: dict[str, int]) -> None:
+              desired: DesiredState, observed: Observed, now: float, commit: str, busy: dict[str, int]) -> None:
+    st = identify(job, rec, desired, observed, now, commit)
+    run = observed.runs.get((job.name, st.run_id), RunObservation())
+    t = JobTick(job, st, run, workers, desired, observed, now, out, busy, st.current)
+    for step in STEPS:
+        if step(t):
+            break
+    _trim(t.st)
+    out.statuses[job.name] = t.st
+
+
+def identify(job: Job, rec: JobStatus | None, desired: DesiredState, observed: Observed, now: float,
+             commit: str) -> JobStatus:
+    """Step 1: which run this is. A changed command/code/env starts a new run (the old attempt is
+    closed as replaced); a manifest restored after a delete revives its cancelled run."""
     run_id = job.run_id()
     target = job.spec.target_steps
     manifest = desired.job_files.get(job.name, "")
     if rec is None or rec.run_id != run_id:
         st = JobStatus(job=job.name, run_id=run_id, manifest=manifest, desired_commit=commit,
-                       progress=Progress(target=target))
+                       progress=Progress(target=target), message="new job")
         if rec is not None:
             st.message = f"run {run_id} replaces {rec.run_id}: the command, code or env changed"
             st.attempts = [a for a in rec.attempts if not a.open][-MAX_ATTEMPTS_KEPT:]
-            old = rec.current
-            if old is not None:
+            if rec.current is not None:
                 run_old = observed.runs.get((job.name, rec.run_id), RunObservation())
-                st.attempts.append(_close(old, Outcome.CANCELLED, now, run_old, "replaced by a new run"))
-        else:
-            st.message = "new job"
-    else:
-        st = rec.model_copy(deep=True)
-        st.manifest = manifest
+                st.attempts.append(close(rec.current, Outcome.CANCELLED, now, run_old, "replaced by a new run"))
+        return st
+    st = rec.model_copy(deep=True)
+    st.manifest = manifest
     st.progress = Progress(step=st.progress.step, target=target)
-    run = observed.runs.get((job.name, run_id), RunObservation())
+    if st.phase == Phase.CANCELLED and st.current is None:
+        st.phase = Phase.PENDING
+        st.message = f"manifest restored: the run resumes from its durable progress (step {st.progress.step})"
+    return st
 
-    # Workers that must not be running: other runs of this job, older epochs (zombies).
-    current = st.current
-    for ref, state in workers.items():
+
+def fence(t: JobTick) -> bool:
+    """Step 2: workers that must not run: other runs of this job, and older epochs (zombies)."""
+    for ref, state in t.workers.items():
         if not _live(state):
             continue
-        if ref.run_id != run_id:
-            out.actions.append(Terminate(ref, f"run {ref.run_id} was replaced by {run_id}"))
-        elif ref.epoch < run.lease_epoch and (current is None or ref.epoch != current.epoch):
-            out.actions.append(Terminate(ref, f"stale worker of epoch {ref.epoch}; lease is at {run.lease_epoch}"))
+        if ref.run_id != t.st.run_id:
+            t.stop(ref, f"run {ref.run_id} was replaced by {t.st.run_id}")
+        elif ref.epoch < t.run.lease_epoch and (t.current is None or ref.epoch != t.current.epoch):
+            t.stop(ref, f"stale worker of epoch {ref.epoch}; lease is at {t.run.lease_epoch}")
+    return False
 
-    if run.error:
-        # Storage cannot be read: decide nothing about this run that depends on it. A finished
-        # job keeps its own message (the reason it failed must survive a storage outage).
-        if not st.phase.terminal:
-            st.message = f"run data unreadable, waiting: {run.error}"
-        out.statuses[job.name] = st
-        return
 
-    st.progress = Progress(step=_status_step(st.progress.step, run.durable_step, target), target=target)
+def read_storage(t: JobTick) -> bool:
+    """Step 3: storage that cannot be read decides nothing about the run. A finished job keeps its
+    own message (the reason it failed must survive a storage outage)."""
+    if t.run.error:
+        if not t.st.phase.terminal:
+            t.st.message = f"run data unreadable, waiting: {t.run.error}"
+        return True
+    target = t.job.spec.target_steps
+    t.st.progress = Progress(step=_status_step(t.st.progress.step, t.run.durable_step, target), target=target)
+    return False
 
-    # Adopt a worker that holds the lease but is not recorded (the daemon died after launching it).
-    if current is None and not st.phase.terminal:
-        for ref, state in workers.items():
-            if ref.run_id == run_id and ref.epoch == run.lease_epoch and run.lease_epoch > 0 and _live(state):
-                adopted = Attempt(epoch=ref.epoch, provider=ref.provider, worker=ref.id, started=now,
-                                  step_start=run.durable_step, detail="adopted after a reconciler restart")
-                st.attempts.append(adopted)
-                st.total_attempts += 1
-                current = adopted
-                break
 
-    # A suspended job's live attempt is stopped (the worker gets SIGTERM and saves); free.
-    if current is not None and job.spec.suspend and not run.done:
-        provider = desired.providers.get(current.provider)
-        price = provider.spec.price_per_hour if provider else 0.0
-        for ref, state in workers.items():
-            if ref.run_id == run_id and ref.epoch == current.epoch and _live(state):
-                out.actions.append(Terminate(ref, "suspended by the manifest"))
-        _record_close(st, _close(current, Outcome.CANCELLED, now, run, "suspended by the manifest", None, price))
-        current = None
+def adopt(t: JobTick) -> bool:
+    """Step 4: a worker that holds the lease but is not recorded (the daemon died after launching
+    it) becomes the current attempt instead of being duplicated."""
+    if t.current is not None or t.st.phase.terminal or t.run.lease_epoch <= 0:
+        return False
+    for ref in t.live_refs(t.run.lease_epoch):
+        adopted = Attempt(epoch=ref.epoch, provider=ref.provider, worker=ref.id, started=t.now,
+                          step_start=t.run.durable_step, detail="adopted after a reconciler restart")
+        t.st.attempts.append(adopted)
+        t.st.total_attempts += 1
+        t.current = adopted
+        break
+    return False
 
-    # Judge the current attempt.
-    if current is not None:
-        provider = desired.providers.get(current.provider)
-        price = provider.spec.price_per_hour if provider else 0.0
-        seen: WorkerRef | None = next((r for r in workers if r.run_id == run_id and r.epoch == current.epoch
-                                       and r.provider == current.provider), None)
-        if run.done:
-            # The completion record is the proof; a worker still exiting is left to finish.
-            code = workers[seen].exit_code if seen is not None else None
-            _record_close(st, _close(current, Outcome.SUCCEEDED, now, run, "completed", code, price))
-            current = None
-        elif seen is not None:
-            ref = seen
-            state = workers[ref]
-            if current.unseen_since is not None:
-                st.attempts[-1] = current = current.model_copy(update={"unseen_since": None})
-            outcome, detail = _classify(state, run)
-            if outcome is None:
-                stalled = _stalled(job, current, run, now, state)
-                pending_too_long = (state.phase == WorkerPhase.PENDING
-                                    and now - current.started > PENDING_TIMEOUT_SECONDS)
-                budget = job.spec.budget_usd
-                spent = st.cost_usd + max(0.0, now - current.started) / 3600.0 * price
-                if stalled:
-                    out.actions.append(Terminate(ref, "stalled: no heartbeat"))
-                    _record_close(st, _close(current, Outcome.STALLED, now, run, stalled, None, price))
-                    current = None
-                elif budget is not None and price > 0 and spent >= budget:
-                    # The budget binds the running attempt too, not only the next launch.
-                    out.actions.append(Terminate(ref, "policy: cost budget spent"))
-                    _record_close(st, _close(current, Outcome.CANCELLED, now, run, "cost budget spent", None, price))
-                    _fail(st, f"policy: cost budget of ${budget:g} spent (${st.cost_usd:g})")
-                    out.statuses[job.name] = st
-                    return
-                elif pending_too_long:
-                    out.actions.append(Terminate(ref, "never started"))
-                    _record_close(st, _close(current, Outcome.INTERRUPTION, now, run,
-                                             "the provider did not start the worker in time", None, price))
-                    current = None
-                else:
-                    st.phase = Phase.RUNNING if state.phase == WorkerPhase.RUNNING else Phase.LAUNCHING
-                    st.message = _running_message(current, run, state)
-            else:
-                closed = _close(current, outcome, now, run, detail, state.exit_code, price)
-                _record_close(st, closed)
-                current = None
-                if outcome == Outcome.JOB_ERROR:
-                    tail = observed.logs.get(ref, "")
-                    st.log_tail = tail[-LOG_TAIL_CHARS:] if tail else None
-                if outcome == Outcome.SUCCEEDED:
-                    st.log_tail = None
-        elif current.provider in observed.unreachable:
-            st.message = f"cannot reach provider {current.provider} ({observed.unreachable[current.provider]}); " \
-                         "keeping the worker"
-            if current.unseen_since is None:
-                st.attempts[-1] = current = current.model_copy(update={"unseen_since": now})
-            elif now - current.unseen_since >= LOST_AFTER_SECONDS * 5:
-                _record_close(st, _close(current, Outcome.INTERRUPTION, now, run,
-                                         f"provider {current.provider} unreachable since "
-                                         f"{int(now - current.unseen_since)}s", None, price))
-                current = None
-        else:
-            # The provider answered and did not list the worker.
-            if current.unseen_since is None:
-                st.attempts[-1] = current = current.model_copy(update={"unseen_since": now})
-            elif now - current.unseen_since >= LOST_AFTER_SECONDS:
-                _record_close(st, _close(current, Outcome.INTERRUPTION, now, run,
-                                         "worker vanished from the provider", None, price))
-                current = None
 
-    if run.done:
-        st.phase = Phase.SUCCEEDED
-        st.progress = Progress(step=max(run.durable_step, target or 0, st.progress.step), target=target)
-        st.message = "run completed"
-        st.backoff_until = None
-        st.provider_backoff = {}
-        _trim(st)
-        out.statuses[job.name] = st
-        return
-    if current is not None:
-        _trim(st)
-        out.statuses[job.name] = st
-        return
+def stop_on_policy(t: JobTick) -> bool:
+    """Step 5: the live attempt is stopped (SIGTERM, so it saves) when the manifest suspends the
+    job (free), or when its deadline has come or its budget is spent (Failed, with the reason)."""
+    if t.current is None or t.run.done:
+        return False
+    spec = t.job.spec
+    if spec.suspend:
+        _stop_current(t, "suspended by the manifest")
+        return False
+    if spec.deadline is not None and t.now >= spec.deadline.timestamp():
+        _stop_current(t, "policy: deadline reached")
+        _fail(t.st, f"policy: deadline {spec.deadline.isoformat()} reached; the worker was asked to save and stop")
+        return True
+    price = t.price(t.current.provider)
+    spent = t.st.cost_usd + max(0.0, t.now - t.current.started) / 3600.0 * price
+    if spec.budget_usd is not None and price > 0 and spent >= spec.budget_usd:
+        _stop_current(t, "policy: cost budget spent")
+        _fail(t.st, f"policy: cost budget of ${spec.budget_usd:g} spent (${t.st.cost_usd:g})")
+        return True
+    return False
 
-    # No live attempt: decide whether and where to launch the next one.
-    if st.phase == Phase.FAILED or st.phase == Phase.CANCELLED:
-        # A worker of a finished job still running (its terminate failed, or it came back) is
-        # stopped on every tick until it is gone: it would only spend money.
-        for ref, state in workers.items():
-            if _live(state) and not any(a.ref == ref for a in out.actions if isinstance(a, Terminate)):
-                out.actions.append(Terminate(ref, f"job is {st.phase.value.lower()}"))
-        out.statuses[job.name] = st
+
+def _stop_current(t: JobTick, reason: str) -> None:
+    assert t.current is not None
+    for ref in t.live_refs(t.current.epoch):
+        t.stop(ref, reason)
+    t.close_current(Outcome.CANCELLED, reason)
+
+
+def judge(t: JobTick) -> bool:
+    """Step 6: how the current attempt is doing, from the provider's word and storage."""
+    cur = t.current
+    if cur is None:
+        return False
+    seen = next((r for r in t.workers if r.run_id == t.st.run_id and r.epoch == cur.epoch
+                 and r.provider == cur.provider), None)
+    if t.run.done:
+        state = t.workers.get(seen) if seen is not None else None
+        t.close_current(Outcome.SUCCEEDED, "completed", state.exit_code if state else None,
+                        ended=t.run.done_time or (state.ended_at if state else None))
+        return False
+    if seen is None:
+        _judge_unseen(t)
+        return False
+    if cur.unseen_since is not None:
+        t.st.attempts[-1] = t.current = cur.model_copy(update={"unseen_since": None})
+    return _judge_seen(t, seen, t.workers[seen])
+
+
+def _judge_seen(t: JobTick, ref: WorkerRef, state: WorkerState) -> bool:
+    assert t.current is not None
+    verdict = classify(t.job, t.current, state, t.run)
+    if verdict is None:
+        _judge_live(t, ref, state)
+        return False
+    beat = t.run.heartbeat_time if t.run.heartbeat_epoch == t.current.epoch else None
+    t.close_current(verdict.outcome, verdict.detail, state.exit_code, ended=end_time(
+        t.current, t.now, state.ended_at, beat))
+    if verdict.outcome == Outcome.JOB_ERROR:
+        tail = t.observed.logs.get(ref, "")
+        t.st.log_tail = tail[-LOG_TAIL_CHARS:] if tail else None
+    if verdict.fail_now:
+        _fail(t.st, f"failed: {verdict.detail}")
+        return True
+    return False
+
+
+def _judge_live(t: JobTick, ref: WorkerRef, state: WorkerState) -> None:
+    assert t.current is not None
+    stalled = _stalled(t.job, t.current, t.run, t.now, state)
+    if stalled:
+        t.stop(ref, "stalled: no heartbeat")
+        t.close_current(Outcome.STALLED, stalled)
+    elif state.phase == WorkerPhase.PENDING and t.now - t.current.started > PENDING_TIMEOUT_SECONDS:
+        t.stop(ref, "never started")
+        t.close_current(Outcome.INTERRUPTION, "the provider did not start the worker in time")
+    else:
+        t.st.phase = Phase.RUNNING if state.phase == WorkerPhase.RUNNING else Phase.LAUNCHING
+        t.st.message = _running_message(t.current, t.run, state)
+
+
+def _judge_unseen(t: JobTick) -> None:
+    """Never lost on one failed observation: a sustained silence is required (longer when the
+    provider could not even be asked)."""
+    cur = t.current
+    assert cur is not None
+    unreachable = t.observed.unreachable.get(cur.provider)
+    if unreachable is not None:
+        t.st.message = f"cannot reach provider {cur.provider} ({unreachable}); keeping the worker"
+    if cur.unseen_since is None:
+        t.st.attempts[-1] = t.current = cur.model_copy(update={"unseen_since": t.now})
         return
-    if job.spec.suspend:
-        st.phase = Phase.SUSPENDED
-        st.message = "suspended by the manifest (spec.suspend: true)"
-        out.statuses[job.name] = st
-        return
-    missing = [p for p in job.spec.placement.providers if p not in desired.providers]
-    if missing and len(missing) == len(job.spec.placement.providers):
-        _fail(st, f"config error: no provider named {', '.join(missing)} is defined")
-        out.statuses[job.name] = st
-        return
-    if st.failures > job.spec.retry.max_retries:
-        last = st.attempts[-1].detail if st.attempts else ""
-        _fail(st, f"failed {st.failures} times, more than the retry budget of "
-                  f"{job.spec.retry.max_retries}; last: {last}")
-        out.statuses[job.name] = st
-        return
-    if job.spec.budget_usd is not None and st.cost_usd >= job.spec.budget_usd:
-        _fail(st, f"policy: cost budget of ${job.spec.budget_usd:g} spent (${st.cost_usd:g})")
-        out.statuses[job.name] = st
-        return
-    if job.spec.deadline is not None and now >= job.spec.deadline.timestamp():
-        _fail(st, f"policy: deadline {job.spec.deadline.isoformat()} passed")
-        out.statuses[job.name] = st
-        return
-    last_attempt = st.attempts[-1] if st.attempts else None
-    if last_attempt is not None and last_attempt.outcome is not None and last_attempt.outcome.charged \
-            and last_attempt.ended is not None:
-        if st.backoff_until is None or st.backoff_until < last_attempt.ended:
-            st.backoff_until = last_attempt.ended + _backoff(job, st.failures)
-    if st.backoff_until is not None and now < st.backoff_until:
+    silent = t.now - cur.unseen_since
+    if unreachable is not None and silent >= LOST_AFTER_SECONDS * 5:
+        t.close_current(Outcome.INTERRUPTION, f"provider {cur.provider} unreachable since {int(silent)}s")
+    elif unreachable is None and silent >= LOST_AFTER_SECONDS:
+        t.close_current(Outcome.INTERRUPTION, "worker vanished from the provider")
+
+
+def finish(t: JobTick) -> bool:
+    """Step 7: a completed run is Succeeded; a worker that wrote its completion but does not exit
+    is stopped after a short grace, so it stops billing. A live attempt settles the tick."""
+    if t.run.done:
+        t.st.phase = Phase.SUCCEEDED
+        target = t.job.spec.target_steps
+        t.st.progress = Progress(step=max(t.run.durable_step, target or 0, t.st.progress.step), target=target)
+        t.st.message = "run completed"
+        t.st.backoff_until = None
+        t.st.provider_backoff = {}
+        t.st.log_tail = None
+        done_at = t.run.done_time if t.run.done_time is not None else t.now
+        if t.now - done_at >= FINISHED_GRACE_SECONDS:
+            for ref in t.live_refs():
+                t.stop(ref, f"run completed {int(t.now - done_at)}s ago but the worker has not exited")
+        return True
+    return t.current is not None
+
+
+def hold_finished(t: JobTick) -> bool:
+    """Step 8: a Failed or Cancelled job launches nothing; a worker of it still running (its
+    terminate failed, or it came back) is stopped on every tick until it is gone."""
+    if t.st.phase not in (Phase.FAILED, Phase.CANCELLED):
+        return False
+    for ref, state in t.workers.items():
+        if _live(state):
+            t.stop(ref, f"job is {t.st.phase.value.lower()}")
+    return True
+
+
+def decide_launch(t: JobTick) -> bool:
+    """Step 9: with no live attempt, whether (guards) and where (placement) to launch the next."""
+    if t.job.spec.suspend:
+        t.st.phase = Phase.SUSPENDED
+        t.st.message = "suspended by the manifest (spec.suspend: true)"
+        return True
+    for guard in GUARDS:
+        reason = guard(t)
+        if reason:
+            _fail(t.st, reason)
+            return True
+    if _backing_off(t):
+        return True
+    _place(t)
+    return True
+
+
+# ---- launch guards: each returns why the job must fail now, or "" ------------------------------
+
+
+def _guard_config(t: JobTick) -> str:
+    missing = [p for p in t.job.spec.placement.providers if p not in t.desired.providers]
+    if missing and len(missing) == len(t.job.spec.placement.providers):
+        return f"config error: no provider named {', '.join(missing)} is defined"
+    return ""
+
+
+def _guard_retries(t: JobTick) -> str:
+    r = t.job.spec.retry
+    if t.st.failures > r.max_retries:
+        return (f"failed {t.st.failures} times, more than the retry budget of {r.max_retries}; "
+                f"last: {_last_detail(t.st)}")
+    return ""
+
+
+def _guard_crash_loop(t: JobTick) -> str:
+    limit = t.job.spec.retry.max_unproductive_attempts
+    if t.st.unproductive >= limit:
+        return (f"crash loop: {t.st.unproductive} attempts in a row ended without a new checkpoint "
+                f"(limit retry.max_unproductive_attempts={limit}); last: {_last_detail(t.st)}")
+    return ""
+
+
+def _guard_budget(t: JobTick) -> str:
+    budget = t.job.spec.budget_usd
+    if budget is not None and t.st.cost_usd >= budget:
+        return f"policy: cost budget of ${budget:g} spent (${t.st.cost_usd:g})"
+    return ""
+
+
+def _guard_deadline(t: JobTick) -> str:
+    deadline = t.job.spec.deadline
+    if deadline is not None and t.now >= deadline.timestamp():
+        return f"policy: deadline {deadline.isoformat()} passed"
+    return ""
+
+
+GUARDS: tuple[Callable[[JobTick], str], ...] = (
+    _guard_config, _guard_retries, _guard_crash_loop, _guard_budget, _guard_deadline)
+
+
+def _last_detail(st: JobStatus) -> str:
+    return st.attempts[-1].detail if st.attempts else ""
+
+
+def _backing_off(t: JobTick) -> bool:
+    """Charged failures back off exponentially, and so do free ends without progress from the
+    second in a row (one early preemption relaunches at once; a loop of them slows down)."""
+    st, last = t.st, (t.st.attempts[-1] if t.st.attempts else None)
+    strikes = max(st.failures if last is not None and last.outcome is not None and last.outcome.charged else 0,
+                  st.unproductive - 1)
+    if last is not None and last.ended is not None and strikes > 0:
+        if st.backoff_until is None or st.backoff_until < last.ended:
+            st.backoff_until = last.ended + _backoff(t.job, strikes)
+    if st.backoff_until is not None and t.now < st.backoff_until:
         st.phase = Phase.BACKOFF
-        st.message = f"backing off after {st.failures} failure(s): {last_attempt.detail if last_attempt else ''}"
-        _trim(st)
-        out.statuses[job.name] = st
-        return
+        why = f"{st.failures} failure(s)" if st.failures else f"{st.unproductive} attempt(s) without progress"
+        st.message = f"backing off after {why}: {_last_detail(st)}"
+        return True
     st.backoff_until = None
-    st.provider_backoff = {p: t for p, t in st.provider_backoff.items() if t > now}
-    for name in _provider_order(job, desired.providers, st, now):
-        prov = desired.providers[name]
-        if name in observed.unreachable or name in st.provider_backoff:
+    return False
+
+
+def _place(t: JobTick) -> None:
+    st = t.st
+    st.provider_backoff = {p: until for p, until in st.provider_backoff.items() if until > t.now}
+    placement = place(t.job, t.desired.providers, st, t.now, t.observed.capacity)
+    for name in placement.order:
+        prov = t.desired.providers[name]
+        if name in t.observed.unreachable or name in st.provider_backoff:
             continue
-        if busy.get(name, 0) >= prov.spec.concurrency:
+        if t.busy.get(name, 0) >= prov.spec.concurrency:
             continue
-        busy[name] = busy.get(name, 0) + 1
-        reason = "first launch" if not st.attempts else f"relaunch after: {st.attempts[-1].detail}"
-        out.actions.append(Launch(job.name, run_id, name, reason))
+        t.busy[name] = t.busy.get(name, 0) + 1
+        reason = "first launch" if not st.attempts else f"relaunch after: {_last_detail(st)}"
+        t.out.actions.append(Launch(t.job.name, st.run_id, name, reason))
         st.phase = Phase.LAUNCHING
         st.message = f"launching on {name}"
-        _trim(st)
-        out.statuses[job.name] = st
         return
     st.phase = Phase.PENDING
-    waiting = _provider_order(job, desired.providers, st, now)
-    st.message = f"waiting for capacity on {', '.join(waiting) or 'no allowed provider'}"
-    _trim(st)
-    out.statuses[job.name] = st
+    if placement.order:
+        st.message = f"waiting for capacity on {', '.join(placement.order)}"
+    else:
+        st.message = f"no allowed provider can take this job: {placement.why_nowhere() or 'none defined'}"
+
+
+STEPS: tuple[Step, ...] = (fence, read_storage, adopt, stop_on_policy, judge, finish, hold_finished, decide_launch)
+
+
+# ---- jobs whose manifest is gone --------------------------------------------------------------
+
+
+def _mass_cancel_hold(desired: DesiredState, recorded: dict[str, JobStatus], confirmed: bool) -> str:
+    """A commit that would cancel most of the active jobs at once (an emptied or moved desired/,
+    a bad merge) is held until confirmed; returns the message, or "" when nothing is held."""
+    active = [st for st in recorded.values() if not st.phase.terminal]
+    doomed = [st for st in active if st.job not in desired.jobs and st.manifest not in desired.files_with_errors]
+    if confirmed or len(doomed) < 2 or len(doomed) * 2 <= len(active):
+        return ""
+    return (f"holding: this commit would cancel {len(doomed)} of {len(active)} active jobs; if that is "
+            f"meant, commit again with the trailer '{CONFIRM_CANCEL_TRAILER}' "
+            f"(e.g. git commit --allow-empty -m 'cancel jobs' --trailer '{CONFIRM_CANCEL_TRAILER}')")
+
+
+def _plan_removed(out: Plan, rec: JobStatus, workers: dict[WorkerRef, WorkerState], desired: DesiredState,
+                  observed: Observed, now: float, held: str) -> None:
+    """A job whose manifest is gone is cancelled: its workers are stopped (through the provider
+    definition the status last knew, when that is gone too), and its attempt is billed until the
+    worker is seen gone."""
+    st = rec.model_copy(deep=True)
+    out.statuses[st.job] = st
+    if rec.manifest and rec.manifest in desired.files_with_errors:
+        st.message = f"manifest {rec.manifest} has errors; holding the job as it is until they are fixed"
+        return
+    if held and not st.phase.terminal:
+        st.message = held
+        return
+    live = [ref for ref, state in workers.items() if _live(state)]
+    for ref in live:
+        out.actions.append(Terminate(ref, "manifest deleted"))
+    run = observed.runs.get((st.job, st.run_id), RunObservation())
+    cur = st.current
+    if cur is not None and any(r.epoch == cur.epoch and r.run_id == st.run_id for r in live):
+        st.message = f"manifest deleted; stopping {cur.worker} on {cur.provider} (billed until it is gone)"
+        return
+    if cur is not None:
+        prov = desired.providers.get(cur.provider) or observed.retired.get(cur.provider)
+        price = prov.spec.price_per_hour if prov else 0.0
+        gone = next((s.ended_at for r, s in workers.items() if r.epoch == cur.epoch and r.run_id == st.run_id), None)
+        record_close(st, close(cur, Outcome.CANCELLED, now, run, "manifest deleted", None, price, gone))
+    if not st.phase.terminal:
+        st.phase = Phase.CANCELLED
+        st.message = "manifest deleted; run cancelled (this file stays as history; restore it to resume)"
+        st.backoff_until = None
+
+
+# ---- small rules --------------------------------------------------------------------------------
+
+
+def _backoff(job: Job, strikes: int) -> float:
+    r = job.spec.retry
+    return min(r.backoff_max_seconds, r.backoff_seconds * (2 ** max(0, strikes - 1)))
 
 
 def _status_step(recorded: int, durable: int, target: int | None) -> int:
@@ -466,10 +567,13 @@ def _stalled(job: Job, attempt: Attempt, run: RunObservation, now: float, state:
     """Stalled = the heartbeat has not changed for the stall timeout, timed by the reconciler's
     own clock from when it first saw that heartbeat, over several observations. Never by comparing
     the worker's clock with ours, and never on one observation: a clock jump, or a tick that comes
-    late, must not make a healthy worker look stalled."""
+    late, must not make a healthy worker look stalled. A run that has never heartbeated (a plain
+    script, not instrumented) is judged by its provider's state alone unless the job sets a timeout."""
     if state.phase != WorkerPhase.RUNNING or run.heartbeat_unchanged_since is None:
         return ""
-    limit = job.spec.stall_timeout_seconds or 300.0
+    if run.heartbeat_epoch is None and job.spec.stall_timeout_seconds is None:
+        return ""
+    limit = job.spec.stall_timeout_seconds or DEFAULT_STALL_SECONDS
     age = now - max(run.heartbeat_unchanged_since, attempt.started)
     if age > limit and run.heartbeat_unchanged_ticks >= STALL_MIN_OBSERVATIONS:
         return f"stalled: no new heartbeat for {int(age)}s (limit {int(limit)}s) while the provider says running"
@@ -488,6 +592,9 @@ def _running_message(attempt: Attempt, run: RunObservation, state: WorkerState) 
     where = f"{attempt.provider}/{attempt.worker}"
     if state.phase == WorkerPhase.PENDING:
         return f"attempt {attempt.epoch} waiting to start on {where}"
+    if run.heartbeat_epoch is None:
+        return (f"attempt {attempt.epoch} running on {where} (not instrumented: no heartbeat, so it is "
+                "judged by the provider's state alone)")
     return f"attempt {attempt.epoch} running on {where}"
 
 
@@ -495,7 +602,6 @@ def _fail(st: JobStatus, reason: str) -> None:
     st.phase = Phase.FAILED
     st.message = reason
     st.backoff_until = None
-    _trim(st)
 
 
 def _trim(st: JobStatus) -> None:
@@ -504,7 +610,8 @@ def _trim(st: JobStatus) -> None:
 
 
 def apply_results(p: Plan, results: list[LaunchResult], now: float, durable: dict[tuple[str, str], int]) -> None:
-    """Records launched attempts, and backs off a provider that refused a launch."""
+    """Records launched attempts; backs off a provider that refused a launch; fails a job that
+    cannot run as written."""
     for res in results:
         st = p.statuses[res.action.job]
         if res.ref is not None:
@@ -514,6 +621,8 @@ def apply_results(p: Plan, results: list[LaunchResult], now: float, durable: dic
             st.phase = Phase.LAUNCHING
             st.message = f"attempt {res.ref.epoch} launched on {res.ref.provider} ({res.action.reason})"
             _trim(st)
+        elif res.job_config_error:
+            _fail(st, f"config error: {res.error}")
         elif res.unavailable:
             st.provider_backoff[res.action.provider] = now + UNAVAILABLE_BACKOFF_SECONDS
             st.phase = Phase.PENDING

@@ -92,6 +92,7 @@ class JobStatus(Model):
     message: str = ""
     progress: Progress = Field(default_factory=Progress)
     failures: int = 0  # charged to the retry budget
+    unproductive: int = 0  # attempts in a row that ended without a new durable checkpoint
     interruptions: int = 0  # free
     total_attempts: int = 0
     steps_lost: int = 0

@@ -30,6 +30,7 @@ from desired.models import Provider
 from reconciler.checkpoint_policy import checkpoint_interval, estimate_mtbf
 from reconciler.clock import ManualClock
 from reconciler.loop import Reconciler, TickReport
+from reconciler.plan import CONFIRM_CANCEL_TRAILER
 from reconciler.sim.invariants import InvariantChecker
 from reconciler.sim.repo import RepoFaults, SimRepo
 from reconciler.sim.storage import PROTOCOL, drop_world, world_store
@@ -250,7 +251,8 @@ class Simulation:
 
     # ---- what a person does -----------------------------------------------------------------
     def delete_job(self, name: str) -> None:
-        self.repo.user_commit({f"desired/{name}.yaml": None}, f"delete {name}")
+        # The simulated user means it: a delete that cancels most jobs at once is held without this.
+        self.repo.user_commit({f"desired/{name}.yaml": None}, f"delete {name}\n\n{CONFIRM_CANCEL_TRAILER}")
         self.deleted_jobs.add(name)
 
     def edit_job(self, job: JobPlan) -> None:

@@ -128,6 +128,16 @@ class SimRepo:
             self._last_change[(cid, key_paths)] = found
         return found
 
+    def messages_since(self, commit: str, since: str, limit: int = 200) -> list[str]:
+        out: list[str] = []
+        cur: str | None = commit
+        while cur is not None and len(out) < limit:
+            out.append(self.commits[cur].message)
+            if cur == since:
+                break
+            cur = self.commits[cur].parent
+        return out
+
     # ---- writing ---------------------------------------------------------------------------------
     def commit_status(self, files: dict[str, str | None], message: str) -> str | None:
         self._hook("git.commit")

@@ -133,12 +133,24 @@ def test_job_that_always_fails_is_failed_after_retry_budget_with_log_tail(state_
 
 def test_twenty_interruptions_are_free_and_the_job_still_succeeds(state_repo: StateRepoFixture) -> None:
     flaky = [sys.executable, str(WORKLOAD), "0.0", "--interrupt-until-epoch", "20"]
-    state_repo.write("desired/flaky.yaml", job("flaky", flaky))
+    state_repo.write("desired/flaky.yaml", job("flaky", flaky, "retry: {max_unproductive_attempts: 25}"))
     state_repo.commit("add flaky")
     final = tick_until(Reconciler(state_repo.path), phase("flaky"), timeout=120, between=0.05)
     st = final.statuses["flaky"]
     assert st.phase == Phase.SUCCEEDED, st.message
     assert st.interruptions == 20 and st.failures == 0 and st.total_attempts == 21
+
+
+def test_a_command_that_exits_interrupted_at_once_every_time_fails_as_a_crash_loop(
+        state_repo: StateRepoFixture) -> None:
+    """Exit 75 is free, but five in a row without a new checkpoint is a loop, not bad luck."""
+    looping = [sys.executable, str(WORKLOAD), "0.0", "--interrupt-until-epoch", "1000"]
+    state_repo.write("desired/loop.yaml", job("loop", looping))
+    state_repo.commit("add loop")
+    final = tick_until(Reconciler(state_repo.path), phase("loop"), timeout=120, between=0.05)
+    st = final.statuses["loop"]
+    assert st.phase == Phase.FAILED and st.message.startswith("crash loop: 5 attempts in a row")
+    assert st.failures == 0 and st.total_attempts == 5
 
 
 def _wait_running(rec: Reconciler, name: str) -> TickReport:

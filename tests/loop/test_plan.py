@@ -279,8 +279,10 @@ def test_deleted_manifest_cancels_and_terminates() -> None:
     ref, state = running("train", rec.run_id, 1)
     p = plan(desired(job_yaml("other")), Observed(workers={ref: state}), {"train": rec}, NOW)
     assert Terminate(ref, "manifest deleted") in p.actions
-    assert p.statuses["train"].phase == Phase.CANCELLED
-    assert p.statuses["train"].attempts[0].outcome == Outcome.CANCELLED
+    assert "billed until it is gone" in p.statuses["train"].message
+    gone = plan(desired(job_yaml("other")), Observed(), {"train": p.statuses["train"]}, NOW + 30)
+    assert gone.statuses["train"].phase == Phase.CANCELLED
+    assert gone.statuses["train"].attempts[0].outcome == Outcome.CANCELLED
 
 
 def test_broken_manifest_file_holds_the_job_instead_of_cancelling() -> None:

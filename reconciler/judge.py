@@ -1,0 +1,133 @@
+"""How an attempt ended and whose fault it was: one table from what the provider and storage say
+to the failure classes of DESIGN.md §5, and how a closed attempt is written into the status.
+
+Pure (no I/O, no clock). A free interruption needs evidence: the provider's own word
+(preempted, host lost, session end) or durable progress gained by the attempt. A signal the job
+raises on itself (SEGV, ABRT, ...) or an OOM kill is the job's error; a kill from outside that
+gained nothing is counted too, because nothing shows it was not the job's own doing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from adapters.compute import WorkerPhase, WorkerState
+from desired.models import ExitCodeRule, Job
+from status.models import Attempt, JobStatus, Outcome
+
+if TYPE_CHECKING:
+    from reconciler.plan import RunObservation
+
+EXIT_INTERRUPTED = 75  # worker checkpointed and left because it was told to (EX_TEMPFAIL)
+CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL", "SIGSYS", "SIGTRAP"})
+
+
+@dataclass(frozen=True)
+class Verdict:
+    outcome: Outcome
+    detail: str
+    fail_now: bool = False  # the job's own exit-code rule says: no retry
+
+
+def exit_rule(job: Job, code: int | None) -> ExitCodeRule | None:
+    if code is None:
+        return None
+    return next((r for r in job.spec.retry.exit_codes if code in r.codes), None)
+
+
+def classify(job: Job, attempt: Attempt, state: WorkerState, run: RunObservation) -> Verdict | None:
+    """None while the worker is pending or running; otherwise how its attempt ended."""
+    if state.phase in (WorkerPhase.PENDING, WorkerPhase.RUNNING):
+        return None
+    word = state.provider_state or state.phase.value
+    if state.detail:
+        word += f" ({state.detail})"
+    if state.phase == WorkerPhase.PREEMPTED:
+        return Verdict(Outcome.INTERRUPTION, f"interrupted: {word}")
+    if state.phase == WorkerPhase.LOST:
+        return Verdict(Outcome.INTERRUPTION, f"worker lost: {word}")
+    if state.phase == WorkerPhase.SESSION_LIMIT:
+        return Verdict(Outcome.SESSION_END, f"session limit reached: {word}")
+    if state.exit_code == 0 and run.done:
+        return Verdict(Outcome.SUCCEEDED, "completed")
+    return _rule_verdict(job, state) or _evidence_verdict(attempt, state, run, word)
+
+
+def _rule_verdict(job: Job, state: WorkerState) -> Verdict | None:
+    rule = exit_rule(job, state.exit_code)
+    if rule is None:
+        return None
+    what = f"exited with code {state.exit_code}"
+    if rule.action == "fail":
+        return Verdict(Outcome.JOB_ERROR, f"{what}, which the job's exit_codes rule says is final", fail_now=True)
+    if rule.action == "ignore":
+        return Verdict(Outcome.INTERRUPTION, f"{what} (free by the job's exit_codes rule)")
+    return Verdict(Outcome.JOB_ERROR, f"{what} (counted by the job's exit_codes rule)")
+
+
+def _evidence_verdict(attempt: Attempt, state: WorkerState, run: RunObservation, word: str) -> Verdict:
+    gained = run.durable_step > attempt.step_start
+    if state.oom:
+        return Verdict(Outcome.JOB_ERROR, f"killed for running out of memory: {word}")
+    if state.signal in CRASH_SIGNALS:
+        return Verdict(Outcome.JOB_ERROR, f"crashed with {state.signal}: {word}")
+    if state.signal:
+        if gained:
+            return Verdict(Outcome.INTERRUPTION, f"interrupted: {word}, after a new checkpoint")
+        return Verdict(Outcome.JOB_ERROR, f"{word} before any new checkpoint; without the provider's word that "
+                                          "it was preempted, this counts as a failure")
+    if state.exit_code == EXIT_INTERRUPTED:
+        return Verdict(Outcome.INTERRUPTION, "worker checkpointed and exited on a stop notice (exit 75)")
+    if state.exit_code == 0:
+        return Verdict(Outcome.JOB_ERROR, "exited 0 without writing its completion record (done.json)")
+    return Verdict(Outcome.JOB_ERROR, f"exited with code {state.exit_code}")
+
+
+def end_time(attempt: Attempt, now: float, *candidates: float | None) -> float:
+    """When the attempt really ended: the first known of `candidates` (the provider's end time,
+    the completion record, the last heartbeat), kept between its start and now; else now."""
+    for t in candidates:
+        if t is not None:
+            return min(now, max(attempt.started, t))
+    return now
+
+
+def close(attempt: Attempt, outcome: Outcome, now: float, run: RunObservation, detail: str = "",
+          exit_code: int | None = None, price_per_hour: float = 0.0, ended: float | None = None) -> Attempt:
+    """The attempt, ended at `ended` (default now) and billed up to then."""
+    end = now if ended is None else end_time(attempt, now, ended)
+    heartbeat = run.heartbeat_step if run.heartbeat_epoch == attempt.epoch else None
+    lost = 0
+    if outcome in (Outcome.INTERRUPTION, Outcome.SESSION_END, Outcome.STALLED, Outcome.JOB_ERROR):
+        if heartbeat is not None:
+            lost = max(0, heartbeat - run.durable_step)
+    hours = max(0.0, end - attempt.started) / 3600.0
+    return attempt.model_copy(update={
+        "ended": end,
+        "outcome": outcome,
+        "detail": detail or attempt.detail,
+        "exit_code": exit_code,
+        "step_end": run.durable_step,
+        "steps_lost": lost,
+        "cost_usd": round(hours * price_per_hour, 4),
+        "unseen_since": None,
+    })
+
+
+def record_close(st: JobStatus, closed: Attempt) -> None:
+    """Folds a closed attempt into the job's counters: charges, free interruptions, and the run
+    of attempts in a row that gained no durable step (the crash-loop guard)."""
+    st.attempts[-1] = closed
+    st.steps_lost += closed.steps_lost
+    st.cost_usd = round(st.cost_usd + closed.cost_usd, 4)
+    if closed.outcome is not None and closed.outcome.charged:
+        st.failures += 1
+    elif closed.outcome in (Outcome.INTERRUPTION, Outcome.SESSION_END):
+        st.interruptions += 1
+    if closed.outcome in (Outcome.CANCELLED, Outcome.SUPERSEDED):
+        return  # we ended it: says nothing about the job
+    if closed.outcome == Outcome.SUCCEEDED or (closed.step_end or 0) > closed.step_start:
+        st.unproductive = 0
+    else:
+        st.unproductive += 1
