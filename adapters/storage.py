@@ -490,9 +490,10 @@ class RunFolder:
                             continue
                 return found
             if self.kind == "s3":
-                _, key = self._bucket_key(base + "/")
+                _, key = self._bucket_key(base + "/" if base else "")
+                key = key if key.endswith("/") or not key else key + "/"
                 return {k[len(key) :]: size for k, size in self._s3_list(key)}
-            top = self.path(base)
+            top = self.path(base) if base else self.root
             try:
                 detail = self.fs.find(top, detail=True)
             except FileNotFoundError:

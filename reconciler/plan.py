@@ -65,6 +65,7 @@ class Observed:
     runs: dict[tuple[str, str], RunObservation] = field(default_factory=dict)  # (job, run_id)
     logs: dict[WorkerRef, str] = field(default_factory=dict)  # tails of exited workers
     capacity: dict[str, Capacity] = field(default_factory=dict)  # provider -> what its adapter reports
+    run_storage: dict[tuple[str, str], str] = field(default_factory=dict)  # (job, run_id) -> store it was read from
     # Providers no longer in desired/ that the status says ran workers: asked so those workers can
     # be stopped and billed, never launched on.
     retired: dict[str, Provider] = field(default_factory=dict)
@@ -234,6 +235,7 @@ def fence(t: JobTick) -> bool:
 def read_storage(t: JobTick) -> bool:
     """Step 3: storage that cannot be read decides nothing about the run. A finished job keeps its
     own message (the reason it failed must survive a storage outage)."""
+    t.st.storage = t.observed.run_storage.get((t.job.name, t.st.run_id), t.desired.settings.storage)
     if t.run.error:
         if not t.st.phase.terminal:
             t.st.message = f"run data unreadable, waiting: {t.run.error}"
@@ -399,6 +401,11 @@ def decide_launch(t: JobTick) -> bool:
             _fail(t.st, reason)
             return True
     if _backing_off(t):
+        return True
+    if t.st.storage != t.desired.settings.storage:
+        t.st.phase = Phase.PENDING
+        t.st.message = (f"storage changed: the run's data moves from {t.st.storage} to "
+                        f"{t.desired.settings.storage} before the next attempt")
         return True
     _place(t)
     return True

@@ -88,6 +88,7 @@ class JobStatus(Model):
     phase: Phase = Phase.PENDING
     run_id: str = ""
     manifest: str = ""  # file under desired/ that defines the job
+    storage: str = ""  # the store the run's folder is in (a changed `storage:` moves it between attempts)
     desired_commit: str = ""
     message: str = ""
     progress: Progress = Field(default_factory=Progress)

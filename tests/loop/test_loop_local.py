@@ -164,7 +164,9 @@ def test_deleted_manifest_terminates_worker_and_cancels(state_repo: StateRepoFix
     _wait_running(rec, "count")
     state_repo.remove("desired/count.yaml")
     state_repo.commit("remove count")
-    report = rec.tick()
+    first = rec.tick()
+    assert "billed until it is gone" in first.statuses["count"].message
+    report = tick_until(rec, phase("count"), timeout=20)
     assert report.statuses["count"].phase == Phase.CANCELLED
     deadline = time.time() + 10
     while live_workers(local_workdir) and time.time() < deadline:
