@@ -232,22 +232,34 @@ class Reconciler:
                        heartbeat_first_observation=previous is None)
 
     def retired_providers(self, desired: DesiredState, recorded: dict[str, JobStatus]) -> dict[str, Provider]:
-        """Providers that live attempts ran on but that desired/ no longer defines, as the desired
-        commit their status was written from defined them."""
+        """Providers that live attempts ran on but that desired/ no longer defines, as the newest
+        earlier state of desired/ defined them (looked up only when one is missing)."""
         out: dict[str, Provider] = {}
         for st in recorded.values():
             att = st.current
             if att is None or att.provider in desired.providers or att.provider in out or not st.desired_commit:
                 continue
-            try:
-                then = self.read_desired(st.desired_commit, cache=False)
-            except (GitError, ValueError, KeyError) as exc:
-                log.warning("cannot read the provider %s of %s at %s: %s", att.provider, st.job,
-                            st.desired_commit, exc)
-                continue
-            if att.provider in then.providers:
-                out[att.provider] = then.providers[att.provider]
+            found = self._last_definition(att.provider, st.desired_commit)
+            if found is None:
+                log.warning("%s: provider %s is defined in no recent commit; its worker %s cannot be stopped "
+                            "from here", st.job, att.provider, att.worker)
+            else:
+                out[att.provider] = found
         return out
+
+    def _last_definition(self, provider: str, commit: str, depth: int = 50) -> Provider | None:
+        at: str | None = commit
+        for _ in range(depth):
+            if at is None:
+                return None
+            try:
+                then = self.read_desired(at, cache=False)
+                if provider in then.providers:
+                    return then.providers[provider]
+                at = self.repo.last_change(f"{at}^", [DESIRED_DIR])
+            except (GitError, ValueError, KeyError):
+                return None
+        return None
 
     def _cancel_confirmed(self, commit: str) -> bool:
         """The commits since the last change to desired/ carry the trailer that confirms a change

@@ -252,3 +252,25 @@ def test_commits_while_the_daemon_ticks_never_break_a_tick(state_repo: StateRepo
     assert daemon.returncode == 0, out
     assert "tick failed" not in out
     assert yaml.safe_load(state_repo.status_text("count"))["phase"] == "Succeeded"
+
+
+def test_deleting_everything_stops_workers_through_the_last_known_provider_and_bills_them(
+        state_repo: StateRepoFixture, local_workdir: Path) -> None:
+    """desired/ emptied, Provider included: the worker on a $2/h provider is stopped anyway, and
+    its attempt is billed until it is gone (it was recorded as $0 and left running)."""
+    state_repo.write("desired/pricey.yaml", yaml.safe_dump({
+        "apiVersion": "reconciler.dev/v1", "kind": "Provider", "metadata": {"name": "pricey"},
+        "spec": {"settings": {"type": "local"}, "price_per_hour": 2.0}}))
+    state_repo.write("desired/count.yaml", job("count", counter(1.0)))
+    state_repo.commit("add count on pricey")
+    rec = Reconciler(state_repo.path)
+    _wait_running(rec, "count")
+    time.sleep(1.0)
+    state_repo.remove("desired/pricey.yaml")
+    state_repo.remove("desired/count.yaml")
+    state_repo.commit("remove everything")
+    final = tick_until(rec, phase("count"), timeout=30)
+    st = final.statuses["count"]
+    assert st.phase == Phase.CANCELLED
+    assert st.attempts[-1].provider == "pricey" and st.cost_usd > 0
+    assert live_workers(local_workdir) == []
