@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 from rich.table import Table
 
 if TYPE_CHECKING:
@@ -97,14 +98,35 @@ def validate(repo: RepoOption = Path(".")) -> None:
     root = repo / "desired"
     if not root.is_dir():
         raise _fail(f"{root} does not exist; run this in a state repository or pass --repo")
-    files = {str(p.relative_to(repo)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-    settings = (repo / SETTINGS_FILE).read_bytes() if (repo / SETTINGS_FILE).exists() else None
-    state = parse_desired(files, settings)
-    for e in state.errors:
-        err.print(f"[red]error:[/red] {e}")
-    console.print(f"{len(state.jobs)} job(s), {len(state.providers)} provider(s), {len(state.errors)} error(s)")
-    if state.errors:
+    manifests = [p for p in sorted(root.rglob("*")) if p.suffix in (".yaml", ".yml") and p.is_file()]
+    files, unreadable = _read_manifests(repo, manifests)
+    settings, bad_settings = _read_manifests(repo, [repo / SETTINGS_FILE] if (repo / SETTINGS_FILE).is_file() else [])
+    state = parse_desired(files, settings.get(SETTINGS_FILE))
+    errors = unreadable + bad_settings + [str(e) for e in state.errors]
+    for e in errors:
+        err.print(f"[red]error:[/red] {escape(e)}")
+    console.print(f"{len(state.jobs)} job(s), {len(state.providers)} provider(s), {len(errors)} error(s)")
+    if errors:
         raise typer.Exit(1)
+
+
+def _read_manifests(repo: Path, paths: list[Path]) -> tuple[dict[str, bytes], list[str]]:
+    """Contents by path relative to `repo`; a file too big or unreadable is an error of its own."""
+    from desired.parse import MAX_FILE_BYTES
+
+    files: dict[str, bytes] = {}
+    errors: list[str] = []
+    for path in paths:
+        rel = str(path.relative_to(repo))
+        try:
+            size = path.stat().st_size
+            if size > MAX_FILE_BYTES:
+                errors.append(f"{rel}: file is {size} bytes; the limit is {MAX_FILE_BYTES} bytes")
+                continue
+            files[rel] = path.read_bytes()
+        except OSError as exc:
+            errors.append(f"{rel}: cannot be read ({exc.strerror or exc})")
+    return files, errors
 
 
 @app.command()
