@@ -17,6 +17,7 @@ from rich.table import Table
 
 if TYPE_CHECKING:
     from reconciler.loop import Reconciler
+    from reconciler.redaction import RedactingFilter
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Drive compute jobs to completion on executors that owe you nothing, GitOps-style.")
@@ -44,12 +45,25 @@ tick_seconds: 30
 
 
 def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s",
-                        handlers=[RichHandler(console=err, show_path=False, rich_tracebacks=False)])
+    """Every record passes the redacting filter: until a Reconciler exists it knows the values of
+    credential variables; `_reconciler` points it at the Reconciler's, which adds the secrets the
+    manifests name."""
+    from reconciler.redaction import RedactingFilter, secret_values
+    from status.redact import Redactor
+
+    global _LOG_FILTER
+    start = Redactor(secret_values(None, os.environ))
+    _LOG_FILTER = RedactingFilter(lambda: start)
+    handler = RichHandler(console=err, show_path=False, rich_tracebacks=False)
+    handler.addFilter(_LOG_FILTER)
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s", handlers=[handler])
     for noisy in ("git", "watchfiles", "fsspec", "botocore", "s3fs", "urllib3", "aiobotocore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     # A tick that is still running when the next is due is skipped on purpose (one at a time).
     logging.getLogger("apscheduler").setLevel(logging.ERROR)
+
+
+_LOG_FILTER: RedactingFilter | None = None
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
@@ -62,9 +76,12 @@ def _reconciler(repo: Path) -> Reconciler:
     from reconciler.loop import Reconciler
 
     try:
-        return Reconciler(repo)
+        rec = Reconciler(repo)
     except GitError as exc:
         raise _fail(str(exc)) from exc
+    if _LOG_FILTER is not None:
+        _LOG_FILTER.source = lambda: rec.redactor
+    return rec
 
 
 @app.command()
@@ -132,17 +149,25 @@ def _read_manifests(repo: Path, paths: list[Path]) -> tuple[dict[str, bytes], li
 @app.command()
 def plan(repo: RepoOption = Path("."), verbose: bool = False) -> None:
     """Show what the next tick would do, without doing it."""
+    from reconciler.redaction import secret_values
+    from status.redact import Redactor
+
     _setup_logging(verbose)
     rec = _reconciler(repo)
     the_plan, report = rec.preview()
+    redactor = Redactor(secret_values(report.desired, rec.environ))
+
+    def show(text: str) -> str:  # no secret value, and no rich markup from a message
+        return escape(redactor.redact(text))
+
     for e in report.errors:
-        err.print(f"[yellow]warning:[/yellow] {e}")
+        err.print(f"[yellow]warning:[/yellow] {show(e)}")
     if not report.actions:
         console.print("no actions: the world matches the desired state")
     for a in report.actions:
-        console.print(f"- {a}")
+        console.print(f"- {show(a)}")
     for name, st in sorted(the_plan.statuses.items()):
-        console.print(f"  {name}: {st.phase.value} — {st.message}")
+        console.print(f"  {name}: {st.phase.value} — {show(st.message)}")
 
 
 @app.command()
