@@ -344,6 +344,14 @@ class Settings(Strict):
                     "`reconciler init`; unset = derived from the repository's first commit)",
     )
 
+    @field_validator("storage", "commit_name", "commit_email", "remote")
+    @classmethod
+    def _one_printable_line(cls, v: str | None) -> str | None:
+        """These reach git and fsspec as arguments and environment values: no newline or escape."""
+        if v is not None and any(ord(c) < 32 or ord(c) == 127 for c in v):
+            raise ValueError(f"{v!r} contains a control character")
+        return v
+
     @field_validator("identity")
     @classmethod
     def _identity(cls, v: str | None) -> str | None:

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from desired.parse import parse_desired
+from reconciler.loop import Reconciler
+from status.models import Phase
 from tests.conftest import StateRepoFixture
 
 CORPUS = Path(__file__).parent.parent / "corpus" / "hostile"
@@ -96,3 +98,16 @@ def test_validate_on_a_hostile_repository_names_every_bad_file_without_a_traceba
     for name in corpus():
         assert f"desired/{name}" in res.stderr, name
     assert "1 job(s)" in res.stdout
+
+
+def test_a_tick_on_a_hostile_repository_still_launches_the_good_job(state_repo: StateRepoFixture) -> None:
+    for name, data in corpus().items():
+        (state_repo.path / "desired" / name).write_bytes(data)
+    state_repo.write("desired/good.yaml", GOOD)
+    state_repo.commit("a good job among hostile files")
+    report = Reconciler(state_repo.path).tick()
+    assert list(report.statuses) == ["good"] and report.statuses["good"].phase == Phase.LAUNCHING
+    for name in corpus():
+        assert any(f"desired/{name}" in e for e in report.errors), name
+    index = (state_repo.path / "status" / "README.md").read_text()
+    assert "desired/deep_flow_nesting.yaml" in index
