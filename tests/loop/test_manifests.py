@@ -159,7 +159,8 @@ def test_provider_with_full_names_and_an_ipv6_host_is_accepted() -> None:
     assert not state.errors and "box" in state.providers
 
 
-@pytest.mark.parametrize("text", ["identity: \"abc\\n\"\n", "commit_name: \"bot\\nmallory\"\n", "tick_seconds: .inf\n", "a: 1\na: 2\n",
+@pytest.mark.parametrize("text", ["identity: \"abc\\n\"\n", "commit_name: \"bot\\nmallory\"\n",
+                                  "tick_seconds: .inf\n", "a: 1\na: 2\n",
                                   "[" * 200 + "]" * 200, "tick_seconds: " + "9" * 5000 + "\n"])
 def test_hostile_settings_file_is_an_error_naming_reconciler_yaml(text: str) -> None:
     state = parse_desired({"desired/ok.yaml": GOOD}, text)
