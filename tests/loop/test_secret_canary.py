@@ -112,3 +112,21 @@ def test_no_canary_in_environment_of_a_job_without_secrets(canary_run: CanaryRun
     env = json.loads(canary_run.env_dump.read_text())
     assert "CANARY" not in env
     assert not leaks(json.dumps(env))
+
+
+def test_plan_output_masks_a_secret_value_recorded_in_a_status(state_repo: StateRepoFixture) -> None:
+    """A status written before redaction existed (or by hand) may hold a value; plan never shows it."""
+    from desired.parse import parse_desired
+
+    text = job("old", ["true"], secrets=["CANARY"])
+    run_id = parse_desired({"desired/old.yaml": text}).jobs["old"].run_id()
+    state_repo.write("desired/old.yaml", text)
+    state_repo.write("status/old.yaml", yaml.safe_dump({"job": "old", "phase": "Failed", "run_id": run_id,
+                                                        "manifest": "desired/old.yaml",
+                                                        "message": f"token {FORMS['base64']} rejected"}))
+    state_repo.commit("a status that holds the canary")
+    res = subprocess.run([sys.executable, "-m", "reconciler", "plan", "--repo", str(state_repo.path)],
+                         env={**os.environ, "CANARY": CANARY}, capture_output=True, text=True, timeout=120)
+    assert "old: Failed" in res.stdout, res.stdout + res.stderr
+    assert "token *** rejected" in res.stdout
+    assert not leaks(res.stdout + res.stderr)
