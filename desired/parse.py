@@ -2,6 +2,11 @@
 
 Pure: it takes file contents, not paths to open. A broken file yields errors that name the
 file, the document and the field; it never stops the other files from being read.
+
+A file is refused, with a reason naming its line, when it is larger than MAX_FILE_BYTES, holds
+more than MAX_DOCUMENTS documents, is not UTF-8 text (binary, NUL bytes, UTF-16, control
+characters), nests deeper than MAX_DEPTH, uses aliases, repeats a key in one mapping (a reviewer
+reads the first, YAML keeps the last), or holds an integer longer than MAX_NUMBER_CHARS.
 """
 
 from __future__ import annotations
