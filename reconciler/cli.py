@@ -115,7 +115,10 @@ def validate(repo: RepoOption = Path(".")) -> None:
     root = repo / "desired"
     if not root.is_dir():
         raise _fail(f"{root} does not exist; run this in a state repository or pass --repo")
-    manifests = [p for p in sorted(root.rglob("*")) if p.suffix in (".yaml", ".yml") and p.is_file()]
+    try:
+        manifests = [p for p in sorted(root.rglob("*")) if p.suffix in (".yaml", ".yml") and p.is_file()]
+    except OSError as exc:
+        raise _fail(f"cannot list {root}: {exc.strerror or exc}") from exc
     files, unreadable = _read_manifests(repo, manifests)
     settings, bad_settings = _read_manifests(repo, [repo / SETTINGS_FILE] if (repo / SETTINGS_FILE).is_file() else [])
     state = parse_desired(files, settings.get(SETTINGS_FILE))
