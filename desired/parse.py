@@ -158,7 +158,12 @@ def _yaml_reason(exc: yaml.YAMLError) -> str:
 
 
 def load_documents(text: str | bytes) -> list[Any]:
-    """All documents of one YAML text; raises YamlProblem (a ValueError) with a readable reason."""
+    """All non-empty documents of one YAML text; raises YamlProblem (a ValueError) with a reason."""
+    return [d for d in load_all(text) if d is not None]
+
+
+def load_all(text: str | bytes) -> list[Any]:
+    """Every document, empty ones as None, so that positions are the file's document numbers."""
     size = len(text) if isinstance(text, bytes) else len(text.encode("utf-8", "surrogatepass"))
     if size > MAX_FILE_BYTES:
         raise YamlProblem(f"file is {size} bytes; the limit is {MAX_FILE_BYTES} bytes")
@@ -176,7 +181,7 @@ def load_documents(text: str | bytes) -> list[Any]:
         raise YamlProblem(_yaml_reason(exc), len(docs) + 1) from exc
     finally:
         loader.dispose()
-    return [d for d in docs if d is not None]
+    return docs
 
 
 def _load_one(loader: _SafeLoader, index: int) -> Any:
@@ -252,11 +257,13 @@ def parse_desired(files: Mapping[str, str | bytes], settings_text: str | bytes |
 
 def _parse_file(state: DesiredState, path: str, content: str | bytes, origins: dict[tuple[str, str], str]) -> None:
     try:
-        docs = load_documents(content)
+        docs = load_all(content)
     except ValueError as exc:
         state.errors.append(_file_error(path, exc))
         return
     for index, doc in enumerate(docs, start=1):
+        if doc is None:
+            continue
         if not isinstance(doc, dict):
             state.errors.append(ManifestError(path, "a manifest must be a mapping", index))
             continue

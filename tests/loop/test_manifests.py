@@ -166,3 +166,8 @@ def test_hostile_settings_file_is_an_error_naming_reconciler_yaml(text: str) -> 
     state = parse_desired({"desired/ok.yaml": GOOD}, text)
     assert "good" in state.jobs
     assert state.errors and all(e.file == "reconciler.yaml" for e in state.errors), state.errors
+
+
+def test_errors_count_documents_as_the_file_does_empty_ones_included() -> None:
+    state = parse_desired({"desired/a.yaml": "---\n---\n" + GOOD + "---\n" + GOOD.replace("command:", "comand:")})
+    assert {e.document for e in state.errors} == {3}  # counted as 2 before
