@@ -13,12 +13,17 @@ import re
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 API_VERSION = "reconciler.dev/v1"
 
-DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Every name check is a full match (re.fullmatch): `$` also matches before a final newline, so
+# "x\n" used to pass as a name.
+DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+UNIX_USER = re.compile(r"[a-z_][a-z0-9_-]*\$?")
+HOST_ADDRESS = re.compile(r"[A-Za-z0-9_:]([A-Za-z0-9._:%-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.%A-Za-z]+\]")
+IDENTITY = re.compile(r"[a-z0-9][a-z0-9-]{2,39}")
 RESERVED_ENV = frozenset({
     "RECONCILER_JOB", "RECONCILER_RUN_URI", "RECONCILER_RUN_ID", "RECONCILER_EPOCH",
     "RECONCILER_DEADLINE", "RECONCILER_CHECKPOINT_EVERY", "RECONCILER_TARGET_STEPS",
@@ -26,7 +31,7 @@ RESERVED_ENV = frozenset({
 
 
 def check_dns_label(value: str) -> str:
-    if not DNS_LABEL.match(value):
+    if not DNS_LABEL.fullmatch(value):
         raise ValueError(
             f"{value!r} is not a valid name: use 1-63 lowercase letters, digits and '-', "
             "starting and ending with a letter or digit"
@@ -34,11 +39,22 @@ def check_dns_label(value: str) -> str:
     return value
 
 
+def check_env_names(names: list[str], what: str) -> list[str]:
+    """Environment names the reconciler passes to a worker; the fencing variables stay its own."""
+    for key in names:
+        if not ENV_NAME.fullmatch(key):
+            raise ValueError(f"{what} {key!r} is not a valid environment variable name")
+        if key in RESERVED_ENV:
+            raise ValueError(f"{what} {key!r} is reserved: the reconciler sets it for every attempt")
+    return names
+
+
 Name = Annotated[str, Field(min_length=1, max_length=63)]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No infinity or NaN: `.inf` in a budget, price or interval is a typo, never a setting.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Metadata(Strict):
@@ -151,20 +167,21 @@ class JobSpec(Strict):
     @field_validator("env")
     @classmethod
     def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
-        for key in v:
-            if not ENV_NAME.match(key):
-                raise ValueError(f"{key!r} is not a valid environment variable name")
-            if key in RESERVED_ENV:
-                raise ValueError(f"{key!r} is reserved: the reconciler sets it for every attempt")
+        check_env_names(list(v), "variable")
         return v
 
     @field_validator("secrets")
     @classmethod
     def _secret_names(cls, v: list[str]) -> list[str]:
-        for key in v:
-            if not ENV_NAME.match(key):
-                raise ValueError(f"secret {key!r} is not a valid environment variable name")
-        return v
+        return check_env_names(v, "secret")
+
+    @model_validator(mode="after")
+    def _env_or_secret(self) -> JobSpec:
+        """A name in both would let a value in git decide what the worker sees as a secret."""
+        both = sorted(set(self.env) & set(self.secrets))
+        if both:
+            raise ValueError(f"{', '.join(both)} is named in both env and secrets; keep it in one")
+        return self
 
 
 class Job(Strict):
@@ -213,6 +230,22 @@ class SshHost(Strict):
     @classmethod
     def _host_name(cls, v: str) -> str:
         return check_dns_label(v)
+
+    @field_validator("user")
+    @classmethod
+    def _user_name(cls, v: str) -> str:
+        """Full match whatever regex engine pydantic uses for `pattern`."""
+        if not UNIX_USER.fullmatch(v):
+            raise ValueError(f"{v!r} is not a valid user name")
+        return v
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        """A host name or IP address; never an option (`-o...`), a space or a newline."""
+        if not HOST_ADDRESS.fullmatch(v):
+            raise ValueError(f"{v!r} is not a host name or IP address")
+        return v
 
 
 class SshSettings(Strict):
@@ -275,6 +308,11 @@ class ProviderSpec(Strict):
         default=None, description="what one worker may use here; unset = what the adapter reports, or unknown")
     secrets: list[str] = Field(default_factory=list, description="credential variable names it needs")
 
+    @field_validator("secrets")
+    @classmethod
+    def _secret_names(cls, v: list[str]) -> list[str]:
+        return check_env_names(v, "secret")
+
     @property
     def type(self) -> str:
         return self.settings.type
@@ -305,6 +343,21 @@ class Settings(Strict):
         description="this state repository's identity, put on every worker it launches (made by "
                     "`reconciler init`; unset = derived from the repository's first commit)",
     )
+
+    @field_validator("storage", "commit_name", "commit_email", "remote")
+    @classmethod
+    def _one_printable_line(cls, v: str | None) -> str | None:
+        """These reach git and fsspec as arguments and environment values: no newline or escape."""
+        if v is not None and any(ord(c) < 32 or ord(c) == 127 for c in v):
+            raise ValueError(f"{v!r} contains a control character")
+        return v
+
+    @field_validator("identity")
+    @classmethod
+    def _identity(cls, v: str | None) -> str | None:
+        if v is not None and not IDENTITY.fullmatch(v):
+            raise ValueError(f"{v!r} is not a valid identity: 3-40 lowercase letters, digits and '-'")
+        return v
 
 
 def default_local_provider() -> Provider:

@@ -2,10 +2,17 @@
 
 Pure: it takes file contents, not paths to open. A broken file yields errors that name the
 file, the document and the field; it never stops the other files from being read.
+
+A file is refused, with a reason naming its line, when it is larger than MAX_FILE_BYTES, holds
+more than MAX_DOCUMENTS documents, is not UTF-8 text (binary, NUL bytes, UTF-16, control
+characters), nests deeper than MAX_DEPTH, uses aliases, repeats a key in one mapping (a reviewer
+reads the first, YAML keeps the last), or holds an integer longer than MAX_NUMBER_CHARS.
 """
 
 from __future__ import annotations
 
+import codecs
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +24,8 @@ from desired.models import Job, Provider, Settings, default_local_provider
 
 MAX_FILE_BYTES = 1_000_000
 MAX_DOCUMENTS = 200
+MAX_DEPTH = 64  # levels of nesting; real manifests use under 10
+MAX_NUMBER_CHARS = 100
 SETTINGS_FILE = "reconciler.yaml"
 
 
@@ -49,37 +58,146 @@ class DesiredState:
         return {e.file for e in self.errors}
 
 
-class _NoAliasLoader(yaml.SafeLoader):
-    """Safe loading without anchors/aliases, so a small file cannot expand into a huge one."""
+class YamlProblem(ValueError):
+    """A reason a YAML text cannot be read, with the document and field when they are known."""
+
+    def __init__(self, message: str, document: int | None = None, field: str | None = None) -> None:
+        super().__init__(message)
+        self.document = document
+        self.field = field
+
+
+class _SafeLoader(yaml.SafeLoader):
+    """Safe loading that refuses what lets a small file attack its reader: aliases (a small
+    document expanding into a huge one) and nesting deeper than MAX_DEPTH (the composer recurses
+    once per level, so 330 levels in 664 bytes used to raise RecursionError)."""
+
+    _depth = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            raise yaml.YAMLError(f"YAML aliases are not allowed (line {event.start_mark.line + 1})")
-        return super().compose_node(parent, index)
+        event = self.peek_event()
+        line = event.start_mark.line + 1
+        if isinstance(event, yaml.AliasEvent):
+            raise YamlProblem(f"YAML aliases are not allowed (line {line})")
+        if not isinstance(event, yaml.SequenceStartEvent | yaml.MappingStartEvent):
+            return super().compose_node(parent, index)
+        if self._depth >= MAX_DEPTH:
+            raise YamlProblem(f"nesting is deeper than {MAX_DEPTH} levels (line {line})")
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _check_node(node: yaml.Node, path: str) -> None:
+    """Refuses duplicate keys (a reviewer reads the first, YAML keeps the last), numbers too long
+    to convert (Python refuses ints over 4,300 digits) and NUL characters; `path` names the field.
+    Recursion is bounded by MAX_DEPTH, which the loader enforced."""
+    if isinstance(node, yaml.ScalarNode):
+        _check_scalar(node, path)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _check_node(item, f"{path}.{i}" if path else str(i))
+    elif isinstance(node, yaml.MappingNode):
+        seen: dict[tuple[str, str], int] = {}
+        for key_node, value_node in node.value:
+            line = key_node.start_mark.line + 1
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise YamlProblem(f"a key must be a plain value (line {line})", field=path or None)
+            _check_scalar(key_node, path)
+            key = (key_node.tag, key_node.value)
+            where = f"{path}.{key_node.value}" if path else str(key_node.value)
+            if key in seen:
+                raise YamlProblem(f"duplicate key {key_node.value!r} at line {line} (first at line {seen[key]}); "
+                                  "a reader sees the first, YAML would keep the last", field=where)
+            seen[key] = line
+            _check_node(value_node, where)
+
+
+def _check_scalar(node: yaml.ScalarNode, path: str) -> None:
+    line = node.start_mark.line + 1
+    if node.tag == "tag:yaml.org,2002:int" and len(node.value) > MAX_NUMBER_CHARS:
+        raise YamlProblem(f"a number of {len(node.value)} characters (line {line}) is too large; "
+                          f"the limit is {MAX_NUMBER_CHARS}", field=path or None)
+    if "\x00" in node.value:
+        raise YamlProblem(f"a NUL character is not allowed (line {line})", field=path or None)
+
+
+def _decode(data: bytes) -> str:
+    """UTF-8 text, or a reason naming what the bytes look like instead."""
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise YamlProblem("file is UTF-16 or UTF-32 text (it starts with a byte-order mark); save it as UTF-8")
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        raise YamlProblem(f"file contains a NUL byte (offset {nul}): is it a binary file?")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise YamlProblem(f"file is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})") from exc
+
+
+# What YAML itself refuses (its Reader's NON_PRINTABLE), found first so the reason names the line.
+_UNPRINTABLE = re.compile("[^\x09\x0a\x0d\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _check_printable(text: str) -> None:
+    bad = _UNPRINTABLE.search(text)
+    if bad is not None:
+        line = text.count("\n", 0, bad.start()) + 1
+        column = bad.start() - (text.rfind("\n", 0, bad.start()) + 1) + 1
+        raise YamlProblem(f"control character U+{ord(bad.group()):04X} at line {line}, column {column}; "
+                          "only printable text is allowed")
+
+
+def _yaml_reason(exc: yaml.YAMLError) -> str:
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        return f"invalid YAML at line {mark.line + 1}, column {mark.column + 1}: {exc.problem}"
+    return f"invalid YAML: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
 
 
 def load_documents(text: str | bytes) -> list[Any]:
-    """All documents of one YAML text; raises ValueError with a readable reason."""
-    if len(text) > MAX_FILE_BYTES:
-        raise ValueError(f"file is {len(text)} bytes; the limit is {MAX_FILE_BYTES} bytes")
+    """All non-empty documents of one YAML text; raises YamlProblem (a ValueError) with a reason."""
+    return [d for d in load_all(text) if d is not None]
+
+
+def load_all(text: str | bytes) -> list[Any]:
+    """Every document, empty ones as None, so that positions are the file's document numbers."""
+    size = len(text) if isinstance(text, bytes) else len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_FILE_BYTES:
+        raise YamlProblem(f"file is {size} bytes; the limit is {MAX_FILE_BYTES} bytes")
     if isinstance(text, bytes):
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ValueError("file is not UTF-8 text") from exc
-    loader = _NoAliasLoader(text)
+        text = _decode(text)
+    _check_printable(text)
+    loader = _SafeLoader(text)
     docs: list[Any] = []
     try:
-        while loader.check_data():
-            docs.append(loader.get_data())
-            if len(docs) > MAX_DOCUMENTS:
-                raise ValueError(f"more than {MAX_DOCUMENTS} documents in one file")
-    except yaml.YAMLError as exc:
-        raise ValueError(f"invalid YAML: {str(exc).splitlines()[0]}") from exc
+        while loader.check_node():
+            if len(docs) >= MAX_DOCUMENTS:
+                raise YamlProblem(f"more than {MAX_DOCUMENTS} documents in one file")
+            docs.append(_load_one(loader, len(docs) + 1))
+    except yaml.YAMLError as exc:  # found while looking for the next document
+        raise YamlProblem(_yaml_reason(exc), len(docs) + 1) from exc
     finally:
         loader.dispose()
-    return [d for d in docs if d is not None]
+    return docs
+
+
+def _load_one(loader: _SafeLoader, index: int) -> Any:
+    try:
+        node = loader.get_node()
+        if node is None:
+            return None
+        _check_node(node, "")
+        return loader.construct_document(node)
+    except YamlProblem as exc:
+        exc.document = index
+        raise
+    except yaml.YAMLError as exc:
+        raise YamlProblem(_yaml_reason(exc), index) from exc
+    except RecursionError as exc:  # a last guard; MAX_DEPTH should make it unreachable
+        raise YamlProblem("nesting is too deep to read", index) from exc
 
 
 def _validation_errors(file: str, doc_index: int, exc: ValidationError) -> list[ManifestError]:
@@ -108,66 +226,77 @@ def parse_settings(text: str | bytes | None, file: str = SETTINGS_FILE) -> tuple
     try:
         docs = load_documents(text)
     except ValueError as exc:
-        return Settings(), [ManifestError(file, str(exc))]
+        return Settings(), [_file_error(file, exc)]
     if not docs:
         return Settings(), []
     settings, errors = _validate(Settings, docs[0], file, 1)
     return (settings or Settings()), errors
 
 
+def _file_error(file: str, exc: ValueError) -> ManifestError:
+    if isinstance(exc, YamlProblem):
+        return ManifestError(file, str(exc), exc.document, exc.field)
+    return ManifestError(file, str(exc))
+
+
 def parse_desired(files: Mapping[str, str | bytes], settings_text: str | bytes | None = None) -> DesiredState:
     """`files` maps paths (e.g. 'desired/train.yaml') to contents. Only .yaml/.yml files count."""
     state = DesiredState()
     state.settings, state.errors = parse_settings(settings_text)
-    job_origin: dict[str, str] = {}
-    provider_origin: dict[str, str] = {}
+    origins: dict[tuple[str, str], str] = {}  # (kind, name) -> file that defined it first
     for path in sorted(files):
         if not path.endswith((".yaml", ".yml")):
             continue
         try:
-            docs = load_documents(files[path])
-        except ValueError as exc:
-            state.errors.append(ManifestError(path, str(exc)))
+            _parse_file(state, path, files[path], origins)
+        except Exception as exc:  # a last guard: whatever one file does stays in that file
+            state.errors.append(ManifestError(path, f"could not be read ({type(exc).__name__}: {exc})"))
+    _check_placements(state)
+    return state
+
+
+def _parse_file(state: DesiredState, path: str, content: str | bytes, origins: dict[tuple[str, str], str]) -> None:
+    try:
+        docs = load_all(content)
+    except ValueError as exc:
+        state.errors.append(_file_error(path, exc))
+        return
+    for index, doc in enumerate(docs, start=1):
+        if doc is None:
             continue
-        for index, doc in enumerate(docs, start=1):
-            if not isinstance(doc, dict):
-                state.errors.append(ManifestError(path, "a manifest must be a mapping", index))
-                continue
-            kind = doc.get("kind")
-            if kind == "Job":
-                job, errors = _validate(Job, doc, path, index)
-                state.errors.extend(errors)
-                if job is None:
-                    continue
-                if job.name in job_origin:
-                    state.errors.append(
-                        ManifestError(path, f"job {job.name!r} is already defined in {job_origin[job.name]}",
-                                      index, "metadata.name")
-                    )
-                    continue
-                job_origin[job.name] = path
-                state.jobs[job.name] = job
-                state.job_files[job.name] = path
-            elif kind == "Provider":
-                provider, errors = _validate(Provider, doc, path, index)
-                state.errors.extend(errors)
-                if provider is None:
-                    continue
-                if provider.name in provider_origin:
-                    state.errors.append(
-                        ManifestError(path, f"provider {provider.name!r} is already defined in "
-                                      f"{provider_origin[provider.name]}", index, "metadata.name")
-                    )
-                    continue
-                provider_origin[provider.name] = path
-                state.providers[provider.name] = provider
-            else:
-                state.errors.append(
-                    ManifestError(path, f"unknown kind {kind!r}; expected Job or Provider", index, "kind")
-                )
+        if not isinstance(doc, dict):
+            state.errors.append(ManifestError(path, "a manifest must be a mapping", index))
+            continue
+        kind = doc.get("kind")
+        model: type[Job] | type[Provider]
+        if kind == "Job":
+            model = Job
+        elif kind == "Provider":
+            model = Provider
+        else:
+            state.errors.append(ManifestError(path, f"unknown kind {str(kind)[:80]!r}; expected Job or Provider",
+                                              index, "kind"))
+            continue
+        obj, errors = _validate(model, doc, path, index)
+        state.errors.extend(errors)
+        if obj is None:
+            continue
+        first = origins.setdefault((kind, obj.name), path)
+        if obj.name in (state.jobs if isinstance(obj, Job) else state.providers):
+            state.errors.append(ManifestError(path, f"{kind.lower()} {obj.name!r} is already defined in {first}",
+                                              index, "metadata.name"))
+            continue
+        if isinstance(obj, Job):
+            state.jobs[obj.name] = obj
+            state.job_files[obj.name] = path
+        else:
+            state.providers[obj.name] = obj
+
+
+def _check_placements(state: DesiredState) -> None:
+    """A job naming only providers that do not exist is a config error of that job alone."""
     if not state.providers:
         state.providers["local"] = default_local_provider()
-    # A job naming a provider that does not exist is a config error of that job alone.
     for name, job in list(state.jobs.items()):
         missing = [p for p in job.spec.placement.providers if p not in state.providers]
         if missing and len(missing) == len(job.spec.placement.providers):
@@ -175,4 +304,3 @@ def parse_desired(files: Mapping[str, str | bytes], settings_text: str | bytes |
                 ManifestError(state.job_files[name], f"no provider named {', '.join(missing)} is defined",
                               None, "spec.placement.providers")
             )
-    return state

@@ -12,10 +12,12 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 from rich.table import Table
 
 if TYPE_CHECKING:
     from reconciler.loop import Reconciler
+    from reconciler.redaction import RedactingFilter
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Drive compute jobs to completion on executors that owe you nothing, GitOps-style.")
@@ -43,12 +45,25 @@ tick_seconds: 30
 
 
 def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s",
-                        handlers=[RichHandler(console=err, show_path=False, rich_tracebacks=False)])
+    """Every record passes the redacting filter: until a Reconciler exists it knows the values of
+    credential variables; `_reconciler` points it at the Reconciler's, which adds the secrets the
+    manifests name."""
+    from reconciler.redaction import RedactingFilter, secret_values
+    from status.redact import Redactor
+
+    global _LOG_FILTER
+    start = Redactor(secret_values(None, os.environ))
+    _LOG_FILTER = RedactingFilter(lambda: start)
+    handler = RichHandler(console=err, show_path=False, rich_tracebacks=False)
+    handler.addFilter(_LOG_FILTER)
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s", handlers=[handler])
     for noisy in ("git", "watchfiles", "fsspec", "botocore", "s3fs", "urllib3", "aiobotocore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     # A tick that is still running when the next is due is skipped on purpose (one at a time).
     logging.getLogger("apscheduler").setLevel(logging.ERROR)
+
+
+_LOG_FILTER: RedactingFilter | None = None
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
@@ -61,9 +76,12 @@ def _reconciler(repo: Path) -> Reconciler:
     from reconciler.loop import Reconciler
 
     try:
-        return Reconciler(repo)
+        rec = Reconciler(repo)
     except GitError as exc:
         raise _fail(str(exc)) from exc
+    if _LOG_FILTER is not None:
+        _LOG_FILTER.source = lambda: rec.redactor
+    return rec
 
 
 @app.command()
@@ -97,30 +115,62 @@ def validate(repo: RepoOption = Path(".")) -> None:
     root = repo / "desired"
     if not root.is_dir():
         raise _fail(f"{root} does not exist; run this in a state repository or pass --repo")
-    files = {str(p.relative_to(repo)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-    settings = (repo / SETTINGS_FILE).read_bytes() if (repo / SETTINGS_FILE).exists() else None
-    state = parse_desired(files, settings)
-    for e in state.errors:
-        err.print(f"[red]error:[/red] {e}")
-    console.print(f"{len(state.jobs)} job(s), {len(state.providers)} provider(s), {len(state.errors)} error(s)")
-    if state.errors:
+    try:
+        manifests = [p for p in sorted(root.rglob("*")) if p.suffix in (".yaml", ".yml") and p.is_file()]
+    except OSError as exc:
+        raise _fail(f"cannot list {root}: {exc.strerror or exc}") from exc
+    files, unreadable = _read_manifests(repo, manifests)
+    settings, bad_settings = _read_manifests(repo, [repo / SETTINGS_FILE] if (repo / SETTINGS_FILE).is_file() else [])
+    state = parse_desired(files, settings.get(SETTINGS_FILE))
+    errors = unreadable + bad_settings + [str(e) for e in state.errors]
+    for e in errors:
+        err.print(f"[red]error:[/red] {escape(e)}")
+    console.print(f"{len(state.jobs)} job(s), {len(state.providers)} provider(s), {len(errors)} error(s)")
+    if errors:
         raise typer.Exit(1)
+
+
+def _read_manifests(repo: Path, paths: list[Path]) -> tuple[dict[str, bytes], list[str]]:
+    """Contents by path relative to `repo`; a file too big or unreadable is an error of its own."""
+    from desired.parse import MAX_FILE_BYTES
+
+    files: dict[str, bytes] = {}
+    errors: list[str] = []
+    for path in paths:
+        rel = str(path.relative_to(repo))
+        try:
+            size = path.stat().st_size
+            if size > MAX_FILE_BYTES:
+                errors.append(f"{rel}: file is {size} bytes; the limit is {MAX_FILE_BYTES} bytes")
+                continue
+            files[rel] = path.read_bytes()
+        except OSError as exc:
+            errors.append(f"{rel}: cannot be read ({exc.strerror or exc})")
+    return files, errors
 
 
 @app.command()
 def plan(repo: RepoOption = Path("."), verbose: bool = False) -> None:
     """Show what the next tick would do, without doing it."""
+    from reconciler.redaction import secret_values
+    from status.redact import Redactor
+
     _setup_logging(verbose)
     rec = _reconciler(repo)
     the_plan, report = rec.preview()
+    redactor = Redactor(secret_values(report.desired, rec.environ))
+
+    def show(text: str) -> str:  # no secret value, and no rich markup from a message
+        return escape(redactor.redact(text))
+
     for e in report.errors:
-        err.print(f"[yellow]warning:[/yellow] {e}")
+        err.print(f"[yellow]warning:[/yellow] {show(e)}")
     if not report.actions:
         console.print("no actions: the world matches the desired state")
     for a in report.actions:
-        console.print(f"- {a}")
+        console.print(f"- {show(a)}")
     for name, st in sorted(the_plan.statuses.items()):
-        console.print(f"  {name}: {st.phase.value} — {st.message}")
+        console.print(f"  {name}: {st.phase.value} — {show(st.message)}")
 
 
 @app.command()

@@ -26,7 +26,9 @@ from desired.parse import DesiredState, parse_desired, parse_settings
 from reconciler.clock import Clock, SystemClock
 from reconciler.execute import execute
 from reconciler.plan import CONFIRM_CANCEL_TRAILER, Observed, Plan, RunObservation, apply_results, plan
+from reconciler.redaction import secret_values
 from status.models import JobStatus, parse_status, render_index, render_status
+from status.redact import Redactor, redact_data
 
 log = logging.getLogger("reconciler")
 
@@ -73,6 +75,9 @@ class Reconciler:
         self._push_pending = True
         self._desired_cache: tuple[tuple[str | None, bytes | None], DesiredState] | None = None
         self._status_cache: dict[bytes, JobStatus | None] = {}
+        # Secret values never reach git; the log filter of the CLI reads this too.
+        self._secret_values = secret_values(None, self.environ)
+        self.redactor = Redactor(self._secret_values)
 
     # ---- one daemon per repository ---------------------------------------------------------------
     def acquire_lock(self) -> None:
@@ -327,6 +332,9 @@ class Reconciler:
 
     def _commit(self, the_plan: Plan, recorded: dict[str, JobStatus], desired: DesiredState, commit: str,
                 report: TickReport) -> None:
+        values = secret_values(desired, self.environ)
+        if values != self._secret_values:
+            self._secret_values, self.redactor = values, Redactor(values)
         files: dict[str, str | None] = {}
         changes = []
         desired_commit = self.repo.last_change(commit, [DESIRED_DIR, "reconciler.yaml"]) or commit
@@ -334,14 +342,14 @@ class Reconciler:
             old = recorded.get(name)
             if old is not None and old == st:
                 continue  # unchanged: no need to render it to find out
-            text = render_status(st)
+            text = self._render_redacted(st)
             old_text = self.repo.read_file(commit, f"{STATUS_DIR}/{name}.yaml")
             if old_text is not None and old_text.decode() == text:
                 continue
             st.desired_commit = desired_commit[:12]
-            text = render_status(st)
+            text = self._render_redacted(st)
             files[f"{STATUS_DIR}/{name}.yaml"] = text
-            changes.append(_change_line(old, st))
+            changes.append(self.redactor.redact(_change_line(old, st)))
         if not files:
             if self._push_pending:
                 try:
@@ -350,8 +358,9 @@ class Reconciler:
                 except GitError as exc:
                     report.errors.append(str(exc))
             return
-        index = render_index(list(the_plan.statuses.values()), [str(e) for e in desired.errors])
-        files[f"{STATUS_DIR}/README.md"] = index
+        index = render_index([self._redacted(st) for st in the_plan.statuses.values()],
+                             [str(e) for e in desired.errors])
+        files[f"{STATUS_DIR}/README.md"] = self.redactor.redact(index)
         report.changed = changes
         subject = changes[0] if len(changes) == 1 else f"status: {len(changes)} jobs changed"
         message = subject + ("\n\n" + "\n".join(f"- {c}" for c in changes) if len(changes) > 1 else "")
@@ -362,6 +371,17 @@ class Reconciler:
         except GitError as exc:
             self._push_pending = True
             report.errors.append(str(exc))
+
+
+    def _redacted(self, st: JobStatus) -> JobStatus:
+        """A copy with secret values masked in every field, before any rendering can escape or
+        fold them; `st` itself (the planner's) keeps what it holds."""
+        if not self.redactor:
+            return st
+        return JobStatus.model_validate(redact_data(self.redactor, st.model_dump()))
+
+    def _render_redacted(self, st: JobStatus) -> str:
+        return self.redactor.redact(render_status(self._redacted(st)))
 
 
 def read_run(storage: str, job: str, run_id: str, options: dict[str, str]) -> RunObservation:

@@ -133,7 +133,8 @@ def test_job_that_always_fails_is_failed_after_retry_budget_with_log_tail(state_
 
 def test_twenty_interruptions_are_free_and_the_job_still_succeeds(state_repo: StateRepoFixture) -> None:
     flaky = [sys.executable, str(WORKLOAD), "0.0", "--interrupt-until-epoch", "20"]
-    state_repo.write("desired/flaky.yaml", job("flaky", flaky, "retry: {max_unproductive_attempts: 25, backoff_seconds: 0.2, backoff_max_seconds: 0.5}"))
+    retry = "retry: {max_unproductive_attempts: 25, backoff_seconds: 0.2, backoff_max_seconds: 0.5}"
+    state_repo.write("desired/flaky.yaml", job("flaky", flaky, retry))
     state_repo.commit("add flaky")
     final = tick_until(Reconciler(state_repo.path), phase("flaky"), timeout=120, between=0.05)
     st = final.statuses["flaky"]

@@ -35,6 +35,15 @@ def job_named(name: str) -> str:
         (job_named("a;rm -rf /"), "metadata.name", "not a valid name"),
         (job_named("$(reboot)"), "metadata.name", "not a valid name"),
         (GOOD + "  env: {RECONCILER_EPOCH: '9'}\n", "spec.env", "reserved"),
+        (job_named("x\n"), "metadata.name", "not a valid name"),
+        (job_named("good\n"), "metadata.name", "not a valid name"),
+        (GOOD + "  env: {\"LR\\n\": '1'}\n", "spec.env", "not a valid environment variable name"),
+        (GOOD + "  secrets: [RECONCILER_EPOCH]\n", "spec.secrets", "reserved"),
+        (GOOD + "  secrets: [RECONCILER_RUN_URI]\n", "spec.secrets", "reserved"),
+        (GOOD + "  secrets: [\"TOKEN\\n\"]\n", "spec.secrets", "not a valid environment variable name"),
+        (GOOD + "  env: {TOKEN: x}\n  secrets: [TOKEN]\n", "spec", "both env and secrets"),
+        (GOOD + "  placement: {providers: [\"local\\n\"]}\n", "spec.placement.providers", "not a valid name"),
+        (GOOD + "  budget_usd: .inf\n", "spec.budget_usd", "finite"),
         (GOOD.replace("Job", "Jobb"), "kind", "unknown kind"),
     ],
 )
@@ -113,3 +122,52 @@ def test_schema_command_prints_json_schema_of_job_and_provider() -> None:
     doc = json.loads(res.stdout)
     assert set(doc) == {"Job", "Provider", "Settings"}
     assert "spec" in doc["Job"]["properties"]
+
+
+PROVIDER = """
+apiVersion: reconciler.dev/v1
+kind: Provider
+metadata: {name: box}
+spec:
+  settings:
+    type: ssh
+    hosts: [{name: h1, address: 203.0.113.10, user: alice}]
+"""
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "field"),
+    [
+        ("name: box", 'name: "box\\n"', "metadata.name"),
+        ("name: h1", 'name: "h1\\n"', "spec.settings.ssh.hosts.0.name"),
+        ("user: alice", 'user: "alice\\n"', "spec.settings.ssh.hosts.0.user"),
+        ("address: 203.0.113.10", "address: -oProxyCommand=touch", "spec.settings.ssh.hosts.0.address"),
+        ("address: 203.0.113.10", 'address: "host\\n"', "spec.settings.ssh.hosts.0.address"),
+        ("  settings:", "  secrets: [RECONCILER_EPOCH]\n  settings:", "spec.secrets"),
+    ],
+)
+def test_provider_names_hosts_and_users_must_match_in_full(old: str, new: str, field: str) -> None:
+    assert old in PROVIDER
+    state = parse_desired({"desired/p.yaml": PROVIDER.replace(old, new), "desired/ok.yaml": GOOD})
+    assert "good" in state.jobs and "box" not in state.providers
+    assert any(e.file == "desired/p.yaml" and e.field == field for e in state.errors), state.errors
+
+
+def test_provider_with_full_names_and_an_ipv6_host_is_accepted() -> None:
+    text = PROVIDER.replace("203.0.113.10", "'[2001:db8::1]'") + "  secrets: [VAST_API_KEY]\n"
+    state = parse_desired({"desired/p.yaml": text})
+    assert not state.errors and "box" in state.providers
+
+
+@pytest.mark.parametrize("text", ["identity: \"abc\\n\"\n", "commit_name: \"bot\\nmallory\"\n",
+                                  "tick_seconds: .inf\n", "a: 1\na: 2\n",
+                                  "[" * 200 + "]" * 200, "tick_seconds: " + "9" * 5000 + "\n"])
+def test_hostile_settings_file_is_an_error_naming_reconciler_yaml(text: str) -> None:
+    state = parse_desired({"desired/ok.yaml": GOOD}, text)
+    assert "good" in state.jobs
+    assert state.errors and all(e.file == "reconciler.yaml" for e in state.errors), state.errors
+
+
+def test_errors_count_documents_as_the_file_does_empty_ones_included() -> None:
+    state = parse_desired({"desired/a.yaml": "---\n---\n" + GOOD + "---\n" + GOOD.replace("command:", "comand:")})
+    assert {e.document for e in state.errors} == {3}  # counted as 2 before

@@ -1,0 +1,95 @@
+"""Secret values, and their base64 and URL-encoded forms, are masked in what the reconciler writes."""
+
+from __future__ import annotations
+
+import base64
+import io
+import logging
+from urllib.parse import quote, quote_plus
+
+import pytest
+
+from desired.parse import parse_desired
+from reconciler.redaction import RedactingFilter, secret_values
+from status.redact import MASK, Redactor, redact_data
+
+SECRET = "s3cr3t-Canary/value+42"
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+@pytest.mark.parametrize("form", [
+    SECRET,
+    b64(SECRET.encode()),
+    b64(SECRET.encode()).rstrip("="),
+    base64.urlsafe_b64encode(SECRET.encode()).decode(),
+    base64.urlsafe_b64encode(SECRET.encode()).decode().rstrip("="),
+    quote(SECRET),
+    quote(SECRET, safe=""),
+    quote_plus(SECRET),
+])
+def test_each_form_of_a_secret_is_masked(form: str) -> None:
+    out = Redactor([SECRET]).redact(f"log: {form} end")
+    assert out == f"log: {MASK} end"
+
+
+@pytest.mark.parametrize("prefix", [b"", b"a", b"ab", b"Authorization: Basic user:"])
+@pytest.mark.parametrize("suffix", [b"", b"x", b"xy", b"\n more data"])
+def test_secret_base64_encoded_inside_longer_data_is_masked_at_every_alignment(prefix: bytes, suffix: bytes) -> None:
+    blob = b64(prefix + SECRET.encode() + suffix)
+    out = Redactor([SECRET]).redact(blob)
+    assert MASK in out
+    # What survives is at most the few characters that mix the secret's bits with its neighbours'.
+    assert len(out) - len(MASK) <= len(blob) - len(b64(SECRET.encode())) + 4
+
+
+def test_secret_escaped_as_in_json_or_yaml_is_masked() -> None:
+    value = 'pa"ss\\word'
+    assert Redactor([value]).redact('msg: "pa\\"ss\\\\word"') == f'msg: "{MASK}"'
+
+
+def test_values_shorter_than_six_characters_are_left_alone() -> None:
+    redactor = Redactor(["admin", "1"])
+    assert not redactor
+    assert redactor.redact("admin 1") == "admin 1"
+
+
+def test_redact_data_masks_nested_strings_only() -> None:
+    data = {"a": [SECRET, 3, {"b": f"x{SECRET}y"}], "n": None}
+    assert redact_data(Redactor([SECRET]), data) == {"a": [MASK, 3, {"b": f"x{MASK}y"}], "n": None}
+
+
+def test_secret_values_come_from_job_and_provider_secrets_and_credential_names() -> None:
+    desired = parse_desired({
+        "desired/j.yaml": "kind: Job\nmetadata: {name: j}\nspec: {command: [x], secrets: [MY_DB]}\n",
+        "desired/p.yaml": "kind: Provider\nmetadata: {name: p}\nspec: {settings: {type: local}, secrets: [CLOUD]}\n",
+    })
+    assert not desired.errors
+    environ = {"MY_DB": "db-value-1", "CLOUD": "cloud-value", "AWS_SECRET_ACCESS_KEY": "aws-secret",
+               "HF_TOKEN": "hf-token-1", "MY_SERVICE_PASSWORD": "pw-123456", "HOME": "/home/someone",
+               "PATH": "/usr/bin", "GITHUB_TOKEN": ""}
+    assert secret_values(desired, environ) == {"db-value-1", "cloud-value", "aws-secret", "hf-token-1",
+                                               "pw-123456"}
+    assert "db-value-1" not in secret_values(None, environ)
+
+
+def test_log_filter_masks_message_arguments_and_traceback() -> None:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(RedactingFilter(lambda: Redactor([SECRET])))
+    logger = logging.getLogger("test-redaction")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        logger.warning("launch failed: %s", SECRET)
+        try:
+            raise RuntimeError(f"bad token {b64(SECRET.encode())}")
+        except RuntimeError:
+            logger.exception("tick failed")
+    finally:
+        logger.removeHandler(handler)
+    text = stream.getvalue()
+    assert "launch failed: ***" in text and "RuntimeError: bad token ***" in text
+    assert SECRET not in text and b64(SECRET.encode()) not in text
