@@ -22,7 +22,7 @@ from adapters.migrate import migrate_run
 from adapters.registry import make_adapter
 from adapters.storage import RunFolder, StorageError
 from desired.models import Capacity, Provider
-from desired.parse import DesiredState, parse_desired, parse_settings
+from desired.parse import SETTINGS_FILE, DesiredState, parse_desired, parse_settings
 from reconciler.clock import Clock, SystemClock
 from reconciler.execute import execute
 from reconciler.plan import CONFIRM_CANCEL_TRAILER, Observed, Plan, RunObservation, apply_results, plan
@@ -37,6 +37,10 @@ AdapterFactory = Callable[[Provider], ComputeAdapter]
 
 class AlreadyRunning(Exception):
     pass
+
+
+class SettingsHold(Exception):
+    """reconciler.yaml cannot be read: the tick acts on nothing rather than on defaults."""
 
 
 @dataclass
@@ -289,8 +293,12 @@ class Reconciler:
         commit = self.repo.head()
         report.commit = commit
         desired = self.read_desired(commit)
-        report.desired = desired
         report.errors.extend(str(e) for e in desired.errors)
+        if any(e.file == SETTINGS_FILE for e in desired.errors):
+            # Defaults in place of broken settings would point at another store and providers.
+            raise SettingsHold(f"{SETTINGS_FILE} has errors: every job is held as it is (nothing launched, "
+                               "stopped or committed) until they are fixed")
+        report.desired = desired
         recorded = self.read_recorded(commit)
         retired = self.retired_providers(desired, recorded)
         # Providers gone from desired/ are still asked, so their workers can be stopped and billed.
@@ -308,7 +316,11 @@ class Reconciler:
     def preview(self) -> tuple[Plan, TickReport]:
         """What the next tick would do, without doing it (no launch, no commit, no pull)."""
         report = TickReport()
-        the_plan = self._look_and_plan(report)[0]
+        try:
+            the_plan = self._look_and_plan(report)[0]
+        except SettingsHold as exc:
+            report.errors.append(str(exc))
+            return Plan(), report
         return the_plan, report
 
     def tick(self) -> TickReport:
@@ -318,7 +330,13 @@ class Reconciler:
             self.repo.pull()
         except GitError as exc:
             report.errors.append(str(exc))
-        the_plan, desired, recorded, adapters, observed, now = self._look_and_plan(report)
+        try:
+            the_plan, desired, recorded, adapters, observed, now = self._look_and_plan(report)
+        except SettingsHold as exc:
+            report.errors.append(str(exc))
+            for err in report.errors:
+                log.warning("%s", err)
+            return report
         commit = report.commit
         result = execute(the_plan.actions, jobs=desired.jobs, adapters=adapters, settings=desired.settings,
                          environ=self.environ)

@@ -275,3 +275,20 @@ def test_deleting_everything_stops_workers_through_the_last_known_provider_and_b
     assert st.phase == Phase.CANCELLED
     assert st.attempts[-1].provider == "pricey" and st.cost_usd > 0
     assert live_workers(local_workdir) == []
+
+
+def test_broken_settings_hold_every_job_instead_of_falling_back_to_defaults(
+        state_repo: StateRepoFixture, local_workdir: Path) -> None:
+    """A typo in reconciler.yaml must not send the loop to the default store, where every run
+    looks new: nothing is launched, stopped or committed until it is fixed."""
+    state_repo.write("desired/count.yaml", job("count", counter(1.0)))
+    state_repo.commit("add count")
+    rec = Reconciler(state_repo.path)
+    running = _wait_running(rec, "count").statuses["count"]
+    state_repo.write("reconciler.yaml", f"storage: file://{state_repo.storage}\ntick_secnds: 1\n")
+    head = state_repo.commit("typo in settings")
+    report = rec.tick()
+    assert any("reconciler.yaml has errors" in e for e in report.errors)
+    assert not report.actions and report.status_commit is None and not report.all_terminal
+    assert state_repo.git("rev-parse", "HEAD").strip() == head
+    assert live_workers(local_workdir) == [running.attempts[-1].worker]

@@ -22,6 +22,7 @@ NOW = 1_800_000_000.0
 
 
 def job_yaml(name: str = "train", command: str = '["python", "train.py"]', extra: str = "") -> str:
+    retry = "" if "retry:" in extra else "  retry: {max_retries: 2, backoff_seconds: 10, backoff_max_seconds: 60}"
     return f"""
 apiVersion: reconciler.dev/v1
 kind: Job
@@ -29,7 +30,7 @@ metadata: {{name: {name}}}
 spec:
   command: {command}
   target_steps: 100
-  retry: {{max_retries: 2, backoff_seconds: 10, backoff_max_seconds: 60}}
+{retry}
 {extra}
 """
 
