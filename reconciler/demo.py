@@ -85,8 +85,9 @@ def _stop_leftover_workers(root: Path) -> None:
 
 
 class Chaos(threading.Thread):
-    """Kills the running worker with SIGKILL at random moments, but only once it has made
-    progress of its own, so that the run always moves forward."""
+    """Kills the running worker with SIGKILL at random moments, but only once it has written a
+    checkpoint of its own, so that the run always moves forward (and, with no word from a
+    provider, a kill after new durable progress is what counts as a free interruption)."""
 
     def __init__(self, root: Path, rng: random.Random, kills: int, stop: threading.Event) -> None:
         super().__init__(daemon=True, name="chaos")
@@ -102,9 +103,12 @@ class Chaos(threading.Thread):
             for ref, state in self.adapter.observe().items():
                 if state.phase != WorkerPhase.RUNNING:
                     continue
-                beat = RunFolder(str(self.runs / ref.run_id)).progress()
+                folder = RunFolder(str(self.runs / ref.run_id))
+                beat = folder.progress()
                 if beat is None or beat.epoch != ref.epoch:
                     continue  # still importing torch: give it a chance to train
+                if not any(c.epoch == ref.epoch for c in folder.committed_checkpoints()):
+                    continue  # nothing saved by this attempt yet
                 if self.adapter.kill_worker(ref, signal.SIGKILL):
                     self.killed.append((ref.epoch, beat.step))
                     self.kills_left -= 1
