@@ -18,7 +18,10 @@ if TYPE_CHECKING:
     from reconciler.loop import Reconciler
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Drive compute jobs to completion on executors that owe you nothing, GitOps-style.")
+                  help="Drive compute jobs to completion on executors that owe you nothing, GitOps-style.\n\n"
+                       "Exit codes: 0 ok; 1 an error a user can fix (a manifest error from validate or plan, "
+                       "a missing dependency, another daemon holds the repository, not all jobs succeeded "
+                       "with --until-done); 2 a usage error; 130 interrupted.")
 console = Console()
 err = Console(stderr=True)
 
@@ -109,18 +112,26 @@ def validate(repo: RepoOption = Path(".")) -> None:
 
 @app.command()
 def plan(repo: RepoOption = Path("."), verbose: bool = False) -> None:
-    """Show what the next tick would do, without doing it."""
+    """Show what the next tick would do, without doing it. Exit 1 when a manifest has errors (a
+    pull-request check built on it fails on a broken change); provider trouble is only a warning."""
     _setup_logging(verbose)
     rec = _reconciler(repo)
     the_plan, report = rec.preview()
+    manifest_errors = [str(e) for e in report.desired.errors] if report.desired else []
     for e in report.errors:
-        err.print(f"[yellow]warning:[/yellow] {e}")
+        if e in manifest_errors:
+            err.print(f"[red]error:[/red] {e}")
+        else:
+            err.print(f"[yellow]warning:[/yellow] {e}")
     if not report.actions:
         console.print("no actions: the world matches the desired state")
     for a in report.actions:
         console.print(f"- {a}")
     for name, st in sorted(the_plan.statuses.items()):
         console.print(f"  {name}: {st.phase.value} — {st.message}")
+    if manifest_errors:
+        err.print(f"{len(manifest_errors)} manifest error(s); the other jobs are planned as shown")
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -34,6 +34,20 @@ def test_plan_shows_the_launch_without_doing_it(state_repo: StateRepoFixture, lo
     assert not (state_repo.path / "status").exists()
 
 
+def test_plan_exits_1_naming_the_broken_manifest_and_still_plans_the_rest(state_repo: StateRepoFixture) -> None:
+    state_repo.write("desired/count.yaml", job("count", counter(1.0)))
+    state_repo.write("desired/broken.yaml", "apiVersion: reconciler.dev/v1\nkind: Job\nmetadata: {name: b}\n"
+                                            "spec: {command: [x], colour: blue}\n")
+    state_repo.commit("one good, one broken")
+    res = cli("plan", "--repo", str(state_repo.path), check=False)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "desired/broken.yaml" in res.stderr and "colour" in res.stderr
+    assert "launch count" in res.stdout
+    state_repo.remove("desired/broken.yaml")
+    state_repo.commit("fixed")
+    assert cli("plan", "--repo", str(state_repo.path)).returncode == 0
+
+
 def test_status_lists_jobs_with_progress(state_repo: StateRepoFixture) -> None:
     state_repo.write("desired/count.yaml", job("count", counter(0.02)))
     state_repo.commit("add count")
