@@ -30,6 +30,7 @@ unless RECONCILER_ALLOW_UNFENCED_STORE=1 (then only epoch-named paths protect th
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import json
@@ -112,6 +113,32 @@ def expand_url(url: str) -> str:
     if "://" not in url:
         return "file://" + os.path.abspath(os.path.expanduser(url))
     return url
+
+
+# What each storage protocol needs beyond fsspec, and the extra that brings it.
+_BACKEND_NEEDS = {"s3": ("s3fs", "boto3"), "s3a": ("s3fs", "boto3")}
+
+
+def check_backend(url: str) -> None:
+    """Raise StorageError, in one sentence naming what to install, when the backend of a storage
+    URL cannot be imported: checked at start-up so that a missing module is not a job that sits
+    Pending with "No module named ..." while every command exits 0."""
+    import importlib
+
+    protocol = expand_url(url).split("://", 1)[0]
+    try:
+        fsspec.get_filesystem_class(protocol)
+    except ValueError as exc:
+        raise StorageError(f"storage {url}: fsspec does not know the protocol {protocol!r}") from exc
+    except ImportError as exc:
+        raise StorageError(f"storage {url} needs a package that is not installed ({exc}); "
+                           f"install the backend of {protocol}:// (for s3:// `pip install 'reconciler[s3]'`)") from exc
+    for module in _BACKEND_NEEDS.get(protocol, ()):
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise StorageError(f"storage {url} needs the Python package {module}, which is not installed: "
+                               f"`pip install 'reconciler[s3]'` (or `pip install {module}`)") from exc
 
 
 # ---- fault injection for the kill-during-save tests --------------------------------------------
@@ -423,6 +450,39 @@ class RunFolder:
         except Exception as exc:
             if _is_precondition_failed(exc) or _is_conflict(exc) or (tag and _is_missing(exc)):
                 return None
+            raise StorageError(f"cannot write {self.url(name)}: {exc}") from exc
+
+    def read_versioned(self, name: str) -> tuple[bytes | None, str | None]:
+        """Content and a version tag for `swap_if_unchanged`: the ETag on S3, a digest elsewhere."""
+        blob, etag = self.read_with_tag(name)
+        if self.kind == "s3":
+            return blob, etag
+        return blob, (hashlib.sha256(blob).hexdigest() if blob is not None else None)
+
+    def swap_if_unchanged(self, name: str, data: bytes, tag: str | None) -> bool:
+        """Replace `name` only if it is still at `tag` (absent when None), for small records that
+        several processes contend for (the leader lease). S3: If-Match / If-None-Match; local disk:
+        compare under an flock on a sidecar file, then an atomic rename; other stores compare and
+        then write, which is not atomic."""
+        if self.kind == "s3":
+            return self.replace_if_match(name, data, tag) is not None
+        try:
+            if self.kind == "local":
+                path = self.path(name)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(f"{path}.lock", "a+") as fh:
+                    fcntl.flock(fh, fcntl.LOCK_EX)  # released on close, and by the kernel if we die
+                    if self.read_versioned(name)[1] != tag:
+                        return False
+                    self._local_atomic_write(path, data)
+                    return True
+            if self.read_versioned(name)[1] != tag:
+                return False
+            self.write_bytes(name, data)
+            return True
+        except StorageError:
+            raise
+        except Exception as exc:
             raise StorageError(f"cannot write {self.url(name)}: {exc}") from exc
 
     def delete(self, name: str) -> None:

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -15,7 +16,7 @@ from rich.logging import RichHandler
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from reconciler.loop import Reconciler
+    from reconciler.loop import Reconciler, TickReport
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Drive compute jobs to completion on executors that owe you nothing, GitOps-style.\n\n"
@@ -143,12 +144,18 @@ def run(
     watch: Annotated[bool, typer.Option(help="tick at once when desired/ changes")] = True,
     verbose: bool = False,
 ) -> None:
-    """Reconcile: launch and relaunch workers until every job is done, committing status to git."""
+    """Reconcile: launch and relaunch workers until every job is done, committing status to git.
+
+    Only one daemon acts on a repository: a lock in .git/ for one clone, a leader lease in run
+    storage across clones (the others stand by and take over when it expires)."""
+    from adapters.leader import Election
     from reconciler.daemon import Daemon
-    from reconciler.loop import AlreadyRunning, TickReport
+    from reconciler.loop import AlreadyRunning
 
     _setup_logging(verbose)
     rec = _reconciler(repo)
+    _check_storage(rec)
+    rec.election = Election(tick_seconds, clone=str(rec.repo.path))
 
     def show(report: TickReport) -> None:
         for line in report.changed:
@@ -156,18 +163,45 @@ def run(
 
     try:
         if once:
-            rec.acquire_lock()
-            report = rec.tick()
-            show(report)
+            _run_once(rec, show)
             return
         daemon = Daemon(rec, tick_seconds=tick_seconds, until_done=until_done, on_tick=show, watch=watch)
         final = daemon.run()
     except AlreadyRunning as exc:
         raise _fail(str(exc)) from exc
-    if until_done and final is not None:
+    if until_done and final is not None and final.standby is None:
         failed = [n for n, s in final.statuses.items() if s.phase.value != "Succeeded"]
         if failed:
             raise _fail(f"not all jobs succeeded: {', '.join(sorted(failed))}")
+
+
+def _run_once(rec: Reconciler, show: Callable[[TickReport], None]) -> None:
+    """One tick under the same lock and leader lease as the daemon, which it gives back after."""
+    rec.acquire_lock()
+    try:
+        report = rec.tick()
+    finally:
+        rec.resign()
+        rec.release_lock()
+    if report.standby is not None:
+        console.print(f"standby: {report.standby.describe()}; nothing done")
+    show(report)
+
+
+def _check_storage(rec: Reconciler) -> None:
+    """A storage backend that cannot be imported is one error at start-up, not a job stuck Pending."""
+    from adapters.gitrepo import GitError
+    from adapters.storage import StorageError, check_backend
+    from desired.parse import parse_settings
+
+    try:
+        settings, _ = parse_settings(rec.repo.read_settings(rec.repo.head()))
+    except GitError:
+        return  # no commit yet: the daemon says so at its first tick
+    try:
+        check_backend(settings.storage)
+    except StorageError as exc:
+        raise _fail(str(exc)) from exc
 
 
 @app.command()

@@ -18,6 +18,7 @@ from typing import IO
 
 from adapters.compute import ComputeAdapter, ProviderConfigError, WorkerPhase, WorkerRef
 from adapters.gitrepo import DESIRED_DIR, STATUS_DIR, GitError, StateRepo
+from adapters.leader import Election, Leadership
 from adapters.registry import make_adapter
 from adapters.storage import RunFolder, StorageError
 from desired.models import Provider
@@ -45,6 +46,7 @@ class TickReport:
     errors: list[str] = field(default_factory=list)
     statuses: dict[str, JobStatus] = field(default_factory=dict)
     desired: DesiredState | None = None
+    standby: Leadership | None = None  # another daemon leads: this tick did nothing
 
     @property
     def all_terminal(self) -> bool:
@@ -72,6 +74,9 @@ class Reconciler:
         self._push_pending = True
         self._desired_cache: tuple[tuple[str | None, bytes | None], DesiredState] | None = None
         self._status_cache: dict[bytes, JobStatus | None] = {}
+        # Set by the daemon and `run --once`: act only while holding the leader lease in storage.
+        self.election: Election | None = None
+        self._root_commit: str | None = None
 
     # ---- one daemon per repository ---------------------------------------------------------------
     def acquire_lock(self) -> None:
@@ -93,6 +98,29 @@ class Reconciler:
         if self._lock is not None:
             self._lock.close()
             self._lock = None
+
+    # ---- one active daemon across clones (adapters/leader.py) ---------------------------------------
+    def leadership(self) -> Leadership | None:
+        """Take or renew the leader lease; None when no election is set (tests, the simulator)."""
+        if self.election is None:
+            return None
+        settings, _ = parse_settings(self.repo.read_settings(self.repo.head()))
+        storage = self.storage_override or settings.storage
+        return self.election.hold(storage, dict(settings.storage_options), self.repository_key(settings.identity),
+                                  settings.tick_seconds, self.clock.now())
+
+    def repository_key(self, identity: str | None) -> str:
+        """The same for every clone: the identity setting, else the repository's first commit."""
+        if identity:
+            return identity
+        if self._root_commit is None:
+            roots = self.repo.repo.git.rev_list("--max-parents=0", "HEAD").split()
+            self._root_commit = sorted(roots)[0]
+        return self._root_commit
+
+    def resign(self) -> None:
+        if self.election is not None:
+            self.election.resign(self.clock.now())
 
     # ---- reading the world ------------------------------------------------------------------------
     def read_desired(self, commit: str) -> DesiredState:
@@ -234,6 +262,10 @@ class Reconciler:
             self.repo.pull()
         except GitError as exc:
             report.errors.append(str(exc))
+        leader = self.leadership()
+        if leader is not None and not leader.leading:
+            report.standby = leader  # another daemon acts on this repository; this one waits
+            return report
         the_plan, desired, recorded, adapters, observed, now = self._look_and_plan(report)
         commit = report.commit
         result = execute(the_plan.actions, jobs=desired.jobs, adapters=adapters, settings=desired.settings,
