@@ -104,6 +104,7 @@ def validate(repo: RepoOption = Path(".")) -> None:
     files = {str(p.relative_to(repo)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
     settings = (repo / SETTINGS_FILE).read_bytes() if (repo / SETTINGS_FILE).exists() else None
     state = parse_desired(files, settings)
+    _check_backend(state.settings.storage)
     for e in state.errors:
         err.print(f"[red]error:[/red] {e}")
     console.print(f"{len(state.jobs)} job(s), {len(state.providers)} provider(s), {len(state.errors)} error(s)")
@@ -117,6 +118,7 @@ def plan(repo: RepoOption = Path("."), verbose: bool = False) -> None:
     pull-request check built on it fails on a broken change); provider trouble is only a warning."""
     _setup_logging(verbose)
     rec = _reconciler(repo)
+    _check_storage(rec)
     the_plan, report = rec.preview()
     manifest_errors = [str(e) for e in report.desired.errors] if report.desired else []
     for e in report.errors:
@@ -191,15 +193,20 @@ def _run_once(rec: Reconciler, show: Callable[[TickReport], None]) -> None:
 def _check_storage(rec: Reconciler) -> None:
     """A storage backend that cannot be imported is one error at start-up, not a job stuck Pending."""
     from adapters.gitrepo import GitError
-    from adapters.storage import StorageError, check_backend
     from desired.parse import parse_settings
 
     try:
         settings, _ = parse_settings(rec.repo.read_settings(rec.repo.head()))
     except GitError:
         return  # no commit yet: the daemon says so at its first tick
+    _check_backend(settings.storage)
+
+
+def _check_backend(storage: str) -> None:
+    from adapters.storage import StorageError, check_backend
+
     try:
-        check_backend(settings.storage)
+        check_backend(storage)
     except StorageError as exc:
         raise _fail(str(exc)) from exc
 

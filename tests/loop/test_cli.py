@@ -107,3 +107,21 @@ def test_unknown_repository_is_one_clear_sentence(tmp_path: Path) -> None:
     res = cli("run", "--once", "--repo", str(tmp_path), check=False)
     assert res.returncode == 1
     assert "is not a git repository" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_a_storage_backend_that_is_not_installed_is_one_error_at_start_up(state_repo: StateRepoFixture,
+                                                                           tmp_path: Path) -> None:
+    """s3:// storage without boto3 used to leave jobs Pending with "No module named 'boto3'" while
+    every command exited 0."""
+    hide = tmp_path / "no-boto3" / "boto3"
+    hide.mkdir(parents=True)
+    (hide / "__init__.py").write_text("raise ImportError(\"No module named 'boto3'\")\n")
+    state_repo.write("reconciler.yaml", "storage: s3://bucket/runs\n")
+    state_repo.write("desired/count.yaml", job("count", counter(1.0)))
+    state_repo.commit("s3 storage")
+    env = {"PYTHONPATH": f"{hide.parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    for command in (["run", "--once"], ["plan"], ["validate"]):
+        res = cli(*command, "--repo", str(state_repo.path), env=env, check=False)
+        assert res.returncode == 1, (command, res.stdout + res.stderr)
+        assert "boto3" in res.stderr and "pip install" in res.stderr and "Traceback" not in res.stderr
+    assert not (state_repo.path / "status").exists()
