@@ -115,8 +115,11 @@ def expand_url(url: str) -> str:
     return url
 
 
-# What each storage protocol needs beyond fsspec, and the extra that brings it.
-_BACKEND_NEEDS = {"s3": ("s3fs", "boto3"), "s3a": ("s3fs", "boto3")}
+# What each storage protocol needs beyond fsspec, and how to install it. boto3 must match the
+# botocore that s3fs brings, so the extra cannot name it (see pyproject.toml).
+_BOTO3 = """pip install "boto3==$(python -c 'import botocore; print(botocore.__version__)')\""""
+_S3_NEEDS = (("s3fs", "pip install 'reconciler[s3]'"), ("boto3", _BOTO3))
+_BACKEND_NEEDS = {"s3": _S3_NEEDS, "s3a": _S3_NEEDS}
 
 
 def check_backend(url: str) -> None:
@@ -133,12 +136,12 @@ def check_backend(url: str) -> None:
     except ImportError as exc:
         raise StorageError(f"storage {url} needs a package that is not installed ({exc}); "
                            f"install the backend of {protocol}:// (for s3:// `pip install 'reconciler[s3]'`)") from exc
-    for module in _BACKEND_NEEDS.get(protocol, ()):
+    for module, how in _BACKEND_NEEDS.get(protocol, ()):
         try:
             importlib.import_module(module)
         except ImportError as exc:
             raise StorageError(f"storage {url} needs the Python package {module}, which is not installed: "
-                               f"`pip install 'reconciler[s3]'` (or `pip install {module}`)") from exc
+                               f"install it with `{how}`") from exc
 
 
 # ---- fault injection for the kill-during-save tests --------------------------------------------
