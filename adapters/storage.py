@@ -115,10 +115,8 @@ def expand_url(url: str) -> str:
     return url
 
 
-# What each storage protocol needs beyond fsspec, and how to install it. boto3 must match the
-# botocore that s3fs brings, so the extra cannot name it (see pyproject.toml).
-_BOTO3 = """pip install "boto3==$(python -c 'import botocore; print(botocore.__version__)')\""""
-_S3_NEEDS = (("s3fs", "pip install 'reconciler[s3]'"), ("boto3", _BOTO3))
+# What each storage protocol needs beyond fsspec's own backend, and how to install it.
+_S3_NEEDS = (("s3fs", "pip install 'reconciler[s3]'"), ("botocore", "pip install 'reconciler[s3]'"))
 _BACKEND_NEEDS = {"s3": _S3_NEEDS, "s3a": _S3_NEEDS}
 
 
@@ -195,14 +193,18 @@ _clients_lock = threading.Lock()
 
 
 def _s3_client(endpoint: str | None, region: str, key: str | None, secret: str | None, token: str | None) -> Any:
-    """One boto3 client per configuration and process (they are thread-safe and slow to make)."""
+    """One S3 client per configuration and process (they are thread-safe and slow to make).
+
+    A plain botocore client (what boto3 wraps): botocore comes with s3fs in the version aiobotocore
+    pins, while boto3 would have to match it and cannot be named in the `s3` extra (see pyproject).
+    """
     cache_key = (endpoint, region, key, secret, token, os.getpid())
     with _clients_lock:
         if cache_key not in _clients:
-            import boto3
+            import botocore.session
             from botocore.config import Config
 
-            _clients[cache_key] = boto3.session.Session().client(
+            _clients[cache_key] = botocore.session.get_session().create_client(
                 "s3",
                 endpoint_url=endpoint,
                 region_name=region,
@@ -578,23 +580,41 @@ class RunFolder:
                     _fault_point()
                     os.fsync(fh.fileno())
             elif self.kind == "s3":
-                from boto3.s3.transfer import TransferConfig
-
                 bucket, key = self._bucket_key(name)
                 if len(buf) <= S3_PART_BYTES:
                     self._client.put_object(Bucket=bucket, Key=key, Body=bytes(buf))
                 else:
-                    cfg = TransferConfig(
-                        multipart_threshold=S3_PART_BYTES,
-                        multipart_chunksize=S3_PART_BYTES,
-                        max_concurrency=8,
-                    )
-                    self._client.upload_fileobj(_MemReader(buf), bucket, key, Config=cfg)
+                    self._s3_multipart(bucket, key, buf)
             else:
                 self.fs.makedirs(self.path(name).rsplit("/", 1)[0], exist_ok=True)
                 self.fs.pipe_file(self.path(name), bytes(buf))
         except Exception as exc:
             raise StorageError(f"cannot upload {self.url(name)}: {exc}") from exc
+
+    def _s3_multipart(self, bucket: str, key: str, buf: memoryview) -> None:
+        """Parts of S3_PART_BYTES uploaded 8 at a time straight from `buf`; aborted on any failure,
+        so a failed upload leaves no object (and no parts billed)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        flat = buf.cast("B") if buf.format != "B" or buf.ndim != 1 else buf
+        upload = self._client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+
+        def put(number: int) -> dict[str, Any]:
+            part = _MemReader(flat[(number - 1) * S3_PART_BYTES : number * S3_PART_BYTES])
+            resp = self._client.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=number, Body=part)
+            return {"PartNumber": number, "ETag": resp["ETag"]}
+
+        try:
+            with ThreadPoolExecutor(max_workers=8) as pool:
+                parts = list(pool.map(put, range(1, -(-len(flat) // S3_PART_BYTES) + 1)))
+            self._client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload,
+                                                   MultipartUpload={"Parts": parts})
+        except BaseException:
+            try:
+                self._client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload)
+            except Exception as exc:
+                log.debug("abort of multipart upload %s failed: %s", upload, exc)
+            raise
 
     def read_payload_into(self, name: str, out: memoryview, digest: Any = None) -> int:
         """Read a whole file into `out` (sized for it); returns bytes read (the file may be shorter).

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 from rich.table import Table
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(f"[red]error:[/red] {message}")
+    err.print(f"[red]error:[/red] {escape(message)}")  # a message may hold brackets: [s3], [0]
     return typer.Exit(code)
 
 
