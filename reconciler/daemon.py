@@ -71,17 +71,20 @@ class Daemon:
                 self._tick()
 
     def _tick(self) -> None:
+        report: TickReport | None = None
         try:
             report = self.rec.tick()
         except Exception as exc:  # one bad tick must not end the daemon
             log.error("tick failed: %s; the next tick tries again", exc)
             log.debug("tick failure detail", exc_info=True)
+        self._seen_desired = self._desired_id()
+        try:
+            self._follow_settings(report)
+        except Exception as exc:  # e.g. no commit yet: the interval stays as it was
+            log.debug("settings not followed this tick: %s", exc)
+        if report is None or report.standby is not None:
             return
         self.last_report = report
-        self._seen_desired = self._desired_id()
-        self._follow_settings(report)
-        if report.standby is not None:
-            return
         if self.on_tick:
             self.on_tick(report)
         if self.until_done and report.all_terminal:
@@ -92,12 +95,12 @@ class Daemon:
         self._wake.set()
 
     # ---- settings, re-read every tick -------------------------------------------------------------
-    def _settings(self, report: TickReport) -> Settings:
-        if report.desired is not None:
+    def _settings(self, report: TickReport | None) -> Settings:
+        if report is not None and report.desired is not None:
             return report.desired.settings
-        return parse_settings(self.rec.repo.read_settings(self.rec.repo.head()))[0]  # a standby's tick
+        return parse_settings(self.rec.repo.read_settings(self.rec.repo.head()))[0]  # a standby's or failed tick
 
-    def _follow_settings(self, report: TickReport) -> None:
+    def _follow_settings(self, report: TickReport | None) -> None:
         """A changed interval or storage folder applies from this tick on, without a restart."""
         settings = self._settings(report)
         interval = self.tick_seconds or settings.tick_seconds

@@ -112,7 +112,7 @@ def test_two_daemons_on_two_clones_elect_one_and_the_survivor_adopts_the_worker(
     subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(remote)], check=True)
     state_repo.write("reconciler.yaml",
                      f"storage: file://{state_repo.storage}\ntick_seconds: 0.5\nremote: origin\n")
-    state_repo.write("desired/count.yaml", job("count", counter(0.1), "target_steps: 150"))
+    state_repo.write("desired/count.yaml", job("count", counter(0.25), "target_steps: 150"))  # ~40 s
     state_repo.commit("count, reconciled from origin")
     state_repo.git("remote", "add", "origin", str(remote))
     state_repo.git("push", "-q", "-u", "origin", "main")
@@ -137,7 +137,7 @@ def test_two_daemons_on_two_clones_elect_one_and_the_survivor_adopts_the_worker(
         time.sleep(2)  # a few ticks of the new leader
         assert live_workers(local_workdir) == workers, "the new leader must adopt the worker, not launch another"
         survivor_repo = state_repo.path if survivor == "a" else other
-        wait_for("the run to finish", lambda: phase_of(survivor_repo, "count") == "Succeeded", timeout=90)
+        wait_for("the run to finish", lambda: phase_of(survivor_repo, "count") == "Succeeded", timeout=180)
         assert len(list((local_workdir / "workers").iterdir())) == 1
     finally:
         for p in procs.values():
