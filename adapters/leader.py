@@ -20,6 +20,7 @@ import logging
 import os
 import secrets
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -63,27 +64,44 @@ class Election:
         self.clone = f"{host}:{clone}" if clone else None
         self._lease: tuple[RunFolder, str] | None = None
         self._last: Leadership | None = None
+        self._seconds = MIN_SECONDS
+        self._written = 0.0  # when we last wrote our lease
+        self._lock = threading.Lock()  # the tick and the keep-alive thread both hold leases
 
     def hold(self, storage: str, options: dict[str, Any], key: str, tick_seconds: float, now: float) -> Leadership:
         """Take or renew the lease; says who leads. Raises StorageError when storage cannot answer
         (then nobody should act: the caller skips the tick)."""
         folder = RunFolder(f"{expand_url(storage).rstrip('/')}/{LEADER_DIR}", options)
         name = f"{key}.json"
-        if self._lease is not None and (self._lease[0].uri, self._lease[1]) != (folder.uri, name):
-            self.resign(now)  # storage or identity changed: let the old lease go
-        seconds = lease_seconds(self.tick_seconds or tick_seconds)
+        with self._lock:
+            if self._lease is not None and (self._lease[0].uri, self._lease[1]) != (folder.uri, name):
+                self._resign(now)  # storage or identity changed: let the old lease go
+            self._seconds = lease_seconds(self.tick_seconds or tick_seconds)
+            return self._say(self._hold_at(folder, name, now))
+
+    def keep_alive(self, now: float) -> None:
+        """Between ticks, so that a tick longer than the lease does not lose it: renew a lease we
+        lead with once a third of it has passed. Never takes a lease it does not lead with."""
+        with self._lock:
+            if self._lease is None or self._last is None or not self._last.leading:
+                return
+            if now - self._written < self._seconds / 3:
+                return
+            self._say(self._hold_at(*self._lease, now))
+
+    def _hold_at(self, folder: RunFolder, name: str, now: float) -> Leadership:
+        url = folder.url(name)
         for _ in range(10):
             blob, tag = folder.read_versioned(name)
             record = _record(blob)
-            url = folder.url(name)
             if self._held_by_another(record, now):
-                return self._say(Leadership(False, str(record["holder"]), float(record["expires"]), url))
+                return Leadership(False, str(record["holder"]), float(record["expires"]), url)
             since = record.get("since", now) if record.get("holder") == self.holder else now
-            new = {"holder": self.holder, "expires": now + seconds, "since": since, "clone": self.clone}
+            new = {"holder": self.holder, "expires": now + self._seconds, "since": since, "clone": self.clone}
             if folder.swap_if_unchanged(name, json.dumps(new, sort_keys=True).encode(), tag):
-                self._lease = (folder, name)
-                return self._say(Leadership(True, self.holder, now + seconds, url))
-        raise StorageError(f"the leader lease at {folder.url(name)} keeps changing under us")
+                self._lease, self._written = (folder, name), now
+                return Leadership(True, self.holder, now + self._seconds, url)
+        raise StorageError(f"the leader lease at {url} keeps changing under us")
 
     def _held_by_another(self, record: dict[str, Any], now: float) -> bool:
         if record.get("holder") in (None, self.holder) or float(record.get("expires", 0)) <= now:
@@ -92,10 +110,14 @@ class Election:
 
     def resign(self, now: float) -> None:
         """Let our lease expire now, so a standby takes over at its next tick (best effort)."""
+        with self._lock:
+            self._resign(now)
+
+    def _resign(self, now: float) -> None:
         if self._lease is None:
             return
         folder, name = self._lease
-        self._lease = None
+        self._lease, self._last = None, None
         try:
             blob, tag = folder.read_versioned(name)
             record = _record(blob)

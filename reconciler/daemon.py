@@ -56,7 +56,8 @@ class Daemon:
         self._seen_desired: str | None = None
         self._watch_root: Path | None = None
         self._watch_stop: threading.Event | None = None
-        self._scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(1)})
+        self._scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(1),
+                                                         "lease": ThreadPoolExecutor(1)})
 
     # ---- ticks ------------------------------------------------------------------------------------
     def _tick_loop(self) -> None:
@@ -89,6 +90,16 @@ class Daemon:
             self.on_tick(report)
         if self.until_done and report.all_terminal:
             self.stop_event.set()
+
+    def _keep_lease(self) -> None:
+        """Renews the leader lease between ticks, so that a tick longer than the lease keeps it."""
+        election = self.rec.election
+        if election is None or self.stop_event.is_set():
+            return
+        try:
+            election.keep_alive(self.rec.clock.now())
+        except Exception as exc:
+            log.warning("cannot renew the leader lease: %s; the next tick tries again", exc)
 
     def trigger(self) -> None:
         """Run a tick now (coalesced with any pending one)."""
@@ -162,6 +173,8 @@ class Daemon:
         try:
             self.interval = None
             self._scheduler.add_job(self._wake.set, "interval", seconds=self.tick_seconds or 30.0, id="tick",
+                                    max_instances=1, coalesce=True, misfire_grace_time=None)
+            self._scheduler.add_job(self._keep_lease, "interval", seconds=1.0, id="lease", executor="lease",
                                     max_instances=1, coalesce=True, misfire_grace_time=None)
             self._scheduler.start()
             threading.Thread(target=self._tick_loop, daemon=True, name="tick").start()

@@ -3,9 +3,11 @@ give-up, and many contenders racing for a free lease (compare-and-swap, not last
 
 from __future__ import annotations
 
+import json
 import threading
 
 from adapters.leader import Election
+from adapters.storage import RunFolder
 from tests.worker.conftest import s3_endpoint, store  # noqa: F401 - fixtures
 from tests.worker.harness import Store
 
@@ -25,6 +27,23 @@ def test_one_holder_renews_and_the_other_waits_until_it_expires(store: Store) ->
     assert not hold(b, store, NOW + 45)
     assert hold(b, store, NOW + 51)  # a stopped renewing: b takes over
     assert not hold(a, store, NOW + 52)
+
+
+def expires(st: Store) -> float:
+    record = json.loads(RunFolder(f"{st.base}/.leader", st.options).read_bytes("repo-key.json") or b"{}")
+    return float(record["expires"])
+
+
+def test_keep_alive_renews_a_led_lease_between_ticks_and_never_takes_one(store: Store) -> None:  # noqa: F811
+    a, b = Election(), Election()
+    assert hold(a, store, NOW)
+    a.keep_alive(NOW + 5)  # less than a third of 30 s: no write
+    assert expires(store) == NOW + 30
+    a.keep_alive(NOW + 11)
+    assert expires(store) == NOW + 41
+    assert not hold(b, store, NOW + 12)
+    b.keep_alive(NOW + 100)  # a standby's keep-alive does not take the expired lease
+    assert expires(store) == NOW + 41
 
 
 def test_a_leader_that_resigns_lets_the_standby_in_at_once(store: Store) -> None:  # noqa: F811
