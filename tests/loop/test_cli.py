@@ -145,3 +145,20 @@ def test_s3_storage_needs_no_boto3(state_repo: StateRepoFixture, tmp_path: Path,
     env = {**hidden(tmp_path, "boto3"), **S3_CREDENTIALS}
     res = cli("plan", "--repo", str(state_repo.path), env=env)
     assert "launch count" in res.stdout and "boto3" not in res.stdout + res.stderr
+
+
+def test_run_once_while_another_clone_leads_does_nothing_and_says_who_leads(state_repo: StateRepoFixture,
+                                                                           local_workdir: Path) -> None:
+    from adapters.leader import Election
+
+    state_repo.write("desired/count.yaml", job("count", counter(1.0)))
+    state_repo.commit("add count")
+    root = state_repo.git("rev-list", "--max-parents=0", "HEAD").strip()
+    elsewhere = Election(clone="/another/clone")
+    assert elsewhere.hold(f"file://{state_repo.storage}", {}, root, 0.5, time.time()).leading
+    res = cli("run", "--once", "--repo", str(state_repo.path))
+    assert "standby:" in res.stdout and elsewhere.holder in res.stdout
+    assert not (state_repo.path / "status").exists() and not live_workers(local_workdir)
+    elsewhere.resign(time.time())
+    cli("run", "--once", "--repo", str(state_repo.path))
+    assert (state_repo.path / "status" / "count.yaml").exists()
