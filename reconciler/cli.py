@@ -180,9 +180,13 @@ def run(
 
 def _run_once(rec: Reconciler, show: Callable[[TickReport], None]) -> None:
     """One tick under the same lock and leader lease as the daemon, which it gives back after."""
+    from adapters.storage import StorageError
+
     rec.acquire_lock()
     try:
         report = rec.tick()
+    except StorageError as exc:  # the leader lease could not be read: nobody may act
+        raise _fail(str(exc)) from exc
     finally:
         rec.resign()
         rec.release_lock()
