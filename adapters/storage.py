@@ -30,6 +30,7 @@ unless RECONCILER_ALLOW_UNFENCED_STORE=1 (then only epoch-named paths protect th
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import json
@@ -114,6 +115,33 @@ def expand_url(url: str) -> str:
     return url
 
 
+# What each storage protocol needs beyond fsspec's own backend, and how to install it.
+_S3_NEEDS = (("s3fs", "pip install 'reconciler[s3]'"), ("botocore", "pip install 'reconciler[s3]'"))
+_BACKEND_NEEDS = {"s3": _S3_NEEDS, "s3a": _S3_NEEDS}
+
+
+def check_backend(url: str) -> None:
+    """Raise StorageError, in one sentence naming what to install, when the backend of a storage
+    URL cannot be imported: checked at start-up so that a missing module is not a job that sits
+    Pending with "No module named ..." while every command exits 0."""
+    import importlib
+
+    protocol = expand_url(url).split("://", 1)[0]
+    try:
+        fsspec.get_filesystem_class(protocol)
+    except ValueError as exc:
+        raise StorageError(f"storage {url}: fsspec does not know the protocol {protocol!r}") from exc
+    except ImportError as exc:
+        raise StorageError(f"storage {url} needs a package that is not installed ({exc}); "
+                           f"install the backend of {protocol}:// (for s3:// `pip install 'reconciler[s3]'`)") from exc
+    for module, how in _BACKEND_NEEDS.get(protocol, ()):
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise StorageError(f"storage {url} needs the Python package {module}, which is not installed: "
+                               f"install it with `{how}`") from exc
+
+
 # ---- fault injection for the kill-during-save tests --------------------------------------------
 # RECONCILER_FAULT_KILL_AT=N makes the process SIGKILL itself at the N-th write point, so the tests
 # can stop a save at every stage without racing a timer. Unset (always in production) it costs one
@@ -165,14 +193,18 @@ _clients_lock = threading.Lock()
 
 
 def _s3_client(endpoint: str | None, region: str, key: str | None, secret: str | None, token: str | None) -> Any:
-    """One boto3 client per configuration and process (they are thread-safe and slow to make)."""
+    """One S3 client per configuration and process (they are thread-safe and slow to make).
+
+    A plain botocore client (what boto3 wraps): botocore comes with s3fs in the version aiobotocore
+    pins, while boto3 would have to match it and cannot be named in the `s3` extra (see pyproject).
+    """
     cache_key = (endpoint, region, key, secret, token, os.getpid())
     with _clients_lock:
         if cache_key not in _clients:
-            import boto3
+            import botocore.session
             from botocore.config import Config
 
-            _clients[cache_key] = boto3.session.Session().client(
+            _clients[cache_key] = botocore.session.get_session().create_client(
                 "s3",
                 endpoint_url=endpoint,
                 region_name=region,
@@ -425,6 +457,39 @@ class RunFolder:
                 return None
             raise StorageError(f"cannot write {self.url(name)}: {exc}") from exc
 
+    def read_versioned(self, name: str) -> tuple[bytes | None, str | None]:
+        """Content and a version tag for `swap_if_unchanged`: the ETag on S3, a digest elsewhere."""
+        blob, etag = self.read_with_tag(name)
+        if self.kind == "s3":
+            return blob, etag
+        return blob, (hashlib.sha256(blob).hexdigest() if blob is not None else None)
+
+    def swap_if_unchanged(self, name: str, data: bytes, tag: str | None) -> bool:
+        """Replace `name` only if it is still at `tag` (absent when None), for small records that
+        several processes contend for (the leader lease). S3: If-Match / If-None-Match; local disk:
+        compare under an flock on a sidecar file, then an atomic rename; other stores compare and
+        then write, which is not atomic."""
+        if self.kind == "s3":
+            return self.replace_if_match(name, data, tag) is not None
+        try:
+            if self.kind == "local":
+                path = self.path(name)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(f"{path}.lock", "a+") as fh:
+                    fcntl.flock(fh, fcntl.LOCK_EX)  # released on close, and by the kernel if we die
+                    if self.read_versioned(name)[1] != tag:
+                        return False
+                    self._local_atomic_write(path, data)
+                    return True
+            if self.read_versioned(name)[1] != tag:
+                return False
+            self.write_bytes(name, data)
+            return True
+        except StorageError:
+            raise
+        except Exception as exc:
+            raise StorageError(f"cannot write {self.url(name)}: {exc}") from exc
+
     def delete(self, name: str) -> None:
         _fault_point()
         try:
@@ -516,23 +581,41 @@ class RunFolder:
                     _fault_point()
                     os.fsync(fh.fileno())
             elif self.kind == "s3":
-                from boto3.s3.transfer import TransferConfig
-
                 bucket, key = self._bucket_key(name)
                 if len(buf) <= S3_PART_BYTES:
                     self._client.put_object(Bucket=bucket, Key=key, Body=bytes(buf))
                 else:
-                    cfg = TransferConfig(
-                        multipart_threshold=S3_PART_BYTES,
-                        multipart_chunksize=S3_PART_BYTES,
-                        max_concurrency=8,
-                    )
-                    self._client.upload_fileobj(_MemReader(buf), bucket, key, Config=cfg)
+                    self._s3_multipart(bucket, key, buf)
             else:
                 self.fs.makedirs(self.path(name).rsplit("/", 1)[0], exist_ok=True)
                 self.fs.pipe_file(self.path(name), bytes(buf))
         except Exception as exc:
             raise StorageError(f"cannot upload {self.url(name)}: {exc}") from exc
+
+    def _s3_multipart(self, bucket: str, key: str, buf: memoryview) -> None:
+        """Parts of S3_PART_BYTES uploaded 8 at a time straight from `buf`; aborted on any failure,
+        so a failed upload leaves no object (and no parts billed)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        flat = buf.cast("B") if buf.format != "B" or buf.ndim != 1 else buf
+        upload = self._client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+
+        def put(number: int) -> dict[str, Any]:
+            part = _MemReader(flat[(number - 1) * S3_PART_BYTES : number * S3_PART_BYTES])
+            resp = self._client.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=number, Body=part)
+            return {"PartNumber": number, "ETag": resp["ETag"]}
+
+        try:
+            with ThreadPoolExecutor(max_workers=8) as pool:
+                parts = list(pool.map(put, range(1, -(-len(flat) // S3_PART_BYTES) + 1)))
+            self._client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload,
+                                                   MultipartUpload={"Parts": parts})
+        except BaseException:
+            try:
+                self._client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload)
+            except Exception as exc:
+                log.debug("abort of multipart upload %s failed: %s", upload, exc)
+            raise
 
     def read_payload_into(self, name: str, out: memoryview, digest: Any = None) -> int:
         """Read a whole file into `out` (sized for it); returns bytes read (the file may be shorter).

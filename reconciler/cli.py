@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -16,11 +17,14 @@ from rich.markup import escape
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from reconciler.loop import Reconciler
+    from reconciler.loop import Reconciler, TickReport
     from reconciler.redaction import RedactingFilter
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Drive compute jobs to completion on executors that owe you nothing, GitOps-style.")
+                  help="Drive compute jobs to completion on executors that owe you nothing, GitOps-style.\n\n"
+                       "Exit codes: 0 ok; 1 an error a user can fix (a manifest error from validate or plan, "
+                       "a missing dependency, another daemon holds the repository, not all jobs succeeded "
+                       "with --until-done); 2 a usage error; 130 interrupted.")
 console = Console()
 err = Console(stderr=True)
 
@@ -67,7 +71,7 @@ _LOG_FILTER: RedactingFilter | None = None
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(f"[red]error:[/red] {message}")
+    err.print(f"[red]error:[/red] {escape(message)}")  # a message may hold brackets: [s3], [0]
     return typer.Exit(code)
 
 
@@ -122,6 +126,7 @@ def validate(repo: RepoOption = Path(".")) -> None:
     files, unreadable = _read_manifests(repo, manifests)
     settings, bad_settings = _read_manifests(repo, [repo / SETTINGS_FILE] if (repo / SETTINGS_FILE).is_file() else [])
     state = parse_desired(files, settings.get(SETTINGS_FILE))
+    _check_backend(state.settings.storage)
     errors = unreadable + bad_settings + [str(e) for e in state.errors]
     for e in errors:
         err.print(f"[red]error:[/red] {escape(e)}")
@@ -151,26 +156,35 @@ def _read_manifests(repo: Path, paths: list[Path]) -> tuple[dict[str, bytes], li
 
 @app.command()
 def plan(repo: RepoOption = Path("."), verbose: bool = False) -> None:
-    """Show what the next tick would do, without doing it."""
+    """Show what the next tick would do, without doing it. Exit 1 when a manifest has errors (a
+    pull-request check built on it fails on a broken change); provider trouble is only a warning."""
     from reconciler.redaction import secret_values
     from status.redact import Redactor
 
     _setup_logging(verbose)
     rec = _reconciler(repo)
+    _check_storage(rec)
     the_plan, report = rec.preview()
     redactor = Redactor(secret_values(report.desired, rec.environ))
 
     def show(text: str) -> str:  # no secret value, and no rich markup from a message
         return escape(redactor.redact(text))
 
+    manifest_errors = [str(e) for e in report.desired.errors] if report.desired else []
     for e in report.errors:
-        err.print(f"[yellow]warning:[/yellow] {show(e)}")
+        if e in manifest_errors:
+            err.print(f"[red]error:[/red] {show(e)}")
+        else:
+            err.print(f"[yellow]warning:[/yellow] {show(e)}")
     if not report.actions:
         console.print("no actions: the world matches the desired state")
     for a in report.actions:
         console.print(f"- {show(a)}")
     for name, st in sorted(the_plan.statuses.items()):
         console.print(f"  {name}: {st.phase.value} — {show(st.message)}")
+    if manifest_errors:
+        err.print(f"{len(manifest_errors)} manifest error(s); the other jobs are planned as shown")
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -182,12 +196,18 @@ def run(
     watch: Annotated[bool, typer.Option(help="tick at once when desired/ changes")] = True,
     verbose: bool = False,
 ) -> None:
-    """Reconcile: launch and relaunch workers until every job is done, committing status to git."""
+    """Reconcile: launch and relaunch workers until every job is done, committing status to git.
+
+    Only one daemon acts on a repository: a lock in .git/ for one clone, a leader lease in run
+    storage across clones (the others stand by and take over when it expires)."""
+    from adapters.leader import Election
     from reconciler.daemon import Daemon
-    from reconciler.loop import AlreadyRunning, TickReport
+    from reconciler.loop import AlreadyRunning
 
     _setup_logging(verbose)
     rec = _reconciler(repo)
+    _check_storage(rec)
+    rec.election = Election(tick_seconds, clone=str(rec.repo.path))
 
     def show(report: TickReport) -> None:
         for line in report.changed:
@@ -195,18 +215,54 @@ def run(
 
     try:
         if once:
-            rec.acquire_lock()
-            report = rec.tick()
-            show(report)
+            _run_once(rec, show)
             return
         daemon = Daemon(rec, tick_seconds=tick_seconds, until_done=until_done, on_tick=show, watch=watch)
         final = daemon.run()
     except AlreadyRunning as exc:
         raise _fail(str(exc)) from exc
-    if until_done and final is not None:
+    if until_done and final is not None and final.standby is None:
         failed = [n for n, s in final.statuses.items() if s.phase.value != "Succeeded"]
         if failed:
             raise _fail(f"not all jobs succeeded: {', '.join(sorted(failed))}")
+
+
+def _run_once(rec: Reconciler, show: Callable[[TickReport], None]) -> None:
+    """One tick under the same lock and leader lease as the daemon, which it gives back after."""
+    from adapters.storage import StorageError
+
+    rec.acquire_lock()
+    try:
+        report = rec.tick()
+    except StorageError as exc:  # the leader lease could not be read: nobody may act
+        raise _fail(str(exc)) from exc
+    finally:
+        rec.resign()
+        rec.release_lock()
+    if report.standby is not None:
+        console.print(f"standby: {report.standby.describe()}; nothing done")
+    show(report)
+
+
+def _check_storage(rec: Reconciler) -> None:
+    """A storage backend that cannot be imported is one error at start-up, not a job stuck Pending."""
+    from adapters.gitrepo import GitError
+    from desired.parse import parse_settings
+
+    try:
+        settings, _ = parse_settings(rec.repo.read_settings(rec.repo.head()))
+    except GitError:
+        return  # no commit yet: the daemon says so at its first tick
+    _check_backend(settings.storage)
+
+
+def _check_backend(storage: str) -> None:
+    from adapters.storage import StorageError, check_backend
+
+    try:
+        check_backend(storage)
+    except StorageError as exc:
+        raise _fail(str(exc)) from exc
 
 
 @app.command()

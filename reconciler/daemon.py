@@ -2,6 +2,16 @@
 `desired/` changes in a local repository or a worker writes its completion record (watchfiles).
 
 Stopping the daemon never stops workers; the next start adopts them.
+
+Threads. Ticks run one at a time on a daemon thread of their own ("tick"); the scheduler and the
+watcher only wake it. The main thread does nothing but wait in short timed waits, so a SIGTERM or
+SIGINT is always heard at once (a wait without a timeout can hold a signal back), and its handler
+only sets a flag (it takes no lock, so it cannot deadlock with the code it interrupts). On a stop
+the running tick gets `stop_grace` seconds to finish; after that it is abandoned with the process:
+every tick is level-triggered and each of its writes is atomic, so the next start carries on.
+
+Settings are re-read every tick: a changed `tick_seconds` reschedules the interval, a changed
+`storage` moves the watcher, and the rest (remote, identity, storage) the tick itself reads anew.
 """
 
 from __future__ import annotations
@@ -10,47 +20,114 @@ import logging
 import signal
 import threading
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from adapters.gitrepo import StateRepo
+from desired.models import Settings
+from desired.parse import parse_settings
 from reconciler.loop import Reconciler, TickReport
 
 log = logging.getLogger("reconciler")
 
+POLL_SECONDS = 0.2  # how long the main thread waits at a time
+
 
 class Daemon:
     def __init__(self, reconciler: Reconciler, *, tick_seconds: float | None = None, until_done: bool = False,
-                 on_tick: Callable[[TickReport], None] | None = None, watch: bool = True) -> None:
+                 on_tick: Callable[[TickReport], None] | None = None, watch: bool = True,
+                 stop_grace: float = 5.0) -> None:
         self.rec = reconciler
         self.until_done = until_done
         self.on_tick = on_tick
         self.watch = watch
+        self.stop_grace = stop_grace
         self.stop_event = threading.Event()
         self.last_report: TickReport | None = None
-        self.tick_seconds = tick_seconds
+        self.tick_seconds = tick_seconds  # the command line's override; beats reconciler.yaml
+        self.interval: float | None = None  # the interval now scheduled
+        self.abandoned = False  # a tick was still running when the daemon stopped
+        self._signalled: int | None = None  # set by the signal handler, read by the main thread
+        self._wake = threading.Event()
+        self._ticking = threading.Lock()  # held by a running tick; the stop takes it to know none runs
         self._seen_desired: str | None = None
-        self._scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(1)})
+        self._watch_root: Path | None = None
+        self._watch_stop: threading.Event | None = None
+        self._scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(1),
+                                                         "lease": ThreadPoolExecutor(1)})
+
+    # ---- ticks ------------------------------------------------------------------------------------
+    def _tick_loop(self) -> None:
+        """The tick thread: one tick per wake-up, wake-ups that arrive meanwhile coalesce."""
+        while not self.stop_event.is_set():
+            if not self._wake.wait(POLL_SECONDS):
+                continue
+            self._wake.clear()
+            with self._ticking:
+                if self.stop_event.is_set():
+                    return
+                self._tick()
 
     def _tick(self) -> None:
-        if self.stop_event.is_set():
-            return
+        report: TickReport | None = None
         try:
             report = self.rec.tick()
         except Exception as exc:  # one bad tick must not end the daemon
             log.error("tick failed: %s; the next tick tries again", exc)
             log.debug("tick failure detail", exc_info=True)
+        self._seen_desired = self._desired_id()
+        try:
+            self._follow_settings(report)
+        except Exception as exc:  # e.g. no commit yet: the interval stays as it was
+            log.debug("settings not followed this tick: %s", exc)
+        if report is None or report.standby is not None:
             return
         self.last_report = report
-        self._seen_desired = self._desired_id()
         if self.on_tick:
             self.on_tick(report)
         if self.until_done and report.all_terminal:
             self.stop_event.set()
 
+    def _keep_lease(self) -> None:
+        """Renews the leader lease between ticks, so that a tick longer than the lease keeps it."""
+        election = self.rec.election
+        if election is None or self.stop_event.is_set():
+            return
+        try:
+            election.keep_alive(self.rec.clock.now())
+        except Exception as exc:
+            log.warning("cannot renew the leader lease: %s; the next tick tries again", exc)
+
+    def trigger(self) -> None:
+        """Run a tick now (coalesced with any pending one)."""
+        self._wake.set()
+
+    # ---- settings, re-read every tick -------------------------------------------------------------
+    def _settings(self, report: TickReport | None) -> Settings:
+        if report is not None and report.desired is not None:
+            return report.desired.settings
+        return parse_settings(self.rec.repo.read_settings(self.rec.repo.head()))[0]  # a standby's or failed tick
+
+    def _follow_settings(self, report: TickReport | None) -> None:
+        """A changed interval or storage folder applies from this tick on, without a restart."""
+        settings = self._settings(report)
+        interval = self.tick_seconds or settings.tick_seconds
+        if interval != self.interval:
+            if self.interval is not None:
+                log.info("tick_seconds changed from %g to %g; rescheduled", self.interval, interval)
+            self.interval = interval
+            if not self.stop_event.is_set():
+                self._scheduler.reschedule_job("tick", trigger="interval", seconds=interval)
+        if self.watch:
+            storage = self.rec.storage_override or settings.storage
+            root = Path(storage[len("file://"):]).expanduser() if storage.startswith("file://") else None
+            if root != self._watch_root or self._watch_stop is None:
+                self._start_watch(root)
+
+    # ---- watching the repository and local storage -------------------------------------------------
     def _desired_id(self, repo: StateRepo | None = None) -> str:
         """Identifies the desired state at HEAD. GitPython objects are not thread-safe, so the
         watcher thread passes a repository object of its own."""
@@ -61,18 +138,18 @@ class Daemon:
         except Exception:
             return ""
 
-    def trigger(self) -> None:
-        """Run a tick now (coalesced with any pending one)."""
-        job = self._scheduler.get_job("tick")
-        if job is not None:
-            job.modify(next_run_time=datetime.now().astimezone())
+    def _start_watch(self, root: Path | None) -> None:
+        if self._watch_stop is not None:
+            self._watch_stop.set()
+        self._watch_root = root
+        self._watch_stop = threading.Event()
+        threading.Thread(target=self._watch, args=(root, self._watch_stop), daemon=True, name="watch").start()
 
-    def _watch(self, storage_root: Path | None) -> None:
+    def _watch(self, storage_root: Path | None, stop: threading.Event) -> None:
         import watchfiles
 
         own_repo = StateRepo(self.rec.repo.path)
-        git_dir = Path(own_repo.repo.git_dir)
-        paths = [git_dir]
+        paths = [Path(own_repo.repo.git_dir)]
         if storage_root is not None and storage_root.exists():
             paths.append(storage_root)
 
@@ -80,7 +157,7 @@ class Daemon:
             name = Path(path).name
             return name == "done.json" or "/refs/heads" in path or name in ("HEAD", "packed-refs")
 
-        for changes in watchfiles.watch(*paths, watch_filter=interesting, stop_event=self.stop_event,
+        for changes in watchfiles.watch(*paths, watch_filter=interesting, stop_event=stop,
                                         debounce=300, rust_timeout=1000, yield_on_timeout=False):
             if any(Path(p).name == "done.json" for _c, p in changes):
                 self.trigger()
@@ -88,41 +165,61 @@ class Daemon:
                 log.info("desired state changed; ticking now")
                 self.trigger()
 
+    # ---- running and stopping ---------------------------------------------------------------------
     def run(self) -> TickReport | None:
         """Blocks until stopped (SIGINT/SIGTERM) or, with until_done, every job is terminal."""
         self.rec.acquire_lock()
-        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-
-        def stop(signum: int, _frame: object) -> None:
-            log.info("received %s; stopping (workers keep running)", signal.Signals(signum).name)
-            self.stop_event.set()
-
-        if threading.current_thread() is threading.main_thread():
-            for s in previous:
-                signal.signal(s, stop)
+        previous = self._install_handlers()
         try:
-            self._tick()
-            first = self.last_report
-            if self.until_done and first is not None and first.all_terminal:
-                return first
-            interval = self.tick_seconds or (first.desired.settings.tick_seconds
-                                             if first is not None and first.desired else 30.0)
-            self._scheduler.add_job(self._tick, "interval", seconds=interval, id="tick", max_instances=1,
-                                    coalesce=True, misfire_grace_time=None)
+            self.interval = None
+            self._scheduler.add_job(self._wake.set, "interval", seconds=self.tick_seconds or 30.0, id="tick",
+                                    max_instances=1, coalesce=True, misfire_grace_time=None)
+            self._scheduler.add_job(self._keep_lease, "interval", seconds=1.0, id="lease", executor="lease",
+                                    max_instances=1, coalesce=True, misfire_grace_time=None)
             self._scheduler.start()
-            watcher = None
-            if self.watch:
-                storage = first.desired.settings.storage if first is not None and first.desired else ""
-                root = Path(storage[len("file://"):]).expanduser() if storage.startswith("file://") else None
-                watcher = threading.Thread(target=self._watch, args=(root,), daemon=True, name="watch")
-                watcher.start()
-            self.stop_event.wait()
+            threading.Thread(target=self._tick_loop, daemon=True, name="tick").start()
+            self._wake.set()  # the first tick, at once
+            while not self.stop_event.wait(POLL_SECONDS):
+                if self._signalled is not None:
+                    log.info("received %s; stopping (workers keep running)", signal.Signals(self._signalled).name)
+                    self.stop_event.set()
             return self.last_report
         finally:
-            self.stop_event.set()
-            if self._scheduler.running:
-                self._scheduler.shutdown(wait=True)
+            self._stop()
+            self._restore_handlers(previous)
+
+    def _stop(self) -> None:
+        """Stop waking ticks, give a running one `stop_grace` seconds, then let go of the leases."""
+        self.stop_event.set()
+        if self._watch_stop is not None:
+            self._watch_stop.set()
+        if self._scheduler.running:
+            self._scheduler.shutdown(wait=False)
+        if not self._ticking.acquire(timeout=self.stop_grace):
+            # The process ends with the tick thread: the flock goes with it, the leader lease expires.
+            self.abandoned = True
+            log.warning("a tick was still running %gs after the stop; leaving it (workers keep running, "
+                        "the next start carries on)", self.stop_grace)
+            return
+        try:
+            self.rec.resign()
             self.rec.release_lock()
-            if threading.current_thread() is threading.main_thread():
-                for s, handler in previous.items():
-                    signal.signal(s, handler)
+        finally:
+            self._ticking.release()
+
+    def _install_handlers(self) -> dict[signal.Signals, Any]:
+        signals = (signal.SIGINT, signal.SIGTERM)
+        previous: dict[signal.Signals, Any] = {s: signal.getsignal(s) for s in signals}
+
+        def heard(signum: int, _frame: object) -> None:
+            self._signalled = signum  # no lock, no logging: the main thread acts on it within POLL_SECONDS
+
+        if threading.current_thread() is threading.main_thread():
+            for s in signals:
+                signal.signal(s, heard)
+        return previous
+
+    def _restore_handlers(self, previous: dict[signal.Signals, Any]) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for s, handler in previous.items():
+                signal.signal(s, handler)

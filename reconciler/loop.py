@@ -18,6 +18,7 @@ from typing import IO
 
 from adapters.compute import ComputeAdapter, ProviderConfigError, WorkerPhase, WorkerRef
 from adapters.gitrepo import DESIRED_DIR, STATUS_DIR, GitError, StateRepo
+from adapters.leader import Election, Leadership
 from adapters.migrate import migrate_run
 from adapters.registry import make_adapter
 from adapters.storage import RunFolder, StorageError
@@ -52,12 +53,13 @@ class TickReport:
     errors: list[str] = field(default_factory=list)
     statuses: dict[str, JobStatus] = field(default_factory=dict)
     desired: DesiredState | None = None
+    standby: Leadership | None = None  # another daemon leads: this tick did nothing
 
     @property
     def all_terminal(self) -> bool:
         if self.desired is None or not self.desired.jobs:
             return False
-        return all(self.statuses[j].phase.terminal for j in self.desired.jobs if j in self.statuses)
+        return all(j in self.statuses and self.statuses[j].phase.terminal for j in self.desired.jobs)
 
 
 class Reconciler:
@@ -82,6 +84,9 @@ class Reconciler:
         # Secret values never reach git; the log filter of the CLI reads this too.
         self._secret_values = secret_values(None, self.environ)
         self.redactor = Redactor(self._secret_values)
+        # Set by the daemon and `run --once`: act only while holding the leader lease in storage.
+        self.election: Election | None = None
+        self._root_commit: str | None = None
 
     # ---- one daemon per repository ---------------------------------------------------------------
     def acquire_lock(self) -> None:
@@ -103,6 +108,29 @@ class Reconciler:
         if self._lock is not None:
             self._lock.close()
             self._lock = None
+
+    # ---- one active daemon across clones (adapters/leader.py) ---------------------------------------
+    def leadership(self) -> Leadership | None:
+        """Take or renew the leader lease; None when no election is set (tests, the simulator)."""
+        if self.election is None:
+            return None
+        settings, _ = parse_settings(self.repo.read_settings(self.repo.head()))
+        storage = self.storage_override or settings.storage
+        return self.election.hold(storage, dict(settings.storage_options), self.repository_key(settings.identity),
+                                  settings.tick_seconds, self.clock.now())
+
+    def repository_key(self, identity: str | None) -> str:
+        """The same for every clone: the identity setting, else the repository's first commit."""
+        if identity:
+            return identity
+        if self._root_commit is None:
+            roots = self.repo.repo.git.rev_list("--max-parents=0", "HEAD").split()
+            self._root_commit = sorted(roots)[0]
+        return self._root_commit
+
+    def resign(self) -> None:
+        if self.election is not None:
+            self.election.resign(self.clock.now())
 
     # ---- reading the world ------------------------------------------------------------------------
     def read_desired(self, commit: str, cache: bool = True) -> DesiredState:
@@ -295,6 +323,7 @@ class Reconciler:
         desired = self.read_desired(commit)
         report.errors.extend(str(e) for e in desired.errors)
         if any(e.file == SETTINGS_FILE for e in desired.errors):
+            report.desired = desired  # its errors are what `plan` and `validate` report
             # Defaults in place of broken settings would point at another store and providers.
             raise SettingsHold(f"{SETTINGS_FILE} has errors: every job is held as it is (nothing launched, "
                                "stopped or committed) until they are fixed")
@@ -330,6 +359,10 @@ class Reconciler:
             self.repo.pull()
         except GitError as exc:
             report.errors.append(str(exc))
+        leader = self.leadership()
+        if leader is not None and not leader.leading:
+            report.standby = leader  # another daemon acts on this repository; this one waits
+            return report
         try:
             the_plan, desired, recorded, adapters, observed, now = self._look_and_plan(report)
         except SettingsHold as exc:
