@@ -29,7 +29,7 @@ from status.models import JobStatus, parse_status, render_index, render_status
 
 log = logging.getLogger("reconciler")
 
-AdapterFactory = Callable[[Provider], ComputeAdapter]
+AdapterFactory = Callable[[Provider, str], ComputeAdapter]  # (provider, owner identity)
 
 
 class AlreadyRunning(Exception):
@@ -65,6 +65,8 @@ class Reconciler:
         self.storage_override = storage_override
         self.remote = remote
         self._adapters: dict[str, tuple[str, ComputeAdapter]] = {}
+        self._root_identity: str | None = None
+        self._foreign_seen: dict[str, int] = {}
         self._lock: IO[str] | None = None
         self._heartbeats: dict[tuple[str, str], tuple[object, float, int]] = {}
         # Status commits a push did not deliver go out with the next push, even in a tick that
@@ -121,17 +123,28 @@ class Reconciler:
         self._status_cache = cache
         return recorded
 
+    def identity(self, desired: DesiredState) -> str:
+        """The state repository's identity, put on every worker: `identity` of reconciler.yaml, else
+        derived from the repository's first commit (the same in every clone)."""
+        if desired.settings.identity:
+            return desired.settings.identity
+        if self._root_identity is None:
+            self._root_identity = repository_identity(self.repo.root_commit())
+        return self._root_identity
+
     def adapters_for(self, desired: DesiredState, errors: list[str]) -> dict[str, ComputeAdapter]:
-        """Adapters are kept between ticks and rebuilt only when their provider's spec changes."""
+        """Adapters are kept between ticks and rebuilt only when their provider's spec (or the
+        repository's identity) changes."""
         out: dict[str, ComputeAdapter] = {}
+        owner = self.identity(desired)
         for name, provider in desired.providers.items():
-            key = provider.model_dump_json()
+            key = f"{owner}:{provider.model_dump_json()}"
             cached = self._adapters.get(name)
             if cached is not None and cached[0] == key:
                 out[name] = cached[1]
                 continue
             try:
-                adapter = self.adapter_factory(provider)
+                adapter = self.adapter_factory(provider, owner)
             except ProviderConfigError as exc:
                 errors.append(str(exc))
                 continue
@@ -154,6 +167,7 @@ class Reconciler:
                 errors.append(f"cannot observe provider {name}: {exc}")
                 continue
             observed.workers.update(workers)
+            self._note_foreign(name, getattr(adapter, "foreign_workers", 0))
         runs = {(name, job.run_id()) for name, job in desired.jobs.items()}
         runs |= {(st.job, st.run_id) for st in recorded.values() if st.run_id and not st.phase.terminal}
         settings = desired.settings
@@ -177,6 +191,12 @@ class Reconciler:
                 except Exception as exc:
                     observed.logs[ref] = f"(log unavailable: {exc})"
         return observed
+
+    def _note_foreign(self, provider: str, count: int) -> None:
+        """One log line when the number of other repositories' workers on a provider changes."""
+        if count and self._foreign_seen.get(provider) != count:
+            log.info("provider %s: %d workers of other state repositories seen, left alone", provider, count)
+        self._foreign_seen[provider] = count
 
     def _remember_heartbeat(self, key: tuple[str, str], run: RunObservation, now: float) -> RunObservation:
         """Stall detection times heartbeats by this process's own observations (kept in memory
@@ -283,6 +303,11 @@ class Reconciler:
         except GitError as exc:
             self._push_pending = True
             report.errors.append(str(exc))
+
+
+def repository_identity(root_commit: str) -> str:
+    """`r` + the first 12 hex digits of the root commit: a valid identity for any repository."""
+    return f"r{root_commit[:12]}"
 
 
 def read_run(storage: str, job: str, run_id: str, options: dict[str, str]) -> RunObservation:

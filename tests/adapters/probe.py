@@ -27,7 +27,12 @@ def main() -> int:
                 sys.exit(int(on_term))
 
         signal.signal(signal.SIGTERM, stop)
-    record = {"argv": sys.argv[1:], "env": {k: os.environ.get(k) for k in WATCHED}, "pid": os.getpid()}
+    record = {
+        "argv": sys.argv[1:],
+        "env": {k: os.environ.get(k) for k in WATCHED},
+        "env_keys": sorted(os.environ),
+        "pid": os.getpid(),
+    }
     with open(os.environ["PROBE_OUT"], "a") as fh:
         fh.write(json.dumps(record) + "\n")
     for i in range(int(os.environ.get("PROBE_LINES", "0"))):
