@@ -184,6 +184,8 @@ class LocalAdapter:
         child_env = {**worker_base_env(os.environ), **with_deadline(spec.env, worker_deadline(spec)),
                      **spec.secret_env}
         own_env = {**worker_base_env(os.environ), "PYTHONPATH": package_root()}
+        if "RECONCILER_GRACE_SECONDS" in os.environ:  # the supervisor's own setting, not the command's
+            own_env["RECONCILER_GRACE_SECONDS"] = os.environ["RECONCILER_GRACE_SECONDS"]
         cwd = os.path.expanduser(spec.workdir) if spec.workdir else None
         log = os.open(folder / "log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:

@@ -279,9 +279,21 @@ def test_worker_gets_only_the_minimal_environment(kit: Kit, monkeypatch: pytest.
     wait_state(adapter, ref, ended)
     keys = set(probe_records(spec)[0]["env_keys"])
     allowed = set(BASE_ENV) | set(spec.env) | set(spec.secret_env)
-    extra = {k for k in keys - allowed if not k.startswith("LC_") and not (kit.kind == "slurm" and k.startswith("SLURM_"))}
+    slurm_own = ("SLURM_",) if kit.kind == "slurm" else ()  # set by Slurm for the job, not by the daemon
+    extra = {k for k in keys - allowed if not k.startswith(("LC_", *slurm_own))}
     assert extra == set(), f"the worker got {sorted(extra)} from outside its spec"
     assert "PROBE_SECRET" in keys and "PATH" in keys
+
+
+def test_worker_gets_the_job_s_deadline(kit: Kit) -> None:
+    """RECONCILER_DEADLINE = the job's deadline when the provider has no earlier session end."""
+    adapter = kit.make()
+    deadline = time.time() + 3600
+    spec = kit.spec()
+    spec = LaunchSpec(**{**spec.__dict__, "deadline": deadline})
+    ref = kit.launch(adapter, spec)
+    wait_state(adapter, ref, ended)
+    assert probe_records(spec)[0]["env"]["RECONCILER_DEADLINE"] == str(int(deadline))
 
 
 def test_worker_folder_is_private_and_its_log_too(kit: Kit) -> None:
@@ -305,6 +317,9 @@ def test_another_owner_s_worker_with_the_same_labels_is_neither_adopted_seen_sto
     our_ref = kit.launch(ours, spec)  # same labels, another owner: a worker of its own, not an adoption
     assert our_ref != their_ref
     wait_state(ours, our_ref, running)
+    deadline = time.monotonic() + 30
+    while len(probe_records(spec)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert len(probe_records(spec)) == 2
     seen = ours.observe()
     assert their_ref not in seen and our_ref in seen
