@@ -8,6 +8,8 @@ log. Now each sees, stops and reads only its own, and counts the other's as fore
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -18,6 +20,7 @@ import pytest
 import yaml
 
 from adapters.compute import ComputeAdapter, WorkerPhase
+from adapters.local import LocalAdapter
 from reconciler.loop import Reconciler, TickReport
 from tests.adapters.e2e import provider_manifest
 from tests.conftest import StateRepoFixture
@@ -37,8 +40,6 @@ def setup(request: pytest.FixtureRequest, tmp_path: Path, local_workdir: Path) -
     kind: str = request.param
     workdir = tmp_path / f"{kind}-workdir"
     if kind == "local":
-        from adapters.local import LocalAdapter
-
         the = Setup(None, None, lambda: LocalAdapter("local"))
     elif kind == "ssh":
         from adapters.ssh import SshAdapter
@@ -123,3 +124,46 @@ def test_a_failed_job_shows_its_own_log_not_the_other_repository_s(setup: Setup,
         tail = yaml.safe_load(mine.status_text("train"))["log_tail"] or ""
         assert "output of " in tail and str(mine.storage) in tail, tail
         assert str(theirs.storage) not in tail, tail
+
+
+def test_two_daemons_as_users_run_them_leave_each_other_s_worker_alone(local_workdir: Path, tmp_path: Path) -> None:
+    """The reproduction of the issue: two `reconciler run` processes, one machine, the default local
+    provider, a job `train` in each repository with different commands. Before, each daemon terminated
+    the other's worker as a replaced run, every tick, without end."""
+    local = Setup(None, None, lambda: LocalAdapter("local"))
+    repos = [
+        repository(tmp_path, name, local, [sys.executable, "-c", f"import time; time.sleep({seconds})"])
+        for name, seconds in (("repo-a", 300), ("repo-b", 301))
+    ]
+    daemons = [
+        subprocess.Popen([sys.executable, "-m", "reconciler", "run", "--repo", str(r.path), "--tick-seconds", "0.5"],
+                         stdout=open(tmp_path / f"daemon-{i}.log", "wb"), stderr=subprocess.STDOUT)
+        for i, r in enumerate(repos)
+    ]
+    try:
+        deadline = time.monotonic() + 90
+        while not all(phase_of(r) == "Running" for r in repos):
+            assert time.monotonic() < deadline and all(d.poll() is None for d in daemons), logs(tmp_path)
+            time.sleep(0.5)
+        time.sleep(6)  # about a dozen ticks each with both workers live
+    finally:
+        for d in daemons:
+            d.send_signal(signal.SIGTERM)
+            d.wait(30)
+    for r in repos:
+        st = yaml.safe_load(r.status_text("train"))
+        assert st["phase"] == "Running" and len(st["attempts"]) == 1, (st, logs(tmp_path))
+    live = [ref for ref, s in LocalAdapter("local").observe().items() if s.phase is WorkerPhase.RUNNING]
+    assert len(live) == 2
+    assert "workers of other state repositories seen, left alone" in " ".join(logs(tmp_path).split())
+
+
+def phase_of(repo: StateRepoFixture) -> str:
+    """The phase in the status file the daemon checks out (empty while it is being written)."""
+    path = repo.path / "status" / "train.yaml"
+    st = yaml.safe_load(path.read_text()) if path.exists() else None
+    return str(st.get("phase")) if isinstance(st, dict) else ""
+
+
+def logs(tmp_path: Path) -> str:
+    return "".join(p.read_text(errors="replace")[-2000:] for p in sorted(tmp_path.glob("daemon-*.log")))
