@@ -56,6 +56,7 @@ import signal
 import subprocess
 import time
 from collections import deque
+from dataclasses import replace
 from pathlib import Path
 
 from adapters.bootstrap import agent_digest, agent_source, describe
@@ -343,7 +344,7 @@ class SlurmAdapter:
         who = ""
         if state.startswith("CANCELLED") and not by_us:
             who = self._who_cancelled(fields["JobId"])
-        return map_state(
+        mapped = map_state(
             state,
             fields.get("ExitCode", ""),
             by_reconciler=by_us,
@@ -351,6 +352,7 @@ class SlurmAdapter:
             cancelled_by=who,
             reason=fields.get("Reason", ""),
         )
+        return _with_exit_record(mapped, folder)
 
     def _state_from_folder(self, job_id: str, folder: Path) -> WorkerState:
         """For a job the controller has forgotten: accounting if any, else the agent's exit record."""
@@ -567,6 +569,17 @@ class SlurmAdapter:
     def capacity(self) -> Capacity | None:
         """Unknown: Slurm itself places the job (or holds it pending) by its --gres and --mem."""
         return None
+
+
+def _with_exit_record(state: WorkerState, folder: Path) -> WorkerState:
+    """Slurm sees the agent's exit code (128+sig) where the command died of a signal; the agent's
+    exit record says which signal, and whether the cgroup's OOM killer acted."""
+    if state.phase is not WorkerPhase.EXITED or state.signal or state.oom:
+        return state
+    ended = (describe(str(folder)) or {}).get("exit")
+    if not isinstance(ended, dict) or not ended.get("signal"):
+        return state
+    return replace(state, signal=_signal_of(f"0:{int(ended['signal'])}"), oom=bool(ended.get("oom")))
 
 
 def _forget_payload(folder: Path) -> None:

@@ -268,6 +268,15 @@ def test_worker_killed_from_outside_is_reported_as_a_signal_death_not_a_preempti
     assert kit.make().observe()[ref] == state  # a restarted daemon agrees
 
 
+def test_a_crash_is_reported_with_its_signal(kit: Kit) -> None:
+    adapter = kit.make()
+    spec = kit.spec(crash=str(int(signal.SIGSEGV)))
+    ref = kit.launch(adapter, spec)
+    state = wait_state(adapter, ref, ended)
+    assert (state.phase, state.signal, state.oom) == (WorkerPhase.EXITED, "SIGSEGV", False), state
+    assert state.exit_code in (-11, 128 + 11)  # Slurm reports what a shell would say
+
+
 def test_worker_gets_only_the_minimal_environment(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
     """Nothing of the daemon's environment beyond PATH, HOME, USER/LOGNAME, LANG/LC_*, TZ, TMPDIR
     reaches the command: a job without secrets does not receive the daemon's credentials."""

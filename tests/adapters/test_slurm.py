@@ -299,3 +299,14 @@ def test_outsider_is_named_when_accounting_can_tell(
     state = wait_state(adapter, ref, ended)
     assert state.phase is X
     assert state.detail == "cancelled outside the reconciler by root (uid 0)"
+
+
+def test_gpu_model_is_asked_for_as_a_typed_gres(tmp_path: Path) -> None:
+    adapter = adapter_for(SlurmSettings(workdir=str(tmp_path / "wd")))
+    spec = LaunchSpec(job="big", run_id="r-1", epoch=1, command=["true"], gpus=2, gpu_model="a100")
+    argv = adapter._sbatch_argv(spec, tmp_path, tmp_path / "batch.sh")
+    assert "--gres=gpu:a100:2" in argv
+    assert f"--comment=reconciler:{OWNER}:slurm:big:r-1:1" in argv and f"--job-name=rc-{OWNER}-big" in argv
+    untyped = LaunchSpec(job="big", run_id="r-1", epoch=1, command=["true"], gpus=1)
+    assert "--gres=gpu:1" in adapter._sbatch_argv(untyped, tmp_path, tmp_path / "batch.sh")
+    assert adapter.capacity() is None
