@@ -2,6 +2,11 @@
 
 Adapters talk to a provider; they decide nothing. Each adapter maps its provider's own states
 onto `WorkerPhase` in one table and keeps the provider's word beside it for humans.
+
+Shared rules every adapter applies the same way: worker labels pass `check_label` (a full match);
+every worker carries its state repository's identity (`owner`) in its labels and folder name
+(`worker_folder_name`); a worker command gets only `worker_base_env` of the environment it is
+started from, plus its `env` and secrets; RECONCILER_DEADLINE is `worker_deadline`.
 """
 
 from __future__ import annotations
@@ -41,7 +46,10 @@ class WorkerState:
     exit_code: int | None = None
     provider_state: str = ""  # the provider's own word, e.g. "PREEMPTED" or "killed by SIGKILL"
     detail: str = ""  # who or what, when the provider says (e.g. "cancelled by uid 1001")
-    # Evidence for the planner (an adapter reports facts, the planner classifies them):
+    # Evidence for the planner (an adapter reports facts, the planner classifies them). A command
+    # that died of a signal is EXITED with `signal` set (exit_code -signum where the process was
+    # watched directly, 128+signum where the provider reports a shell's code, as Slurm does);
+    # PREEMPTED is kept for the provider's own word (spot reclaim, node failure, our stop).
     signal: str | None = None  # the signal that ended the command, e.g. "SIGSEGV" (phase EXITED)
     oom: bool = False  # the provider says the kernel or the scheduler killed it for memory
 

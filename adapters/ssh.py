@@ -407,8 +407,8 @@ class SshAdapter:
         }
 
     def _fitting_hosts(self, spec: LaunchSpec) -> list[SshHost]:
-        """Hosts whose declared resources fit the job (a host that declares none takes anything),
-        least loaded first; a job that fits no host is a config error naming why."""
+        """Hosts whose declared resources fit the job (a host that declares none takes anything); a
+        job that fits no host is a config error naming why."""
         need = Resources(cpus=spec.cpus, memory_gb=spec.memory_gb, gpus=spec.gpus, gpu_model=spec.gpu_model)
         why = {h.name: h.resources.shortfall(need) if h.resources else None for h in self.hosts.values()}
         fitting = [h for h in self.hosts.values() if why[h.name] is None]
@@ -416,7 +416,7 @@ class SshAdapter:
             reasons = "; ".join(f"{name}: {reason}" for name, reason in why.items())
             raise ProviderConfigError(
                 f"ssh provider {self.name!r}: no host offers what job {spec.job!r} needs ({reasons})")
-        return sorted(fitting, key=lambda h: (self.health[h.name].failures > 0, self._busy(h) - h.max_workers))
+        return fitting
 
     def launch(self, spec: LaunchSpec) -> WorkerRef:
         if self.owner == ANY_OWNER:
@@ -434,6 +434,7 @@ class SshAdapter:
         if known is not None:
             return known
         key = (spec.job, spec.run_id, spec.epoch)
+        order.sort(key=lambda h: (self.health[h.name].failures > 0, self._busy(h) - h.max_workers))
         if key in self._uncertain:  # an earlier try may have started it there: never start a twin elsewhere
             order = [self.hosts[self._uncertain[key]]]
         return self._launch_on(order, spec, folder)
