@@ -49,7 +49,8 @@ class WorkerState:
     # Evidence for the planner (an adapter reports facts, the planner classifies them). A command
     # that died of a signal is EXITED with `signal` set (exit_code -signum where the process was
     # watched directly, 128+signum where the provider reports a shell's code, as Slurm does);
-    # PREEMPTED is kept for the provider's own word (spot reclaim, node failure, our stop).
+    # PREEMPTED is kept for the provider's own word (spot reclaim, node failure) and for a stop the
+    # reconciler asked for (then `signal` may be set too, and `detail` says so).
     signal: str | None = None  # the signal that ended the command, e.g. "SIGSEGV" (phase EXITED)
     oom: bool = False  # the provider says the kernel or the scheduler killed it for memory
 

@@ -20,6 +20,8 @@ State table (the process's fate -> WorkerState):
 | exit code < 0 recorded (killed by a signal)         | exited     | exit_code=-signum, signal name; |
 |                                                     |            | oom when the cgroup's oom_kill  |
 |                                                     |            | counter rose across a SIGKILL   |
+| ... after the reconciler asked it to stop           | preempted  | signal, "stopped by the         |
+|                                                     |            | reconciler"                     |
 | no exit code and the supervisor is gone             | lost       |                                 |
 
 A death by signal is reported as a fact (which signal, whether the reconciler had asked for the
@@ -160,9 +162,10 @@ class LocalAdapter:
         if rc >= 0:
             return WorkerState(WorkerPhase.EXITED, rc, f"exited {rc}", "stopped by the reconciler" if by_us else "")
         sig = signal_name(-rc)
+        if by_us:  # the stop we asked for (SIGTERM, SIGKILL after the grace): never the job's own crash
+            return WorkerState(WorkerPhase.PREEMPTED, rc, f"killed by {sig}", "stopped by the reconciler", signal=sig)
         oom = (folder / "oom").exists()
-        detail = "stopped by the reconciler" if by_us else (
-            "killed by the kernel's OOM killer" if oom else f"killed by {sig}, not by the reconciler")
+        detail = "killed by the kernel's OOM killer" if oom else f"killed by {sig}, not by the reconciler"
         return WorkerState(WorkerPhase.EXITED, rc, f"killed by {sig}", detail, signal=sig, oom=oom)
 
     def _state(self, folder: Path) -> WorkerState:

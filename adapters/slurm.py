@@ -374,7 +374,8 @@ class SlurmAdapter:
                 if by_us
                 else (f"killed by signal {num}; Slurm has forgotten the job, so who is unknown")
             )
-            return WorkerState(WorkerPhase.EXITED, 128 + num, "gone", detail, signal=_signal_of(f"0:{num}"),
+            phase = WorkerPhase.PREEMPTED if by_us else WorkerPhase.EXITED
+            return WorkerState(phase, 128 + num, "gone", detail, signal=_signal_of(f"0:{num}"),
                                oom=bool(ended.get("oom")))
         return WorkerState(
             WorkerPhase.LOST, None, "gone", f"Slurm has forgotten job {job_id} and it left no exit record"

@@ -23,8 +23,10 @@ State table (what the host's worker folder shows -> WorkerState):
 | created, supervisor not running the command yet        | pending       |                        |
 | supervisor alive, command running                      | running       |                        |
 | exit code recorded                                     | exited(code)  |                        |
-| killed by a signal (on the host, or by our terminate)  | exited        | exit_code=-signum,     |
+| killed by a signal on the host                         | exited        | exit_code=-signum,     |
 |                                                        |               | signal, oom, detail    |
+| killed by a signal after our terminate                 | preempted     | signal, "stopped by    |
+|                                                        |               | the reconciler"        |
 | no exit record and the supervisor is gone (reboot)     | lost          |                        |
 | host silent: fewer than N failed probes or too recent  | last known    |
 | host silent for >= lost_after_failures probes AND      |               |
@@ -282,9 +284,10 @@ class SshAdapter:
             sig = signal.Signals(num).name
         except ValueError:
             sig = f"signal {num}"
-        who = "stopped by the reconciler" if by_us else (
-            f"killed by the kernel's OOM killer on {host.name}" if oom
-            else f"killed by {sig} on {host.name}, not by the reconciler")
+        if by_us:  # the stop we asked for: never the job's own crash
+            return WorkerState(WorkerPhase.PREEMPTED, -num, f"killed by {sig}", "stopped by the reconciler", signal=sig)
+        who = (f"killed by the kernel's OOM killer on {host.name}" if oom
+               else f"killed by {sig} on {host.name}, not by the reconciler")
         return WorkerState(WorkerPhase.EXITED, -num, f"killed by {sig}", who, signal=sig, oom=oom)
 
     def _list_host(self, host: SshHost) -> dict[WorkerRef, WorkerState]:

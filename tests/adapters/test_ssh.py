@@ -140,7 +140,7 @@ def test_stale_worker_on_a_host_that_comes_back_is_terminated(sshd: Sshd, tmp_pa
     finally:
         sshd.start()
     state = wait_state(adapter, ref, ended)
-    assert state.phase is WorkerPhase.EXITED and state.signal and state.detail == "stopped by the reconciler"
+    assert state.phase is WorkerPhase.PREEMPTED and state.signal and state.detail == "stopped by the reconciler"
     deadline = time.monotonic() + 10
     while pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
