@@ -464,24 +464,27 @@ class SlurmAdapter:
                 return WorkerRef(self.name, job_id, spec.job, spec.run_id, spec.epoch)
         return None
 
+    def _payload(self, spec: LaunchSpec) -> dict:
+        """What the agent reads (and deletes) on the node: labels, argv, env, secrets."""
+        return {
+            "labels": {"provider": self.name, "owner": self.owner, "job": spec.job, "run_id": spec.run_id,
+                       "epoch": spec.epoch},
+            "command": list(spec.command),
+            "env": with_deadline(spec.env, worker_deadline(spec)),  # the agent adds start + time limit
+            "secret_env": dict(spec.secret_env),
+            "pass_prefixes": ["SLURM_"],  # set by Slurm for the job; nothing else of the node's environment
+            "cwd": spec.workdir,
+            "grace": 3600,  # Slurm's KillWait decides how long a cancelled job may take
+            "deadline_in": time_limit_seconds(self.settings.time_limit),
+        }
+
     def _prepare(self, spec: LaunchSpec, folder: Path) -> Path:
         """The worker folder (0700) with its labels, 0600 payload and log, and the batch script."""
         self._write_agent()
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         folder.chmod(0o700)
-        labels = {"provider": self.name, "owner": self.owner, "job": spec.job, "run_id": spec.run_id,
-                  "epoch": spec.epoch}
-        (folder / "labels.json").write_text(json.dumps({**labels, "created": time.time()}))
-        payload = {
-            "labels": labels,
-            "command": list(spec.command),
-            "env": with_deadline(spec.env, worker_deadline(spec)),  # the agent adds start + time limit
-            "secret_env": dict(spec.secret_env),
-            "pass_prefixes": ["SLURM_"],
-            "cwd": spec.workdir,
-            "grace": 3600,  # Slurm's KillWait decides how long a cancelled job may take
-            "deadline_in": time_limit_seconds(self.settings.time_limit),
-        }
+        payload = self._payload(spec)
+        (folder / "labels.json").write_text(json.dumps({**payload["labels"], "created": time.time()}))
         fd = os.open(folder / "payload.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as fh:
             json.dump(payload, fh)
