@@ -33,8 +33,9 @@ State table (Slurm's word -> WorkerPhase), one place for every state Slurm docum
 
 Evidence, not verdicts (the planner classifies): a death by a signal (`ExitCode` `0:<sig>`) carries
 `signal` (e.g. "SIGKILL") with the shell's exit code 128+sig; OUT_OF_MEMORY carries `oom=True`; an
-outsider's CANCELLED is a death by the signal scancel sent (SIGTERM unless Slurm says otherwise), its
-detail naming who when accounting (`sacct`) can tell. Only Slurm's own word (PREEMPTED, NODE_FAIL,
+outsider's CANCELLED is an exit: by the signal scancel sent (SIGTERM unless Slurm says otherwise), or
+with the command's own code when it caught the signal (75 after a final checkpoint), its detail
+naming who when accounting (`sacct`) can tell. Only Slurm's own word (PREEMPTED, NODE_FAIL,
 BOOT_FAIL, REVOKED) is an interruption. A job that received the time-limit warning and then exited 75
 (checkpointed, as asked) or died of the SIGTERM it was sent is session-limit, not a job error.
 `RECONCILER_DEADLINE` is the earlier of the job's deadline and the job's start + its time limit.
@@ -137,7 +138,9 @@ def _cancelled(state: str, exit_code: str, by_reconciler: bool, cancelled_by: st
         return WorkerState(WorkerPhase.PREEMPTED, code, state, "cancelled by the reconciler")
     who = cancelled_by or (state.split(" by ", 1)[1] if " by " in state else "")
     detail = "cancelled outside the reconciler" + (f" by {who}" if who else " (no accounting to tell who)")
-    sig = _signal_of(exit_code) or "SIGTERM"  # what scancel sends unless told otherwise
+    sig = _signal_of(exit_code)
+    if sig is None and not code:  # no word from the command: it died of what scancel sends
+        sig = "SIGTERM"
     return WorkerState(WorkerPhase.EXITED, code, state, detail, signal=sig)
 
 

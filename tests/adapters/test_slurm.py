@@ -81,6 +81,8 @@ def test_cancelled_names_who_and_whether_it_was_us() -> None:
     unknown = map_state("CANCELLED", "0:0")
     assert "outside the reconciler" in unknown.detail and "no accounting" in unknown.detail
     assert unknown.phase is X and unknown.signal == "SIGTERM"
+    caught = map_state("CANCELLED by 1001", "75:0")  # the command caught SIGTERM and left after a checkpoint
+    assert (caught.phase, caught.exit_code, caught.signal) == (X, 75, None)
 
 
 def test_evidence_out_of_memory_and_signals_but_only_slurm_s_word_is_a_preemption() -> None:
@@ -239,9 +241,8 @@ def test_end_to_end_outsider_scancel_and_time_limit_are_relaunched_and_complete(
     log = tmp_path / "daemon.log"
     daemon = start_daemon(state_repo, log)
     try:
-        job_id = wait_for(
-            lambda: read(next(iter(workdir.glob("workers/victim.*.e1/slurm_job_id")), None)), 60, "victim", daemon, log
-        )
+        first = "workers/*.victim.*.e1/slurm_job_id"
+        job_id = wait_for(lambda: read(next(iter(workdir.glob(first)), None)), 60, "victim", daemon, log)
         wait_for(lambda: progress_step(state_repo, "victim") >= 12, 60, "victim checkpoints", daemon, log)
         slurm.run("scancel", str(job_id))  # an admin, not the reconciler
         finish(daemon, log, timeout=150)
@@ -251,7 +252,8 @@ def test_end_to_end_outsider_scancel_and_time_limit_are_relaunched_and_complete(
     victim = status(state_repo, "victim")
     assert victim["phase"] == "Succeeded", victim.get("message")
     assert [a["outcome"] for a in victim["attempts"]] == ["interruption", "succeeded"], victim["attempts"]
-    assert "outside the reconciler" in victim["attempts"][0]["detail"]
+    # the worker caught scancel's SIGTERM, checkpointed and left with 75 (else: the outsider is named)
+    assert any(w in victim["attempts"][0]["detail"] for w in ("outside the reconciler", "exit 75"))
     assert victim["attempts"][1]["step_start"] > 0 and victim["failures"] == 0
     overtime = status(state_repo, "overtime")
     assert overtime["phase"] == "Succeeded", overtime.get("message")
