@@ -19,7 +19,8 @@ as the local adapter; `owner` is the state repository's identity) holding:
     child.pid        pid and start time of the command (it leads its own process group)
     log              the command's stdout and stderr (0600)
     exit.json        {"code": n} or {"signal": n, "oom": bool}, written by the wrapper when the command
-                     ends; oom = the command died of SIGKILL while its cgroup's oom_kill counter rose
+                     ends; oom = the command died of SIGKILL while its memory cgroup's oom_kill counter
+                     rose (`oom_kills`; absent where the counter cannot be read)
     terminated       the reconciler asked for the stop (so a kill is not blamed on someone else)
     warned           Slurm's time-limit warning arrived before the end
 
@@ -123,21 +124,34 @@ def _process_record(pid):
 
 
 def oom_kills(proc_root="/proc", cgroup_root="/sys/fs/cgroup"):
-    """The `oom_kill` counter of this process's cgroup (v2 `memory.events`), or None if unknown."""
+    """The `oom_kill` counter of this process's memory cgroup, or None if it cannot be read: cgroup v2
+    `memory.events`, or v1 `memory/.../memory.oom_control`. Where the process's cgroup path is not
+    under the mount (a container sees its own cgroup as the mount's root), the mount's root is read."""
     try:
         with open(os.path.join(proc_root, "self", "cgroup")) as fh:
-            lines = fh.read().splitlines()
+            lines = [line.split(":", 2) for line in fh.read().splitlines() if line.count(":") >= 2]
     except OSError:
         return None
-    unified = [line.split(":", 2)[2] for line in lines if line.startswith("0::")]
-    if not unified:
-        return None
-    path = os.path.join(cgroup_root, unified[0].lstrip("/"), "memory.events")
+    v1 = [path for _, controllers, path in lines if "memory" in controllers.split(",")]
+    if v1:
+        where, name = os.path.join(cgroup_root, "memory"), "memory.oom_control"
+        paths = v1
+    else:
+        where, name = cgroup_root, "memory.events"
+        paths = [path for number, _, path in lines if number == "0"]
+    for path in paths[:1] + ["/"]:
+        count = _counter(os.path.join(where, path.lstrip("/"), name), "oom_kill")
+        if count is not None:
+            return count
+    return None
+
+
+def _counter(path, key):
     try:
         with open(path) as fh:
             for line in fh:
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
+                name, _, value = line.partition(" ")
+                if name == key:
                     return int(value)
     except (OSError, ValueError):
         return None

@@ -48,8 +48,14 @@ def test_an_oom_kill_is_told_by_the_cgroup_s_oom_kill_counter(tmp_path: Path) ->
     assert bootstrap.oom_kills(str(proc), str(cgroup)) == 2
     events.unlink()
     assert bootstrap.oom_kills(str(proc), str(cgroup)) is None
-    (proc / "self" / "cgroup").write_text("12:memory:/legacy\n")  # cgroup v1: cannot tell
-    assert bootstrap.oom_kills(str(proc), str(cgroup)) is None
+    (proc / "self" / "cgroup").write_text("4:memory:/box/7\n0::/\n")  # cgroup v1 memory controller
+    control = cgroup / "memory" / "box" / "7" / "memory.oom_control"
+    control.parent.mkdir(parents=True)
+    control.write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 5\n")
+    assert bootstrap.oom_kills(str(proc), str(cgroup)) == 5
+    control.unlink()  # a container sees its own cgroup as the mount's root
+    (cgroup / "memory" / "memory.oom_control").write_text("oom_kill 1\n")
+    assert bootstrap.oom_kills(str(proc), str(cgroup)) == 1
 
 
 def test_local_worker_with_an_oom_marker_is_reported_oom(tmp_path: Path) -> None:
