@@ -10,20 +10,28 @@ document on stdin (or, for Slurm, in a 0600 file that is removed as soon as it i
 argument ever passes through a shell, and no secret is ever on a command line or in a file others
 can read. One `list` call per host reports every worker of ours, which is what `observe` needs.
 
-Each worker has a folder `<workdir>/workers/<job>.<run_id>.e<epoch>/` (the same layout as the
-local adapter) holding:
+Each worker has a folder `<workdir>/workers/<owner>.<job>.<run_id>.e<epoch>/` (0700, the same layout
+as the local adapter; `owner` is the state repository's identity) holding:
 
-    labels.json      provider, job, run_id, epoch (written first; the folder is created exclusively,
-                     so a second launch with the same labels adopts instead of starting twice)
+    labels.json      provider, owner, job, run_id, epoch (written first; the folder is created
+                     exclusively, so a second launch with the same labels adopts instead of starting twice)
     wrapper.pid      pid and start time of the agent process that supervises the command
     child.pid        pid and start time of the command (it leads its own process group)
-    log              the command's stdout and stderr
-    exit.json        {"code": n} or {"signal": n}, written by the wrapper when the command ends
+    log              the command's stdout and stderr (0600)
+    exit.json        {"code": n} or {"signal": n, "oom": bool}, written by the wrapper when the command
+                     ends; oom = the command died of SIGKILL while its memory cgroup's oom_kill counter
+                     rose (`oom_kills`; absent where the counter cannot be read)
     terminated       the reconciler asked for the stop (so a kill is not blamed on someone else)
     warned           Slurm's time-limit warning arrived before the end
 
+The command gets only a minimal environment: PATH, HOME, USER/LOGNAME, LANG/LC_*, TZ, TMPDIR of
+the agent's own (those that are set; the same list as `adapters.compute.worker_base_env`), the
+variables named by the payload's `pass_prefixes` (Slurm: SLURM_*, set by Slurm for the job), the
+job's env and its secrets.
+
 Subcommands: `launch DIR` (ssh: detach and supervise), `run DIR` (slurm batch step: supervise in
-the foreground), `list WORKDIR PROVIDER`, `terminate DIR`, `logs DIR N`.
+the foreground), `list WORKDIR PROVIDER OWNER` (our workers, and how many live ones other owners
+have there), `terminate DIR`, `logs DIR N`.
 """
 
 import hashlib
@@ -39,6 +47,8 @@ AGENT_VERSION = "1"
 KEEP_FINISHED_SECONDS = 7 * 24 * 3600  # finished worker folders older than this are removed by `list`
 NEVER_STARTED_SECONDS = 120  # a folder with no wrapper after this long is reported lost
 WARNING_HOLD_SECONDS = 10  # a time-limit warning is passed on no sooner than this after the worker starts
+BASE_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR")  # = adapters.compute.BASE_ENV
+BASE_ENV_PREFIXES = ("LC_",)
 
 
 def agent_source():
@@ -113,13 +123,53 @@ def _process_record(pid):
     return json.dumps({"pid": pid, "start": _start_time(pid)})
 
 
+def oom_kills(proc_root="/proc", cgroup_root="/sys/fs/cgroup"):
+    """The `oom_kill` counter of this process's memory cgroup, or None if it cannot be read: cgroup v2
+    `memory.events`, or v1 `memory/.../memory.oom_control`. Where the process's cgroup path is not
+    under the mount (a container sees its own cgroup as the mount's root), the mount's root is read."""
+    try:
+        with open(os.path.join(proc_root, "self", "cgroup")) as fh:
+            lines = [line.split(":", 2) for line in fh.read().splitlines() if line.count(":") >= 2]
+    except OSError:
+        return None
+    v1 = [path for _, controllers, path in lines if "memory" in controllers.split(",")]
+    if v1:
+        where, name = os.path.join(cgroup_root, "memory"), "memory.oom_control"
+        paths = v1
+    else:
+        where, name = cgroup_root, "memory.events"
+        paths = [path for number, _, path in lines if number == "0"]
+    for path in paths[:1] + ["/"]:
+        count = _counter(os.path.join(where, path.lstrip("/"), name), "oom_kill")
+        if count is not None:
+            return count
+    return None
+
+
+def _counter(path, key):
+    try:
+        with open(path) as fh:
+            for line in fh:
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _base_env(environ, prefixes=()):
+    keep = BASE_ENV_PREFIXES + tuple(prefixes)
+    return {k: v for k, v in environ.items() if k in BASE_ENV or k.startswith(keep)}
+
+
 # ---- supervising the command -----------------------------------------------------------------------
 
 
 def supervise(folder, payload):
     """Runs the command, forwards stop signals to its process group, records how it ended."""
     log = os.open(os.path.join(folder, "log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    env = dict(os.environ)
+    env = _base_env(os.environ, payload.get("pass_prefixes") or ())
     env.update(payload.get("env") or {})
     env.update(payload.get("secret_env") or {})
     payload["secret_env"] = None
@@ -168,6 +218,7 @@ def supervise(folder, payload):
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     cwd = payload.get("cwd")
     cwd = os.path.expanduser(cwd) if cwd else folder
+    ooms_before = oom_kills()
     try:
         child = subprocess.Popen(
             payload["command"],
@@ -194,6 +245,8 @@ def supervise(folder, payload):
     code = child.wait()
     signal.alarm(0)
     record = {"signal": -code} if code < 0 else {"code": code}  # type: dict
+    if code == -signal.SIGKILL and ooms_before is not None:
+        record["oom"] = (oom_kills() or 0) > ooms_before
     record["time"] = time.time()
     _write(os.path.join(folder, "exit.json"), json.dumps(record))
     return code if code >= 0 else 128 - code
@@ -207,6 +260,7 @@ def _create(folder, labels):
         os.mkdir(folder, 0o700)
     except FileExistsError:
         return False
+    os.chmod(folder, 0o700)
     _write(os.path.join(folder, "labels.json"), json.dumps(labels))
     return True
 
@@ -284,9 +338,12 @@ def describe(folder):
     return entry
 
 
-def cmd_list(workdir, provider):
+def cmd_list(workdir, provider, owner):
+    """Our workers (this provider and owner) as `{"workers": [...], "foreign": n}`; n counts the live
+    workers of other owners, which are never touched (not even cleaned up)."""
     root = os.path.join(os.path.expanduser(workdir), "workers")
     found = []
+    foreign = 0
     try:
         names = sorted(os.listdir(root))
     except FileNotFoundError:
@@ -295,14 +352,19 @@ def cmd_list(workdir, provider):
     for name in names:
         folder = os.path.join(root, name)
         entry = describe(folder)
-        if entry is None or entry["labels"].get("provider") != provider:
+        if entry is None:
+            continue
+        if owner != "*" and entry["labels"].get("owner") != owner:
+            foreign += entry["state"] in ("starting", "running")
+            continue
+        if entry["labels"].get("provider") != provider:
             continue
         ended = (entry["exit"] or {}).get("time")
         if ended and now - float(ended) > KEEP_FINISHED_SECONDS:
             _remove_tree(folder)
             continue
         found.append(entry)
-    print(json.dumps(found))
+    print(json.dumps({"workers": found, "foreign": foreign}))
     return 0
 
 
@@ -368,7 +430,7 @@ def main(argv):
     if cmd == "run":
         return cmd_run(args[0])
     if cmd == "list":
-        return cmd_list(args[0], args[1])
+        return cmd_list(args[0], args[1], args[2])
     if cmd == "terminate":
         return cmd_terminate(args[0])
     if cmd == "logs":

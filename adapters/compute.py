@@ -2,11 +2,17 @@
 
 Adapters talk to a provider; they decide nothing. Each adapter maps its provider's own states
 onto `WorkerPhase` in one table and keeps the provider's word beside it for humans.
+
+Shared rules every adapter applies the same way: worker labels pass `check_label` (a full match);
+every worker carries its state repository's identity (`owner`) in its labels and folder name
+(`worker_folder_name`); a worker command gets only `worker_base_env` of the environment it is
+started from, plus its `env` and secrets; RECONCILER_DEADLINE is `worker_deadline`.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
@@ -40,7 +46,11 @@ class WorkerState:
     exit_code: int | None = None
     provider_state: str = ""  # the provider's own word, e.g. "PREEMPTED" or "killed by SIGKILL"
     detail: str = ""  # who or what, when the provider says (e.g. "cancelled by uid 1001")
-    # Evidence for the planner (an adapter reports facts, the planner classifies them):
+    # Evidence for the planner (an adapter reports facts, the planner classifies them). A command
+    # that died of a signal is EXITED with `signal` set (exit_code -signum where the process was
+    # watched directly, 128+signum where the provider reports a shell's code, as Slurm does);
+    # PREEMPTED is kept for the provider's own word (spot reclaim, node failure) and for a stop the
+    # reconciler asked for (then `signal` may be set too, and `detail` says so).
     signal: str | None = None  # the signal that ended the command, e.g. "SIGSEGV" (phase EXITED)
     oom: bool = False  # the provider says the kernel or the scheduler killed it for memory
     ended_at: float | None = None  # when the command ended, if the provider can tell (for billing)
@@ -79,15 +89,51 @@ class JobConfigError(Exception):
     the job fails at once with this reason instead of waiting for a provider that cannot help."""
 
 
-SAFE_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+SAFE_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+ANY_OWNER = "*"  # an operator's view (tools, tests): sees every owner's workers and launches nothing
+
+# The only variables of the daemon's own environment a worker command gets (plus its `env` and
+# named secrets): never the daemon's whole environment, which may hold other jobs' credentials.
+BASE_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR")
+BASE_ENV_PREFIXES = ("LC_",)
 
 
 def check_label(value: str, what: str) -> str:
     """Labels become folder names and job comments on a host; refuse anything that could escape
-    or confuse them (one rule for every adapter)."""
-    if not SAFE_LABEL.match(value) or ".." in value:
+    or confuse them (one rule for every adapter). A full match: `"x\n"` is refused."""
+    if not SAFE_LABEL.fullmatch(value) or ".." in value:
         raise ProviderConfigError(f"{what} {value!r} cannot be used as a worker label")
     return value
+
+
+def check_owner(owner: str, what: str = "owner") -> str:
+    """The state repository's identity; ANY_OWNER is the operator's view (observe and stop only)."""
+    return owner if owner == ANY_OWNER else check_label(owner, what)
+
+
+def worker_folder_name(owner: str, job: str, run_id: str, epoch: int) -> str:
+    """`<owner>.<job>.<run_id>.e<epoch>`: one name per worker, never shared by two repositories."""
+    return f"{owner}.{check_label(job, 'job name')}.{check_label(run_id, 'run id')}.e{epoch}"
+
+
+def worker_base_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """What a worker command inherits from the environment it is started from: PATH, HOME,
+    USER/LOGNAME, LANG/LC_*, TZ, TMPDIR (those that are set), nothing else."""
+    return {k: v for k, v in environ.items() if k in BASE_ENV or k.startswith(BASE_ENV_PREFIXES)}
+
+
+def worker_deadline(spec: LaunchSpec, session_end: float | None = None) -> float | None:
+    """RECONCILER_DEADLINE: the earliest of the job's deadline and the provider's session end."""
+    known = [t for t in (spec.deadline, session_end) if t is not None]
+    return min(known) if known else None
+
+
+def with_deadline(env: Mapping[str, str], deadline: float | None) -> dict[str, str]:
+    """`env` with RECONCILER_DEADLINE (whole epoch seconds) set, when a deadline is known."""
+    out = dict(env)
+    if deadline is not None:
+        out["RECONCILER_DEADLINE"] = str(int(deadline))
+    return out
 
 
 @runtime_checkable

@@ -42,6 +42,15 @@ class StateRepo:
         except ValueError as exc:
             raise GitError(f"{self.path} has no commits yet; commit a manifest under desired/ first") from exc
 
+    def root_commit(self) -> str:
+        """The first commit of the history (the oldest root, if histories were merged): it names the
+        repository in every clone, so it can serve as the repository's identity."""
+        try:
+            roots: str = self.repo.git.rev_list("--max-parents=0", "HEAD")
+        except git.GitCommandError as exc:
+            raise GitError(f"{self.path} has no commits yet; commit a manifest under desired/ first") from exc
+        return roots.split()[-1]
+
     def read_files(self, commit: str, folder: str) -> dict[str, bytes]:
         """All blobs under `folder` at `commit`, keyed by their path in the repository."""
         try:

@@ -1,19 +1,31 @@
 """The `local` compute adapter: workers are detached processes on this machine.
 
-Each worker gets a folder `<workdir>/workers/<job>.<run_id>.e<epoch>/` holding its labels, the
-supervisor's pid and start time, the output log and, once the command ends, its exit code. A
-small supervisor (`python -m adapters.local_supervisor`) runs in its own session, so workers
-survive the daemon, and a restarted daemon finds them again by reading those folders.
+Each worker gets a folder `<workdir>/workers/<owner>.<job>.<run_id>.e<epoch>/` (0700) holding its
+labels (provider, owner, job, run_id, epoch), the supervisor's pid and start time, the output log
+(0600) and, once the command ends, its exit code. `owner` is the state repository's identity: two
+repositories sharing this machine never see, stop or read each other's workers (`observe` counts
+the others' live workers in `foreign_workers`). A small supervisor (`python -m
+adapters.local_supervisor`) runs in its own session, so workers survive the daemon, and a restarted
+daemon finds them again by reading those folders. The supervisor gets the command's environment on
+its stdin (never in its own environment or in a file); the command gets only the minimal base
+environment (`adapters.compute.worker_base_env`), its `env` and its named secrets.
 
-State table (the process's fate -> WorkerPhase):
+State table (the process's fate -> WorkerState):
 
-| what the folder shows                               | phase      |
-|-----------------------------------------------------|------------|
-| supervisor alive, command not started yet           | pending    |
-| supervisor alive, command running                   | running    |
-| exit code >= 0 recorded                             | exited     |
-| exit code < 0 recorded (killed by a signal)         | preempted  |
-| no exit code and the supervisor is gone             | lost       |
+| what the folder shows                               | phase      | evidence                        |
+|-----------------------------------------------------|------------|---------------------------------|
+| supervisor alive, command not started yet           | pending    |                                 |
+| supervisor alive, command running                   | running    |                                 |
+| exit code >= 0 recorded                             | exited     | exit_code                       |
+| exit code < 0 recorded (killed by a signal)         | exited     | exit_code=-signum, signal name; |
+|                                                     |            | oom when the cgroup's oom_kill  |
+|                                                     |            | counter rose across a SIGKILL   |
+| ... after the reconciler asked it to stop           | preempted  | signal, "stopped by the         |
+|                                                     |            | reconciler"                     |
+| no exit code and the supervisor is gone             | lost       |                                 |
+
+A death by signal is reported as a fact (which signal, whether the reconciler had asked for the
+stop, whether the kernel's OOM killer acted); the planner decides what it means.
 """
 
 from __future__ import annotations
@@ -26,8 +38,21 @@ import sys
 from collections import deque
 from pathlib import Path
 
-from adapters.compute import LaunchSpec, ProviderUnavailable, WorkerPhase, WorkerRef, WorkerState
-from desired.models import LocalSettings
+from adapters.compute import (
+    ANY_OWNER,
+    LaunchSpec,
+    ProviderConfigError,
+    ProviderUnavailable,
+    WorkerPhase,
+    WorkerRef,
+    WorkerState,
+    check_owner,
+    with_deadline,
+    worker_base_env,
+    worker_deadline,
+    worker_folder_name,
+)
+from desired.models import Capacity, LocalSettings
 
 DEFAULT_WORKDIR = "~/.reconciler/local"
 
@@ -56,25 +81,75 @@ def alive(pid: int, start_time: str | None) -> bool:
     return start_time is None or current == start_time
 
 
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _meminfo_gb() -> float | None:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    return round(int(line.split()[1]) / 1024**2, 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _gpu_count() -> int:
+    """Lines of `nvidia-smi -L`; 0 when there is no nvidia-smi or it fails."""
+    try:
+        proc = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    if proc.returncode != 0:
+        return 0
+    return sum(1 for line in proc.stdout.splitlines() if line.startswith("GPU "))
+
+
+def package_root() -> str:
+    """The folder this package is imported from, so the supervisor runs the daemon's own code."""
+    return str(Path(__file__).resolve().parent.parent)
+
+
 class LocalAdapter:
-    def __init__(self, name: str, settings: LocalSettings | None = None) -> None:
+    def __init__(self, name: str, settings: LocalSettings | None = None, *, owner: str = ANY_OWNER) -> None:
         self.name = name
+        self.owner = check_owner(owner)
+        self.foreign_workers = 0
         settings = settings or LocalSettings()
         self.root = Path(os.path.expanduser(settings.workdir or os.environ.get(
             "RECONCILER_LOCAL_WORKDIR", DEFAULT_WORKDIR))) / "workers"
+        self._capacity: Capacity | None = None
 
     # ---- helpers ---------------------------------------------------------------------------
-    def _folder(self, job: str, run_id: str, epoch: int) -> Path:
-        return self.root / f"{job}.{run_id}.e{epoch}"
-
-    def _ref_of(self, folder: Path) -> WorkerRef | None:
+    def _labels(self, folder: Path) -> dict | None:
         try:
             labels = json.loads((folder / "labels.json").read_text())
-            if labels.get("provider") != self.name:
-                return None
-            return WorkerRef(self.name, folder.name, labels["job"], labels["run_id"], int(labels["epoch"]))
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError):
             return None
+        return labels if isinstance(labels, dict) else None
+
+    def _ours(self, labels: dict | None) -> bool:
+        if labels is None or labels.get("provider") != self.name:
+            return False
+        return self.owner == ANY_OWNER or labels.get("owner") == self.owner
+
+    def _ref_of(self, folder: Path, labels: dict) -> WorkerRef | None:
+        try:
+            return WorkerRef(self.name, folder.name, labels["job"], labels["run_id"], int(labels["epoch"]))
+        except (KeyError, ValueError, TypeError):
+            return None
+
+    def _own_folder(self, ref: WorkerRef) -> Path | None:
+        """The folder of one of our workers; None for a name that is not a folder of ours."""
+        if ref.id != os.path.basename(ref.id) or ref.id in ("", ".", ".."):
+            return None
+        folder = self.root / ref.id
+        return folder if self._ours(self._labels(folder)) else None
 
     def _read(self, folder: Path, name: str) -> str | None:
         try:
@@ -82,14 +157,21 @@ class LocalAdapter:
         except OSError:
             return None
 
+    def _ended(self, folder: Path, rc: int) -> WorkerState:
+        by_us = (folder / "terminate-requested").exists()
+        if rc >= 0:
+            return WorkerState(WorkerPhase.EXITED, rc, f"exited {rc}", "stopped by the reconciler" if by_us else "")
+        sig = signal_name(-rc)
+        if by_us:  # the stop we asked for (SIGTERM, SIGKILL after the grace): never the job's own crash
+            return WorkerState(WorkerPhase.PREEMPTED, rc, f"killed by {sig}", "stopped by the reconciler", signal=sig)
+        oom = (folder / "oom").exists()
+        detail = "killed by the kernel's OOM killer" if oom else f"killed by {sig}, not by the reconciler"
+        return WorkerState(WorkerPhase.EXITED, rc, f"killed by {sig}", detail, signal=sig, oom=oom)
+
     def _state(self, folder: Path) -> WorkerState:
         code = self._read(folder, "exit_code")
         if code is not None and code.lstrip("-").isdigit():
-            rc = int(code)
-            if rc < 0:
-                sig = signal.Signals(-rc).name if -rc in signal.valid_signals() else str(-rc)
-                return WorkerState(WorkerPhase.PREEMPTED, rc, f"killed by {sig}")
-            return WorkerState(WorkerPhase.EXITED, rc, f"exited {rc}")
+            return self._ended(folder, int(code))
         pid = self._read(folder, "supervisor.pid")
         if pid and pid.isdigit() and alive(int(pid), self._read(folder, "supervisor.start")):
             if self._read(folder, "child.pid"):
@@ -99,55 +181,82 @@ class LocalAdapter:
             return WorkerState(WorkerPhase.PENDING, None, "starting")
         return WorkerState(WorkerPhase.LOST, None, "supervisor gone without an exit code")
 
+    def _start(self, folder: Path, spec: LaunchSpec) -> None:
+        """Starts the supervisor with a minimal environment; the command's own environment goes to
+        it on stdin, so no secret is in the supervisor's environment or in a file."""
+        child_env = {**worker_base_env(os.environ), **with_deadline(spec.env, worker_deadline(spec)),
+                     **spec.secret_env}
+        own_env = {**worker_base_env(os.environ), "PYTHONPATH": package_root()}
+        if "RECONCILER_GRACE_SECONDS" in os.environ:  # the supervisor's own setting, not the command's
+            own_env["RECONCILER_GRACE_SECONDS"] = os.environ["RECONCILER_GRACE_SECONDS"]
+        cwd = os.path.expanduser(spec.workdir) if spec.workdir else None
+        log = os.open(folder / "log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "adapters.local_supervisor", str(folder), "--", *spec.command],
+                cwd=cwd, env=own_env, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, close_fds=True,
+            )
+        except OSError as exc:
+            (folder / "exit_code").write_text("127")
+            os.write(log, f"cannot start the worker: {exc}\n".encode())
+            raise ProviderUnavailable(f"local provider {self.name!r}: cannot start the worker: {exc}") from exc
+        finally:
+            os.close(log)
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(json.dumps(child_env).encode())
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass  # the supervisor died at once; it records nothing, so observe reports the worker lost
+
     # ---- the contract ------------------------------------------------------------------------
     def launch(self, spec: LaunchSpec) -> WorkerRef:
-        folder = self._folder(spec.job, spec.run_id, spec.epoch)
+        if self.owner == ANY_OWNER:
+            raise ProviderConfigError(f"local provider {self.name!r}: an adapter without an owner cannot launch")
+        folder = self.root / worker_folder_name(self.owner, spec.job, spec.run_id, spec.epoch)
         ref = WorkerRef(self.name, folder.name, spec.job, spec.run_id, spec.epoch)
         try:
-            folder.mkdir(parents=True, exist_ok=False)
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            folder.mkdir(mode=0o700)
         except FileExistsError:
             return ref  # already launched with these labels: adopt
         except OSError as exc:
             raise ProviderUnavailable(f"local provider {self.name!r}: cannot create {folder}: {exc}") from exc
-        labels = {"provider": self.name, "job": spec.job, "run_id": spec.run_id, "epoch": spec.epoch}
+        folder.chmod(0o700)
+        labels = {"provider": self.name, "owner": self.owner, "job": spec.job, "run_id": spec.run_id,
+                  "epoch": spec.epoch}
         (folder / "labels.json").write_text(json.dumps(labels))
         (folder / "launching").touch()
-        env = {**os.environ, **spec.env, **spec.secret_env}
-        cwd = os.path.expanduser(spec.workdir) if spec.workdir else None
-        log = open(folder / "log", "ab")
-        try:
-            subprocess.Popen(
-                [sys.executable, "-m", "adapters.local_supervisor", str(folder), "--", *spec.command],
-                cwd=cwd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                close_fds=True,
-            )
-        except OSError as exc:
-            (folder / "exit_code").write_text("127")
-            log.write(f"cannot start the worker: {exc}\n".encode())
-            raise ProviderUnavailable(f"local provider {self.name!r}: cannot start the worker: {exc}") from exc
-        finally:
-            log.close()
+        self._start(folder, spec)
         return ref
 
     def observe(self) -> dict[WorkerRef, WorkerState]:
         found: dict[WorkerRef, WorkerState] = {}
-        if not self.root.exists():
-            return found
-        for folder in sorted(self.root.iterdir()):
-            ref = self._ref_of(folder)
-            if ref is not None:
-                found[ref] = self._state(folder)
+        foreign = 0
+        if self.root.exists():
+            for folder in sorted(self.root.iterdir()):
+                labels = self._labels(folder)
+                if labels is None:
+                    continue
+                if not self._ours(labels):
+                    foreign += labels.get("owner") != self.owner and self._live(folder)
+                    continue
+                ref = self._ref_of(folder, labels)
+                if ref is not None:
+                    found[ref] = self._state(folder)
+        self.foreign_workers = foreign
         return found
+
+    def _live(self, folder: Path) -> bool:
+        return self._state(folder).phase in (WorkerPhase.PENDING, WorkerPhase.RUNNING)
 
     def terminate(self, ref: WorkerRef) -> None:
         """SIGTERM to the worker's process group: the supervisor gives the command a grace period
-        to checkpoint, then kills it."""
-        folder = self.root / ref.id
+        to checkpoint, then kills it. Only our own workers: another owner's folder is left alone."""
+        folder = self._own_folder(ref)
+        if folder is None:
+            return
         (folder / "terminate-requested").touch(exist_ok=True)
         pid = self._read(folder, "supervisor.pid")
         if pid and pid.isdigit() and alive(int(pid), self._read(folder, "supervisor.start")):
@@ -158,7 +267,8 @@ class LocalAdapter:
 
     def kill_worker(self, ref: WorkerRef, sig: int = signal.SIGKILL) -> bool:
         """Sends `sig` to the worker command itself, as a crash or a preemption would (chaos, tests)."""
-        child = self._read(self.root / ref.id, "child.pid")
+        folder = self._own_folder(ref)
+        child = self._read(folder, "child.pid") if folder is not None else None
         if not child or not child.isdigit():
             return False
         try:
@@ -168,11 +278,20 @@ class LocalAdapter:
             return False
 
     def logs(self, ref: WorkerRef, tail: int = 50) -> str:
+        folder = self._own_folder(ref)
+        if folder is None:
+            return ""
         try:
-            with open(self.root / ref.id / "log", errors="replace") as fh:
+            with open(folder / "log", errors="replace") as fh:
                 return "".join(deque(fh, maxlen=tail))
         except OSError:
             return ""
 
     def free_slots(self) -> int | None:
         return None
+
+    def capacity(self) -> Capacity | None:
+        """This machine: CPUs, memory (MemTotal) and GPUs (`nvidia-smi -L`), asked once."""
+        if self._capacity is None:
+            self._capacity = Capacity(cpus=os.cpu_count() or 1, memory_gb=_meminfo_gb(), gpus=_gpu_count())
+        return self._capacity

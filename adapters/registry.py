@@ -17,8 +17,9 @@ ADAPTERS: dict[str, tuple[str, str]] = {
 }
 
 
-def make_adapter(provider: Provider) -> ComputeAdapter:
-    """Every adapter class takes `(name, settings)`; settings is the provider's typed settings."""
+def make_adapter(provider: Provider, owner: str) -> ComputeAdapter:
+    """Every adapter class takes `(name, settings, owner=identity)`; settings is the provider's typed
+    settings, owner the state repository's identity (put on every worker it launches)."""
     kind = provider.spec.type
     if kind not in ADAPTERS:
         raise ProviderConfigError(f"provider {provider.name!r}: unknown type {kind!r}")
@@ -30,5 +31,5 @@ def make_adapter(provider: Provider) -> ComputeAdapter:
             f"provider {provider.name!r}: the {kind} adapter cannot be loaded ({exc})"
         ) from exc
     cls = getattr(module, class_name)
-    adapter: ComputeAdapter = cls(provider.name, provider.spec.settings)
+    adapter: ComputeAdapter = cls(provider.name, provider.spec.settings, owner=owner)
     return adapter

@@ -38,9 +38,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from adapters.compute import LaunchSpec, ProviderUnavailable, WorkerPhase, WorkerRef, WorkerState
+from adapters.compute import (
+    ANY_OWNER,
+    LaunchSpec,
+    ProviderUnavailable,
+    WorkerPhase,
+    WorkerRef,
+    WorkerState,
+    worker_deadline,
+)
 from adapters.storage import CheckpointName, Fenced, RunFolder, StorageError
-from desired.models import SimSettings
+from desired.models import Capacity, SimSettings
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -594,8 +602,10 @@ class SimCloud:
             raise ProviderUnavailable(f"sim provider {provider}: free quota spent")
         model = self.job_model(spec.job)
         env = dict(spec.env)
-        if p.session_limit_seconds and p.tell_deadline:
-            env["RECONCILER_DEADLINE"] = str(self.t + p.launch_delay_seconds + p.session_limit_seconds)
+        session_end = self.t + p.launch_delay_seconds + p.session_limit_seconds if p.session_limit_seconds else None
+        deadline = worker_deadline(spec, session_end if p.tell_deadline else None)
+        if deadline is not None:
+            env["RECONCILER_DEADLINE"] = str(deadline)
         spec = LaunchSpec(job=spec.job, run_id=spec.run_id, epoch=spec.epoch, command=spec.command, env=env,
                           secret_env={}, workdir=spec.workdir, cpus=spec.cpus, memory_gb=spec.memory_gb,
                           gpus=spec.gpus)
@@ -671,8 +681,11 @@ class SimAdapter:
     `SimAdapter(name, settings)` (then it makes a private world on the wall clock), or by the
     simulation with `world=` to share one world between ticks and reconciler restarts."""
 
-    def __init__(self, name: str, settings: SimSettings | None = None, world: SimCloud | None = None) -> None:
+    def __init__(self, name: str, settings: SimSettings | None = None, world: SimCloud | None = None, *,
+                 owner: str = ANY_OWNER) -> None:
         self.name = name
+        self.owner = owner  # one simulated repository per world: every worker is ours
+        self.foreign_workers = 0
         if world is None:
             import time
 
@@ -706,6 +719,9 @@ class SimAdapter:
 
     def free_slots(self) -> int | None:
         return self.world.free_slots(self.name)
+
+    def capacity(self) -> Capacity | None:
+        return None
 
 
 __all__ = [

@@ -2,15 +2,19 @@
 
 The reconciler runs where `sbatch`, `squeue`, `scontrol` and `scancel` work (a login node) and the
 provider's `workdir` must be visible at the same path on the compute nodes (a shared home or
-scratch). Each worker gets the same folder as on SSH hosts, `<workdir>/workers/<job>.<run_id>.e<epoch>/`;
-its batch script execs the worker agent (`adapters/bootstrap.py`), which reads the argv, env and
-secrets from a 0600 `payload.json` and deletes it at once, so secrets never reach the command line,
-the job's recorded environment or a readable file. `sbatch` itself runs with a minimal environment
-(PATH, HOME, locale, SLURM_*), so other jobs' secrets in the reconciler's own environment are not
-exported into the job.
+scratch). Each worker gets the same folder as on SSH hosts,
+`<workdir>/workers/<owner>.<job>.<run_id>.e<epoch>/` (0700; its log 0600), `owner` being the state
+repository's identity; its batch script execs the worker agent (`adapters/bootstrap.py`), which reads
+the argv, env and secrets from a 0600 `payload.json` and deletes it at once, so secrets never reach
+the command line, the job's recorded environment or a readable file. `sbatch` itself runs with a
+minimal environment (PATH, HOME, locale, SLURM_*), and the agent gives the command only the minimal
+base environment, the SLURM_* variables of its job, its env and its secrets.
 
-Labels: the job comment is `reconciler:<provider>:<job>:<run_id>:<epoch>`, found again with
-`scontrol show job -o` after a restart. Jobs are submitted with `--no-requeue` (a relaunch is a new
+Labels: the job comment is `reconciler:<owner>:<provider>:<job>:<run_id>:<epoch>` and the job name
+`rc-<owner>-<job>`, found again with `scontrol show job -o` after a restart. Jobs of other owners
+(another repository or person on the same cluster) are counted in `foreign_workers` and never
+cancelled or adopted. A job's `gpu_model` becomes `--gres=gpu:<model>:<n>`.
+Jobs are submitted with `--no-requeue` (a relaunch is a new
 epoch decided by the planner, never a silent restart of a fenced one). With a time limit the job asks
 for `--signal=B:USR1@<signal_seconds>`; the agent turns that warning into SIGTERM for the worker, which
 checkpoints and exits 75, and `RECONCILER_DEADLINE` carries the limit to the worker.
@@ -19,20 +23,24 @@ State table (Slurm's word -> WorkerPhase), one place for every state Slurm docum
 
     PENDING CONFIGURING REQUEUED REQUEUE_HOLD REQUEUE_FED RESV_DEL_HOLD SUSPENDED STOPPED -> pending
     RUNNING COMPLETING SIGNALING STAGE_OUT RESIZING                                     -> running
-    COMPLETED FAILED SPECIAL_EXIT OUT_OF_MEMORY                                         -> exited(code)
+    COMPLETED FAILED SPECIAL_EXIT                                                       -> exited(code)
+    OUT_OF_MEMORY                                                                       -> exited, oom
+    CANCELLED (by someone other than the reconciler)                                    -> exited, signal
     TIMEOUT DEADLINE                                                                    -> session-limit
     PREEMPTED NODE_FAIL BOOT_FAIL REVOKED                                               -> preempted
-    CANCELLED                                                                           -> preempted
+    CANCELLED (by the reconciler: a `terminated` marker in the folder)                  -> preempted
     anything else                                                                       -> lost
 
-Decisions: a job that received the time-limit warning and then exited 75 (checkpointed, as asked) or
-died of the SIGTERM it was sent is session-limit, not a job error. CANCELLED is preempted, an
-interruption that does not count against the job's retry budget: when the reconciler cancelled it (a
-`terminated` marker in the folder) the detail says so; otherwise the detail says it was cancelled
-outside the reconciler, naming the uid when accounting (`sacct`) is available. A person who wants a
-job to stop sets `suspend: true` or deletes the manifest; a `scancel` by an admin is treated like a
-preemption. Suspended jobs are pending: they hold their allocation but make no progress and will
-resume. Finished jobs leave the controller after MinJobAge; then `sacct` (if accounting is on) or
+Evidence, not verdicts (the planner classifies): a death by a signal (`ExitCode` `0:<sig>`) carries
+`signal` (e.g. "SIGKILL") with the shell's exit code 128+sig; OUT_OF_MEMORY carries `oom=True`; an
+outsider's CANCELLED is an exit: by the signal scancel sent (SIGTERM unless Slurm says otherwise), or
+with the command's own code when it caught the signal (75 after a final checkpoint), its detail
+naming who when accounting (`sacct`) can tell. Only Slurm's own word (PREEMPTED, NODE_FAIL,
+BOOT_FAIL, REVOKED) is an interruption. A job that received the time-limit warning and then exited 75
+(checkpointed, as asked) or died of the SIGTERM it was sent is session-limit, not a job error.
+`RECONCILER_DEADLINE` is the earlier of the job's deadline and the job's start + its time limit.
+Suspended jobs are pending: they hold their allocation but make no progress and will resume.
+Finished jobs leave the controller after MinJobAge; then `sacct` (if accounting is on) or
 the exit record the agent wrote in the folder tells how they ended.
 """
 
@@ -45,13 +53,16 @@ import pwd
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import time
 from collections import deque
+from dataclasses import replace
 from pathlib import Path
 
 from adapters.bootstrap import agent_digest, agent_source, describe
 from adapters.compute import (
+    ANY_OWNER,
     LaunchSpec,
     ProviderConfigError,
     ProviderUnavailable,
@@ -59,8 +70,12 @@ from adapters.compute import (
     WorkerRef,
     WorkerState,
     check_label,
+    check_owner,
+    with_deadline,
+    worker_deadline,
+    worker_folder_name,
 )
-from desired.models import SlurmSettings
+from desired.models import Capacity, SlurmSettings
 
 FIELD = re.compile(r"(?:^|\s)([A-Za-z][\w:/]*)=")
 SUBMIT_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "SHELL", "TMPDIR")
@@ -89,7 +104,7 @@ STATES: dict[str, WorkerPhase] = {
     "NODE_FAIL": WorkerPhase.PREEMPTED,
     "BOOT_FAIL": WorkerPhase.PREEMPTED,
     "REVOKED": WorkerPhase.PREEMPTED,
-    "CANCELLED": WorkerPhase.PREEMPTED,
+    "CANCELLED": WorkerPhase.EXITED,  # by us: PREEMPTED (see map_state)
 }
 INTERRUPTED_EXIT = 75  # the worker's "stopped after a final checkpoint"
 
@@ -106,6 +121,52 @@ def parse_exit_code(text: str) -> int | None:
     return 128 + signum if number == 0 and signum else number
 
 
+def _signal_of(exit_code: str) -> str | None:
+    """The signal part of Slurm's `code:signal`, as a name; None when there is none."""
+    number = exit_code.partition(":")[2]
+    if not number.isdigit() or int(number) == 0:
+        return None
+    try:
+        return signal.Signals(int(number)).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _cancelled(state: str, exit_code: str, by_reconciler: bool, cancelled_by: str) -> WorkerState:
+    code = parse_exit_code(exit_code)
+    if by_reconciler:
+        return WorkerState(WorkerPhase.PREEMPTED, code, state, "cancelled by the reconciler")
+    who = cancelled_by or (state.split(" by ", 1)[1] if " by " in state else "")
+    detail = "cancelled outside the reconciler" + (f" by {who}" if who else " (no accounting to tell who)")
+    sig = _signal_of(exit_code)
+    if sig is None and not code:  # no word from the command: it died of what scancel sends
+        sig = "SIGTERM"
+    return WorkerState(WorkerPhase.EXITED, code, state, detail, signal=sig)
+
+
+def _exited(word: str, state: str, exit_code: str, by_reconciler: bool, warned: bool) -> WorkerState:
+    code = parse_exit_code(exit_code)
+    code = 0 if code is None and word == "COMPLETED" else code
+    oom = word == "OUT_OF_MEMORY"
+    if oom:  # Slurm says 0:125 here; report the kernel OOM killer's usual 137
+        code = int(exit_code.partition(":")[0] or 0) or 137
+    if warned and code in (INTERRUPTED_EXIT, 128 + 15):
+        return WorkerState(
+            WorkerPhase.SESSION_LIMIT, code, state, "time-limit warning received; worker checkpointed and stopped"
+        )
+    detail = "stopped by the reconciler" if by_reconciler else ("out of memory" if oom else "")
+    sig = None if oom else _signal_of(exit_code)
+    return WorkerState(WorkerPhase.EXITED, code, state, detail, signal=sig, oom=oom)
+
+
+PREEMPTED_DETAIL = {
+    "NODE_FAIL": "node failure",
+    "BOOT_FAIL": "node failed to boot",
+    "PREEMPTED": "preempted by a higher-priority job",
+    "REVOKED": "revoked by a federated cluster",
+}
+
+
 def map_state(
     state: str,
     exit_code: str = "",
@@ -118,32 +179,11 @@ def map_state(
     """The one table: Slurm's word (with `CANCELLED by 1001` style suffixes allowed) -> WorkerState."""
     word = state.split()[0].rstrip("+") if state.strip() else ""
     phase = STATES.get(word, WorkerPhase.LOST)
-    code = parse_exit_code(exit_code)
     if word == "CANCELLED":
-        if by_reconciler:
-            return WorkerState(phase, code, state, "cancelled by the reconciler")
-        who = cancelled_by or (state.split(" by ", 1)[1] if " by " in state else "")
-        detail = "cancelled outside the reconciler" + (
-            f" by {who}" if who else " (no accounting to tell who)"
-        )
-        return WorkerState(phase, code, state, detail)
+        return _cancelled(state, exit_code, by_reconciler, cancelled_by)
     if phase is WorkerPhase.EXITED:
-        code = 0 if code is None and word == "COMPLETED" else code
-        if word == "OUT_OF_MEMORY":  # Slurm says 0:125 here; report the kernel OOM killer's usual 137
-            code = int(exit_code.partition(":")[0] or 0) or 137
-        if warned and code in (INTERRUPTED_EXIT, 128 + 15):
-            return WorkerState(
-                WorkerPhase.SESSION_LIMIT,
-                code,
-                state,
-                "time-limit warning received; worker checkpointed and stopped",
-            )
-        detail = (
-            "stopped by the reconciler"
-            if by_reconciler
-            else ("out of memory" if word == "OUT_OF_MEMORY" else "")
-        )
-        return WorkerState(phase, code, state, detail)
+        return _exited(word, state, exit_code, by_reconciler, warned)
+    code = parse_exit_code(exit_code)
     if phase is WorkerPhase.SESSION_LIMIT:
         return WorkerState(
             phase, code, state, "time limit reached" if word == "TIMEOUT" else "deadline reached"
@@ -151,14 +191,7 @@ def map_state(
     if phase is WorkerPhase.LOST:
         return WorkerState(phase, None, state or "unknown", f"Slurm state {state!r} is not one we know")
     if phase is WorkerPhase.PREEMPTED:
-        return WorkerState(
-            phase,
-            code,
-            state,
-            {"NODE_FAIL": "node failure", "BOOT_FAIL": "node failed to boot"}.get(
-                word, "preempted by a higher-priority job" if word == "PREEMPTED" else ""
-            ),
-        )
+        return WorkerState(phase, code, state, PREEMPTED_DETAIL.get(word, ""))
     return WorkerState(phase, None, state, "" if reason in ("", "None", "(null)") else reason)
 
 
@@ -195,14 +228,20 @@ def parse_scontrol(line: str) -> dict[str, str]:
     return fields
 
 
+Labels = tuple[str, str, str, int]  # owner, job, run_id, epoch
+LIVE = (WorkerPhase.PENDING, WorkerPhase.RUNNING)
+
+
 class SlurmAdapter:
-    def __init__(self, name: str, settings: SlurmSettings) -> None:
+    def __init__(self, name: str, settings: SlurmSettings, *, owner: str = ANY_OWNER) -> None:
         self.name = name
+        self.owner = check_owner(owner)
+        self.foreign_workers = 0
         self.settings = settings
         self.workdir = Path(os.path.expanduser(settings.workdir))
         self.workers = self.workdir / "workers"
         self.agent = self.workdir / "bin" / f"agent-{agent_digest()}.py"
-        self.comment_prefix = f"reconciler:{name}:"
+        self._owners: dict[str, str] = {}  # job id -> owner, for an operator's view (ANY_OWNER)
         self._finished: dict[str, WorkerState] = {}  # job id -> final state, once seen
         self._accounting: bool | None = None  # unknown until sacct is first asked
         try:
@@ -230,7 +269,9 @@ class SlurmAdapter:
                 f"{self.settings.command_timeout_seconds:.0f}s; the controller may be overloaded or down"
             ) from exc
 
-    def _controller_jobs(self) -> dict[str, dict[str, str]]:
+    def _controller_jobs(self) -> tuple[dict[str, tuple[dict[str, str], Labels]], int]:
+        """Our jobs the controller knows (job id -> fields, labels), and how many live jobs of other
+        owners (other repositories or people using the reconciler on this cluster) it holds."""
         proc = self._run(["scontrol", "show", "job", "-o"])
         if proc.returncode != 0:
             raise ProviderUnavailable(
@@ -238,14 +279,21 @@ class SlurmAdapter:
                 f"({proc.stderr.strip() or proc.stdout.strip()}); "
                 "check that slurmctld is up and SLURM_CONF points at the cluster"
             )
-        jobs = {}
+        jobs, foreign = {}, 0
         for line in proc.stdout.splitlines():
-            if "JobId=" not in line:
+            if "JobId=" not in line or "Comment=reconciler:" not in line:
                 continue
             fields = parse_scontrol(line)
-            if fields.get("Comment", "").startswith(self.comment_prefix):
-                jobs[fields["JobId"]] = fields
-        return jobs
+            labels = self._labels_of(fields)
+            if labels is not None:
+                jobs[fields["JobId"]] = (fields, labels)
+            elif fields.get("Comment", "").startswith("reconciler:") and self._foreign(fields):
+                foreign += STATES.get(fields.get("JobState", "").split(" ")[0]) in LIVE
+        return jobs, foreign
+
+    def _foreign(self, fields: dict[str, str]) -> bool:
+        parts = fields.get("Comment", "").split(":")
+        return len(parts) != 6 or parts[1] != self.owner
 
     def _who_cancelled(self, job_id: str) -> str:
         """Asks accounting who cancelled a job; '' when accounting is off (remembered, asked once)."""
@@ -281,16 +329,17 @@ class SlurmAdapter:
         return None
 
     # ---- folders --------------------------------------------------------------------------------
-    def _folder(self, job: str, run_id: str, epoch: int) -> Path:
-        check_label(job, "job name")
-        check_label(run_id, "run id")
-        return self.workers / f"{job}.{run_id}.e{epoch}"
+    def _folder(self, owner: str, job: str, run_id: str, epoch: int) -> Path:
+        return self.workers / worker_folder_name(owner, job, run_id, epoch)
 
-    def _labels_of(self, fields: dict[str, str]) -> tuple[str, str, int] | None:
-        parts = fields.get("Comment", "")[len(self.comment_prefix) :].split(":")
-        if len(parts) != 3 or not parts[2].isdigit():
+    def _labels_of(self, fields: dict[str, str]) -> Labels | None:
+        """Labels from `reconciler:<owner>:<provider>:<job>:<run_id>:<epoch>`, for our jobs only."""
+        parts = fields.get("Comment", "").split(":")
+        if len(parts) != 6 or parts[0] != "reconciler" or parts[2] != self.name or not parts[5].isdigit():
             return None
-        return parts[0], parts[1], int(parts[2])
+        if self.owner not in (ANY_OWNER, parts[1]):
+            return None
+        return parts[1], parts[3], parts[4], int(parts[5])
 
     def _state_of(self, fields: dict[str, str], folder: Path) -> WorkerState:
         state = fields.get("JobState", "")
@@ -298,7 +347,7 @@ class SlurmAdapter:
         who = ""
         if state.startswith("CANCELLED") and not by_us:
             who = self._who_cancelled(fields["JobId"])
-        return map_state(
+        mapped = map_state(
             state,
             fields.get("ExitCode", ""),
             by_reconciler=by_us,
@@ -306,6 +355,7 @@ class SlurmAdapter:
             cancelled_by=who,
             reason=fields.get("Reason", ""),
         )
+        return _with_exit_record(mapped, folder)
 
     def _state_from_folder(self, job_id: str, folder: Path) -> WorkerState:
         """For a job the controller has forgotten: accounting if any, else the agent's exit record."""
@@ -321,42 +371,50 @@ class SlurmAdapter:
             return map_state("COMPLETED" if ended["code"] == 0 else "FAILED", f"{ended['code']}:0",
                              by_reconciler=by_us, warned=warned)  # fmt: skip
         if isinstance(ended, dict) and "signal" in ended:
+            num = int(ended["signal"])
             detail = (
                 "stopped by the reconciler"
                 if by_us
-                else (f"killed by signal {ended['signal']}; Slurm has forgotten the job, so who is unknown")
+                else (f"killed by signal {num}; Slurm has forgotten the job, so who is unknown")
             )
-            return WorkerState(WorkerPhase.PREEMPTED, 128 + int(ended["signal"]), "gone", detail)
+            phase = WorkerPhase.PREEMPTED if by_us else WorkerPhase.EXITED
+            return WorkerState(phase, 128 + num, "gone", detail, signal=_signal_of(f"0:{num}"),
+                               oom=bool(ended.get("oom")))
         return WorkerState(
             WorkerPhase.LOST, None, "gone", f"Slurm has forgotten job {job_id} and it left no exit record"
         )
 
     # ---- the contract ---------------------------------------------------------------------------
     def observe(self) -> dict[WorkerRef, WorkerState]:
-        jobs = self._controller_jobs()
+        jobs, self.foreign_workers = self._controller_jobs()
         found: dict[WorkerRef, WorkerState] = {}
-        for job_id, fields in jobs.items():
-            labels = self._labels_of(fields)
-            if labels is None:
-                continue
-            ref = WorkerRef(self.name, job_id, *labels)
+        for job_id, (fields, labels) in jobs.items():
+            ref = WorkerRef(self.name, job_id, *labels[1:])
+            self._owners[job_id] = labels[0]
             folder = self._folder(*labels)
             state = self._state_of(fields, folder)
-            if state.phase not in (WorkerPhase.PENDING, WorkerPhase.RUNNING):
+            if state.phase not in LIVE:
                 self._finished[job_id] = state
                 _forget_payload(folder)  # a job cancelled before it started never read its secrets
             found[ref] = state
+        found.update(self._forgotten(set(jobs)))
+        return found
+
+    def _forgotten(self, known: set[str]) -> dict[WorkerRef, WorkerState]:
+        """Our worker folders whose job the controller no longer knows (ended, past MinJobAge)."""
+        found: dict[WorkerRef, WorkerState] = {}
         if not self.workers.is_dir():
             return found
         for folder in sorted(self.workers.iterdir()):
             entry = describe(str(folder))
-            if not entry or entry["labels"].get("provider") != self.name or not entry.get("slurm_job_id"):
-                continue
-            job_id = entry["slurm_job_id"]
-            if job_id in jobs:
+            if not entry or not entry.get("slurm_job_id") or entry["slurm_job_id"] in known:
                 continue
             labels = entry["labels"]
+            if labels.get("provider") != self.name or self.owner not in (ANY_OWNER, labels.get("owner")):
+                continue
+            job_id = entry["slurm_job_id"]
             ref = WorkerRef(self.name, job_id, labels["job"], labels["run_id"], int(labels["epoch"]))
+            self._owners[job_id] = str(labels.get("owner"))
             if job_id not in self._finished:
                 self._finished[job_id] = self._state_from_folder(job_id, folder)
             found[ref] = self._finished[job_id]
@@ -374,8 +432,8 @@ class SlurmAdapter:
         s = self.settings
         argv = [
             "sbatch", "--parsable",
-            f"--job-name=rc-{spec.job}",
-            f"--comment={self.comment_prefix}{spec.job}:{spec.run_id}:{spec.epoch}",
+            f"--job-name=rc-{self.owner}-{spec.job}",
+            f"--comment=reconciler:{self.owner}:{self.name}:{spec.job}:{spec.run_id}:{spec.epoch}",
             f"--output={folder / 'log'}",
             "--open-mode=append",
             "--no-requeue",
@@ -385,7 +443,8 @@ class SlurmAdapter:
         if spec.memory_gb:
             argv.append(f"--mem={math.ceil(spec.memory_gb * 1024)}M")
         if spec.gpus:
-            argv.append(f"--gres=gpu:{spec.gpus}")
+            model = f"{check_label(spec.gpu_model, 'GPU model')}:" if spec.gpu_model else ""
+            argv.append(f"--gres=gpu:{model}{spec.gpus}")
         for flag, value in (("--partition", s.partition), ("--account", s.account), ("--qos", s.qos)):
             if value:
                 argv.append(f"{flag}={value}")
@@ -395,68 +454,103 @@ class SlurmAdapter:
                 argv.append(f"--signal=B:USR1@{s.signal_seconds}")
         return [*argv, *s.sbatch_options, str(script)]
 
-    def launch(self, spec: LaunchSpec) -> WorkerRef:
-        folder = self._folder(spec.job, spec.run_id, spec.epoch)
+    def _adopt(self, spec: LaunchSpec, folder: Path) -> WorkerRef | None:
+        """A worker already submitted with these labels (its id recorded, or only in the controller)."""
         known = (folder / "slurm_job_id").read_text().strip() if (folder / "slurm_job_id").exists() else ""
         if known:
             return WorkerRef(self.name, known, spec.job, spec.run_id, spec.epoch)
-        for job_id, fields in self._controller_jobs().items():  # submitted, but the id was never written
-            if self._labels_of(fields) == (spec.job, spec.run_id, spec.epoch):
+        jobs, _ = self._controller_jobs()
+        for job_id, (_fields, labels) in jobs.items():  # submitted, but the id was never written
+            if labels == (self.owner, spec.job, spec.run_id, spec.epoch):
                 folder.mkdir(parents=True, exist_ok=True, mode=0o700)
                 (folder / "slurm_job_id").write_text(job_id)
                 return WorkerRef(self.name, job_id, spec.job, spec.run_id, spec.epoch)
-        self._write_agent()
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        labels = {"provider": self.name, "job": spec.job, "run_id": spec.run_id, "epoch": spec.epoch}
-        (folder / "labels.json").write_text(json.dumps({**labels, "created": time.time()}))
-        payload = {
-            "labels": labels,
+        return None
+
+    def _payload(self, spec: LaunchSpec) -> dict:
+        """What the agent reads (and deletes) on the node: labels, argv, env, secrets."""
+        return {
+            "labels": {"provider": self.name, "owner": self.owner, "job": spec.job, "run_id": spec.run_id,
+                       "epoch": spec.epoch},
             "command": list(spec.command),
-            "env": dict(spec.env),
+            "env": with_deadline(spec.env, worker_deadline(spec)),  # the agent adds start + time limit
             "secret_env": dict(spec.secret_env),
+            "pass_prefixes": ["SLURM_"],  # set by Slurm for the job; nothing else of the node's environment
             "cwd": spec.workdir,
             "grace": 3600,  # Slurm's KillWait decides how long a cancelled job may take
             "deadline_in": time_limit_seconds(self.settings.time_limit),
         }
+
+    def _prepare(self, spec: LaunchSpec, folder: Path) -> Path:
+        """The worker folder (0700) with its labels, 0600 payload and log, and the batch script."""
+        self._write_agent()
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        folder.chmod(0o700)
+        payload = self._payload(spec)
+        (folder / "labels.json").write_text(json.dumps({**payload["labels"], "created": time.time()}))
         fd = os.open(folder / "payload.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as fh:
             json.dump(payload, fh)
+        os.close(os.open(folder / "log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
         script = folder / "batch.sh"
         script.write_text(
             "#!/bin/sh\n"
-            f"# reconciler worker: provider={self.name} job={spec.job} run_id={spec.run_id} "
-            f"epoch={spec.epoch}\n"
+            f"# reconciler worker: provider={self.name} owner={self.owner} job={spec.job} "
+            f"run_id={spec.run_id} epoch={spec.epoch}\n"
             f"exec {shlex.quote(self.settings.python)} {shlex.quote(str(self.agent))} "
             f"run {shlex.quote(str(folder))}\n"
         )
         script.chmod(0o700)
+        return script
+
+    def launch(self, spec: LaunchSpec) -> WorkerRef:
+        if self.owner == ANY_OWNER:
+            raise ProviderConfigError(f"slurm provider {self.name!r}: an adapter without an owner cannot launch")
+        folder = self._folder(self.owner, spec.job, spec.run_id, spec.epoch)
+        adopted = self._adopt(spec, folder)
+        if adopted is not None:
+            return adopted
+        script = self._prepare(spec, folder)
         env = {k: v for k, v in os.environ.items() if k in SUBMIT_ENV or k.startswith("SLURM_")}
         proc = self._run(self._sbatch_argv(spec, folder, script), env=env)
         if proc.returncode != 0 or not proc.stdout.strip():
             shutil.rmtree(folder, ignore_errors=True)  # takes the secrets with it; a retry submits afresh
-            message = "; ".join(
-                line.replace("sbatch: error: ", "").strip()
-                for line in (proc.stderr.strip() or proc.stdout.strip()).splitlines()
-                if line.strip()
-            )
-            transient = any(
-                w in message.lower() for w in ("unable to contact", "timed out", "try again", "busy")
-            )
-            text = f"slurm provider {self.name!r}: sbatch rejected the job ({message})"
-            if transient:
-                raise ProviderUnavailable(text + "; the controller should recover, will retry")
-            raise ProviderConfigError(text + "; check partition, account, qos, time_limit and sbatch_options")
+            raise self._rejected(proc)
         job_id = proc.stdout.strip().split(";")[0]
         (folder / "slurm_job_id").write_text(job_id)
         return WorkerRef(self.name, job_id, spec.job, spec.run_id, spec.epoch)
 
-    def _folder_of(self, ref: WorkerRef) -> Path:
-        return self._folder(ref.job, ref.run_id, ref.epoch)
+    def _rejected(self, proc: subprocess.CompletedProcess[str]) -> Exception:
+        message = "; ".join(
+            line.replace("sbatch: error: ", "").strip()
+            for line in (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+            if line.strip()
+        )
+        transient = any(w in message.lower() for w in ("unable to contact", "timed out", "try again", "busy"))
+        text = f"slurm provider {self.name!r}: sbatch rejected the job ({message})"
+        if transient:
+            return ProviderUnavailable(text + "; the controller should recover, will retry")
+        return ProviderConfigError(text + "; check partition, account, qos, time_limit and sbatch_options")
+
+    def _folder_of(self, ref: WorkerRef) -> Path | None:
+        """The folder of one of our workers: it names our owner and records this job id."""
+        owner = self.owner if self.owner != ANY_OWNER else self._owners.get(ref.id)
+        if owner is None:
+            return None
+        folder = self._folder(owner, ref.job, ref.run_id, ref.epoch)
+        try:
+            return folder if (folder / "slurm_job_id").read_text().strip() == ref.id else None
+        except OSError:
+            return None
 
     def terminate(self, ref: WorkerRef) -> None:
-        """scancel: Slurm sends SIGTERM, and SIGKILL after the cluster's KillWait."""
+        """scancel: Slurm sends SIGTERM, and SIGKILL after the cluster's KillWait. Only a job whose
+        folder is ours: another owner's job on the cluster is never cancelled."""
         folder = self._folder_of(ref)
-        if folder.is_dir():
+        if folder is None:
+            if self.owner != ANY_OWNER:
+                return
+        else:
             (folder / "terminated").write_text(str(int(time.time())))
             _forget_payload(folder)
         proc = self._run(["scancel", ref.id])
@@ -466,8 +560,11 @@ class SlurmAdapter:
             )
 
     def logs(self, ref: WorkerRef, tail: int = 50) -> str:
+        folder = self._folder_of(ref)
+        if folder is None:
+            return ""
         try:
-            with open(self._folder_of(ref) / "log", errors="replace") as fh:
+            with open(folder / "log", errors="replace") as fh:
                 return "".join(deque(fh, maxlen=tail)) if tail > 0 else ""
         except OSError:
             return ""
@@ -475,6 +572,21 @@ class SlurmAdapter:
     def free_slots(self) -> int | None:
         """Slurm queues what it cannot run yet; the provider's `concurrency` is the limit that matters."""
         return None
+
+    def capacity(self) -> Capacity | None:
+        """Unknown: Slurm itself places the job (or holds it pending) by its --gres and --mem."""
+        return None
+
+
+def _with_exit_record(state: WorkerState, folder: Path) -> WorkerState:
+    """Slurm sees the agent's exit code (128+sig) where the command died of a signal; the agent's
+    exit record says which signal, and whether the cgroup's OOM killer acted."""
+    if state.phase is not WorkerPhase.EXITED or state.signal or state.oom:
+        return state
+    ended = (describe(str(folder)) or {}).get("exit")
+    if not isinstance(ended, dict) or not ended.get("signal"):
+        return state
+    return replace(state, signal=_signal_of(f"0:{int(ended['signal'])}"), oom=bool(ended.get("oom")))
 
 
 def _forget_payload(folder: Path) -> None:

@@ -6,18 +6,28 @@ default). The first call to a host that lacks the agent (`adapters/bootstrap.py`
 stdin, and the agent starts the command detached in its own session, so the connection can drop
 and the worker keeps going. Every word of a remote command line passes through `shlex.quote`.
 
-One `list` call per host per `observe` reports every worker folder carrying our provider name,
-so a restarted daemon adopts the workers it finds.
+Worker folders are `<workdir>/workers/<owner>.<job>.<run_id>.e<epoch>` (0700, log 0600), `owner`
+being the state repository's identity. One `list` call per host per `observe` reports every worker
+folder carrying our provider name and owner, so a restarted daemon adopts the workers it finds, and
+counts the live workers of other owners (`foreign_workers`), which are never stopped or read. The
+command gets only the minimal environment (see `adapters/bootstrap.py`), its env and its secrets.
 
-State table (what the host's worker folder shows -> WorkerPhase):
+Placement: a host that declares `resources` takes only jobs that fit them (`Capacity.shortfall`);
+a host that declares none takes any job. `capacity()` is an upper bound over the hosts (None when a
+host declares nothing), so the planner refuses only a job that no host could take.
 
-| folder / host                                          | phase         |
-|--------------------------------------------------------|---------------|
-| created, supervisor not running the command yet        | pending       |
-| supervisor alive, command running                      | running       |
-| exit code recorded                                     | exited(code)  |
-| killed by a signal (on the host, or by our terminate)  | preempted     |
-| no exit record and the supervisor is gone (reboot)     | lost          |
+State table (what the host's worker folder shows -> WorkerState):
+
+| folder / host                                          | phase         | evidence               |
+|--------------------------------------------------------|---------------|------------------------|
+| created, supervisor not running the command yet        | pending       |                        |
+| supervisor alive, command running                      | running       |                        |
+| exit code recorded                                     | exited(code)  |                        |
+| killed by a signal on the host                         | exited        | exit_code=-signum,     |
+|                                                        |               | signal, oom, detail    |
+| killed by a signal after our terminate                 | preempted     | signal, "stopped by    |
+|                                                        |               | the reconciler"        |
+| no exit record and the supervisor is gone (reboot)     | lost          |                        |
 | host silent: fewer than N failed probes or too recent  | last known    |
 | host silent for >= lost_after_failures probes AND      |               |
 |   >= lost_after_seconds since the first failure        | lost          |
@@ -42,6 +52,7 @@ from dataclasses import dataclass, field
 
 from adapters.bootstrap import agent_digest, agent_source
 from adapters.compute import (
+    ANY_OWNER,
     LaunchSpec,
     ProviderConfigError,
     ProviderUnavailable,
@@ -49,8 +60,12 @@ from adapters.compute import (
     WorkerRef,
     WorkerState,
     check_label,
+    check_owner,
+    with_deadline,
+    worker_deadline,
+    worker_folder_name,
 )
-from desired.models import SshHost, SshSettings
+from desired.models import Capacity, Resources, SshHost, SshSettings
 
 MISSING_AGENT = 86  # exit code of the remote preamble when the agent file is not there yet
 
@@ -83,6 +98,7 @@ class HostHealth:
     last_error: str = ""
     known: dict[WorkerRef, WorkerState] = field(default_factory=dict)  # last successful observation
     pending_stop: set[str] = field(default_factory=set)  # worker folders to stop when the host answers
+    foreign: int = 0  # live workers of other owners seen there last time
 
 
 def remote_path(path: str) -> str:
@@ -118,8 +134,10 @@ def explain_ssh_failure(host: SshHost, stderr: str, key_file: str | None) -> tup
 
 
 class SshAdapter:
-    def __init__(self, name: str, settings: SshSettings) -> None:
+    def __init__(self, name: str, settings: SshSettings, *, owner: str = ANY_OWNER) -> None:
         self.name = name
+        self.owner = check_owner(owner)
+        self.foreign_workers = 0
         self.settings = settings
         self.hosts = {h.name: h for h in settings.hosts}
         self.health = {h.name: HostHealth() for h in settings.hosts}
@@ -247,13 +265,7 @@ class SshAdapter:
         by_us = bool(entry.get("terminated"))
         if isinstance(ended, dict):
             if ended.get("signal"):
-                num = int(ended["signal"])
-                try:
-                    sig = signal.Signals(num).name
-                except ValueError:
-                    sig = f"signal {num}"
-                who = "stopped by the reconciler" if by_us else f"killed by {sig} {where}, not by the reconciler"
-                return WorkerState(WorkerPhase.PREEMPTED, -num, f"killed by {sig}", who)
+                return self._killed(host, int(ended["signal"]), by_us, bool(ended.get("oom")))
             code = int(ended.get("code", 0))
             detail = "stopped by the reconciler" if by_us else str(ended.get("error", ""))
             return WorkerState(WorkerPhase.EXITED, code, f"exited {code}", detail)
@@ -266,10 +278,23 @@ class SshAdapter:
             WorkerPhase.LOST, None, "vanished", f"supervisor gone without an exit record {where} (reboot?)"
         )
 
+    @staticmethod
+    def _killed(host: SshHost, num: int, by_us: bool, oom: bool) -> WorkerState:
+        try:
+            sig = signal.Signals(num).name
+        except ValueError:
+            sig = f"signal {num}"
+        if by_us:  # the stop we asked for: never the job's own crash
+            return WorkerState(WorkerPhase.PREEMPTED, -num, f"killed by {sig}", "stopped by the reconciler", signal=sig)
+        who = (f"killed by the kernel's OOM killer on {host.name}" if oom
+               else f"killed by {sig} on {host.name}, not by the reconciler")
+        return WorkerState(WorkerPhase.EXITED, -num, f"killed by {sig}", who, signal=sig, oom=oom)
+
     def _list_host(self, host: SshHost) -> dict[WorkerRef, WorkerState]:
-        out = self._agent(host, "list", self.workdir, self.name)
+        out = json.loads(self._agent(host, "list", self.workdir, self.name, self.owner) or "{}")
+        self.health[host.name].foreign = int(out.get("foreign", 0))
         found: dict[WorkerRef, WorkerState] = {}
-        for entry in json.loads(out or "[]"):
+        for entry in out.get("workers", []):
             labels = entry["labels"]
             ref = WorkerRef(
                 self.name,
@@ -331,6 +356,7 @@ class SshAdapter:
                         f"last known; host {host.name} silent ({health.failures} failed probes): {error}",
                     )  # fmt: skip
         self._observed = self._observed or answered > 0
+        self.foreign_workers = sum(h.foreign for h in self.health.values())
         if answered == 0 and lost == 0:
             errors = "; ".join(self.health[h.name].last_error for h in hosts)
             raise ProviderUnavailable(f"ssh provider {self.name!r}: no host answered: {errors}")
@@ -371,11 +397,37 @@ class SshAdapter:
             if state.phase in (WorkerPhase.PENDING, WorkerPhase.RUNNING)
         )
 
+    def _payload(self, spec: LaunchSpec) -> dict:
+        labels = {"provider": self.name, "owner": self.owner, "job": spec.job, "run_id": spec.run_id,
+                  "epoch": spec.epoch}
+        return {
+            "labels": labels,
+            "command": list(spec.command),
+            "env": with_deadline(spec.env, worker_deadline(spec)),
+            "secret_env": dict(spec.secret_env),
+            "cwd": spec.workdir,
+            "grace": self.settings.terminate_grace_seconds,
+        }
+
+    def _fitting_hosts(self, spec: LaunchSpec) -> list[SshHost]:
+        """Hosts whose declared resources fit the job (a host that declares none takes anything); a
+        job that fits no host is a config error naming why."""
+        need = Resources(cpus=spec.cpus, memory_gb=spec.memory_gb, gpus=spec.gpus, gpu_model=spec.gpu_model)
+        why = {h.name: h.resources.shortfall(need) if h.resources else None for h in self.hosts.values()}
+        fitting = [h for h in self.hosts.values() if why[h.name] is None]
+        if not fitting:
+            reasons = "; ".join(f"{name}: {reason}" for name, reason in why.items())
+            raise ProviderConfigError(
+                f"ssh provider {self.name!r}: no host offers what job {spec.job!r} needs ({reasons})")
+        return fitting
+
     def launch(self, spec: LaunchSpec) -> WorkerRef:
-        check_label(spec.job, "job name")
-        check_label(spec.run_id, "run id")
+        if self.owner == ANY_OWNER:
+            raise ProviderConfigError(f"ssh provider {self.name!r}: an adapter without an owner cannot launch")
+        folder = worker_folder_name(self.owner, spec.job, spec.run_id, spec.epoch)
         if not spec.command:
             raise ProviderConfigError(f"job {spec.job!r}: the command is empty")
+        order = self._fitting_hosts(spec)
         if not self._observed:
             try:
                 self.observe()  # learn what runs where, so a restarted daemon adopts instead of duplicating
@@ -384,29 +436,22 @@ class SshAdapter:
         known = self._known_worker(spec)
         if known is not None:
             return known
-        folder = f"{spec.job}.{spec.run_id}.e{spec.epoch}"
-        payload = {
-            "labels": {"provider": self.name, "job": spec.job, "run_id": spec.run_id, "epoch": spec.epoch},
-            "command": list(spec.command),
-            "env": dict(spec.env),
-            "secret_env": dict(spec.secret_env),
-            "cwd": spec.workdir,
-            "grace": self.settings.terminate_grace_seconds,
-        }
-        order = sorted(
-            self.hosts.values(),
-            key=lambda h: (self.health[h.name].failures > 0, self._busy(h) - h.max_workers),
-        )
         key = (spec.job, spec.run_id, spec.epoch)
+        order.sort(key=lambda h: (self.health[h.name].failures > 0, self._busy(h) - h.max_workers))
         if key in self._uncertain:  # an earlier try may have started it there: never start a twin elsewhere
             order = [self.hosts[self._uncertain[key]]]
+        return self._launch_on(order, spec, folder)
+
+    def _launch_on(self, order: list[SshHost], spec: LaunchSpec, folder: str) -> WorkerRef:
+        key = (spec.job, spec.run_id, spec.epoch)
+        payload = json.dumps(self._payload(spec))
         errors = []
         for host in order:
             if self._busy(host) >= host.max_workers and key not in self._uncertain:
                 errors.append(f"{host.name} is full ({host.max_workers} workers)")
                 continue
             try:
-                self._agent_at(host, "launch", folder, stdin=json.dumps(payload))
+                self._agent_at(host, "launch", folder, stdin=payload)
             except HostUnreachable as exc:
                 errors.append(str(exc))
                 if exc.before_command:
@@ -419,7 +464,8 @@ class SshAdapter:
             return ref
         raise ProviderUnavailable(f"ssh provider {self.name!r}: no host could take the worker: {'; '.join(errors)}")
 
-    def _host_of(self, ref: WorkerRef) -> tuple[SshHost, str]:
+    def _host_of(self, ref: WorkerRef) -> tuple[SshHost, str] | None:
+        """The host and folder of one of our workers; None for another owner's worker (left alone)."""
         host_name, _, folder = ref.id.partition("/")
         host = self.hosts.get(host_name)
         if host is None or not folder:
@@ -427,21 +473,28 @@ class SshAdapter:
                 f"ssh provider {self.name!r}: worker {ref.id!r} names a host that is no longer in the manifest"
             )
         check_label(folder, "worker folder")
+        if self.owner != ANY_OWNER and not folder.startswith(f"{self.owner}."):
+            return None
         return host, folder
 
     def terminate(self, ref: WorkerRef) -> None:
         """SIGTERM now, SIGKILL after the grace (done by the agent on the host). An unreachable host
         gets the stop remembered and carried out when it answers again."""
-        host, folder = self._host_of(ref)
+        where = self._host_of(ref)
+        if where is None:
+            return
+        host, folder = where
         try:
             self._agent_at(host, "terminate", folder)
         except HostUnreachable:
             self.health[host.name].pending_stop.add(folder)
 
     def logs(self, ref: WorkerRef, tail: int = 50) -> str:
-        host, folder = self._host_of(ref)
+        where = self._host_of(ref)
+        if where is None:
+            return ""
         try:
-            return self._agent_at(host, "logs", folder, str(int(tail)))
+            return self._agent_at(where[0], "logs", where[1], str(int(tail)))
         except HostUnreachable:
             return ""
 
@@ -453,4 +506,18 @@ class SshAdapter:
             max(0, host.max_workers - self._busy(host))
             for host in self.hosts.values()
             if self.health[host.name].failures == 0
+        )
+
+    def capacity(self) -> Capacity | None:
+        """An upper bound over the hosts' declared resources (the most CPUs, memory and GPUs of any
+        host, every GPU model); None when some host declares nothing (it takes any job)."""
+        declared = [h.resources for h in self.hosts.values()]
+        if not declared or any(r is None for r in declared):
+            return None
+        caps = [r for r in declared if r is not None]
+        return Capacity(
+            cpus=max((c.cpus for c in caps if c.cpus is not None), default=None),
+            memory_gb=max((c.memory_gb for c in caps if c.memory_gb is not None), default=None),
+            gpus=max((c.gpus for c in caps if c.gpus is not None), default=None),
+            gpu_models=sorted({m for c in caps for m in c.gpu_models}),
         )

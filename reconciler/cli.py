@@ -91,13 +91,16 @@ def _reconciler(repo: Path) -> Reconciler:
 @app.command()
 def init(path: Annotated[Path, typer.Argument(help="folder for the new state repository")] = Path(".")) -> None:
     """Create a state repository with an example job and default settings."""
+    import secrets
+
     from adapters.gitrepo import init_repo
 
     repo = init_repo(path)
     (path / "desired").mkdir(exist_ok=True)
     (path / "status").mkdir(exist_ok=True)
     created = []
-    for rel, text in (("desired/hello.yaml", EXAMPLE_JOB), ("reconciler.yaml", EXAMPLE_SETTINGS)):
+    identity = f"identity: {secrets.token_hex(6)}   # this repository's name on workers; keep it unique\n"
+    for rel, text in (("desired/hello.yaml", EXAMPLE_JOB), ("reconciler.yaml", EXAMPLE_SETTINGS + identity)):
         target = path / rel
         if not target.exists():
             target.write_text(text)

@@ -33,7 +33,7 @@ from status.redact import Redactor, redact_data
 
 log = logging.getLogger("reconciler")
 
-AdapterFactory = Callable[[Provider], ComputeAdapter]
+AdapterFactory = Callable[[Provider, str], ComputeAdapter]  # (provider, owner identity)
 
 
 class AlreadyRunning(Exception):
@@ -74,6 +74,8 @@ class Reconciler:
         self.storage_override = storage_override
         self.remote = remote
         self._adapters: dict[str, tuple[str, ComputeAdapter]] = {}
+        self._root_identity: str | None = None
+        self._foreign_seen: dict[str, int] = {}
         self._lock: IO[str] | None = None
         self._heartbeats: dict[tuple[str, str], tuple[object, float, int]] = {}
         # Status commits a push did not deliver go out with the next push, even in a tick that
@@ -86,7 +88,6 @@ class Reconciler:
         self.redactor = Redactor(self._secret_values)
         # Set by the daemon and `run --once`: act only while holding the leader lease in storage.
         self.election: Election | None = None
-        self._root_commit: str | None = None
 
     # ---- one daemon per repository ---------------------------------------------------------------
     def acquire_lock(self) -> None:
@@ -120,13 +121,12 @@ class Reconciler:
                                   settings.tick_seconds, self.clock.now())
 
     def repository_key(self, identity: str | None) -> str:
-        """The same for every clone: the identity setting, else the repository's first commit."""
+        """The same for every clone: the identity setting, else derived from the first commit."""
         if identity:
             return identity
-        if self._root_commit is None:
-            roots = self.repo.repo.git.rev_list("--max-parents=0", "HEAD").split()
-            self._root_commit = sorted(roots)[0]
-        return self._root_commit
+        if self._root_identity is None:
+            self._root_identity = repository_identity(self.repo.root_commit())
+        return self._root_identity
 
     def resign(self) -> None:
         if self.election is not None:
@@ -160,17 +160,24 @@ class Reconciler:
         self._status_cache = cache
         return recorded
 
+    def identity(self, desired: DesiredState) -> str:
+        """The state repository's identity, put on every worker: `identity` of reconciler.yaml, else
+        derived from the repository's first commit (the same in every clone)."""
+        return self.repository_key(desired.settings.identity)
+
     def adapters_for(self, desired: DesiredState, errors: list[str]) -> dict[str, ComputeAdapter]:
-        """Adapters are kept between ticks and rebuilt only when their provider's spec changes."""
+        """Adapters are kept between ticks and rebuilt only when their provider's spec (or the
+        repository's identity) changes."""
         out: dict[str, ComputeAdapter] = {}
+        owner = self.identity(desired)
         for name, provider in desired.providers.items():
-            key = provider.model_dump_json()
+            key = f"{owner}:{provider.model_dump_json()}"
             cached = self._adapters.get(name)
             if cached is not None and cached[0] == key:
                 out[name] = cached[1]
                 continue
             try:
-                adapter = self.adapter_factory(provider)
+                adapter = self.adapter_factory(provider, owner)
             except ProviderConfigError as exc:
                 errors.append(str(exc))
                 continue
@@ -195,6 +202,7 @@ class Reconciler:
             observed.workers.update(workers)
             if desired.providers[name].spec.resources is None:
                 observed.capacity.update(_reported_capacity(name, adapter))
+            self._note_foreign(name, getattr(adapter, "foreign_workers", 0))
         runs = {(name, job.run_id()) for name, job in desired.jobs.items()}
         runs |= {(st.job, st.run_id) for st in recorded.values() if st.run_id and not st.phase.terminal}
         settings = desired.settings
@@ -252,6 +260,12 @@ class Reconciler:
         """The settings' storage options, for the configured store or another of the same kind."""
         same_kind = store.split("://", 1)[0] == desired.settings.storage.split("://", 1)[0]
         return dict(desired.settings.storage_options) if same_kind else {}
+
+    def _note_foreign(self, provider: str, count: int) -> None:
+        """One log line when the number of other repositories' workers on a provider changes."""
+        if count and self._foreign_seen.get(provider) != count:
+            log.info("provider %s: %d workers of other state repositories seen, left alone", provider, count)
+        self._foreign_seen[provider] = count
 
     def _remember_heartbeat(self, key: tuple[str, str], run: RunObservation, now: float) -> RunObservation:
         """Stall detection times heartbeats by this process's own observations (kept in memory
@@ -433,6 +447,11 @@ class Reconciler:
 
     def _render_redacted(self, st: JobStatus) -> str:
         return self.redactor.redact(render_status(self._redacted(st)))
+
+
+def repository_identity(root_commit: str) -> str:
+    """`r` + the first 12 hex digits of the root commit: a valid identity for any repository."""
+    return f"r{root_commit[:12]}"
 
 
 def read_run(storage: str, job: str, run_id: str, options: dict[str, str]) -> RunObservation:

@@ -187,10 +187,10 @@ class Simulation:
         repo: Any = self.repo  # StateRepo's methods, in memory
         return Reconciler(repo, clock=self.clock, adapter_factory=self._adapter, environ={})
 
-    def _adapter(self, provider: Provider) -> ComputeAdapter:
+    def _adapter(self, provider: Provider, owner: str) -> ComputeAdapter:
         settings = provider.spec.settings
         return SimAdapter(provider.name, settings if settings.type == "sim" else None,  # type: ignore[arg-type]
-                          world=self.cloud)
+                          world=self.cloud, owner=owner)
 
     def _hook(self, where: str) -> None:
         if not self.in_tick:

@@ -46,6 +46,7 @@ class SimRepo:
         self.commits: dict[str, Commit] = {}
         self.faults = faults or RepoFaults()
         root = self._make(None, dict(files or {}), "initial", "alice")
+        self.root = root
         self.remote_head = root
         self.remote: str | None = "origin"  # the remote's name; the loop sets it from reconciler.yaml
         self.local = root
@@ -88,6 +89,9 @@ class SimRepo:
     # ---- StateRepo's reading side ----------------------------------------------------------------
     def head(self) -> str:
         return self.local
+
+    def root_commit(self) -> str:
+        return self.root
 
     def read_files(self, commit: str, folder: str) -> dict[str, bytes]:
         prefix = folder.rstrip("/") + "/"

@@ -1,9 +1,9 @@
 """A test worker: records what it was given, prints numbered lines, then sleeps or exits.
 
 Controlled only through env (argv is what the tests check): PROBE_OUT (append one JSON line per
-start: argv, selected env, pid), PROBE_LINES, PROBE_SLEEP, PROBE_EXIT, PROBE_ON_TERM (exit code to
-use on SIGTERM, e.g. 75 as after a final checkpoint; "ignore" = note it and carry on; unset = die by
-the signal).
+start: argv, selected env, names of all env variables, pid), PROBE_LINES, PROBE_SLEEP, PROBE_EXIT,
+PROBE_CRASH (a signal number to die of), PROBE_ON_TERM (exit code to use on SIGTERM, e.g. 75 as
+after a final checkpoint; "ignore" = note it and carry on; unset = die by the signal).
 """
 
 import json
@@ -27,11 +27,18 @@ def main() -> int:
                 sys.exit(int(on_term))
 
         signal.signal(signal.SIGTERM, stop)
-    record = {"argv": sys.argv[1:], "env": {k: os.environ.get(k) for k in WATCHED}, "pid": os.getpid()}
+    record = {
+        "argv": sys.argv[1:],
+        "env": {k: os.environ.get(k) for k in WATCHED},
+        "env_keys": sorted(os.environ),
+        "pid": os.getpid(),
+    }
     with open(os.environ["PROBE_OUT"], "a") as fh:
         fh.write(json.dumps(record) + "\n")
     for i in range(int(os.environ.get("PROBE_LINES", "0"))):
         print(f"line {i}", flush=True)
+    if os.environ.get("PROBE_CRASH"):  # die of this signal, as a crashing program does
+        os.kill(os.getpid(), int(os.environ["PROBE_CRASH"]))
     deadline = time.time() + float(os.environ.get("PROBE_SLEEP", "0"))
     while time.time() < deadline:
         time.sleep(0.1)

@@ -1,7 +1,8 @@
 """The contract every compute adapter keeps (adapters/compute.py), run against each real backend:
 local processes, a real sshd on 127.0.0.1 and a real single-node Slurm. A new adapter joins by
-adding a case to `KINDS` and a branch in `kit`: how to build it, and how an outsider interrupts one
-of its workers (a kill on the host, an admin's scancel)."""
+adding a case to `KINDS` and a branch in `kit`: how to build it (for a given owner, the state
+repository's identity), and how an outsider interrupts one of its workers (a kill on the host, an
+admin's scancel)."""
 
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from adapters.compute import ComputeAdapter, LaunchSpec, WorkerPhase, WorkerRef, WorkerState
+from adapters.compute import BASE_ENV, ComputeAdapter, LaunchSpec, WorkerPhase, WorkerRef, WorkerState
 
 PROBE = str(Path(__file__).with_name("probe.py"))
 KINDS = ["local", "ssh", "slurm"]
+OWNER = "repo-a"
 
 
 @dataclass
@@ -29,7 +31,7 @@ class Kit:
     kind: str
     workdir: Path
     tmp: Path
-    make: Callable[[], ComputeAdapter]
+    make: Callable[..., ComputeAdapter]  # make(owner=OWNER)
     interrupt: Callable[[ComputeAdapter, WorkerRef], None]
     launched: list[tuple[ComputeAdapter, WorkerRef]] = field(default_factory=list)
     counter: int = 0
@@ -99,8 +101,8 @@ def kit(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Kit]:
         from adapters.local import LocalAdapter
         from desired.models import LocalSettings
 
-        def make() -> ComputeAdapter:
-            return LocalAdapter("local", LocalSettings(workdir=str(workdir)))
+        def make(owner: str = OWNER) -> ComputeAdapter:
+            return LocalAdapter("local", LocalSettings(workdir=str(workdir)), owner=owner)
 
         def interrupt(adapter: ComputeAdapter, ref: WorkerRef) -> None:
             assert isinstance(adapter, LocalAdapter) and adapter.kill_worker(ref, signal.SIGKILL)
@@ -111,8 +113,8 @@ def kit(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Kit]:
         sshd = request.getfixturevalue("sshd")
         settings = sshd.settings(workdir)
 
-        def make() -> ComputeAdapter:
-            return SshAdapter("ssh", settings)
+        def make(owner: str = OWNER) -> ComputeAdapter:
+            return SshAdapter("ssh", settings, owner=owner)
 
         def interrupt(adapter: ComputeAdapter, ref: WorkerRef) -> None:
             """Someone on the host kills the worker process (the host is this machine)."""
@@ -125,8 +127,8 @@ def kit(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Kit]:
         cluster = request.getfixturevalue("slurm")
         settings = cluster.settings(workdir)
 
-        def make() -> ComputeAdapter:
-            return SlurmAdapter("slurm", settings)
+        def make(owner: str = OWNER) -> ComputeAdapter:
+            return SlurmAdapter("slurm", settings, owner=owner)
 
         def interrupt(adapter: ComputeAdapter, ref: WorkerRef) -> None:
             """An admin cancels the job behind the reconciler's back."""
@@ -145,6 +147,7 @@ def test_adapter_satisfies_the_protocol_and_has_its_name(kit: Kit) -> None:
     adapter = kit.make()
     assert isinstance(adapter, ComputeAdapter)
     assert adapter.name == kit.kind
+    assert adapter.owner == OWNER
 
 
 def test_launched_worker_is_observed_running_with_its_labels(kit: Kit) -> None:
@@ -210,7 +213,7 @@ def test_fresh_adapter_adopts_a_running_worker_and_can_stop_it(kit: Kit) -> None
     assert running(fresh.observe()[ref])
     fresh.terminate(ref)
     state = wait_state(fresh, ref, ended)
-    assert state.phase in (WorkerPhase.PREEMPTED, WorkerPhase.EXITED)
+    assert state.phase is WorkerPhase.PREEMPTED and "by the reconciler" in state.detail, state  # not a crash
 
 
 def test_terminate_stops_the_worker_and_a_second_terminate_is_quiet(kit: Kit) -> None:
@@ -249,7 +252,9 @@ def test_logs_return_the_last_lines(kit: Kit) -> None:
     assert "line 100" not in adapter.logs(ref, 5)
 
 
-def test_worker_killed_from_outside_is_reported_preempted(kit: Kit) -> None:
+def test_worker_killed_from_outside_is_reported_as_a_signal_death_not_a_preemption(kit: Kit) -> None:
+    """Evidence, not a verdict: the provider did not say "preempted", so the worker exited by a signal
+    (which one, and that the reconciler did not ask for it); the planner decides what it means."""
     adapter = kit.make()
     spec = kit.spec(sleep="60")
     ref = kit.launch(adapter, spec)
@@ -257,10 +262,82 @@ def test_worker_killed_from_outside_is_reported_preempted(kit: Kit) -> None:
     wait_state(adapter, ref, running)
     kit.interrupt(adapter, ref)
     state = wait_state(adapter, ref, ended)
-    assert state.phase is WorkerPhase.PREEMPTED, state
-    assert state.provider_state
-    assert kit.make().observe()[ref].phase is WorkerPhase.PREEMPTED  # a restarted daemon agrees
+    assert state.phase is WorkerPhase.EXITED, state
+    assert state.signal in ("SIGKILL", "SIGTERM") and not state.oom, state
+    assert state.provider_state and "reconciler" in state.detail, state
+    assert kit.make().observe()[ref] == state  # a restarted daemon agrees
 
+
+def test_a_crash_is_reported_with_its_signal(kit: Kit) -> None:
+    adapter = kit.make()
+    spec = kit.spec(crash=str(int(signal.SIGSEGV)))
+    ref = kit.launch(adapter, spec)
+    state = wait_state(adapter, ref, ended)
+    assert (state.phase, state.signal, state.oom) == (WorkerPhase.EXITED, "SIGSEGV", False), state
+    assert state.exit_code in (-11, 128 + 11)  # Slurm reports what a shell would say
+
+
+def test_worker_gets_only_the_minimal_environment(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing of the daemon's environment beyond PATH, HOME, USER/LOGNAME, LANG/LC_*, TZ, TMPDIR
+    reaches the command: a job without secrets does not receive the daemon's credentials."""
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "daemon-only-credential")
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", "") or "/nowhere")
+    adapter = kit.make()
+    spec = kit.spec(secret="the-job-s-own-secret")
+    ref = kit.launch(adapter, spec)
+    wait_state(adapter, ref, ended)
+    keys = set(probe_records(spec)[0]["env_keys"])
+    allowed = set(BASE_ENV) | set(spec.env) | set(spec.secret_env)
+    slurm_own = ("SLURM_",) if kit.kind == "slurm" else ()  # set by Slurm for the job, not by the daemon
+    extra = {k for k in keys - allowed if not k.startswith(("LC_", *slurm_own))}
+    assert extra == set(), f"the worker got {sorted(extra)} from outside its spec"
+    assert "PROBE_SECRET" in keys and "PATH" in keys
+
+
+def test_worker_gets_the_job_s_deadline(kit: Kit) -> None:
+    """RECONCILER_DEADLINE = the job's deadline when the provider has no earlier session end."""
+    adapter = kit.make()
+    deadline = time.time() + 3600
+    spec = kit.spec()
+    spec = LaunchSpec(**{**spec.__dict__, "deadline": deadline})
+    ref = kit.launch(adapter, spec)
+    wait_state(adapter, ref, ended)
+    assert probe_records(spec)[0]["env"]["RECONCILER_DEADLINE"] == str(int(deadline))
+
+
+def test_worker_folder_is_private_and_its_log_too(kit: Kit) -> None:
+    adapter = kit.make()
+    spec = kit.spec(lines="3", secret="x")
+    ref = kit.launch(adapter, spec)
+    wait_state(adapter, ref, ended)
+    folders = [p for p in (kit.workdir / "workers").iterdir() if p.name.endswith(f".{spec.job}.r-contract.e1")]
+    assert len(folders) == 1 and folders[0].name.startswith(f"{OWNER}.")
+    assert folders[0].stat().st_mode & 0o777 == 0o700
+    assert (folders[0] / "log").stat().st_mode & 0o777 == 0o600
+
+
+def test_another_owner_s_worker_with_the_same_labels_is_neither_adopted_seen_stopped_nor_read(kit: Kit) -> None:
+    """Two state repositories sharing one provider, both with the same job, run and epoch."""
+    ours, theirs = kit.make(), kit.make(owner="repo-b")
+    spec = kit.spec(sleep="60", lines="1")
+    their_ref = kit.launch(theirs, spec)
+    probe_records(spec)
+    wait_state(theirs, their_ref, running)
+    our_ref = kit.launch(ours, spec)  # same labels, another owner: a worker of its own, not an adoption
+    assert our_ref != their_ref
+    wait_state(ours, our_ref, running)
+    deadline = time.monotonic() + 30
+    while len(probe_records(spec)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(probe_records(spec)) == 2
+    seen = ours.observe()
+    assert their_ref not in seen and our_ref in seen
+    assert ours.foreign_workers >= 1
+    ours.terminate(their_ref)
+    assert ours.logs(their_ref, 10) == ""
+    time.sleep(1)
+    assert running(theirs.observe()[their_ref]), "another owner's worker was stopped"
+    assert their_ref not in kit.make().observe()
 
 def pid_alive(pid: int) -> bool:
     try:

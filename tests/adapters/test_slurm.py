@@ -22,6 +22,7 @@ from adapters.compute import (
     WorkerState,
 )
 from adapters.slurm import SlurmAdapter, map_state, parse_scontrol, time_limit_seconds
+from desired.models import SlurmSettings
 from tests.adapters.conftest import Slurm
 from tests.adapters.e2e import finish, job_manifest, progress_step, provider_manifest, start_daemon, status, wait_for
 from tests.adapters.test_contract import PROBE, ended, probe_records, running, wait_state
@@ -38,7 +39,7 @@ TABLE = [
     ("COMPLETED", "0:0", X, 0),
     ("FAILED", "3:0", X, 3),
     ("FAILED", "0:9", X, 137),
-    ("CANCELLED", "0:15", PRE, 143),
+    ("CANCELLED", "0:15", X, 143),
     ("TIMEOUT", "0:15", SL, 143),
     ("PREEMPTED", "0:15", PRE, 143),
     ("NODE_FAIL", "0:0", PRE, 0),
@@ -73,11 +74,25 @@ def test_every_slurm_state_maps_to_one_worker_phase(
 
 def test_cancelled_names_who_and_whether_it_was_us() -> None:
     outsider = map_state("CANCELLED by 1001", "0:15")
-    assert outsider.phase is PRE and outsider.detail == "cancelled outside the reconciler by 1001"
+    assert outsider.phase is X and outsider.detail == "cancelled outside the reconciler by 1001"
+    assert outsider.signal == "SIGTERM"  # a death by the signal scancel sent, not a preemption
     ours = map_state("CANCELLED", "0:15", by_reconciler=True)
     assert ours.phase is PRE and ours.detail == "cancelled by the reconciler"
-    unknown = map_state("CANCELLED", "0:15")
+    unknown = map_state("CANCELLED", "0:0")
     assert "outside the reconciler" in unknown.detail and "no accounting" in unknown.detail
+    assert unknown.phase is X and unknown.signal == "SIGTERM"
+    caught = map_state("CANCELLED by 1001", "75:0")  # the command caught SIGTERM and left after a checkpoint
+    assert (caught.phase, caught.exit_code, caught.signal) == (X, 75, None)
+
+
+def test_evidence_out_of_memory_and_signals_but_only_slurm_s_word_is_a_preemption() -> None:
+    oom = map_state("OUT_OF_MEMORY", "0:125")
+    assert (oom.phase, oom.exit_code, oom.oom) == (X, 137, True)
+    segv = map_state("FAILED", "0:11")
+    assert (segv.phase, segv.exit_code, segv.signal, segv.oom) == (X, 139, "SIGSEGV", False)
+    assert map_state("FAILED", "3:0").signal is None
+    for word in ("PREEMPTED", "NODE_FAIL", "BOOT_FAIL"):
+        assert map_state(word, "0:15").phase is PRE
 
 
 def test_warned_worker_that_checkpoints_and_leaves_is_a_session_end_not_a_job_error() -> None:
@@ -98,6 +113,13 @@ def test_scontrol_lines_and_time_limits_parse() -> None:
     assert [time_limit_seconds(t) for t in ("1", "0:10", "1:30", "01:00:00", "1-0", "2-03:04:05", None)] == [
         60, 60, 120, 3600, 86400, 2 * 86400 + 3 * 3600 + 5 * 60, None,
     ]  # fmt: skip
+
+
+OWNER = "repo-a"
+
+
+def adapter_for(settings: SlurmSettings, owner: str = OWNER) -> SlurmAdapter:
+    return SlurmAdapter("slurm", settings, owner=owner)
 
 
 def spec_for(tmp: Path, name: str, **env: str) -> LaunchSpec:
@@ -126,7 +148,7 @@ def time_limited(slurm: Slurm, tmp_path_factory: pytest.TempPathFactory) -> Time
     """Two jobs with Slurm's shortest limit (one minute), started when the module starts and checked by
     its last test, so the minute passes while the other tests run."""
     tmp = tmp_path_factory.mktemp("time-limited")
-    adapter = SlurmAdapter("slurm", slurm.settings(tmp / "wd", time_limit="1", signal_seconds=30))
+    adapter = adapter_for(slurm.settings(tmp / "wd", time_limit="1", signal_seconds=30))
     polite = spec_for(tmp, "polite", sleep="300", on_term="75")  # checkpoints and leaves on the warning
     stubborn = spec_for(tmp, "stubborn", sleep="300", on_term="ignore")  # runs into the limit
     started = time.time()
@@ -140,18 +162,18 @@ def test_time_limited_job_asks_for_a_warning_and_passes_its_deadline(time_limite
     assert all(states[ref].phase in (P, R) for ref in time_limited.refs)
 
 
-def test_outsider_scancel_is_preempted_and_reported_as_not_ours(slurm: Slurm, tmp_path: Path) -> None:
-    adapter = SlurmAdapter("slurm", slurm.settings(tmp_path / "wd"))
+def test_outsider_scancel_is_a_signal_death_reported_as_not_ours(slurm: Slurm, tmp_path: Path) -> None:
+    adapter = adapter_for(slurm.settings(tmp_path / "wd"))
     ref = adapter.launch(spec_for(tmp_path, "victim", sleep="60"))
     wait_state(adapter, ref, running)
     slurm.run("scancel", ref.id)
     state = wait_state(adapter, ref, ended)
-    assert state.phase is PRE and state.provider_state.startswith("CANCELLED")
+    assert state.phase is X and state.provider_state.startswith("CANCELLED") and state.signal
     assert "outside the reconciler" in state.detail
 
 
 def test_sbatch_rejection_is_one_sentence_and_leaves_no_secret_behind(slurm: Slurm, tmp_path: Path) -> None:
-    adapter = SlurmAdapter("slurm", slurm.settings(tmp_path / "wd", partition="nosuchpartition"))
+    adapter = adapter_for(slurm.settings(tmp_path / "wd", partition="nosuchpartition"))
     spec = spec_for(tmp_path, "rejected")
     with pytest.raises(ProviderConfigError) as info:
         adapter.launch(spec)
@@ -163,15 +185,15 @@ def test_sbatch_rejection_is_one_sentence_and_leaves_no_secret_behind(slurm: Slu
 
 def test_bad_time_limit_is_a_config_error_naming_the_provider(slurm: Slurm, tmp_path: Path) -> None:
     with pytest.raises(ProviderConfigError, match="'slurm'.*time_limit"):
-        SlurmAdapter("slurm", slurm.settings(tmp_path / "wd", time_limit="soon"))
+        adapter_for(slurm.settings(tmp_path / "wd", time_limit="soon"))
 
 
 def test_job_forgotten_by_the_controller_is_read_from_its_exit_record(slurm: Slurm, tmp_path: Path) -> None:
-    adapter = SlurmAdapter("slurm", slurm.settings(tmp_path / "wd"))
+    adapter = adapter_for(slurm.settings(tmp_path / "wd"))
     for job, job_id, record in (("done", "990001", {"code": 0}), ("gone", "990002", None)):
-        folder = tmp_path / "wd" / "workers" / f"{job}.r-old.e4"
+        folder = tmp_path / "wd" / "workers" / f"{OWNER}.{job}.r-old.e4"
         folder.mkdir(parents=True)
-        labels = {"provider": "slurm", "job": job, "run_id": "r-old", "epoch": 4}
+        labels = {"provider": "slurm", "owner": OWNER, "job": job, "run_id": "r-old", "epoch": 4}
         (folder / "labels.json").write_text(json.dumps(labels))
         (folder / "slurm_job_id").write_text(job_id)
         if record is not None:
@@ -187,13 +209,13 @@ def test_controller_down_is_provider_unavailable(slurm: Slurm, tmp_path: Path, m
     port = text.split("SlurmctldPort=")[1].split()[0]
     conf.write_text(text.replace(f"SlurmctldPort={port}", "SlurmctldPort=1") + "MessageTimeout=2\n")
     monkeypatch.setenv("SLURM_CONF", str(conf))
-    adapter = SlurmAdapter("slurm", slurm.settings(tmp_path / "wd", command_timeout_seconds=20))
+    adapter = adapter_for(slurm.settings(tmp_path / "wd", command_timeout_seconds=20))
     with pytest.raises(ProviderUnavailable, match="'slurm'"):
         adapter.observe()
 
 
 def test_pending_job_that_is_cancelled_by_us_is_not_blamed_on_anyone(slurm: Slurm, tmp_path: Path) -> None:
-    adapter = SlurmAdapter("slurm", slurm.settings(tmp_path / "wd", sbatch_options=["--hold"]))
+    adapter = adapter_for(slurm.settings(tmp_path / "wd", sbatch_options=["--hold"]))
     ref = adapter.launch(spec_for(tmp_path, "held"))
     assert adapter.observe()[ref].phase is P
     adapter.terminate(ref)
@@ -219,9 +241,8 @@ def test_end_to_end_outsider_scancel_and_time_limit_are_relaunched_and_complete(
     log = tmp_path / "daemon.log"
     daemon = start_daemon(state_repo, log)
     try:
-        job_id = wait_for(
-            lambda: read(next(iter(workdir.glob("workers/victim.*.e1/slurm_job_id")), None)), 60, "victim", daemon, log
-        )
+        first = "workers/*.victim.*.e1/slurm_job_id"
+        job_id = wait_for(lambda: read(next(iter(workdir.glob(first)), None)), 60, "victim", daemon, log)
         wait_for(lambda: progress_step(state_repo, "victim") >= 12, 60, "victim checkpoints", daemon, log)
         slurm.run("scancel", str(job_id))  # an admin, not the reconciler
         finish(daemon, log, timeout=150)
@@ -231,7 +252,8 @@ def test_end_to_end_outsider_scancel_and_time_limit_are_relaunched_and_complete(
     victim = status(state_repo, "victim")
     assert victim["phase"] == "Succeeded", victim.get("message")
     assert [a["outcome"] for a in victim["attempts"]] == ["interruption", "succeeded"], victim["attempts"]
-    assert "outside the reconciler" in victim["attempts"][0]["detail"]
+    # the worker caught scancel's SIGTERM, checkpointed and left with 75 (else: the outsider is named)
+    assert any(w in victim["attempts"][0]["detail"] for w in ("outside the reconciler", "exit 75"))
     assert victim["attempts"][1]["step_start"] > 0 and victim["failures"] == 0
     overtime = status(state_repo, "overtime")
     assert overtime["phase"] == "Succeeded", overtime.get("message")
@@ -272,10 +294,21 @@ def test_outsider_is_named_when_accounting_can_tell(
     fake.write_text('#!/bin/sh\n# sacct -j ID -X -n -P -o FIELDS\necho "$2|CANCELLED by 0|0:15"\n')
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    adapter = SlurmAdapter("slurm", slurm.settings(tmp_path / "wd"))
+    adapter = adapter_for(slurm.settings(tmp_path / "wd"))
     ref = adapter.launch(spec_for(tmp_path, "named", sleep="60"))
     wait_state(adapter, ref, running)
     slurm.run("scancel", ref.id)
     state = wait_state(adapter, ref, ended)
-    assert state.phase is PRE
+    assert state.phase is X
     assert state.detail == "cancelled outside the reconciler by root (uid 0)"
+
+
+def test_gpu_model_is_asked_for_as_a_typed_gres(tmp_path: Path) -> None:
+    adapter = adapter_for(SlurmSettings(workdir=str(tmp_path / "wd")))
+    spec = LaunchSpec(job="big", run_id="r-1", epoch=1, command=["true"], gpus=2, gpu_model="a100")
+    argv = adapter._sbatch_argv(spec, tmp_path, tmp_path / "batch.sh")
+    assert "--gres=gpu:a100:2" in argv
+    assert f"--comment=reconciler:{OWNER}:slurm:big:r-1:1" in argv and f"--job-name=rc-{OWNER}-big" in argv
+    untyped = LaunchSpec(job="big", run_id="r-1", epoch=1, command=["true"], gpus=1)
+    assert "--gres=gpu:1" in adapter._sbatch_argv(untyped, tmp_path, tmp_path / "batch.sh")
+    assert adapter.capacity() is None

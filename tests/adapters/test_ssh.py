@@ -15,6 +15,7 @@ import pytest
 
 from adapters.compute import LaunchSpec, ProviderConfigError, ProviderUnavailable, WorkerPhase
 from adapters.ssh import SshAdapter
+from desired.models import Capacity
 from tests.adapters.conftest import Sshd, free_port
 from tests.adapters.e2e import (
     finish,
@@ -25,7 +26,7 @@ from tests.adapters.e2e import (
     status,
     wait_for,
 )
-from tests.adapters.test_contract import PROBE, ended, pid_alive, probe_records, running, wait_state
+from tests.adapters.test_contract import OWNER, PROBE, ended, pid_alive, probe_records, running, wait_state
 from tests.conftest import StateRepoFixture
 
 METACHARACTERS = "'\"`$\\;&|<>(){}[]*?~!#%^= \t\n\r-"
@@ -70,7 +71,7 @@ def test_shell_metacharacters_reach_the_worker_verbatim_and_nothing_else_runs(ss
         "*",
     ]
     args = attacks + generated_strings(seed=4, count=200)
-    adapter = SshAdapter("ssh", sshd.settings(tmp_path / "wd"))
+    adapter = SshAdapter("ssh", sshd.settings(tmp_path / "wd"), owner=OWNER)
     spec = probe_spec(tmp_path, "quoting", args, plain=f"$(touch {canary}) '\"`")
     ref = adapter.launch(spec)
     state = wait_state(adapter, ref, ended)
@@ -85,7 +86,7 @@ def test_unreachable_host_is_lost_only_after_sustained_silence_and_its_worker_su
     sshd: Sshd, tmp_path: Path
 ) -> None:
     settings = sshd.settings(tmp_path / "wd", lost_after_failures=3, lost_after_seconds=1.5)
-    adapter = SshAdapter("ssh", settings)
+    adapter = SshAdapter("ssh", settings, owner=OWNER)
     spec = probe_spec(tmp_path, "silent", [], sleep="120")
     ref = adapter.launch(spec)
     pid = probe_records(spec)[0]["pid"]
@@ -113,7 +114,7 @@ def test_silent_host_beside_a_healthy_one_keeps_last_known_state(sshd: Sshd, tmp
     """With one host down, the others are still observed and launched on; nothing is raised."""
     dead = sshd.host("dead").model_copy(update={"port": free_port()})
     settings = sshd.settings(tmp_path / "wd", hosts=[dead, sshd.host("box", max_workers=2)])
-    adapter = SshAdapter("ssh", settings)
+    adapter = SshAdapter("ssh", settings, owner=OWNER)
     spec = probe_spec(tmp_path, "beside", [], sleep="60")
     ref = adapter.launch(spec)
     assert ref.id.startswith("box/")
@@ -124,7 +125,7 @@ def test_silent_host_beside_a_healthy_one_keeps_last_known_state(sshd: Sshd, tmp
 
 def test_stale_worker_on_a_host_that_comes_back_is_terminated(sshd: Sshd, tmp_path: Path) -> None:
     settings = sshd.settings(tmp_path / "wd", lost_after_failures=2, lost_after_seconds=0)
-    adapter = SshAdapter("ssh", settings)
+    adapter = SshAdapter("ssh", settings, owner=OWNER)
     spec = probe_spec(tmp_path, "stale", [], sleep="120")
     ref = adapter.launch(spec)
     pid = probe_records(spec)[0]["pid"]
@@ -139,7 +140,7 @@ def test_stale_worker_on_a_host_that_comes_back_is_terminated(sshd: Sshd, tmp_pa
     finally:
         sshd.start()
     state = wait_state(adapter, ref, ended)
-    assert state.phase is WorkerPhase.PREEMPTED and state.detail == "stopped by the reconciler"
+    assert state.phase is WorkerPhase.PREEMPTED and state.signal and state.detail == "stopped by the reconciler"
     deadline = time.monotonic() + 10
     while pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -152,7 +153,7 @@ def test_host_key_mismatch_is_one_sentence_naming_the_host(sshd: Sshd, tmp_path:
     kind, key = Path(f"{other}.pub").read_text().split()[:2]
     known = tmp_path / "known_hosts"
     known.write_text(f"[127.0.0.1]:{sshd.port} {kind} {key}\n")
-    adapter = SshAdapter("ssh", sshd.settings(tmp_path / "wd", known_hosts=str(known)))
+    adapter = SshAdapter("ssh", sshd.settings(tmp_path / "wd", known_hosts=str(known)), owner=OWNER)
     with pytest.raises(ProviderConfigError) as info:
         adapter.launch(probe_spec(tmp_path, "mismatch", []))
     message = str(info.value)
@@ -162,10 +163,12 @@ def test_host_key_mismatch_is_one_sentence_naming_the_host(sshd: Sshd, tmp_path:
 def test_unknown_host_key_is_refused_by_default_and_recorded_with_accept_new(sshd: Sshd, tmp_path: Path) -> None:
     known = tmp_path / "known_hosts"
     known.write_text("")
-    strict = SshAdapter("ssh", sshd.settings(tmp_path / "wd", known_hosts=str(known)))
+    strict = SshAdapter("ssh", sshd.settings(tmp_path / "wd", known_hosts=str(known)), owner=OWNER)
     with pytest.raises(ProviderUnavailable, match="known_hosts"):
         strict.observe()
-    trusting = SshAdapter("ssh", sshd.settings(tmp_path / "wd", known_hosts=str(known), host_key_policy="accept-new"))
+    trusting = SshAdapter(
+        "ssh", sshd.settings(tmp_path / "wd", known_hosts=str(known), host_key_policy="accept-new"), owner=OWNER
+    )
     assert trusting.observe() == {}
     found = subprocess.run(["ssh-keygen", "-F", f"[127.0.0.1]:{sshd.port}", "-f", str(known)], capture_output=True)
     assert found.returncode == 0, "accept-new should have recorded the host key"
@@ -173,22 +176,23 @@ def test_unknown_host_key_is_refused_by_default_and_recorded_with_accept_new(ssh
 
 def test_missing_key_file_is_one_sentence_naming_the_file(sshd: Sshd, tmp_path: Path) -> None:
     host = sshd.host().model_copy(update={"key_file": str(tmp_path / "no-such-key")})
-    adapter = SshAdapter("ssh", sshd.settings(tmp_path / "wd", hosts=[host]))
+    adapter = SshAdapter("ssh", sshd.settings(tmp_path / "wd", hosts=[host]), owner=OWNER)
     with pytest.raises(ProviderConfigError) as info:
         adapter.launch(probe_spec(tmp_path, "nokey", []))
     assert "no-such-key" in str(info.value) and "'box'" in str(info.value)
 
 
 def test_worker_folder_on_the_host_holds_labels_and_no_secret(sshd: Sshd, tmp_path: Path) -> None:
-    adapter = SshAdapter("ssh", sshd.settings(tmp_path / "wd"))
+    adapter = SshAdapter("ssh", sshd.settings(tmp_path / "wd"), owner=OWNER)
     spec = probe_spec(tmp_path, "labels", [])
     spec = LaunchSpec(**{**spec.__dict__, "secret_env": {"PROBE_SECRET": "hunter2-xyz"}})
     ref = adapter.launch(spec)
     wait_state(adapter, ref, ended)
     folder = tmp_path / "wd" / "workers" / ref.id.split("/", 1)[1]
     labels = json.loads((folder / "labels.json").read_text())
-    assert (labels["provider"], labels["job"], labels["run_id"], labels["epoch"]) == (
+    assert (labels["provider"], labels["owner"], labels["job"], labels["run_id"], labels["epoch"]) == (
         "ssh",
+        OWNER,
         "labels",
         "r-ssh",
         1,
@@ -210,9 +214,8 @@ def test_end_to_end_worker_killed_on_the_host_is_relaunched_and_completes(
     log = tmp_path / "daemon.log"
     daemon = start_daemon(state_repo, log)
     try:
-        pid_file = wait_for(
-            lambda: next(iter(workdir.glob("workers/count.*.e1/child.pid")), None), 60, "the first worker", daemon, log
-        )
+        first = "workers/*.count.*.e1/child.pid"
+        pid_file = wait_for(lambda: next(iter(workdir.glob(first)), None), 60, "the first worker", daemon, log)
         assert isinstance(pid_file, Path)
         wait_for(lambda: progress_step(state_repo, "count") >= 12, 60, "checkpoints", daemon, log)
         os.kill(json.loads(pid_file.read_text())["pid"], signal.SIGKILL)
@@ -230,10 +233,29 @@ def test_end_to_end_worker_killed_on_the_host_is_relaunched_and_completes(
 
 
 def test_control_master_reuses_one_connection_when_asked(sshd: Sshd, tmp_path: Path) -> None:
-    adapter = SshAdapter("ssh", sshd.settings(tmp_path / "wd", control_persist_seconds=5))
+    adapter = SshAdapter("ssh", sshd.settings(tmp_path / "wd", control_persist_seconds=5), owner=OWNER)
     assert adapter.observe() == {}
     assert adapter._control_dir is not None
     sockets = list(Path(adapter._control_dir).iterdir())
     assert len(sockets) == 1, "one master connection per host"
     assert adapter.observe() == {}
     assert list(Path(adapter._control_dir).iterdir()) == sockets
+
+
+def test_job_is_placed_only_on_a_host_whose_declared_resources_fit(sshd: Sshd, tmp_path: Path) -> None:
+    """An A100 job never lands on a host declared `gpu_models: [rtx4090]` (issue 8, item 7)."""
+    gaming = sshd.host("gaming").model_copy(update={"resources": Capacity(gpus=2, gpu_models=["rtx4090"])})
+    lab = sshd.host("lab").model_copy(update={"resources": Capacity(cpus=8, gpus=1, gpu_models=["A100"])})
+    adapter = SshAdapter("ssh", sshd.settings(tmp_path / "wd", hosts=[gaming, lab]), owner=OWNER)
+    assert adapter.capacity() == Capacity(cpus=8, gpus=2, gpu_models=["A100", "rtx4090"])
+    spec = probe_spec(tmp_path, "a100", [])
+    spec = LaunchSpec(**{**spec.__dict__, "gpus": 1, "gpu_model": "a100"})
+    ref = adapter.launch(spec)
+    assert ref.id.startswith("lab/")
+    wait_state(adapter, ref, ended)
+    only_gaming = SshAdapter("ssh", sshd.settings(tmp_path / "wd2", hosts=[gaming]), owner=OWNER)
+    with pytest.raises(ProviderConfigError, match="gaming: needs GPU model a100, offers rtx4090"):
+        only_gaming.launch(LaunchSpec(**{**spec.__dict__, "job": "a100-nowhere"}))
+    assert not (tmp_path / "wd2" / "workers").exists(), "nothing may start on a host that does not fit"
+    assert SshAdapter("ssh", sshd.settings(tmp_path / "wd"), owner=OWNER).capacity() is None
+

@@ -1,0 +1,103 @@
+"""Local-specific behaviour: evidence of how a worker died (signal, OOM), this machine's capacity, and
+the shared helpers every adapter uses (labels, the minimal environment)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from adapters import bootstrap
+from adapters.compute import (
+    BASE_ENV,
+    BASE_ENV_PREFIXES,
+    LaunchSpec,
+    ProviderConfigError,
+    WorkerPhase,
+    check_label,
+    worker_base_env,
+)
+from adapters.local import LocalAdapter
+from desired.models import LocalSettings
+from tests.adapters.test_contract import OWNER, ended, wait_state
+
+
+def adapter_in(tmp_path: Path, owner: str = OWNER) -> LocalAdapter:
+    return LocalAdapter("local", LocalSettings(workdir=str(tmp_path / "wd")), owner=owner)
+
+
+def test_a_segfault_is_reported_as_an_exit_by_sigsegv_not_a_preemption(tmp_path: Path) -> None:
+    adapter = adapter_in(tmp_path)
+    crash = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
+    ref = adapter.launch(LaunchSpec(job="crash", run_id="r-1", epoch=1, command=[sys.executable, "-c", crash]))
+    state = wait_state(adapter, ref, ended)
+    assert (state.phase, state.exit_code, state.signal, state.oom) == (WorkerPhase.EXITED, -11, "SIGSEGV", False)
+    assert state.provider_state == "killed by SIGSEGV" and "not by the reconciler" in state.detail
+
+
+def test_an_oom_kill_is_told_by_the_cgroup_s_oom_kill_counter(tmp_path: Path) -> None:
+    """The counter the supervisor and the agent read before and after a SIGKILL death."""
+    proc, cgroup = tmp_path / "proc", tmp_path / "cgroup"
+    (proc / "self").mkdir(parents=True)
+    (proc / "self" / "cgroup").write_text("0::/user.slice/job\n")
+    events = cgroup / "user.slice" / "job" / "memory.events"
+    events.parent.mkdir(parents=True)
+    events.write_text("low 0\nhigh 0\nmax 3\noom 2\noom_kill 2\noom_group_kill 0\n")
+    assert bootstrap.oom_kills(str(proc), str(cgroup)) == 2
+    events.unlink()
+    assert bootstrap.oom_kills(str(proc), str(cgroup)) is None
+    (proc / "self" / "cgroup").write_text("4:memory:/box/7\n0::/\n")  # cgroup v1 memory controller
+    control = cgroup / "memory" / "box" / "7" / "memory.oom_control"
+    control.parent.mkdir(parents=True)
+    control.write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 5\n")
+    assert bootstrap.oom_kills(str(proc), str(cgroup)) == 5
+    control.unlink()  # a container sees its own cgroup as the mount's root
+    (cgroup / "memory" / "memory.oom_control").write_text("oom_kill 1\n")
+    assert bootstrap.oom_kills(str(proc), str(cgroup)) == 1
+
+
+def test_local_worker_with_an_oom_marker_is_reported_oom(tmp_path: Path) -> None:
+    """What the supervisor leaves when the counter rose across a SIGKILL death, as observe reads it."""
+    adapter = adapter_in(tmp_path)
+    ref = adapter.launch(LaunchSpec(job="hog", run_id="r-1", epoch=1, command=[sys.executable, "-c", "pass"]))
+    wait_state(adapter, ref, ended)
+    folder = tmp_path / "wd" / "workers" / ref.id
+    (folder / "oom").write_text("counter rose")
+    (folder / "exit_code").write_text("-9")
+    state = adapter.observe()[ref]
+    assert (state.phase, state.signal, state.oom) == (WorkerPhase.EXITED, "SIGKILL", True)
+    assert "OOM" in state.detail
+
+
+def test_capacity_reports_this_machine(tmp_path: Path) -> None:
+    capacity = adapter_in(tmp_path).capacity()
+    assert capacity is not None and capacity.cpus == os.cpu_count()
+    assert capacity.memory_gb is not None and capacity.memory_gb > 0
+    assert capacity.gpus is not None and capacity.gpus >= 0
+
+
+def test_an_adapter_without_an_owner_observes_everyone_and_launches_nothing(tmp_path: Path) -> None:
+    ours = adapter_in(tmp_path)
+    ref = ours.launch(LaunchSpec(job="seen", run_id="r-1", epoch=1, command=[sys.executable, "-c", "pass"]))
+    operator = LocalAdapter("local", LocalSettings(workdir=str(tmp_path / "wd")))
+    assert ref in operator.observe() and operator.foreign_workers == 0
+    with pytest.raises(ProviderConfigError, match="owner"):
+        operator.launch(LaunchSpec(job="x", run_id="r-1", epoch=1, command=["true"]))
+
+
+@pytest.mark.parametrize("bad", ["x\n", "a/b", "..", "a..b", "", "-x", "x y", "x\x00"])
+def test_labels_are_checked_with_a_full_match(bad: str) -> None:
+    with pytest.raises(ProviderConfigError):
+        check_label(bad, "job name")
+    assert check_label("train-1.b_2", "job name") == "train-1.b_2"
+
+
+def test_minimal_environment_keeps_only_the_listed_variables() -> None:
+    environ = {"PATH": "/bin", "HOME": "/h", "LC_ALL": "C", "LANG": "C.UTF-8", "TZ": "UTC",
+               "AWS_SECRET_ACCESS_KEY": "k", "PYTHONPATH": "/x", "SSH_AUTH_SOCK": "/s", "LOGNAME": "u"}
+    assert worker_base_env(environ) == {"PATH": "/bin", "HOME": "/h", "LC_ALL": "C", "LANG": "C.UTF-8",
+                                        "TZ": "UTC", "LOGNAME": "u"}
+    # the agent on SSH hosts and Slurm nodes is stdlib-only and keeps its own copy of the list
+    assert (bootstrap.BASE_ENV, bootstrap.BASE_ENV_PREFIXES) == (BASE_ENV, BASE_ENV_PREFIXES)
