@@ -36,10 +36,12 @@ import signal
 import subprocess
 import sys
 from collections import deque
+from dataclasses import replace
 from pathlib import Path
 
 from adapters.compute import (
     ANY_OWNER,
+    JobConfigError,
     LaunchSpec,
     ProviderConfigError,
     ProviderUnavailable,
@@ -115,6 +117,13 @@ def package_root() -> str:
     return str(Path(__file__).resolve().parent.parent)
 
 
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
 class LocalAdapter:
     def __init__(self, name: str, settings: LocalSettings | None = None, *, owner: str = ANY_OWNER) -> None:
         self.name = name
@@ -171,7 +180,7 @@ class LocalAdapter:
     def _state(self, folder: Path) -> WorkerState:
         code = self._read(folder, "exit_code")
         if code is not None and code.lstrip("-").isdigit():
-            return self._ended(folder, int(code))
+            return replace(self._ended(folder, int(code)), ended_at=_mtime(folder / "exit_code"))
         pid = self._read(folder, "supervisor.pid")
         if pid and pid.isdigit() and alive(int(pid), self._read(folder, "supervisor.start")):
             if self._read(folder, "child.pid"):
@@ -214,6 +223,9 @@ class LocalAdapter:
     def launch(self, spec: LaunchSpec) -> WorkerRef:
         if self.owner == ANY_OWNER:
             raise ProviderConfigError(f"local provider {self.name!r}: an adapter without an owner cannot launch")
+        if spec.workdir and not os.path.isdir(os.path.expanduser(spec.workdir)):
+            raise JobConfigError(f"code.path {spec.workdir} is not a folder on this machine (local provider "
+                                 f"{self.name!r}); fix the job's manifest")
         folder = self.root / worker_folder_name(self.owner, spec.job, spec.run_id, spec.epoch)
         ref = WorkerRef(self.name, folder.name, spec.job, spec.run_id, spec.epoch)
         try:

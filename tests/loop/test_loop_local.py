@@ -292,3 +292,14 @@ def test_broken_settings_hold_every_job_instead_of_falling_back_to_defaults(
     assert not report.actions and report.status_commit is None and not report.all_terminal
     assert state_repo.git("rev-parse", "HEAD").strip() == head
     assert live_workers(local_workdir) == [running.attempts[-1].worker]
+
+
+def test_a_code_path_that_does_not_exist_fails_the_job_at_once(state_repo: StateRepoFixture) -> None:
+    """It used to wait as if the provider were unavailable, Pending forever with a new epoch every
+    2 minutes."""
+    state_repo.write("desired/nowhere.yaml", job("nowhere", counter(), "code: {path: /no/such/project}"))
+    state_repo.commit("add nowhere")
+    report = Reconciler(state_repo.path).tick()
+    st = report.statuses["nowhere"]
+    assert st.phase == Phase.FAILED
+    assert "config error: code.path /no/such/project is not a folder" in st.message
