@@ -107,7 +107,6 @@ def test_no_canary_in_daemon_logs(canary_run: CanaryRun) -> None:
     assert not leaks(canary_run.output)
 
 
-@pytest.mark.xfail(strict=False, reason="needs minimal worker env from h-adapters")
 def test_no_canary_in_environment_of_a_job_without_secrets(canary_run: CanaryRun) -> None:
     env = json.loads(canary_run.env_dump.read_text())
     assert "CANARY" not in env
