@@ -153,7 +153,9 @@ def test_run_once_while_another_clone_leads_does_nothing_and_says_who_leads(stat
 
     state_repo.write("desired/count.yaml", job("count", counter(1.0)))
     state_repo.commit("add count")
-    root = state_repo.git("rev-list", "--max-parents=0", "HEAD").strip()
+    from reconciler.loop import repository_identity
+
+    root = repository_identity(state_repo.git("rev-list", "--max-parents=0", "HEAD").strip())
     elsewhere = Election(clone="/another/clone")
     assert elsewhere.hold(f"file://{state_repo.storage}", {}, root, 0.5, time.time()).leading
     res = cli("run", "--once", "--repo", str(state_repo.path))
