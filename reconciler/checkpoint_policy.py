@@ -1,9 +1,11 @@
 """How often to checkpoint: the Young/Daly interval from the observed failure rate and the cost
 of one checkpoint, plus the exact expected efficiency used to judge any interval.
 
-Why a pure function: the worker SDK (or `reconciler exec`) calls it with what it knows — the
-checkpoint cost it measured, the interruptions its run has seen — and the simulation calls the
-same code, so the goodput figures measure the policy that ships.
+Why a pure function: it takes what a worker could know (the checkpoint cost it measured, the
+interruptions its run has seen) and returns an interval, so it is table-tested and the simulation
+can use it. Today only the simulation calls it (its "young-daly" policy): the worker SDK and
+`reconciler exec` do not; they checkpoint every RECONCILER_CHECKPOINT_EVERY steps or every
+`checkpoint_seconds` (default 600 s). See docs/simulation.md for the wiring that is missing.
 
 Model (Daly 2006): failures arrive as a Poisson process with mean time between failures M;
 each segment computes `tau` seconds and then saves for C seconds; after a failure the run pays

@@ -6,6 +6,9 @@ maps its exit onto the contract of DESIGN.md §3:
 
 - child exits 0            -> done.json is created (fenced), exit 0
 - a forwarded signal came  -> exit 75 (interrupted; the child had the notice to save its own state)
+- RECONCILER_DEADLINE near -> the child gets SIGTERM RECONCILER_GRACE seconds (default 30) before
+                              it, exit 75, as for a forwarded SIGTERM; the command is not started
+                              at all when the deadline is already that close
 - the attempt was replaced -> the child is terminated, exit 75, nothing more is written
 - otherwise                -> the child's exit code (128+N when it died of signal N)
 
@@ -23,13 +26,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from types import FrameType
-from typing import Any
 
 from adapters.storage import Fenced, RunFolder, StorageError
 
 EXIT_INTERRUPTED = 75
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+DEFAULT_GRACE = 30.0
 
 
 def _say(message: str) -> None:
@@ -74,8 +78,13 @@ def main(argv: list[str]) -> int:
         interval = float(env.get("RECONCILER_HEARTBEAT_INTERVAL") or 10.0)
         target = int(env["RECONCILER_TARGET_STEPS"]) if env.get("RECONCILER_TARGET_STEPS") else None
         epoch = int(epoch_text) if epoch_text else None
+        deadline = float(env["RECONCILER_DEADLINE"]) if env.get("RECONCILER_DEADLINE") else None
+        grace = float(env.get("RECONCILER_GRACE") or DEFAULT_GRACE)
     except ValueError as exc:
-        _say(f"bad worker environment: {exc}: fix RECONCILER_EPOCH / RECONCILER_HEARTBEAT_INTERVAL")
+        _say(
+            f"bad worker environment: {exc}: fix RECONCILER_EPOCH / RECONCILER_HEARTBEAT_INTERVAL / "
+            "RECONCILER_DEADLINE / RECONCILER_GRACE"
+        )
         return 2
     try:
         folder = RunFolder(uri)
@@ -89,79 +98,127 @@ def main(argv: list[str]) -> int:
     except StorageError as exc:
         _say(str(exc))
         return 2
-    return _supervise(args, folder, epoch, interval, target)
+    stop_at = None if deadline is None else deadline - grace
+    return _supervise(args, _Attempt(folder, epoch, interval, target, stop_at))
 
 
-def _supervise(args: list[str], folder: RunFolder, epoch: int, interval: float, target: int | None) -> int:
-    with tempfile.TemporaryDirectory(prefix="reconciler-exec-") as tmp:
-        step_file = os.path.join(tmp, "step")
-        child_env = dict(os.environ, RECONCILER_STEP_FILE=step_file, RECONCILER_EPOCH=str(epoch))
+@dataclass
+class _Attempt:
+    folder: RunFolder
+    epoch: int
+    interval: float
+    target: int | None
+    stop_at: float | None  # unix time at which the child gets SIGTERM (deadline minus grace)
+    step_file: str = ""
+    tag: str | None = None
+    last: int = 0  # the child's last reported step
+
+
+class _Notice:
+    """Forwards stop signals to the child. Installed before the child starts, so a notice that
+    lands while it starts is held and sent once it exists, instead of killing the wrapper (the
+    default action) and leaving the child running unwatched.
+    """
+
+    def __init__(self) -> None:
+        self.child: subprocess.Popen[bytes] | None = None
+        self.signalled: int | None = None
+        self._forwarded = False
+
+    def __call__(self, signum: int, frame: FrameType | None = None) -> None:
+        self.signalled = signum
+        self._send(signum)
+
+    def attach(self, child: subprocess.Popen[bytes]) -> None:
+        self.child = child
+        if self.signalled is not None and not self._forwarded:
+            self._send(self.signalled)
+
+    def _send(self, signum: int) -> None:
+        if self.child is None:
+            return
+        self._forwarded = True
         try:
-            child = subprocess.Popen(args, env=child_env)
-        except OSError as exc:
-            _say(f"cannot start {args[0]!r}: {exc}")
-            return 127
-
-        state: dict[str, Any] = {"signalled": None, "superseded": False, "tag": None, "last": 0}
-
-        def forward(signum: int, frame: FrameType | None) -> None:
-            state["signalled"] = signum
-            try:
-                child.send_signal(signum)
-            except ProcessLookupError:
-                pass
-
-        old = {sig: signal.signal(sig, forward) for sig in FORWARDED}
-        try:
-            next_beat = 0.0
-            while True:
-                try:
-                    child.wait(timeout=min(0.2, max(interval, 0.01)))
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
-                if time.monotonic() >= next_beat and not state["superseded"]:
-                    next_beat = time.monotonic() + interval
-                    if not _beat(folder, epoch, step_file, target, state):
-                        _say(f"attempt epoch {epoch} was replaced; stopping the command")
-                        state["superseded"] = True
-                        _stop(child)
-                        break
-            code = child.wait()
-        finally:
-            for sig, handler in old.items():
-                signal.signal(sig, handler)
-        if state["superseded"]:
-            return EXIT_INTERRUPTED
-        if not _beat(folder, epoch, step_file, target, state):
-            return EXIT_INTERRUPTED
-        if state["signalled"] is not None:
-            return EXIT_INTERRUPTED
-        if code == 0:
-            step, metrics = _read_step(step_file)
-            try:
-                folder.mark_done(
-                    epoch,
-                    {"step": step if step is not None else state["last"], "metrics": metrics, "time": time.time()},
-                )
-            except Fenced as exc:
-                _say(f"{exc}; not marking the run done")
-                return EXIT_INTERRUPTED
-            except StorageError as exc:
-                _say(f"the command succeeded but done.json could not be written: {exc}")
-                return 1
-            return 0
-        return 128 - code if code < 0 else code
+            self.child.send_signal(signum)
+        except ProcessLookupError:
+            pass
 
 
-def _beat(folder: RunFolder, epoch: int, step_file: str, target: int | None, state: dict[str, Any]) -> bool:
-    """One heartbeat; False when the attempt was replaced. Storage hiccups are logged, not fatal."""
-    step, metrics = _read_step(step_file)
-    if step is not None:
-        state["last"] = step
-    record = {"epoch": epoch, "step": state["last"], "target": target, "time": time.time(), "metrics": metrics}
+def _supervise(args: list[str], att: _Attempt) -> int:
+    notice = _Notice()
+    old = {sig: signal.signal(sig, notice) for sig in FORWARDED}
     try:
-        state["tag"] = folder.write_progress(epoch, record, state["tag"])
+        with tempfile.TemporaryDirectory(prefix="reconciler-exec-") as tmp:
+            att.step_file = os.path.join(tmp, "step")
+            return _run_child(args, att, notice)
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def _run_child(args: list[str], att: _Attempt, notice: _Notice) -> int:
+    if att.stop_at is not None and time.time() >= att.stop_at:
+        _say("the deadline (RECONCILER_DEADLINE) is closer than RECONCILER_GRACE: not starting the command")
+        return EXIT_INTERRUPTED
+    if notice.signalled is not None:
+        return EXIT_INTERRUPTED
+    child_env = dict(os.environ, RECONCILER_STEP_FILE=att.step_file, RECONCILER_EPOCH=str(att.epoch))
+    try:
+        child = subprocess.Popen(args, env=child_env)
+    except OSError as exc:
+        _say(f"cannot start {args[0]!r}: {exc}")
+        return 127
+    notice.attach(child)
+    code = _watch(child, att, notice)
+    if code is None or not _beat(att) or notice.signalled is not None:
+        return EXIT_INTERRUPTED
+    return _finish(code, att)
+
+
+def _watch(child: subprocess.Popen[bytes], att: _Attempt, notice: _Notice) -> int | None:
+    """Heartbeat until the child exits (its code); SIGTERM it near the deadline. None: replaced."""
+    next_beat = 0.0
+    while True:
+        try:
+            return child.wait(timeout=min(0.2, max(att.interval, 0.01)))
+        except subprocess.TimeoutExpired:
+            pass
+        if att.stop_at is not None and notice.signalled is None and time.time() >= att.stop_at:
+            _say("the deadline (RECONCILER_DEADLINE) is near: asking the command to stop (SIGTERM)")
+            notice(signal.SIGTERM)
+        if time.monotonic() >= next_beat:
+            next_beat = time.monotonic() + att.interval
+            if not _beat(att):
+                _say(f"attempt epoch {att.epoch} was replaced; stopping the command")
+                _stop(child)
+                return None
+
+
+def _finish(code: int, att: _Attempt) -> int:
+    """Map the child's exit onto the contract: done.json after 0, else its code (128+N for signal N)."""
+    if code != 0:
+        return 128 - code if code < 0 else code
+    step, metrics = _read_step(att.step_file)
+    record = {"step": step if step is not None else att.last, "metrics": metrics, "time": time.time()}
+    try:
+        att.folder.mark_done(att.epoch, record)
+    except Fenced as exc:
+        _say(f"{exc}; not marking the run done")
+        return EXIT_INTERRUPTED
+    except StorageError as exc:
+        _say(f"the command succeeded but done.json could not be written: {exc}")
+        return 1
+    return 0
+
+
+def _beat(att: _Attempt) -> bool:
+    """One heartbeat; False when the attempt was replaced. Storage hiccups are logged, not fatal."""
+    step, metrics = _read_step(att.step_file)
+    if step is not None:
+        att.last = step
+    record = {"epoch": att.epoch, "step": att.last, "target": att.target, "time": time.time(), "metrics": metrics}
+    try:
+        att.tag = att.folder.write_progress(att.epoch, record, att.tag)
     except Fenced:
         return False
     except StorageError as exc:

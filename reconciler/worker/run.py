@@ -4,6 +4,10 @@ Exit codes follow DESIGN.md §3: 0 after `complete()`; 75 (EX_TEMPFAIL) when the
 a preemption notice after its final checkpoint, or when it finds it was replaced by a newer
 attempt (`Superseded`, a SystemExit, so a broad `except Exception` in user code cannot keep a
 replaced worker alive).
+
+A known end (RECONCILER_DEADLINE: the job's deadline or the provider's session limit, whichever
+comes first) is a notice given in advance: the attempt stops as on SIGTERM once the deadline is
+closer than `deadline_margin`, time enough for one more save (see `deadline_margin`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,16 @@ log = logging.getLogger("reconciler.worker")
 
 EXIT_INTERRUPTED = 75
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+MAX_DEADLINE_MARGIN = 1800.0
+
+
+def deadline_margin(save_seconds: float | None, floor: float, cap: float = MAX_DEADLINE_MARGIN) -> float:
+    """Seconds before the deadline at which to stop: twice the last save's duration (saves vary),
+    at least `floor`. The measured part is capped so that one pathological save cannot end every
+    later session early; the provider's kill then costs that one checkpoint, not the run.
+    """
+    measured = 0.0 if save_seconds is None else min(cap, 2.0 * save_seconds)
+    return max(floor, measured)
 
 
 class Superseded(SystemExit):
@@ -99,6 +113,7 @@ class Run:
         self._buffers: dict[str, torch.Tensor] = {}
         self._last_saved_step: int | None = None
         self._last_save_time = time.monotonic()
+        self._save_seconds: float | None = None
         self._last_committed: str | None = None
         self._restored_from: str | None = None
         self._last_beat = float("-inf")
@@ -126,11 +141,16 @@ class Run:
         return left
 
     @property
+    def deadline_margin(self) -> float:
+        """How long before RECONCILER_DEADLINE this attempt stops: `grace`, or twice its last save."""
+        return deadline_margin(self._save_seconds, self.grace)
+
+    @property
     def stop_requested(self) -> bool:
-        """True after SIGTERM/SIGUSR1, or when the deadline is closer than the grace period."""
+        """True after SIGTERM/SIGUSR1, or once the deadline is closer than `deadline_margin`."""
         if self.stop_signal is not None:
             return True
-        return self.deadline is not None and time.time() >= self.deadline - self.grace
+        return self.deadline is not None and time.time() >= self.deadline - self.deadline_margin
 
     def exit_if_stopping(self, step: int, **objects: Any) -> None:
         """When a stop was requested: checkpoint `step` (unless saved already), wait for it, exit 75.
@@ -218,16 +238,18 @@ class Run:
             return
         if not objects:
             raise ValueError("save() needs the objects to checkpoint, e.g. run.save(step, model=model)")
+        started = time.monotonic()
         snap = snapshot.capture(step, objects, self._buffers)
         self._buffers = snap.sections
         self._last_saved_step = step
-        self._last_save_time = time.monotonic()
-        self._upload = threading.Thread(target=self._write, args=(snap,), name="reconciler-upload")
+        self._last_save_time = started
+        self._upload = threading.Thread(target=self._write, args=(snap, started), name="reconciler-upload")
         self._upload.start()
 
-    def _write(self, snap: snapshot.Snapshot) -> None:
+    def _write(self, snap: snapshot.Snapshot, started: float) -> None:
         try:
             ckpt = snapshot.write(self.folder, self.epoch, snap, self._last_committed, self._pool)
+            self._save_seconds = time.monotonic() - started  # copy + upload + commit: what a final save costs
             self._last_committed = ckpt.dirname
             protect = frozenset([self._restored_from]) if self._restored_from else frozenset()
             try:
@@ -355,7 +377,8 @@ def open_run(
 
     Reads RECONCILER_RUN_URI, RECONCILER_RUN_ID, RECONCILER_EPOCH, RECONCILER_DEADLINE (unix
     seconds), RECONCILER_CHECKPOINT_EVERY (steps) and, optionally, RECONCILER_TARGET_STEPS,
-    RECONCILER_GRACE (seconds, default 30) and RECONCILER_HEARTBEAT_INTERVAL (seconds, default 10).
+    RECONCILER_GRACE (seconds, default 30: the time a stop notice gives, and the least margin
+    kept before the deadline) and RECONCILER_HEARTBEAT_INTERVAL (seconds, default 10).
     Without an epoch (a script started by hand) it takes the lease itself by bumping it.
     """
     env = os.environ
@@ -405,4 +428,13 @@ def open_run(
     )
 
 
-__all__ = ["EXIT_INTERRUPTED", "CheckpointName", "Run", "RunConfigError", "Superseded", "open_run"]
+__all__ = [
+    "EXIT_INTERRUPTED",
+    "MAX_DEADLINE_MARGIN",
+    "CheckpointName",
+    "Run",
+    "RunConfigError",
+    "Superseded",
+    "deadline_margin",
+    "open_run",
+]

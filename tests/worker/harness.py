@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.connection
 import os
+import threading
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,21 +76,43 @@ def context() -> Any:
     return _ctx
 
 
+# A forkserver child's exit code is 8 bytes on a pipe that only one reader gets. Process.start()
+# polls every live child (multiprocessing.process._cleanup), so a start() in one thread racing a
+# join() in another makes one of them read EOF and record 255 (CPython gh-130895). Every start
+# and every reap goes through this lock; waiting for the exit does not.
+_reap_lock = threading.Lock()
+
+
 def start(env: dict[str, str], cfg: dict[str, Any]) -> Any:
-    proc = context().Process(target=_child, args=(env, cfg), daemon=True)
-    proc.start()
+    return spawn(_child, env, cfg)
+
+
+def spawn(target: Any, *args: Any) -> Any:
+    """Start `target(*args)` in a fork of the fork server (a module-level function)."""
+    proc = context().Process(target=target, args=args, daemon=True)
+    with _reap_lock:
+        proc.start()
     return proc
+
+
+def join(proc: Any, timeout: float | None = None) -> int | None:
+    """Wait up to `timeout` for `proc` to end; its exit code, or None while it runs (thread-safe)."""
+    if not multiprocessing.connection.wait([proc.sentinel], timeout):
+        return None
+    with _reap_lock:
+        proc.join()
+        return int(proc.exitcode)
 
 
 def attempt(env: dict[str, str], cfg: dict[str, Any], timeout: float = 120) -> int:
     """Run one training attempt to its end; returns its exit code (-9 when SIGKILLed)."""
     proc = start(env, cfg)
-    proc.join(timeout)
-    if proc.exitcode is None:
+    code = join(proc, timeout)
+    if code is None:
         proc.kill()
-        proc.join()
+        join(proc)
         raise AssertionError(f"training attempt did not finish within {timeout}s")
-    return int(proc.exitcode)
+    return code
 
 
 def assert_same(a: Any, b: Any, where: str = "state") -> None:

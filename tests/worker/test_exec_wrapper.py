@@ -1,4 +1,5 @@
-"""`reconciler exec -- CMD`: heartbeats for a non-Python job, forwarded signals, mapped exit codes."""
+"""`reconciler exec -- CMD`: heartbeats for a non-Python job, forwarded signals, a SIGTERM a margin
+before RECONCILER_DEADLINE, mapped exit codes."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from adapters.storage import RunFolder
 from tests.worker.harness import Store
 
 WRAPPER = [sys.executable, "-c", "import sys; from reconciler.execwrap import main; sys.exit(main(sys.argv[1:]))"]
@@ -83,3 +85,60 @@ def test_a_missing_command_is_reported_as_127(store: Store) -> None:
     proc = subprocess.run([*WRAPPER, "--", "/nonexistent/tool"], env=full, capture_output=True, text=True)
     assert proc.returncode == 127
     assert "cannot start '/nonexistent/tool'" in proc.stderr
+
+
+def test_exec_sends_its_command_sigterm_a_margin_before_the_deadline(tmp_path: Path) -> None:
+    folder = RunFolder(str(tmp_path / "run"))
+    margin = 2.0
+    deadline = time.time() + margin + 3.0
+    saved = tmp_path / "saved"
+    script = (
+        f"n=0; trap 'echo $n > {saved}; echo $n > \"$RECONCILER_STEP_FILE\"; exit 0' TERM; "
+        "while [ $n -lt 1200 ]; do n=$((n+1)); sleep 0.05; done; exit 3"  # ends by itself if never stopped
+    )
+    env = dict(
+        os.environ,
+        RECONCILER_RUN_URI=folder.uri,
+        RECONCILER_EPOCH=str(folder.bump_lease()),
+        RECONCILER_HEARTBEAT_INTERVAL="0.1",
+        RECONCILER_GRACE=str(margin),
+        RECONCILER_DEADLINE=str(deadline),
+    )
+    proc = subprocess.run([*WRAPPER, "--", "sh", "-c", script], env=env, timeout=120, capture_output=True, text=True)
+    assert proc.returncode == 75, proc.stderr
+    assert "deadline" in proc.stderr
+    assert time.time() >= deadline - margin
+    step = int(saved.read_text())
+    progress = folder.progress()
+    assert progress is not None and progress.step == step
+    assert folder.done() is None
+
+
+def test_exec_with_a_deadline_already_within_the_margin_does_not_start_the_command(tmp_path: Path) -> None:
+    folder = RunFolder(str(tmp_path / "run"))
+    started = tmp_path / "started"
+    env = dict(
+        os.environ,
+        RECONCILER_RUN_URI=folder.uri,
+        RECONCILER_EPOCH=str(folder.bump_lease()),
+        RECONCILER_GRACE="30",
+        RECONCILER_DEADLINE=str(time.time() + 5),
+    )
+    proc = subprocess.run([*WRAPPER, "--", "touch", str(started)], env=env, timeout=120, capture_output=True, text=True)
+    assert proc.returncode == 75, proc.stderr
+    assert not started.exists()
+    assert folder.done() is None
+
+
+def test_a_stop_signal_that_lands_while_the_command_starts_is_forwarded_once_it_exists() -> None:
+    from reconciler.execwrap import _Notice
+
+    notice = _Notice()
+    notice(signal.SIGTERM)  # the wrapper's handler ran before Popen returned
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        notice.attach(child)
+        assert child.wait(10) == -signal.SIGTERM
+    finally:
+        child.kill()
+        child.wait()
