@@ -45,7 +45,7 @@ def test_the_margin_grows_with_the_measured_save(tmp_path: Path) -> None:
 
 
 def test_a_deadline_a_few_seconds_ahead_ends_with_a_final_checkpoint_and_75(store: Store, tmp_path: Path) -> None:
-    steps, seed, margin = 300, 4, 2.0
+    steps, seed, margin = 300, 4, 8.0  # the margin leaves a slow S3 server time for the final save
     folder = store.folder()
     env = store.env(folder, folder.bump_lease(), RECONCILER_CHECKPOINT_EVERY=10**6, **QUIET)
     assert attempt(env, {"steps": steps, "seed": seed, "out": str(tmp_path / "ref.pt")}) == 0
