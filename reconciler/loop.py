@@ -335,6 +335,7 @@ class Reconciler:
         commit = self.repo.head()
         report.commit = commit
         desired = self.read_desired(commit)
+        self._learn_secrets(desired)  # before anything of this tick is logged
         report.errors.extend(str(e) for e in desired.errors)
         if any(e.file == SETTINGS_FILE for e in desired.errors):
             report.desired = desired  # its errors are what `plan` and `validate` report
@@ -397,9 +398,7 @@ class Reconciler:
 
     def _commit(self, the_plan: Plan, recorded: dict[str, JobStatus], desired: DesiredState, commit: str,
                 report: TickReport) -> None:
-        values = secret_values(desired, self.environ)
-        if values != self._secret_values:
-            self._secret_values, self.redactor = values, Redactor(values)
+        self._learn_secrets(desired)
         files: dict[str, str | None] = {}
         changes = []
         desired_commit = self.repo.last_change(commit, [DESIRED_DIR, "reconciler.yaml"]) or commit
@@ -437,6 +436,12 @@ class Reconciler:
             self._push_pending = True
             report.errors.append(str(exc))
 
+
+    def _learn_secrets(self, desired: DesiredState) -> None:
+        """The values to mask: those named by the manifests, as the daemon's environment holds them."""
+        values = secret_values(desired, self.environ)
+        if values != self._secret_values:
+            self._secret_values, self.redactor = values, Redactor(values)
 
     def _redacted(self, st: JobStatus) -> JobStatus:
         """A copy with secret values masked in every field, before any rendering can escape or

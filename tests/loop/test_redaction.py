@@ -93,3 +93,17 @@ def test_log_filter_masks_message_arguments_and_traceback() -> None:
     text = stream.getvalue()
     assert "launch failed: ***" in text and "RuntimeError: bad token ***" in text
     assert SECRET not in text and b64(SECRET.encode()) not in text
+
+
+def test_a_tick_masks_a_jobs_own_secret_from_its_first_log_line(state_repo) -> None:  # type: ignore[no-untyped-def]
+    """The redactor learns the job's secret names when it reads the manifests, not only when it
+    commits: anything logged earlier in the tick is masked too."""
+    from reconciler.loop import Reconciler
+
+    state_repo.write("desired/job.yaml", "apiVersion: reconciler.dev/v1\nkind: Job\nmetadata: {name: train}\n"
+                                         "spec: {command: [python, t.py], secrets: [DATASET_URL]}\n")
+    state_repo.commit("job with a secret")
+    rec = Reconciler(state_repo.path, environ={"DATASET_URL": SECRET})
+    assert SECRET in rec.redactor.redact(f"url={SECRET}")  # a plain name: not known before reading
+    rec.preview()
+    assert rec.redactor.redact(f"url={SECRET}") == f"url={MASK}"
