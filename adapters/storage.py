@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import io
 import json
 import logging
 import os
@@ -47,6 +46,8 @@ from typing import Any
 
 import fsspec
 from fsspec.core import url_to_fs
+
+from adapters.s3 import is_conflict, is_missing, is_precondition_failed, multipart_upload, s3_client
 
 log = logging.getLogger(__name__)
 
@@ -166,85 +167,6 @@ _probed: dict[str, bool] = {}
 _probe_lock = threading.Lock()
 
 
-def _s3_error_code(exc: Exception) -> tuple[str, int]:
-    resp = getattr(exc, "response", None) or {}
-    code = str(resp.get("Error", {}).get("Code", ""))
-    status = int(resp.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-    return code, status
-
-
-def _is_precondition_failed(exc: Exception) -> bool:
-    code, status = _s3_error_code(exc)
-    return code == "PreconditionFailed" or status == 412
-
-
-def _is_conflict(exc: Exception) -> bool:
-    code, status = _s3_error_code(exc)
-    return code == "ConditionalRequestConflict" or status == 409
-
-
-def _is_missing(exc: Exception) -> bool:
-    code, status = _s3_error_code(exc)
-    return code in ("NoSuchKey", "404", "NotFound") or status == 404
-
-
-_clients: dict[tuple[Any, ...], Any] = {}
-_clients_lock = threading.Lock()
-
-
-def _s3_client(endpoint: str | None, region: str, key: str | None, secret: str | None, token: str | None) -> Any:
-    """One S3 client per configuration and process (they are thread-safe and slow to make).
-
-    A plain botocore client (what boto3 wraps): botocore comes with s3fs in the version aiobotocore
-    pins, while boto3 would have to match it and cannot be named in the `s3` extra (see pyproject).
-    """
-    cache_key = (endpoint, region, key, secret, token, os.getpid())
-    with _clients_lock:
-        if cache_key not in _clients:
-            import botocore.session
-            from botocore.config import Config
-
-            _clients[cache_key] = botocore.session.get_session().create_client(
-                "s3",
-                endpoint_url=endpoint,
-                region_name=region,
-                aws_access_key_id=key,
-                aws_secret_access_key=secret,
-                aws_session_token=token,
-                config=Config(max_pool_connections=32, retries={"max_attempts": 5, "mode": "standard"}),
-            )
-        return _clients[cache_key]
-
-
-class _MemReader(io.RawIOBase):
-    """A seekable read-only file over a memoryview, so uploads need no extra copy of the state."""
-
-    def __init__(self, buf: memoryview) -> None:
-        self._buf = buf.cast("B") if buf.format != "B" or buf.ndim != 1 else buf
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self._pos, 2: len(self._buf)}[whence]
-        self._pos = max(0, min(len(self._buf), base + offset))
-        return self._pos
-
-    def readinto(self, b: Any) -> int:
-        out = memoryview(b).cast("B")
-        n = min(len(out), len(self._buf) - self._pos)
-        out[:n] = self._buf[self._pos : self._pos + n]
-        self._pos += n
-        return n
-
-
 class RunFolder:
     """One run's folder. Cheap to create; holds no open handles (an S3 client is made lazily)."""
 
@@ -289,7 +211,7 @@ class RunFolder:
         if self._client_obj is None:
             o = self.storage_options
             ck = dict(o.get("client_kwargs") or {})
-            self._client_obj = _s3_client(
+            self._client_obj = s3_client(
                 o.get("endpoint_url") or ck.get("endpoint_url"),
                 ck.get("region_name") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
                 o.get("key"),
@@ -315,7 +237,7 @@ class RunFolder:
                 try:
                     resp = self._client.get_object(Bucket=bucket, Key=key)
                 except Exception as exc:
-                    if _is_missing(exc):
+                    if is_missing(exc):
                         return None, None
                     raise
                 return resp["Body"].read(), resp["ETag"]
@@ -388,9 +310,9 @@ class RunFolder:
                         self._client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
                         return True
                     except Exception as exc:
-                        if _is_precondition_failed(exc):
+                        if is_precondition_failed(exc):
                             return False
-                        if _is_conflict(exc) and attempt < 7:
+                        if is_conflict(exc) and attempt < 7:
                             time.sleep(0.05 * (attempt + 1))
                             continue
                         raise
@@ -453,7 +375,7 @@ class RunFolder:
         try:
             return str(self._client.put_object(Bucket=bucket, Key=key, Body=data, **cond)["ETag"])
         except Exception as exc:
-            if _is_precondition_failed(exc) or _is_conflict(exc) or (tag and _is_missing(exc)):
+            if is_precondition_failed(exc) or is_conflict(exc) or (tag and is_missing(exc)):
                 return None
             raise StorageError(f"cannot write {self.url(name)}: {exc}") from exc
 
@@ -585,37 +507,12 @@ class RunFolder:
                 if len(buf) <= S3_PART_BYTES:
                     self._client.put_object(Bucket=bucket, Key=key, Body=bytes(buf))
                 else:
-                    self._s3_multipart(bucket, key, buf)
+                    multipart_upload(self._client, bucket, key, buf, S3_PART_BYTES)
             else:
                 self.fs.makedirs(self.path(name).rsplit("/", 1)[0], exist_ok=True)
                 self.fs.pipe_file(self.path(name), bytes(buf))
         except Exception as exc:
             raise StorageError(f"cannot upload {self.url(name)}: {exc}") from exc
-
-    def _s3_multipart(self, bucket: str, key: str, buf: memoryview) -> None:
-        """Parts of S3_PART_BYTES uploaded 8 at a time straight from `buf`; aborted on any failure,
-        so a failed upload leaves no object (and no parts billed)."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        flat = buf.cast("B") if buf.format != "B" or buf.ndim != 1 else buf
-        upload = self._client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
-
-        def put(number: int) -> dict[str, Any]:
-            part = _MemReader(flat[(number - 1) * S3_PART_BYTES : number * S3_PART_BYTES])
-            resp = self._client.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=number, Body=part)
-            return {"PartNumber": number, "ETag": resp["ETag"]}
-
-        try:
-            with ThreadPoolExecutor(max_workers=8) as pool:
-                parts = list(pool.map(put, range(1, -(-len(flat) // S3_PART_BYTES) + 1)))
-            self._client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload,
-                                                   MultipartUpload={"Parts": parts})
-        except BaseException:
-            try:
-                self._client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload)
-            except Exception as exc:
-                log.debug("abort of multipart upload %s failed: %s", upload, exc)
-            raise
 
     def read_payload_into(self, name: str, out: memoryview, digest: Any = None) -> int:
         """Read a whole file into `out` (sized for it); returns bytes read (the file may be shorter).
@@ -662,7 +559,7 @@ class RunFolder:
         except FileNotFoundError as exc:
             raise CorruptCheckpoint(f"{self.url(name)} is missing") from exc
         except Exception as exc:
-            if _is_missing(exc):
+            if is_missing(exc):
                 raise CorruptCheckpoint(f"{self.url(name)} is missing") from exc
             raise StorageError(f"cannot read {self.url(name)}: {exc}") from exc
 
@@ -698,14 +595,14 @@ class RunFolder:
                     try:
                         self._client.put_object(Bucket=bucket, Key=key, Body=b"2", IfNoneMatch="*")
                     except Exception as exc:
-                        if not _is_precondition_failed(exc):
+                        if not is_precondition_failed(exc):
                             raise
                         second_ok = False
                     match_ok = True
                     try:
                         self._client.put_object(Bucket=bucket, Key=key, Body=b"3", IfMatch='"0' + etag[2:])
                     except Exception as exc:
-                        if not _is_precondition_failed(exc):
+                        if not is_precondition_failed(exc):
                             raise
                         match_ok = False
                     return not second_ok and not match_ok

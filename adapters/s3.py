@@ -1,0 +1,118 @@
+"""The S3 side of run storage, kept apart from the run-folder logic of adapters/storage.py: one
+botocore client per configuration, how S3 errors read, uploads from memory without a copy, and
+what an s3:// URL needs installed.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def s3_error_code(exc: Exception) -> tuple[str, int]:
+    resp = getattr(exc, "response", None) or {}
+    code = str(resp.get("Error", {}).get("Code", ""))
+    status = int(resp.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    return code, status
+
+
+def is_precondition_failed(exc: Exception) -> bool:
+    code, status = s3_error_code(exc)
+    return code == "PreconditionFailed" or status == 412
+
+
+def is_conflict(exc: Exception) -> bool:
+    code, status = s3_error_code(exc)
+    return code == "ConditionalRequestConflict" or status == 409
+
+
+def is_missing(exc: Exception) -> bool:
+    code, status = s3_error_code(exc)
+    return code in ("NoSuchKey", "404", "NotFound") or status == 404
+
+
+_clients: dict[tuple[Any, ...], Any] = {}
+_clients_lock = threading.Lock()
+
+
+def s3_client(endpoint: str | None, region: str, key: str | None, secret: str | None, token: str | None) -> Any:
+    """One S3 client per configuration and process (they are thread-safe and slow to make).
+
+    A plain botocore client (what boto3 wraps): botocore comes with s3fs in the version aiobotocore
+    pins, while boto3 would have to match it and cannot be named in the `s3` extra (see pyproject).
+    """
+    cache_key = (endpoint, region, key, secret, token, os.getpid())
+    with _clients_lock:
+        if cache_key not in _clients:
+            import botocore.session
+            from botocore.config import Config
+
+            _clients[cache_key] = botocore.session.get_session().create_client(
+                "s3",
+                endpoint_url=endpoint,
+                region_name=region,
+                aws_access_key_id=key,
+                aws_secret_access_key=secret,
+                aws_session_token=token,
+                config=Config(max_pool_connections=32, retries={"max_attempts": 5, "mode": "standard"}),
+            )
+        return _clients[cache_key]
+
+
+class _MemReader(io.RawIOBase):
+    """A seekable read-only file over a memoryview, so uploads need no extra copy of the state."""
+
+    def __init__(self, buf: memoryview) -> None:
+        self._buf = buf.cast("B") if buf.format != "B" or buf.ndim != 1 else buf
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: len(self._buf)}[whence]
+        self._pos = max(0, min(len(self._buf), base + offset))
+        return self._pos
+
+    def readinto(self, b: Any) -> int:
+        out = memoryview(b).cast("B")
+        n = min(len(out), len(self._buf) - self._pos)
+        out[:n] = self._buf[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+
+
+def multipart_upload(client: Any, bucket: str, key: str, buf: memoryview, part_bytes: int) -> None:
+    """Parts of `part_bytes` uploaded 8 at a time straight from `buf`; aborted on any failure,
+    so a failed upload leaves no object (and no parts billed)."""
+    flat = buf.cast("B") if buf.format != "B" or buf.ndim != 1 else buf
+    upload = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+
+    def put(number: int) -> dict[str, Any]:
+        part = _MemReader(flat[(number - 1) * part_bytes : number * part_bytes])
+        resp = client.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=number, Body=part)
+        return {"PartNumber": number, "ETag": resp["ETag"]}
+
+    try:
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            parts = list(pool.map(put, range(1, -(-len(flat) // part_bytes) + 1)))
+        client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": parts})
+    except BaseException:
+        try:
+            client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload)
+        except Exception as exc:
+            log.debug("abort of multipart upload %s failed: %s", upload, exc)
+        raise
