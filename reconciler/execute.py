@@ -12,9 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from adapters.compute import ComputeAdapter, JobConfigError, LaunchSpec, ProviderConfigError, ProviderUnavailable
+from adapters.migrate import migrate_run
 from adapters.storage import RunFolder, StorageError
 from desired.models import Job, Settings
-from reconciler.plan import Launch, LaunchResult, Terminate
+from reconciler.plan import Action, Launch, LaunchResult, MoveResult, MoveRunData, Terminate
 
 log = logging.getLogger("reconciler")
 
@@ -23,6 +24,7 @@ log = logging.getLogger("reconciler")
 class ExecutionReport:
     launches: list[LaunchResult] = field(default_factory=list)
     terminated: list[Terminate] = field(default_factory=list)
+    moves: list[MoveResult] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
 
@@ -48,7 +50,7 @@ def resolve_secrets(job: Job, environ: Mapping[str, str]) -> tuple[dict[str, str
     return values, missing
 
 
-def execute(actions: list[Launch | Terminate], *, jobs: dict[str, Job], adapters: dict[str, ComputeAdapter],
+def execute(actions: list[Action], *, jobs: dict[str, Job], adapters: dict[str, ComputeAdapter],
             settings: Settings, environ: Mapping[str, str] | None = None) -> ExecutionReport:
     environ = os.environ if environ is None else environ
     report = ExecutionReport()
@@ -65,8 +67,29 @@ def execute(actions: list[Launch | Terminate], *, jobs: dict[str, Job], adapters
             except Exception as exc:  # a provider failure must not stop the other actions
                 report.errors.append(f"terminate {action.ref.id} on {action.ref.provider} failed: {exc}")
             continue
+        if isinstance(action, MoveRunData):
+            report.moves.append(_move(action, settings))
+            continue
         report.launches.append(_launch(action, jobs[action.job], adapters, settings, environ))
     return report
+
+
+def store_options(store: str, settings: Settings) -> dict[str, str]:
+    """The settings' storage options, for the configured store or another of the same kind."""
+    same_kind = store.split("://", 1)[0] == settings.storage.split("://", 1)[0]
+    return dict(settings.storage_options) if same_kind else {}
+
+
+def _move(action: MoveRunData, settings: Settings) -> MoveResult:
+    key = (action.job, action.run_id)
+    try:
+        count = migrate_run(RunFolder.for_run(action.source, *key, store_options(action.source, settings)),
+                            RunFolder.for_run(action.target, *key, store_options(action.target, settings)))
+    except (StorageError, OSError, ValueError) as exc:
+        return MoveResult(action, error=str(exc))
+    log.info("%s: moved %d files of run %s from %s to %s", action.job, count, action.run_id, action.source,
+             action.target)
+    return MoveResult(action)
 
 
 def _launch(action: Launch, job: Job, adapters: dict[str, ComputeAdapter], settings: Settings,

@@ -19,13 +19,12 @@ from typing import IO
 from adapters.compute import ComputeAdapter, ProviderConfigError, WorkerPhase, WorkerRef
 from adapters.gitrepo import DESIRED_DIR, STATUS_DIR, GitError, StateRepo
 from adapters.leader import Election, Leadership
-from adapters.migrate import migrate_run
 from adapters.registry import make_adapter
 from adapters.storage import RunFolder, StorageError
 from desired.models import Capacity, Provider
 from desired.parse import SETTINGS_FILE, DesiredState, parse_desired, parse_settings
 from reconciler.clock import Clock, SystemClock
-from reconciler.execute import execute
+from reconciler.execute import execute, store_options
 from reconciler.plan import CONFIRM_CANCEL_TRAILER, Observed, Plan, RunObservation, apply_results, plan
 from reconciler.redaction import secret_values
 from status.models import JobStatus, parse_status, render_index, render_status
@@ -206,10 +205,11 @@ class Reconciler:
         runs = {(name, job.run_id()) for name, job in desired.jobs.items()}
         runs |= {(st.job, st.run_id) for st in recorded.values() if st.run_id and not st.phase.terminal}
         settings = desired.settings
-        observed.run_storage = self.place_run_data(desired, recorded, errors)
+        # A run is read where its status says its folder is (a changed `storage:` moves it later).
+        observed.run_storage = {(st.job, st.run_id): st.storage for st in recorded.values() if st.storage}
         for job, run_id in sorted(runs):
             store = observed.run_storage.get((job, run_id), settings.storage)
-            run = read_run(store, job, run_id, self._options_for(store, desired))
+            run = read_run(store, job, run_id, store_options(store, settings))
             observed.runs[(job, run_id)] = self._remember_heartbeat((job, run_id), run, now)
         self._heartbeats = {k: v for k, v in self._heartbeats.items() if k in runs}
         # Logs of current attempts that failed, found through one index of the failed exits (a
@@ -228,38 +228,6 @@ class Reconciler:
                 except Exception as exc:
                     observed.logs[ref] = f"(log unavailable: {exc})"
         return observed
-
-    def place_run_data(self, desired: DesiredState, recorded: dict[str, JobStatus],
-                       errors: list[str]) -> dict[tuple[str, str], str]:
-        """Where each recorded run's folder is. After a change of `storage:`, a run whose attempt
-        is live stays where its worker writes until the attempt ends; any other run is moved to the
-        new store (copied and verified) before its next attempt."""
-        new = desired.settings.storage
-        where: dict[tuple[str, str], str] = {}
-        for st in recorded.values():
-            if not st.storage or st.storage == new or st.phase.terminal or not st.run_id:
-                continue
-            key = (st.job, st.run_id)
-            where[key] = st.storage
-            if st.current is not None:
-                errors.append(f"{st.job}: storage change to {new} held while attempt {st.current.epoch} "
-                              f"is live on {st.storage}")
-                continue
-            try:
-                count = migrate_run(RunFolder.for_run(st.storage, *key, self._options_for(st.storage, desired)),
-                                    RunFolder.for_run(new, *key, dict(desired.settings.storage_options)))
-            except (StorageError, OSError, ValueError) as exc:
-                errors.append(f"{st.job}: cannot move the run's data from {st.storage} to {new}: {exc}")
-                continue
-            log.info("%s: moved %d files of run %s from %s to %s", st.job, count, st.run_id, st.storage, new)
-            where[key] = new
-        return where
-
-    @staticmethod
-    def _options_for(store: str, desired: DesiredState) -> dict[str, str]:
-        """The settings' storage options, for the configured store or another of the same kind."""
-        same_kind = store.split("://", 1)[0] == desired.settings.storage.split("://", 1)[0]
-        return dict(desired.settings.storage_options) if same_kind else {}
 
     def _note_foreign(self, provider: str, count: int) -> None:
         """One log line when the number of other repositories' workers on a provider changes."""
@@ -390,7 +358,7 @@ class Reconciler:
                          environ=self.environ)
         report.errors.extend(result.errors)
         durable = {k: v.durable_step for k, v in observed.runs.items()}
-        apply_results(the_plan, result.launches, now, durable)
+        apply_results(the_plan, result.launches, now, durable, result.moves)
         self._commit(the_plan, recorded, desired, commit, report)
         for err in report.errors:
             log.warning("%s", err)
@@ -493,12 +461,14 @@ def _reported_capacity(name: str, adapter: ComputeAdapter) -> dict[str, Capacity
 
 
 def _describe(action: object) -> str:
-    from reconciler.plan import Launch, Terminate
+    from reconciler.plan import Launch, MoveRunData, Terminate
 
     if isinstance(action, Launch):
         return f"launch {action.job} ({action.run_id}) on {action.provider}: {action.reason}"
     if isinstance(action, Terminate):
         return f"terminate {action.ref.id} on {action.ref.provider}: {action.reason}"
+    if isinstance(action, MoveRunData):
+        return f"move the data of {action.job} ({action.run_id}) from {action.source} to {action.target}"
     return str(action)
 
 

@@ -88,7 +88,17 @@ class Terminate:
     reason: str
 
 
-Action = Launch | Terminate
+@dataclass(frozen=True)
+class MoveRunData:
+    """Copy a run's folder to the store `storage:` now names (verified), before its next attempt."""
+
+    job: str
+    run_id: str
+    source: str
+    target: str
+
+
+Action = Launch | Terminate | MoveRunData
 
 
 @dataclass
@@ -108,6 +118,12 @@ class LaunchResult:
     error: str | None = None
     unavailable: bool = True  # error was the provider's (capacity, API), not the job's config
     job_config_error: bool = False  # the job cannot run as written: fail it at once
+
+
+@dataclass(frozen=True)
+class MoveResult:
+    action: MoveRunData
+    error: str | None = None
 
 
 # ---- one job's tick -----------------------------------------------------------------------------
@@ -236,6 +252,9 @@ def read_storage(t: JobTick) -> bool:
     """Step 3: storage that cannot be read decides nothing about the run. A finished job keeps its
     own message (the reason it failed must survive a storage outage)."""
     t.st.storage = t.observed.run_storage.get((t.job.name, t.st.run_id), t.desired.settings.storage)
+    if t.st.storage != t.desired.settings.storage and t.current is not None:
+        t.out.notes.append(f"{t.job.name}: storage change to {t.desired.settings.storage} held while attempt "
+                           f"{t.current.epoch} is live on {t.st.storage}")
     if t.run.error:
         if not t.st.phase.terminal:
             t.st.message = f"run data unreadable, waiting: {t.run.error}"
@@ -403,9 +422,10 @@ def decide_launch(t: JobTick) -> bool:
     if _backing_off(t):
         return True
     if t.st.storage != t.desired.settings.storage:
+        # A changed `storage:` moves the run between attempts, never under a live worker.
+        t.out.actions.append(MoveRunData(t.job.name, t.st.run_id, t.st.storage, t.desired.settings.storage))
         t.st.phase = Phase.PENDING
-        t.st.message = (f"storage changed: the run's data moves from {t.st.storage} to "
-                        f"{t.desired.settings.storage} before the next attempt")
+        t.st.message = f"moving the run's data from {t.st.storage} to {t.desired.settings.storage}"
         return True
     _place(t)
     return True
@@ -616,9 +636,17 @@ def _trim(st: JobStatus) -> None:
         st.attempts = st.attempts[-MAX_ATTEMPTS_KEPT:]
 
 
-def apply_results(p: Plan, results: list[LaunchResult], now: float, durable: dict[tuple[str, str], int]) -> None:
+def apply_results(p: Plan, results: list[LaunchResult], now: float, durable: dict[tuple[str, str], int],
+                  moves: list[MoveResult] | None = None) -> None:
     """Records launched attempts; backs off a provider that refused a launch; fails a job that
-    cannot run as written."""
+    cannot run as written; records where a moved run's data now is."""
+    for moved in moves or []:
+        st = p.statuses[moved.action.job]
+        if moved.error:
+            st.message = f"cannot move the run's data to {moved.action.target} ({moved.error}); trying again"
+        else:
+            st.storage = moved.action.target
+            st.message = f"run data moved to {moved.action.target}; the next attempt resumes there"
     for res in results:
         st = p.statuses[res.action.job]
         if res.ref is not None:

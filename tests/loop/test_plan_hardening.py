@@ -231,3 +231,24 @@ def test_a_worker_that_never_heartbeats_is_judged_by_its_provider_unless_the_job
         assert "not instrumented" in p.statuses["train"].message
 
 
+
+
+def test_a_changed_store_moves_a_run_between_attempts_never_under_a_live_worker() -> None:
+    d = desired(job_yaml())
+    run_id = d.jobs["train"].run_id()
+    key = ("train", run_id)
+    old_store = "file:///old-store"
+    idle = with_attempt(d, ended=NOW - 10, outcome=Outcome.INTERRUPTION, step_start=0)
+    idle.storage = old_store
+    runs = {key: RunObservation(lease_epoch=1, durable_step=30)}
+    p = plan(d, Observed(runs=runs, run_storage={key: old_store}), {"train": idle}, NOW)
+    assert p.actions == [planner.MoveRunData("train", run_id, old_store, d.settings.storage)]
+    assert p.statuses["train"].phase == Phase.PENDING
+    apply_results(p, [], NOW, {}, [planner.MoveResult(p.actions[0])])  # type: ignore[arg-type]
+    assert p.statuses["train"].storage == d.settings.storage
+
+    live = with_attempt(d)
+    live.storage = old_store
+    ref, state = running("train", run_id, 1)
+    held = plan(d, Observed(workers={ref: state}, runs=runs, run_storage={key: old_store}), {"train": live}, NOW)
+    assert not held.actions and any("held while attempt 1 is live" in n for n in held.notes)
