@@ -74,6 +74,15 @@ class LaunchSpec:
     gpu_model: str | None = None
     deadline: float | None = None  # the job's deadline (epoch seconds); adapters pass the earlier of
     # it and their own session limit to the worker as RECONCILER_DEADLINE
+    code_git: str | None = None  # hosted providers fetch the job's code themselves: git URL and ref,
+    code_ref: str | None = None  # or run it in the job's container image
+    image: str | None = None
+
+
+# A hosted adapter whose provider keeps the job's secrets itself (Kaggle's user secrets, Lightning's
+# teamspace secrets) sets `secrets_at_provider = True`: a launch then carries only the secret names,
+# and the daemon need not hold their values (it masks those it does hold).
+SECRETS_AT_PROVIDER = "secrets_at_provider"
 
 
 class ProviderUnavailable(Exception):

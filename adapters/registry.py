@@ -14,6 +14,8 @@ ADAPTERS: dict[str, tuple[str, str]] = {
     "ssh": ("adapters.ssh", "SshAdapter"),
     "slurm": ("adapters.slurm", "SlurmAdapter"),
     "sim": ("adapters.sim", "SimAdapter"),
+    "kaggle": ("adapters.kaggle", "KaggleAdapter"),
+    "lightning": ("adapters.lightning", "LightningAdapter"),
 }
 
 

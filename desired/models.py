@@ -294,8 +294,53 @@ class SimSettings(Strict):
     api_error_rate: float = Field(default=0.0, ge=0, le=1)
 
 
+class HostedSettings(Strict):
+    """What every hosted provider shares: where its API is, and how long one request may take."""
+
+    api_url: str = Field(description="base URL of the provider's API (the public one unless testing)")
+    request_timeout_seconds: float = Field(default=30.0, gt=0)
+
+    @field_validator("api_url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", v):
+            raise ValueError(f"{v!r} is not an http(s) URL")
+        return v.rstrip("/")
+
+
+class KaggleSettings(HostedSettings):
+    """Kaggle kernels: a weekly GPU quota, sessions cut at `session_hours`, no cancel."""
+
+    type: Literal["kaggle"] = "kaggle"
+    api_url: str = "https://api.kaggle.com"
+    username: str | None = Field(default=None, description="kernel owner; unset = the credentials' user")
+    machine_shape: str = Field(default="NvidiaTeslaT4", description="accelerator for jobs that ask for GPUs")
+    session_hours: float = Field(default=12.0, gt=0, description="Kaggle's session limit; the worker saves before it")
+    save_margin_seconds: float = Field(default=600.0, ge=0, description="time kept before the session end to save")
+    min_quota_hours: float = Field(
+        default=1.0, ge=0, description="a GPU session is not started with less weekly quota left than this")
+    enable_internet: bool = True
+
+
+class LightningSettings(HostedSettings):
+    """Lightning AI jobs in one teamspace (a "project" in its REST API), paid from its credits."""
+
+    type: Literal["lightning"] = "lightning"
+    api_url: str = "https://lightning.ai"
+    project_id: str = Field(min_length=1, description="the teamspace's project id")
+    machine: str = Field(default="cpu-4", description="machine slug, e.g. lit-t4-1, lit-l4-1, lit-a100-1")
+    interruptible: bool = Field(default=True, description="spot machines: cheaper, may be taken away")
+    image: str | None = Field(default=None, description="container image when the job names none")
+    cloudspace_id: str | None = Field(default=None, description="run inside this Studio's snapshot instead")
+    min_credits: float = Field(
+        default=0.0, ge=0, description="credits kept aside: nothing starts that would dip below them")
+
+
+HOSTED_PROVIDER_TYPES = frozenset({"kaggle", "lightning"})
+
 ProviderSettings = Annotated[
-    LocalSettings | SshSettings | SlurmSettings | SimSettings, Field(discriminator="type")
+    LocalSettings | SshSettings | SlurmSettings | SimSettings | KaggleSettings | LightningSettings,
+    Field(discriminator="type"),
 ]
 
 

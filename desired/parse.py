@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import codecs
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from desired.models import Job, Provider, Settings, default_local_provider
+from desired.models import HOSTED_PROVIDER_TYPES, Job, Provider, Settings, default_local_provider
 
 MAX_FILE_BYTES = 1_000_000
 MAX_DOCUMENTS = 200
@@ -251,8 +251,25 @@ def parse_desired(files: Mapping[str, str | bytes], settings_text: str | bytes |
             _parse_file(state, path, files[path], origins)
         except Exception as exc:  # a last guard: whatever one file does stays in that file
             state.errors.append(ManifestError(path, f"could not be read ({type(exc).__name__}: {exc})"))
-    _check_placements(state)
+    refused = _check_hosted_storage(state, origins)
+    _check_placements(state, refused)
     return state
+
+
+def _check_hosted_storage(state: DesiredState, origins: dict[tuple[str, str], str]) -> set[str]:
+    """A hosted worker cannot see the daemon's disk: a hosted provider with `file://` run storage
+    is refused (named with the storage), so nothing launches there that could never save."""
+    if not state.settings.storage.startswith("file://"):
+        return set()
+    refused = {name for name, p in state.providers.items() if p.spec.type in HOSTED_PROVIDER_TYPES}
+    for name in sorted(refused):
+        kind = state.providers.pop(name).spec.type
+        state.errors.append(ManifestError(
+            origins.get(("Provider", name), "reconciler.yaml"),
+            f"{kind} provider {name!r} cannot use storage {state.settings.storage!r}: its workers cannot see "
+            "this machine's disk; set `storage:` in reconciler.yaml to an S3 URL they can reach",
+            None, "spec.settings.type"))
+    return refused
 
 
 def _parse_file(state: DesiredState, path: str, content: str | bytes, origins: dict[tuple[str, str], str]) -> None:
@@ -293,14 +310,16 @@ def _parse_file(state: DesiredState, path: str, content: str | bytes, origins: d
             state.providers[obj.name] = obj
 
 
-def _check_placements(state: DesiredState) -> None:
+def _check_placements(state: DesiredState, refused: Collection[str] = ()) -> None:
     """A job naming only providers that do not exist is a config error of that job alone."""
-    if not state.providers:
+    if not state.providers and not refused:
         state.providers["local"] = default_local_provider()
     for name, job in list(state.jobs.items()):
         missing = [p for p in job.spec.placement.providers if p not in state.providers]
         if missing and len(missing) == len(job.spec.placement.providers):
+            what = (f"provider {', '.join(missing)} is refused (see its error)" if set(missing) <= set(refused)
+                    else f"no provider named {', '.join(missing)} is defined")
             state.errors.append(
-                ManifestError(state.job_files[name], f"no provider named {', '.join(missing)} is defined",
+                ManifestError(state.job_files[name], what,
                               None, "spec.placement.providers")
             )

@@ -11,7 +11,14 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from adapters.compute import ComputeAdapter, JobConfigError, LaunchSpec, ProviderConfigError, ProviderUnavailable
+from adapters.compute import (
+    SECRETS_AT_PROVIDER,
+    ComputeAdapter,
+    JobConfigError,
+    LaunchSpec,
+    ProviderConfigError,
+    ProviderUnavailable,
+)
 from adapters.migrate import migrate_run
 from adapters.storage import RunFolder, StorageError
 from desired.models import Job, Settings
@@ -31,6 +38,9 @@ class ExecutionReport:
 def worker_env(job: Job, folder: RunFolder, run_id: str, epoch: int) -> dict[str, str]:
     """The worker environment every adapter passes on (DESIGN.md §3), secrets excluded."""
     env = dict(job.spec.env)
+    endpoint = folder.storage_options.get("endpoint_url")
+    if endpoint and folder.kind == "s3" and "AWS_ENDPOINT_URL" not in env:  # a worker elsewhere needs it too
+        env["AWS_ENDPOINT_URL_S3"] = str(endpoint)
     env.update({
         "RECONCILER_JOB": job.name,
         "RECONCILER_RUN_URI": folder.uri,
@@ -98,6 +108,8 @@ def _launch(action: Launch, job: Job, adapters: dict[str, ComputeAdapter], setti
     if adapter is None:
         return LaunchResult(action, error=f"provider {action.provider!r} has no working adapter")
     secrets, missing = resolve_secrets(job, environ)
+    if getattr(adapter, SECRETS_AT_PROVIDER, False):  # only the names travel; the provider holds the values
+        secrets, missing = {name: "" for name in job.spec.secrets}, []
     if missing:
         return LaunchResult(action, unavailable=False, error=(
             f"secret {', '.join(missing)} is not set in the reconciler's environment; set it and the "
@@ -114,6 +126,7 @@ def _launch(action: Launch, job: Job, adapters: dict[str, ComputeAdapter], setti
         cpus=job.spec.resources.cpus, memory_gb=job.spec.resources.memory_gb, gpus=job.spec.resources.gpus,
         gpu_model=job.spec.resources.gpu_model,
         deadline=job.spec.deadline.timestamp() if job.spec.deadline is not None else None,
+        code_git=job.spec.code.git, code_ref=job.spec.code.ref, image=job.spec.code.image,
     )
     try:
         ref = adapter.launch(spec)

@@ -2,10 +2,12 @@
 local processes, a real sshd on 127.0.0.1 and a real single-node Slurm. A new adapter joins by
 adding a case to `KINDS` and a branch in `kit`: how to build it (for a given owner, the state
 repository's identity), and how an outsider interrupts one of its workers (a kill on the host, an
-admin's scancel)."""
+admin's scancel). Hosted providers run against their fake servers (tests/fakes/<kind>.py, which
+provides `contract_kit(request, workdir) -> HostedKit`)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
@@ -22,7 +24,8 @@ import pytest
 from adapters.compute import BASE_ENV, ComputeAdapter, LaunchSpec, WorkerPhase, WorkerRef, WorkerState
 
 PROBE = str(Path(__file__).with_name("probe.py"))
-KINDS = ["local", "ssh", "slurm"]
+HOSTED = {"kaggle": "tests.fakes.kaggle", "lightning": "tests.fakes.lightning"}
+KINDS = ["local", "ssh", "slurm", *HOSTED]
 OWNER = "repo-a"
 
 
@@ -36,6 +39,15 @@ class Kit:
     launched: list[tuple[ComputeAdapter, WorkerRef]] = field(default_factory=list)
     counter: int = 0
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:8])  # jobs of earlier tests linger in Slurm
+    prepare: Callable[[LaunchSpec], None] | None = None  # hosted: put the secrets in the provider's store
+    own_env: tuple[str, ...] = ()  # variables the provider's machine or bootstrap sets, not the daemon
+    worker_folders: bool = True  # False: the worker runs on the provider's machine, in no folder of ours
+    cancels: bool = True  # False: the provider has no cancel (Kaggle); stops go through the run folder
+
+    def needs_cancel(self) -> None:
+        if not self.cancels:
+            pytest.skip(f"{self.kind} has no cancel API: a stop is a request in the run folder, "
+                        f"tested in tests/adapters/test_{self.kind}.py")
 
     def spec(self, *args: str, epoch: int = 1, **env: str) -> LaunchSpec:
         """A probe launch; `env` keys are PROBE_* settings (SLEEP, EXIT, LINES, ON_TERM, ...)."""
@@ -54,6 +66,8 @@ class Kit:
         )
 
     def launch(self, adapter: ComputeAdapter, spec: LaunchSpec) -> WorkerRef:
+        if self.prepare is not None:
+            self.prepare(spec)
         ref = adapter.launch(spec)
         self.launched.append((adapter, ref))
         return ref
@@ -121,6 +135,14 @@ def kit(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Kit]:
             folder = workdir / "workers" / ref.id.split("/", 1)[1]
             os.kill(json.loads((folder / "child.pid").read_text())["pid"], signal.SIGKILL)
 
+    elif kind in HOSTED:
+        hosted = importlib.import_module(HOSTED[kind]).contract_kit(request, workdir)
+        the_kit = Kit(kind=kind, workdir=workdir, tmp=probes, make=hosted.make, interrupt=hosted.interrupt,
+                      prepare=hosted.prepare, own_env=("PYTHONPATH",), worker_folders=False,
+                      cancels=hosted.cancels)
+        yield the_kit
+        _clean_up(the_kit)
+        return
     else:
         from adapters.slurm import SlurmAdapter
 
@@ -136,6 +158,10 @@ def kit(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Kit]:
 
     the_kit = Kit(kind=kind, workdir=workdir, tmp=probes, make=make, interrupt=interrupt)
     yield the_kit
+    _clean_up(the_kit)
+
+
+def _clean_up(the_kit: Kit) -> None:
     for adapter, ref in the_kit.launched:
         try:
             adapter.terminate(ref)
@@ -203,6 +229,7 @@ def test_launch_twice_with_the_same_labels_starts_one_worker(kit: Kit) -> None:
 
 
 def test_fresh_adapter_adopts_a_running_worker_and_can_stop_it(kit: Kit) -> None:
+    kit.needs_cancel()
     old = kit.make()
     spec = kit.spec(sleep="60")
     ref = kit.launch(old, spec)
@@ -217,6 +244,7 @@ def test_fresh_adapter_adopts_a_running_worker_and_can_stop_it(kit: Kit) -> None
 
 
 def test_terminate_stops_the_worker_and_a_second_terminate_is_quiet(kit: Kit) -> None:
+    kit.needs_cancel()
     adapter = kit.make()
     spec = kit.spec(sleep="60")
     ref = kit.launch(adapter, spec)
@@ -232,6 +260,7 @@ def test_terminate_stops_the_worker_and_a_second_terminate_is_quiet(kit: Kit) ->
 
 
 def test_terminate_lets_the_worker_checkpoint_and_exit_75(kit: Kit) -> None:
+    kit.needs_cancel()
     adapter = kit.make()
     spec = kit.spec(sleep="60", on_term="75")
     ref = kit.launch(adapter, spec)
@@ -287,7 +316,7 @@ def test_worker_gets_only_the_minimal_environment(kit: Kit, monkeypatch: pytest.
     ref = kit.launch(adapter, spec)
     wait_state(adapter, ref, ended)
     keys = set(probe_records(spec)[0]["env_keys"])
-    allowed = set(BASE_ENV) | set(spec.env) | set(spec.secret_env)
+    allowed = set(BASE_ENV) | set(spec.env) | set(spec.secret_env) | set(kit.own_env)
     slurm_own = ("SLURM_",) if kit.kind == "slurm" else ()  # set by Slurm for the job, not by the daemon
     extra = {k for k in keys - allowed if not k.startswith(("LC_", *slurm_own))}
     assert extra == set(), f"the worker got {sorted(extra)} from outside its spec"
@@ -306,6 +335,8 @@ def test_worker_gets_the_job_s_deadline(kit: Kit) -> None:
 
 
 def test_worker_folder_is_private_and_its_log_too(kit: Kit) -> None:
+    if not kit.worker_folders:
+        pytest.skip(f"{kit.kind} workers run on the provider's machines, in no folder of ours")
     adapter = kit.make()
     spec = kit.spec(lines="3", secret="x")
     ref = kit.launch(adapter, spec)

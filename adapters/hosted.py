@@ -1,0 +1,247 @@
+"""What every hosted provider's launch carries: the worker SDK and a small generated bootstrap.
+
+A hosted worker (a Kaggle kernel, a Lightning job, a rented container) cannot see the daemon's
+disk or its Python packages. So the launch carries:
+
+- the worker SDK (`sdk_bundle()`: a zip of the modules a worker imports, base64 inside the script;
+  the SDK is not published to a package index), unpacked to a temporary folder put on PYTHONPATH,
+  with a `reconciler` command on PATH for `reconciler exec -- ...`;
+- the job's code: `code.git` cloned at `code.ref` (or the provider's container `image`);
+- a bootstrap (`bootstrap_script()`): a Python script the user can read, that sets the attempt's
+  environment, fetches the job's named secrets from the provider's own secret store (the values
+  never travel in the launch), checks that run storage can be reached, runs the command with only
+  the minimal environment, and ends with one `reconciler-bootstrap: exit {...}` line in the log,
+  because most hosted APIs report only "complete" or "error", never an exit code or signal.
+
+The session clock: a provider with a session limit passes `session_seconds`; the bootstrap sets
+RECONCILER_DEADLINE to the earlier of the job's deadline and (its own start + session - margin),
+so the SDK saves and exits 75 before the provider's cut.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import zipfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from adapters.compute import BASE_ENV, BASE_ENV_PREFIXES, LaunchSpec
+
+# The modules a worker imports (reconciler.worker and `reconciler exec`, with their storage layer);
+# tests/adapters/test_hosted.py imports the bundle alone to prove the list is complete.
+SDK_FILES = (
+    "reconciler/__init__.py",
+    "reconciler/worker/__init__.py",
+    "reconciler/worker/run.py",
+    "reconciler/worker/snapshot.py",
+    "reconciler/execwrap.py",
+    "adapters/__init__.py",
+    "adapters/storage.py",
+    "adapters/s3.py",
+)
+EXIT_MARK = "reconciler-bootstrap: exit "
+STORAGE_UNREACHABLE = 66  # EX_NOINPUT: the bootstrap could not reach run storage; the command never ran
+
+
+def package_root() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+@lru_cache(maxsize=1)
+def sdk_bundle() -> bytes:
+    """The worker SDK as a zip (deterministic: fixed timestamps, sorted names)."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name in SDK_FILES:
+            info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(info, (package_root() / name).read_bytes())
+    return out.getvalue()
+
+
+def sdk_digest() -> str:
+    return hashlib.sha256(sdk_bundle()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """Provider-specific parts of the bootstrap. `secrets_source` is a Python function body
+    `def load_secrets(names): ...` returning {name: value}; `session_seconds` the provider's cut
+    measured from the bootstrap's start (None = none); `python` the interpreter for the command's
+    `reconciler` helper."""
+
+    provider: str
+    secrets_source: str
+    session_seconds: float | None = None
+    save_margin_seconds: float = 600.0
+
+
+SECRETS_FROM_ENV = '''
+def load_secrets(names):
+    """The provider puts the job's secrets in this process's environment."""
+    missing = [n for n in names if n not in os.environ]
+    if missing:
+        fail(f"secret {', '.join(missing)} is not set by the provider; attach it there")
+    return {n: os.environ[n] for n in names}
+'''
+
+
+def bootstrap_script(spec: LaunchSpec, labels: dict[str, Any], boot: Bootstrap, *, code_git: str | None = None,
+                     code_ref: str | None = None) -> str:
+    """The Python script a hosted worker runs: readable on top, the SDK zip at the bottom.
+    Holds no secret value: only the names of the secrets to fetch."""
+    plan = {
+        "labels": labels,
+        "command": spec.command,
+        "env": spec.env,
+        "secrets": sorted(spec.secret_env),
+        "workdir": spec.workdir,
+        "code": {"git": code_git, "ref": code_ref} if code_git else None,
+        "job_deadline": spec.deadline,
+        "session_seconds": boot.session_seconds,
+        "save_margin_seconds": boot.save_margin_seconds,
+        "base_env": list(BASE_ENV),
+        "base_env_prefixes": list(BASE_ENV_PREFIXES),
+    }
+    blob = base64.b64encode(sdk_bundle()).decode()
+    lines = [blob[i:i + 100] for i in range(0, len(blob), 100)]
+    return _TEMPLATE.format(
+        provider=boot.provider, job=spec.job, run_id=spec.run_id, epoch=spec.epoch,
+        plan=json.dumps(plan, indent=1, sort_keys=True), secrets_source=boot.secrets_source.strip(),
+        digest=sdk_digest(), sdk="\n".join(lines), mark=EXIT_MARK, unreachable=STORAGE_UNREACHABLE,
+    )
+
+
+def parse_exit_record(log_text: str) -> dict[str, Any] | None:
+    """The bootstrap's last `exit` line: {"code": n} or {"signal": "SIGSEGV", "code": -11}, plus
+    "reason" when the bootstrap itself failed; None when the worker never got that far."""
+    for line in reversed(log_text.splitlines()):
+        at = line.find(EXIT_MARK)
+        if at < 0:
+            continue
+        try:
+            record = json.loads(line[at + len(EXIT_MARK):])
+        except ValueError:
+            return None
+        return record if isinstance(record, dict) else None
+    return None
+
+
+_TEMPLATE = '''#!/usr/bin/env python3
+# reconciler bootstrap for {provider}: job {job}, run {run_id}, attempt {epoch}.
+# Generated by the reconciler; safe to read. It holds no secret values, only their names.
+# What it does: unpack the worker SDK (bottom of this file) and put it on PYTHONPATH, fetch the
+# job's code, read the named secrets from the provider's secret store, check that run storage
+# answers, run the command with a minimal environment, and print one exit line for the reconciler.
+import base64, json, os, signal, subprocess, sys, tempfile, time, zipfile, io
+
+PLAN = json.loads(r"""
+{plan}
+""")
+STARTED = time.time()
+
+
+def say(message):
+    print("reconciler-bootstrap: " + message, flush=True)
+
+
+def finish(record):
+    print("{mark}" + json.dumps(record, sort_keys=True), flush=True)
+    code = record.get("code", 1)
+    sys.exit(code if 0 <= code < 256 else 128 + abs(code))
+
+
+def fail(reason, code=1):
+    finish({{"code": code, "reason": reason}})
+
+
+{secrets_source}
+
+
+def deadline():
+    """The earlier of the job's deadline and this session's end less a margin to save in."""
+    known = [PLAN["job_deadline"]] if PLAN["job_deadline"] else []
+    if PLAN["session_seconds"]:
+        known.append(STARTED + PLAN["session_seconds"] - PLAN["save_margin_seconds"])
+    return str(int(min(known))) if known else None
+
+
+def unpack_sdk():
+    """The worker SDK (sha256 {digest}) into a private folder; a `reconciler` command beside it."""
+    root = tempfile.mkdtemp(prefix="reconciler-sdk-")
+    zipfile.ZipFile(io.BytesIO(base64.b64decode(SDK))).extractall(root)
+    bin_dir = os.path.join(root, "bin")
+    os.mkdir(bin_dir)
+    helper = os.path.join(bin_dir, "reconciler")
+    with open(helper, "w") as fh:
+        fh.write("#!" + sys.executable + "\\nimport sys\\nsys.path.insert(0, " + repr(root) + ")\\n"
+                 "from reconciler.execwrap import main\\n"
+                 "if sys.argv[1:2] != ['exec']:\\n    sys.exit('only `reconciler exec` is available here')\\n"
+                 "sys.exit(main(sys.argv[2:]))\\n")
+    os.chmod(helper, 0o755)
+    return root, bin_dir
+
+
+def fetch_code():
+    code = PLAN["code"]
+    if not code:
+        return PLAN["workdir"]
+    dest = tempfile.mkdtemp(prefix="reconciler-code-")
+    steps = [["git", "clone", "--quiet", "--", code["git"], dest]]
+    if code["ref"]:
+        steps.append(["git", "-C", dest, "checkout", "--quiet", code["ref"]])
+    for step in steps:
+        if subprocess.run(step).returncode != 0:
+            fail("cannot fetch the job's code with: " + " ".join(step[:-1] if step[1] == "clone" else step))
+    return os.path.join(dest, PLAN["workdir"]) if PLAN["workdir"] else dest
+
+
+def check_storage(env, sdk):
+    """Fail early, once, with the reason, when run storage cannot be reached from here."""
+    probe = "from adapters.storage import RunFolder; RunFolder(%r).lease_epoch()" % env["RECONCILER_RUN_URI"]
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no answer"])[-1]
+        fail("cannot reach run storage " + env["RECONCILER_RUN_URI"] + ": " + last, {unreachable})
+
+
+def main():
+    sdk, bin_dir = unpack_sdk()
+    base = {{k: v for k, v in os.environ.items()
+            if k in PLAN["base_env"] or k.startswith(tuple(PLAN["base_env_prefixes"]))}}
+    env = dict(base, **PLAN["env"])
+    env.update(load_secrets(PLAN["secrets"]))
+    env["PYTHONPATH"] = sdk
+    env["PATH"] = bin_dir + os.pathsep + base.get("PATH", os.defpath)
+    if deadline():
+        env["RECONCILER_DEADLINE"] = deadline()
+    cwd = fetch_code()
+    if "RECONCILER_RUN_URI" in env:
+        check_storage(env, sdk)
+    say("starting " + json.dumps(PLAN["command"]))
+    try:
+        child = subprocess.Popen(PLAN["command"], env=env, cwd=cwd, start_new_session=True)
+    except OSError as exc:
+        fail("cannot start the command: " + str(exc), 127)
+    def forward(signum, frame):
+        child.send_signal(signum)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(sig, forward)
+    code = child.wait()
+    if code < 0:
+        finish({{"code": code, "signal": signal.Signals(-code).name}})
+    finish({{"code": code}})
+
+
+SDK = """
+{sdk}
+"""
+
+if __name__ == "__main__":
+    main()
+'''

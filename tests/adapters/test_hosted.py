@@ -1,0 +1,196 @@
+"""The parts every hosted provider shares: the HTTP convention (adapters/http.py) and the generated
+bootstrap that carries the worker SDK (adapters/hosted.py). Run for real: the bootstrap is executed
+by a real Python in a clean environment; the HTTP rules are checked against httpx's MockTransport
+(our own boundary), the providers' fake servers check them over real sockets."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from adapters.compute import LaunchSpec, ProviderConfigError, ProviderUnavailable
+from adapters.hosted import (
+    EXIT_MARK,
+    SDK_FILES,
+    SECRETS_FROM_ENV,
+    STORAGE_UNREACHABLE,
+    Bootstrap,
+    bootstrap_script,
+    parse_exit_record,
+    sdk_bundle,
+)
+from adapters.http import HostedApi, HttpRefused, retry_after_seconds
+from adapters.storage import RunFolder
+
+# ---- the HTTP convention --------------------------------------------------------------------------
+
+
+def api(handler, **kw) -> tuple[HostedApi, list[float]]:
+    slept: list[float] = []
+    return HostedApi("test provider 'p'", "http://provider.test", headers={"Authorization": "Bearer tok-123"},
+                     credentials_hint="credentials are read from $TEST_TOKEN", transport=httpx.MockTransport(handler),
+                     sleep=slept.append, **kw), slept
+
+
+def test_429_is_retried_after_the_servers_retry_after() -> None:
+    answers = iter([httpx.Response(429, headers={"Retry-After": "2"}), httpx.Response(200, json={"ok": 1})])
+    client, slept = api(lambda request: next(answers))
+    assert client.call("GET", "/x") == {"ok": 1}
+    assert slept == [2.0]
+
+
+def test_a_retry_after_longer_than_the_limit_gives_up_at_once_as_unavailable() -> None:
+    client, slept = api(lambda request: httpx.Response(429, headers={"Retry-After": "3600"}), max_wait=30)
+    with pytest.raises(ProviderUnavailable, match="test provider 'p' is unavailable.*wait 3600 s"):
+        client.call("GET", "/x")
+    assert slept == []
+
+
+def test_5xx_is_unavailable_after_the_retries() -> None:
+    calls = []
+    client, slept = api(lambda request: calls.append(1) or httpx.Response(503), retries=2)
+    with pytest.raises(ProviderUnavailable, match="HTTP 503"):
+        client.call("GET", "/x")
+    assert len(calls) == 3 and len(slept) == 2
+
+
+def test_a_request_that_acts_is_not_repeated_after_a_5xx_or_a_timeout() -> None:
+    calls = []
+
+    def boom(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        raise httpx.ReadTimeout("slow", request=request)
+
+    client, _ = api(boom)
+    with pytest.raises(ProviderUnavailable, match="may have acted"):
+        client.call("POST", "/launch", json_body={}, acts=True)
+    assert len(calls) == 1
+    client, _ = api(lambda request: calls.append(1) or httpx.Response(502))
+    with pytest.raises(ProviderUnavailable):
+        client.call("POST", "/launch", json_body={}, acts=True)
+    assert len(calls) == 2
+
+
+def test_refused_credentials_name_the_provider_and_where_they_are_read_and_never_the_token() -> None:
+    client, _ = api(lambda request: httpx.Response(401, json={"message": "bad token"}))
+    with pytest.raises(ProviderConfigError) as err:
+        client.call("GET", "/x")
+    text = str(err.value)
+    assert "test provider 'p'" in text and "$TEST_TOKEN" in text and "tok-123" not in text
+
+
+def test_garbage_json_is_unavailable_in_one_sentence() -> None:
+    client, _ = api(lambda request: httpx.Response(200, text="<html>gateway</html>"))
+    with pytest.raises(ProviderUnavailable, match="not JSON"):
+        client.call("GET", "/x")
+
+
+def test_other_4xx_carry_status_and_the_providers_message() -> None:
+    client, _ = api(lambda request: httpx.Response(404, json={"message": "no such job"}))
+    with pytest.raises(HttpRefused) as err:
+        client.call("GET", "/x")
+    assert err.value.status == 404 and err.value.detail == "no such job"
+    assert client.call("GET", "/x", allow=(404,)) is None
+
+
+def test_retry_after_reads_seconds_and_http_dates() -> None:
+    assert retry_after_seconds("7") == 7.0
+    in_ten = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 10))
+    assert 9 <= (retry_after_seconds(in_ten) or 0) <= 10
+    assert retry_after_seconds("soon") is None and retry_after_seconds(None) is None
+
+
+# ---- the bootstrap --------------------------------------------------------------------------------
+
+PRINT_ENV = "import json, os, sys; print('ENV ' + json.dumps(dict(os.environ))); sys.exit(int(sys.argv[1]))"
+
+
+def spec(tmp_path: Path, *args: str, deadline: float | None = None, uri: str | None = None) -> LaunchSpec:
+    env = {"PLAIN": "a value"}
+    if uri:
+        env["RECONCILER_RUN_URI"] = uri
+    return LaunchSpec(job="train", run_id="r-1", epoch=2, command=[sys.executable, "-c", PRINT_ENV, *args],
+                      env=env, secret_env={"TOKEN": "never-in-the-script"}, deadline=deadline)
+
+
+def run_script(tmp_path: Path, text: str, **env: str) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "boot.py"
+    path.write_text(text)
+    clean = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), **env}
+    return subprocess.run([sys.executable, str(path)], env=clean, capture_output=True, text=True, timeout=120)
+
+
+def test_bootstrap_runs_the_command_with_minimal_env_secrets_and_sdk_and_reports_the_exit(tmp_path: Path) -> None:
+    the_spec = spec(tmp_path, "3")
+    text = bootstrap_script(the_spec, {"job": "train"}, Bootstrap("test", SECRETS_FROM_ENV))
+    assert "never-in-the-script" not in text and '"TOKEN"' in text
+    done = run_script(tmp_path, text, TOKEN="from-the-provider", PROVIDER_PRIVATE="x")
+    assert done.returncode == 3, done.stdout + done.stderr
+    env = json.loads(next(line[4:] for line in done.stdout.splitlines() if line.startswith("ENV ")))
+    assert env["TOKEN"] == "from-the-provider" and env["PLAIN"] == "a value"
+    assert "PROVIDER_PRIVATE" not in env
+    assert parse_exit_record(done.stdout) == {"code": 3}
+
+
+def test_bootstrap_reports_a_signal_death(tmp_path: Path) -> None:
+    crash = LaunchSpec(job="j", run_id="r", epoch=1, command=[sys.executable, "-c", "import os; os.abort()"])
+    done = run_script(tmp_path, bootstrap_script(crash, {}, Bootstrap("test", SECRETS_FROM_ENV)))
+    assert parse_exit_record(done.stdout) == {"code": -6, "signal": "SIGABRT"}
+
+
+def test_bootstrap_deadline_is_the_earlier_of_the_job_and_the_session(tmp_path: Path) -> None:
+    far = time.time() + 10 * 3600
+    boot = Bootstrap("test", SECRETS_FROM_ENV, session_seconds=3600, save_margin_seconds=600)
+    done = run_script(tmp_path, bootstrap_script(spec(tmp_path, "0", deadline=far), {}, boot), TOKEN="t")
+    env = json.loads(next(line[4:] for line in done.stdout.splitlines() if line.startswith("ENV ")))
+    assert abs(int(env["RECONCILER_DEADLINE"]) - (time.time() + 3000)) < 60
+    near = time.time() + 1200
+    done = run_script(tmp_path, bootstrap_script(spec(tmp_path, "0", deadline=near), {}, boot), TOKEN="t")
+    env = json.loads(next(line[4:] for line in done.stdout.splitlines() if line.startswith("ENV ")))
+    assert env["RECONCILER_DEADLINE"] == str(int(near))
+
+
+def test_bootstrap_fails_once_with_the_reason_when_storage_cannot_be_reached(tmp_path: Path) -> None:
+    folder = RunFolder(f"file://{tmp_path}/runs/train/r-1")
+    folder.bump_lease()
+    ok = run_script(tmp_path, bootstrap_script(spec(tmp_path, "0", uri=folder.uri), {},
+                                               Bootstrap("test", SECRETS_FROM_ENV)), TOKEN="t")
+    assert parse_exit_record(ok.stdout) == {"code": 0}, ok.stdout + ok.stderr
+    bad = "s3://no-such-bucket/runs/train/r-1"
+    done = run_script(tmp_path, bootstrap_script(spec(tmp_path, "0", uri=bad), {}, Bootstrap("test", SECRETS_FROM_ENV)),
+                      TOKEN="t", AWS_ENDPOINT_URL_S3="http://127.0.0.1:9", AWS_ACCESS_KEY_ID="a",
+                      AWS_SECRET_ACCESS_KEY="b")
+    record = parse_exit_record(done.stdout)
+    assert record is not None and record["code"] == STORAGE_UNREACHABLE, done.stdout + done.stderr
+    assert "cannot reach run storage " + bad in record["reason"]
+    assert "ENV " not in done.stdout  # the command never ran
+
+
+def test_the_sdk_bundle_alone_imports_the_worker_sdk_and_exec(tmp_path: Path) -> None:
+    """SDK_FILES is complete: with only the bundle on the path, the worker modules import from it."""
+    import zipfile
+    from io import BytesIO
+
+    zipfile.ZipFile(BytesIO(sdk_bundle())).extractall(tmp_path / "sdk")
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import reconciler.worker, reconciler.execwrap; "
+            "mods = [m for m in sys.modules.values() if (m.__name__.split('.')[0] in "
+            "('reconciler', 'adapters', 'status', 'desired')) and getattr(m, '__file__', None)]; "
+            "bad = [m.__name__ for m in mods if not m.__file__.startswith(sys.argv[1])]; print(bad); "
+            "sys.exit(1 if bad else 0)")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "sdk")], capture_output=True, text=True,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(SDK_FILES) == sorted(set(SDK_FILES))
+
+
+def test_exit_record_is_the_last_one_and_garbage_is_none() -> None:
+    log = f"x\n{EXIT_MARK}{{\"code\": 1}}\nmore\n{EXIT_MARK}{{\"code\": 75}}\n"
+    assert parse_exit_record(log) == {"code": 75}
+    assert parse_exit_record(f"{EXIT_MARK}not json") is None and parse_exit_record("") is None

@@ -1,0 +1,25 @@
+"""Local servers that speak hosted providers' documented APIs (one module per provider).
+
+Each runs launched workers as real local processes (`machine.Machine`), so the real bootstrap,
+SDK, storage and fencing are exercised, and injects its provider's characteristic failures on
+demand. Each also runs standalone: `python -m tests.fakes.<provider> --port N` prints its base URL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from adapters.compute import ComputeAdapter, LaunchSpec, WorkerRef
+
+
+@dataclass
+class HostedKit:
+    """What the adapter contract suite needs from a fake: build an adapter on it (for an owner),
+    interrupt a worker from outside (kill its command), and register a launch's secrets with the
+    provider's own secret store before the launch (they never travel in it)."""
+
+    make: Callable[..., ComputeAdapter]
+    interrupt: Callable[[ComputeAdapter, WorkerRef], None]
+    prepare: Callable[[LaunchSpec], None]
+    cancels: bool = True  # False: the provider has no cancel API (Kaggle)
