@@ -79,6 +79,22 @@ class LaunchSpec:
     image: str | None = None
 
 
+@dataclass(frozen=True)
+class Allowance:
+    """A provider's own limit on what may still be spent, read from its API: Kaggle's weekly GPU
+    hours, Lightning AI's credits. Hosted adapters offer it as an optional `allowance()` method
+    (read once per tick); the planner starts nothing the allowance cannot carry and the status keeps
+    it in the provider ledger. `unit` is "gpu-hours" or "credits" (1 credit = 1 USD)."""
+
+    unit: str
+    remaining: float  # left now, after what the provider has reserved for running sessions
+    minimum: float = 0.0  # what must remain to start one more worker (the adapter's settings say)
+    total: float | None = None  # allowed per period, if the provider says
+    used: float | None = None  # used this period, if the provider says
+    resets_at: float | None = None  # epoch seconds of the next refill, if any
+    applies_to_cpu: bool = True  # False: only workers with GPUs draw on it (Kaggle's GPU quota)
+
+
 # A hosted adapter whose provider keeps the job's secrets itself (Kaggle's user secrets, Lightning's
 # teamspace secrets) sets `secrets_at_provider = True`: a launch then carries only the secret names,
 # and the daemon need not hold their values (it masks those it does hold).
