@@ -54,6 +54,7 @@ class WorkerState:
     signal: str | None = None  # the signal that ended the command, e.g. "SIGSEGV" (phase EXITED)
     oom: bool = False  # the provider says the kernel or the scheduler killed it for memory
     ended_at: float | None = None  # when the command ended, if the provider can tell (for billing)
+    cost_usd: float | None = None  # what the provider billed for this worker so far, if it says (Lightning)
 
 
 @dataclass(frozen=True)

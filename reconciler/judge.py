@@ -94,8 +94,10 @@ def end_time(attempt: Attempt, now: float, *candidates: float | None) -> float:
 
 
 def close(attempt: Attempt, outcome: Outcome, now: float, run: RunObservation, detail: str = "",
-          exit_code: int | None = None, price_per_hour: float = 0.0, ended: float | None = None) -> Attempt:
-    """The attempt, ended at `ended` (default now) and billed up to then."""
+          exit_code: int | None = None, price_per_hour: float = 0.0, ended: float | None = None,
+          billed: float | None = None) -> Attempt:
+    """The attempt, ended at `ended` (default now) and billed up to then: the provider's own bill
+    when it reports one (`billed`), else the provider's price over the attempt's time."""
     end = now if ended is None else end_time(attempt, now, ended)
     heartbeat = run.heartbeat_step if run.heartbeat_epoch == attempt.epoch else None
     lost = 0
@@ -110,7 +112,7 @@ def close(attempt: Attempt, outcome: Outcome, now: float, run: RunObservation, d
         "exit_code": exit_code,
         "step_end": run.durable_step,
         "steps_lost": lost,
-        "cost_usd": round(hours * price_per_hour, 4),
+        "cost_usd": round(billed if billed is not None else hours * price_per_hour, 4),
         "unseen_since": None,
     })
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO
 
-from adapters.compute import ComputeAdapter, ProviderConfigError, WorkerPhase, WorkerRef
+from adapters.compute import Allowance, ComputeAdapter, ProviderConfigError, WorkerPhase, WorkerRef
 from adapters.gitrepo import DESIRED_DIR, STATUS_DIR, GitError, StateRepo
 from adapters.leader import Election, Leadership
 from adapters.registry import make_adapter
@@ -201,6 +201,7 @@ class Reconciler:
             observed.workers.update(workers)
             if desired.providers[name].spec.resources is None:
                 observed.capacity.update(_reported_capacity(name, adapter))
+            observed.allowances.update(_reported_allowance(name, adapter))
             self._note_foreign(name, getattr(adapter, "foreign_workers", 0))
         runs = {(name, job.run_id()) for name, job in desired.jobs.items()}
         runs |= {(st.job, st.run_id) for st in recorded.values() if st.run_id and not st.phase.terminal}
@@ -458,6 +459,19 @@ def _reported_capacity(name: str, adapter: ComputeAdapter) -> dict[str, Capacity
         log.debug("provider %s could not report its capacity: %s", name, exc)
         return {}
     return {name: cap} if isinstance(cap, Capacity) else {}
+
+
+def _reported_allowance(name: str, adapter: ComputeAdapter) -> dict[str, Allowance]:
+    """The provider's own quota or credits, for adapters that can read them (hosted providers).
+    One that cannot be read now is unknown: placement goes on, and the provider's own refusal
+    (a quota error at launch) is capacity, not a job error."""
+    ask = getattr(adapter, "allowance", None)
+    try:
+        allowance = ask() if callable(ask) else None
+    except Exception as exc:  # noqa: BLE001 - unknown allowance never stops the tick
+        log.info("provider %s could not report its quota or credits: %s", name, exc)
+        return {}
+    return {name: allowance} if isinstance(allowance, Allowance) else {}
 
 
 def _describe(action: object) -> str:

@@ -15,9 +15,9 @@ next one goes, in `reconciler.placement`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from adapters.compute import WorkerPhase, WorkerRef, WorkerState
+from adapters.compute import Allowance, WorkerPhase, WorkerRef, WorkerState
 from desired.models import Capacity, Job, Provider
 from desired.parse import DesiredState
 from reconciler.judge import EXIT_INTERRUPTED, classify, close, end_time, record_close
@@ -65,6 +65,7 @@ class Observed:
     runs: dict[tuple[str, str], RunObservation] = field(default_factory=dict)  # (job, run_id)
     logs: dict[WorkerRef, str] = field(default_factory=dict)  # tails of exited workers
     capacity: dict[str, Capacity] = field(default_factory=dict)  # provider -> what its adapter reports
+    allowances: dict[str, Allowance] = field(default_factory=dict)  # provider -> its quota or credits now
     run_storage: dict[tuple[str, str], str] = field(default_factory=dict)  # (job, run_id) -> store it was read from
     # Providers no longer in desired/ that the status says ran workers: asked so those workers can
     # be stopped and billed, never launched on.
@@ -159,8 +160,11 @@ class JobTick:
     def close_current(self, outcome: Outcome, detail: str, exit_code: int | None = None,
                       ended: float | None = None) -> None:
         assert self.current is not None
-        record_close(self.st, close(self.current, outcome, self.now, self.run, detail, exit_code,
-                                    self.price(self.current.provider), ended))
+        cur = self.current
+        billed = next((s.cost_usd for r, s in self.workers.items()
+                       if (r.provider, r.id, r.epoch) == (cur.provider, cur.worker, cur.epoch)), None)
+        record_close(self.st, close(cur, outcome, self.now, self.run, detail, exit_code,
+                                    self.price(cur.provider), ended, billed))
         self.current = None
 
 
@@ -500,7 +504,7 @@ def _backing_off(t: JobTick) -> bool:
 def _place(t: JobTick) -> None:
     st = t.st
     st.provider_backoff = {p: until for p, until in st.provider_backoff.items() if until > t.now}
-    placement = place(t.job, t.desired.providers, st, t.now, t.observed.capacity)
+    placement = place(t.job, t.desired.providers, st, t.now, t.observed.capacity, t.observed.allowances)
     for name in placement.order:
         prov = t.desired.providers[name]
         if name in t.observed.unreachable or name in st.provider_backoff:
@@ -508,6 +512,7 @@ def _place(t: JobTick) -> None:
         if t.busy.get(name, 0) >= prov.spec.concurrency:
             continue
         t.busy[name] = t.busy.get(name, 0) + 1
+        _reserve_allowance(t, name, prov.spec.price_per_hour)
         reason = "first launch" if not st.attempts else f"relaunch after: {_last_detail(st)}"
         t.out.actions.append(Launch(t.job.name, st.run_id, name, reason))
         st.phase = Phase.LAUNCHING
@@ -518,6 +523,15 @@ def _place(t: JobTick) -> None:
         st.message = f"waiting for capacity on {', '.join(placement.order)}"
     else:
         st.message = f"no allowed provider can take this job: {placement.why_nowhere() or 'none defined'}"
+
+
+def _reserve_allowance(t: JobTick, provider: str, price: float) -> None:
+    """A launch draws on the provider's allowance before its API says so: the next job placed in
+    this tick sees what is left (a session's minimum of quota, or an hour of credits)."""
+    a = t.observed.allowances.get(provider)
+    if a is not None and (a.applies_to_cpu or t.job.spec.resources.gpus > 0):
+        spend = price if a.unit == "credits" else a.minimum
+        t.observed.allowances[provider] = replace(a, remaining=a.remaining - spend)
 
 
 STEPS: tuple[Step, ...] = (fence, read_storage, adopt, stop_on_policy, judge, finish, hold_finished, decide_launch)

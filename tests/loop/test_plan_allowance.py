@@ -1,0 +1,65 @@
+"""Quota and credits as planned resources (issue 9): a provider's own allowance, as its API reports
+it (Kaggle's weekly GPU hours, Lightning AI's credits), decides whether one more worker may start
+there; the provider's own bill, when it reports one, is what an attempt costs."""
+
+from __future__ import annotations
+
+import pytest
+
+from adapters.compute import Allowance, WorkerPhase, WorkerState
+from reconciler.plan import Launch, Observed, RunObservation, plan
+from status.models import Phase
+from tests.loop.test_plan import NOW, PROVIDERS, desired, job_yaml, running, with_attempt
+
+GPU = "  resources: {gpus: 1}"
+
+
+def launched(p) -> list[str]:  # type: ignore[no-untyped-def]
+    return [a.provider for a in p.actions if isinstance(a, Launch)]
+
+
+def test_a_gpu_session_is_not_started_when_the_weekly_quota_cannot_carry_it() -> None:
+    d = desired(job_yaml(extra=GPU))
+    quota = Allowance("gpu-hours", remaining=0.5, minimum=1.0, total=30, used=29.5, resets_at=NOW + 86400,
+                      applies_to_cpu=False)
+    p = plan(d, Observed(allowances={"free": quota}), {}, NOW)
+    assert launched(p) == ["paid"]
+    p = plan(desired(job_yaml(extra=GPU + "\n  placement: {providers: [free]}")),
+             Observed(allowances={"free": quota}), {}, NOW)
+    st = p.statuses["train"]
+    assert not p.actions and st.phase == Phase.PENDING
+    assert "free: quota: 0.5 gpu-hours left, a session needs 1" in st.message and "refills" in st.message
+
+
+def test_a_gpu_quota_does_not_hold_cpu_jobs() -> None:
+    quota = Allowance("gpu-hours", remaining=0.0, minimum=1.0, applies_to_cpu=False)
+    assert launched(plan(desired(job_yaml()), Observed(allowances={"free": quota}), {}, NOW)) == ["free"]
+
+
+def test_two_gpu_jobs_in_one_tick_do_not_both_spend_the_last_session_of_quota() -> None:
+    d = desired(job_yaml("a", extra=GPU), job_yaml("b", extra=GPU),
+                providers=PROVIDERS.replace("concurrency: 1}", "concurrency: 4}"))
+    quota = Allowance("gpu-hours", remaining=1.5, minimum=1.0, applies_to_cpu=False)
+    assert sorted(launched(plan(d, Observed(allowances={"free": quota}), {}, NOW))) == ["free", "paid"]
+
+
+@pytest.mark.parametrize(("balance", "where"), [(0.55, ["free"]), (0.45, [])])
+def test_credits_must_pay_an_hour_above_what_is_kept_aside(balance: float, where: list[str]) -> None:
+    d = desired(job_yaml(extra="  placement: {providers: [paid]}"))
+    credits = Allowance("credits", remaining=balance, minimum=0.05)
+    p = plan(d, Observed(allowances={"paid": credits}), {}, NOW)
+    assert launched(p) == (["paid"] if where else [])
+    if not where:
+        assert "paid: credits: $0.45 left, one hour here needs $0.55 ($0.05 kept aside)" in p.statuses["train"].message
+
+
+def test_the_providers_own_bill_is_the_attempts_cost() -> None:
+    d = desired(job_yaml())
+    run_id = d.jobs["train"].run_id()
+    ref, _ = running("train", run_id, 1, provider="paid")
+    done = WorkerState(WorkerPhase.EXITED, 0, "completed", cost_usd=0.1234)
+    run = RunObservation(lease_epoch=1, durable_step=100, done=True, done_time=NOW - 5)
+    p = plan(d, Observed(workers={ref: done}, runs={("train", run_id): run}),
+             {"train": with_attempt(d, provider="paid")}, NOW)
+    st = p.statuses["train"]
+    assert st.phase == Phase.SUCCEEDED and st.attempts[0].cost_usd == pytest.approx(0.1234)
