@@ -25,9 +25,10 @@ from desired.models import Capacity, Provider
 from desired.parse import SETTINGS_FILE, DesiredState, parse_desired, parse_settings
 from reconciler.clock import Clock, SystemClock
 from reconciler.execute import execute, store_options
+from reconciler.ledger import build_ledger
 from reconciler.plan import CONFIRM_CANCEL_TRAILER, Observed, Plan, RunObservation, apply_results, plan
 from reconciler.redaction import secret_values
-from status.models import JobStatus, parse_status, render_index, render_status
+from status.models import JobStatus, ProviderLedger, parse_status, render_index, render_ledger, render_status
 from status.redact import Redactor, redact_data
 
 log = logging.getLogger("reconciler")
@@ -360,13 +361,16 @@ class Reconciler:
         report.errors.extend(result.errors)
         durable = {k: v.durable_step for k, v in observed.runs.items()}
         apply_results(the_plan, result.launches, now, durable, result.moves)
-        self._commit(the_plan, recorded, desired, commit, report)
+        ledger = build_ledger(desired.providers, the_plan.statuses.values(), desired.jobs, observed.allowances, now)
+        self._commit(the_plan, recorded, desired, commit, report, ledger)
         for err in report.errors:
             log.warning("%s", err)
         return report
 
     def _commit(self, the_plan: Plan, recorded: dict[str, JobStatus], desired: DesiredState, commit: str,
-                report: TickReport) -> None:
+                report: TickReport, ledger: list[ProviderLedger] | None = None) -> None:
+        """Writes the changed job statuses, the index and the provider ledger (which rides along with
+        a status change, never commits alone: its figures move every tick)."""
         self._learn_secrets(desired)
         files: dict[str, str | None] = {}
         changes = []
@@ -392,7 +396,9 @@ class Reconciler:
                     report.errors.append(str(exc))
             return
         index = render_index([self._redacted(st) for st in the_plan.statuses.values()],
-                             [str(e) for e in desired.errors])
+                             [str(e) for e in desired.errors], ledger or [])
+        if ledger:
+            files[f"{STATUS_DIR}/providers.yaml"] = self.redactor.redact(render_ledger(ledger))
         files[f"{STATUS_DIR}/README.md"] = self.redactor.redact(index)
         report.changed = changes
         subject = changes[0] if len(changes) == 1 else f"status: {len(changes)} jobs changed"
