@@ -14,7 +14,11 @@ from typing import Any
 
 import pytest
 
+from adapters.compute import WorkerRef
 from adapters.storage import RunFolder, StorageError
+from desired.models import Settings
+from reconciler.execute import execute
+from reconciler.plan import Terminate
 from reconciler.worker import Run
 from tests.worker.harness import Store, attempt, join, start
 
@@ -169,3 +173,61 @@ def test_exec_sends_its_command_sigterm_on_a_stop_request_and_exits_75(store: St
     assert marker.read_text().strip() == "term"
     assert folder.done() is None
     assert proc.stderr is not None and b"stop requested by the reconciler: manifest deleted" in proc.stderr.read()
+
+
+# ---- the executor ------------------------------------------------------------------------------------------
+
+
+class RecordingAdapter:
+    """A provider boundary that records terminate calls and what stop.json said at that moment."""
+
+    name = owner = "kaggle"
+    foreign_workers = 0
+
+    def __init__(self, folder: RunFolder | None = None) -> None:
+        self.folder = folder
+        self.calls: list[tuple[WorkerRef, str | None]] = []
+
+    def terminate(self, ref: WorkerRef) -> None:
+        seen = self.folder.stop_request(ref.epoch) if self.folder is not None else None
+        self.calls.append((ref, seen))
+
+
+def _ref(folder: RunFolder, epoch: int) -> WorkerRef:
+    return WorkerRef("kaggle", "kernel-1", "job", folder.uri.rsplit("/", 1)[-1], epoch)
+
+
+def test_execute_writes_the_stop_request_before_it_calls_terminate(store: Store) -> None:
+    folder = store.folder()
+    ref = _ref(folder, folder.bump_lease())
+    fake = RecordingAdapter(folder)
+    settings = Settings(storage=store.base, storage_options=store.options)
+    report = execute([Terminate(ref, "manifest deleted")], jobs={}, adapters={"kaggle": fake},  # type: ignore[dict-item]
+                     settings=settings, environ={})
+    assert fake.calls == [(ref, "manifest deleted")]
+    assert report.terminated and not report.errors
+
+
+def test_execute_writes_to_the_store_the_terminate_names(tmp_path: Path) -> None:
+    folder = RunFolder.for_run(str(tmp_path / "other"), "job", "r1")
+    ref = _ref(folder, folder.bump_lease())
+    fake = RecordingAdapter(folder)
+    settings = Settings(storage=f"file://{tmp_path / 'configured'}")
+    execute([Terminate(ref, "moved", store=f"file://{tmp_path / 'other'}")], jobs={},
+            adapters={"kaggle": fake}, settings=settings, environ={})  # type: ignore[dict-item]
+    assert fake.calls == [(ref, "moved")]
+    assert not (tmp_path / "configured").exists()
+
+
+def test_execute_still_terminates_when_the_store_cannot_be_written(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the store should be")
+    ref = WorkerRef("kaggle", "kernel-1", "job", "r1", 3)
+    fake = RecordingAdapter()
+    with caplog.at_level(logging.WARNING, logger="reconciler"):
+        report = execute([Terminate(ref, "manifest deleted")], jobs={}, adapters={"kaggle": fake},  # type: ignore[dict-item]
+                         settings=Settings(storage=f"file://{blocker}"), environ={})
+    assert fake.calls == [(ref, None)]
+    assert report.terminated == [Terminate(ref, "manifest deleted")] and not report.errors
+    assert "could not write the stop request" in caplog.text
