@@ -1,10 +1,10 @@
 """The worker side of a run: restore, save in the background, heartbeat, complete, stop on notice.
 
 Exit codes follow DESIGN.md §3: 0 after `complete()`; 75 (EX_TEMPFAIL) when the attempt stops on
-a preemption notice or a stop request in the run folder (checked at each heartbeat; the only stop a
-provider without a cancel API has) after its final checkpoint, or when it finds it was replaced by a newer
-attempt (`Superseded`, a SystemExit, so a broad `except Exception` in user code cannot keep a
-replaced worker alive).
+a preemption notice or on a stop request in the run folder (read at each heartbeat: the only stop
+a provider without a cancel API has) after its final checkpoint, or when it finds it was replaced
+by a newer attempt (`Superseded`, a SystemExit, so a broad `except Exception` in user code cannot
+keep a replaced worker alive).
 
 A known end (RECONCILER_DEADLINE: the job's deadline or the provider's session limit, whichever
 comes first) is a notice given in advance: the attempt stops as on SIGTERM once the deadline is
