@@ -87,6 +87,9 @@ class Launch:
 class Terminate:
     ref: WorkerRef
     reason: str
+    # Where the run's folder is, for the stop request the executor writes there first (None: the
+    # settings' storage). A locator, not part of what is stopped, so it takes no part in equality.
+    store: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -155,7 +158,7 @@ class JobTick:
 
     def stop(self, ref: WorkerRef, reason: str) -> None:
         if not any(isinstance(a, Terminate) and a.ref == ref for a in self.out.actions):
-            self.out.actions.append(Terminate(ref, reason))
+            self.out.actions.append(Terminate(ref, reason, self.observed.run_storage.get((ref.job, ref.run_id))))
 
     def close_current(self, outcome: Outcome, detail: str, exit_code: int | None = None,
                       ended: float | None = None) -> None:
@@ -567,7 +570,7 @@ def _plan_removed(out: Plan, rec: JobStatus, workers: dict[WorkerRef, WorkerStat
         return
     live = [ref for ref, state in workers.items() if _live(state)]
     for ref in live:
-        out.actions.append(Terminate(ref, "manifest deleted"))
+        out.actions.append(Terminate(ref, "manifest deleted", observed.run_storage.get((ref.job, ref.run_id))))
     run = observed.runs.get((st.job, st.run_id), RunObservation())
     cur = st.current
     if cur is not None and any(r.epoch == cur.epoch and r.run_id == st.run_id for r in live):
