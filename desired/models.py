@@ -24,6 +24,12 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 UNIX_USER = re.compile(r"[a-z_][a-z0-9_-]*\$?")
 HOST_ADDRESS = re.compile(r"[A-Za-z0-9_:]([A-Za-z0-9._:%-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.%A-Za-z]+\]")
 IDENTITY = re.compile(r"[a-z0-9][a-z0-9-]{2,39}")
+# Variables that hold credentials by every tool's convention: a value under `env:` would be in git
+# for good, so these must be named under `secrets:` (their values come from the reconciler's
+# environment, or the provider's own secret store for hosted providers).
+CREDENTIAL_ENV = re.compile(
+    r"AWS_SECRET_ACCESS_KEY|AWS_SESSION_TOKEN|KAGGLE_KEY|KAGGLE_API_TOKEN|LIGHTNING_API_KEY|LIGHTNING_AUTH_TOKEN"
+    r"|HF_TOKEN|HUGGING_FACE_HUB_TOKEN|WANDB_API_KEY|VAST_API_KEY|RUNPOD_API_KEY|.*_(PASSWORD|PASSWD|SECRET)")
 RESERVED_ENV = frozenset({
     "RECONCILER_JOB", "RECONCILER_RUN_URI", "RECONCILER_RUN_ID", "RECONCILER_EPOCH",
     "RECONCILER_DEADLINE", "RECONCILER_CHECKPOINT_EVERY", "RECONCILER_TARGET_STEPS",
@@ -168,6 +174,10 @@ class JobSpec(Strict):
     @classmethod
     def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
         check_env_names(list(v), "variable")
+        held = sorted(k for k in v if CREDENTIAL_ENV.fullmatch(k))
+        if held:
+            raise ValueError(f"{', '.join(held)} holds a credential: name it under `secrets:` instead of `env:`, "
+                             "since every value in a manifest stays in git's history")
         return v
 
     @field_validator("secrets")
