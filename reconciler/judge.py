@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from adapters.compute import WorkerPhase, WorkerState
+from adapters.hosted import STORAGE_UNREACHABLE
 from desired.models import ExitCodeRule, Job
 from status.models import Attempt, JobStatus, Outcome
 
@@ -28,6 +29,7 @@ class Verdict:
     outcome: Outcome
     detail: str
     fail_now: bool = False  # the job's own exit-code rule says: no retry
+    avoid_provider: bool = False  # the worker could not even reach run storage from this provider
 
 
 def exit_rule(job: Job, code: int | None) -> ExitCodeRule | None:
@@ -51,6 +53,11 @@ def classify(job: Job, attempt: Attempt, state: WorkerState, run: RunObservation
         return Verdict(Outcome.SESSION_END, f"session limit reached: {word}")
     if state.exit_code == 0 and run.done:
         return Verdict(Outcome.SUCCEEDED, "completed")
+    if state.exit_code == STORAGE_UNREACHABLE and "cannot reach run storage" in state.detail:
+        # Charged once, and that provider is avoided for a while: relaunching there would only
+        # repeat it (missing storage secrets, a firewall), and the job must not loop on it.
+        return Verdict(Outcome.JOB_ERROR, f"the worker cannot reach run storage from {attempt.provider}: "
+                       f"{state.detail}", avoid_provider=True)
     return _rule_verdict(job, state) or _evidence_verdict(attempt, state, run, word)
 
 

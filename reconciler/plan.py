@@ -29,6 +29,7 @@ __all__ = ["EXIT_INTERRUPTED", "PROVIDER_COOLDOWN_SECONDS"]
 LOST_AFTER_SECONDS = 60.0  # a worker missing from observations this long is lost
 PENDING_TIMEOUT_SECONDS = 1800.0  # a launch the provider never starts is given up on
 UNAVAILABLE_BACKOFF_SECONDS = 120.0  # a provider that refused a launch is skipped this long
+STORAGE_UNREACHABLE_BACKOFF_SECONDS = 3600.0  # a provider whose worker could not reach run storage
 STALL_MIN_OBSERVATIONS = 3  # a stall needs this many observations of the same heartbeat
 STALE_BY_WORKER_CLOCK = 3  # without observations of our own, a heartbeat this many timeouts old is a stall
 DEFAULT_STALL_SECONDS = 300.0  # stall timeout of an instrumented worker when the job sets none
@@ -344,6 +345,8 @@ def _judge_seen(t: JobTick, ref: WorkerRef, state: WorkerState) -> bool:
     beat = t.run.heartbeat_time if t.run.heartbeat_epoch == t.current.epoch else None
     t.close_current(verdict.outcome, verdict.detail, state.exit_code, ended=end_time(
         t.current, t.now, state.ended_at, beat))
+    if verdict.avoid_provider:
+        t.st.provider_backoff[ref.provider] = t.now + STORAGE_UNREACHABLE_BACKOFF_SECONDS
     if verdict.outcome == Outcome.JOB_ERROR:
         tail = t.observed.logs.get(ref, "")
         t.st.log_tail = tail[-LOG_TAIL_CHARS:] if tail else None

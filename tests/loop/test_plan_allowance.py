@@ -63,3 +63,17 @@ def test_the_providers_own_bill_is_the_attempts_cost() -> None:
              {"train": with_attempt(d, provider="paid")}, NOW)
     st = p.statuses["train"]
     assert st.phase == Phase.SUCCEEDED and st.attempts[0].cost_usd == pytest.approx(0.1234)
+
+
+def test_a_worker_that_cannot_reach_storage_is_charged_once_and_its_provider_avoided() -> None:
+    d = desired(job_yaml())
+    run_id = d.jobs["train"].run_id()
+    ref, _ = running("train", run_id, 1, provider="free")
+    bad = WorkerState(WorkerPhase.EXITED, 66, "ERROR", detail="cannot reach run storage s3://b/r: AccessDenied")
+    p = plan(d, Observed(workers={ref: bad}, runs={("train", run_id): RunObservation(lease_epoch=1)}),
+             {"train": with_attempt(d)}, NOW)
+    st = p.statuses["train"]
+    assert st.failures == 1 and "cannot reach run storage from free" in st.attempts[0].detail
+    assert st.provider_backoff["free"] >= NOW + 3000
+    later = plan(d, Observed(runs={("train", run_id): RunObservation(lease_epoch=1)}), {"train": st}, NOW + 600)
+    assert launched(later) == ["paid"]  # not free again, and not a loop of the same failure
