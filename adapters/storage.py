@@ -821,6 +821,18 @@ class RunFolder:
             return None
         return reason if applies else None
 
+    # ---- attempt logs ------------------------------------------------------------------------------------
+    def write_attempt_log(self, epoch: int, text: str) -> None:
+        """The tail of attempt `epoch`'s output, for providers without a log API (RunPod): written by
+        the hosted bootstrap, read by the reconciler for the status of a failed attempt. Not fenced:
+        each attempt writes only its own file."""
+        self.write_bytes(f"logs/e{int(epoch)}.log", text.encode())
+
+    def attempt_log(self, epoch: int) -> str:
+        """What `write_attempt_log` wrote for `epoch`, or '' (never raises for a missing file)."""
+        blob = self.read_bytes(f"logs/e{int(epoch)}.log")
+        return blob.decode(errors="replace") if blob else ""
+
     # ---- completion ---------------------------------------------------------------------------------------
     def mark_done(self, epoch: int, record: dict[str, Any]) -> dict[str, Any]:
         """Complete the run as the holder of `epoch`: lease first (fenced), then done.json once.

@@ -346,10 +346,39 @@ class LightningSettings(HostedSettings):
         default=0.0, ge=0, description="credits kept aside: nothing starts that would dip below them")
 
 
-HOSTED_PROVIDER_TYPES = frozenset({"kaggle", "lightning"})
+class VastSettings(HostedSettings):
+    """Vast.ai: rent the best offer for the job (price and reliability), interruptible by bid."""
+
+    type: Literal["vast"] = "vast"
+    api_url: str = "https://console.vast.ai"
+    image: str = Field(default="pytorch/pytorch:latest", description="container image when the job names none")
+    interruptible: bool = Field(default=True, description="bid for interruptible instances (cheaper, may be outbid)")
+    max_price_per_hour: float | None = Field(default=None, gt=0, description="never bid or rent above this, $/h")
+    min_reliability: float = Field(default=0.98, ge=0, le=1)
+    disk_gb: float = Field(default=20.0, gt=0)
+    verified_only: bool = True
+    loading_timeout_seconds: float = Field(
+        default=900.0, gt=0, description="an instance still loading after this is destroyed (capacity unavailable)")
+
+
+class RunpodSettings(HostedSettings):
+    """RunPod pods through its GraphQL API: spot by bid, or on-demand."""
+
+    type: Literal["runpod"] = "runpod"
+    api_url: str = "https://api.runpod.io"
+    gpu_type_id: str = Field(default="NVIDIA GeForce RTX 4090", description="RunPod's GPU type id")
+    cloud_type: Literal["SECURE", "COMMUNITY", "ALL"] = "SECURE"
+    interruptible: bool = Field(default=True, description="spot pods: SIGTERM then SIGKILL 5 s later when outbid")
+    bid_per_gpu: float | None = Field(default=None, gt=0, description="spot bid, $/h per GPU; unset = the minimum bid")
+    image: str = Field(default="runpod/pytorch:latest", description="container image when the job names none")
+    container_disk_gb: int = Field(default=20, ge=1)
+
+
+HOSTED_PROVIDER_TYPES = frozenset({"kaggle", "lightning", "vast", "runpod"})
 
 ProviderSettings = Annotated[
-    LocalSettings | SshSettings | SlurmSettings | SimSettings | KaggleSettings | LightningSettings,
+    LocalSettings | SshSettings | SlurmSettings | SimSettings | KaggleSettings | LightningSettings | VastSettings
+    | RunpodSettings,
     Field(discriminator="type"),
 ]
 

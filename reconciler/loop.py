@@ -21,7 +21,7 @@ from adapters.gitrepo import DESIRED_DIR, STATUS_DIR, GitError, StateRepo
 from adapters.leader import Election, Leadership
 from adapters.registry import make_adapter
 from adapters.storage import RunFolder, StorageError
-from desired.models import Capacity, Provider
+from desired.models import Capacity, Provider, Settings
 from desired.parse import SETTINGS_FILE, DesiredState, parse_desired, parse_settings
 from reconciler.clock import Clock, SystemClock
 from reconciler.execute import execute, store_options
@@ -226,10 +226,17 @@ class Reconciler:
                 continue
             for ref in failed.get((st.job, st.run_id, att.epoch), ()):
                 try:
-                    observed.logs[ref] = adapters[ref.provider].logs(ref, 40)
+                    observed.logs[ref] = adapters[ref.provider].logs(ref, 40) or self._stored_log(
+                        observed.run_storage.get((st.job, st.run_id), settings.storage), ref, settings)
                 except Exception as exc:
                     observed.logs[ref] = f"(log unavailable: {exc})"
         return observed
+
+    @staticmethod
+    def _stored_log(store: str, ref: WorkerRef, settings: Settings, lines: int = 40) -> str:
+        """The tail a hosted bootstrap copied into the run folder, for providers with no log API."""
+        text = RunFolder.for_run(store, ref.job, ref.run_id, store_options(store, settings)).attempt_log(ref.epoch)
+        return "\n".join(text.splitlines()[-lines:])
 
     def _note_foreign(self, provider: str, count: int) -> None:
         """One log line when the number of other repositories' workers on a provider changes."""
