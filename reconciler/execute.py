@@ -24,7 +24,7 @@ from adapters.compute import (
 from adapters.migrate import migrate_run
 from adapters.storage import RunFolder, StorageError
 from desired.models import Job, Settings
-from reconciler.plan import Action, Launch, LaunchResult, MoveResult, MoveRunData, Terminate
+from reconciler.plan import Action, Launch, LaunchResult, MoveResult, MoveRunData, RequestStop, Terminate
 
 log = logging.getLogger("reconciler")
 
@@ -73,6 +73,9 @@ def execute(actions: list[Action], *, jobs: dict[str, Job], adapters: dict[str, 
         if isinstance(action, MoveRunData):
             report.moves.append(_move(action, settings))
             continue
+        if isinstance(action, RequestStop):
+            request_stop(action, settings)
+            continue
         report.launches.append(_launch(action, jobs[action.job], adapters, settings, environ))
     return report
 
@@ -93,7 +96,7 @@ def _terminate(action: Terminate, adapters: dict[str, ComputeAdapter], settings:
         report.errors.append(f"terminate {action.ref.id} on {action.ref.provider} failed: {exc}")
 
 
-def request_stop(action: Terminate, settings: Settings) -> None:
+def request_stop(action: Terminate | RequestStop, settings: Settings) -> None:
     """Write the stop request for the worker's epoch to its run folder. Best effort: a store that
     cannot be written is logged and the provider's terminate still goes ahead."""
     ref = action.ref

@@ -488,12 +488,14 @@ def _reported_allowance(name: str, adapter: ComputeAdapter) -> dict[str, Allowan
 
 
 def _describe(action: object) -> str:
-    from reconciler.plan import Launch, MoveRunData, Terminate
+    from reconciler.plan import Launch, MoveRunData, RequestStop, Terminate
 
     if isinstance(action, Launch):
         return f"launch {action.job} ({action.run_id}) on {action.provider}: {action.reason}"
     if isinstance(action, Terminate):
         return f"terminate {action.ref.id} on {action.ref.provider}: {action.reason}"
+    if isinstance(action, RequestStop):
+        return f"ask {action.ref.id} on {action.ref.provider} to save and stop: {action.reason}"
     if isinstance(action, MoveRunData):
         return f"move the data of {action.job} ({action.run_id}) from {action.source} to {action.target}"
     return str(action)

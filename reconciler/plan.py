@@ -103,7 +103,17 @@ class MoveRunData:
     target: str
 
 
-Action = Launch | Terminate | MoveRunData
+@dataclass(frozen=True)
+class RequestStop:
+    """Ask a live worker, through its run folder, to save and exit 75 at its next heartbeat, without
+    asking the provider to stop it (the provider has announced it will: an interruption notice)."""
+
+    ref: WorkerRef
+    reason: str
+    store: str | None = field(default=None, compare=False)
+
+
+Action = Launch | Terminate | MoveRunData | RequestStop
 
 
 @dataclass
@@ -368,6 +378,10 @@ def _judge_live(t: JobTick, ref: WorkerRef, state: WorkerState) -> None:
     else:
         t.st.phase = Phase.RUNNING if state.phase == WorkerPhase.RUNNING else Phase.LAUNCHING
         t.st.message = _running_message(t.current, t.run, state)
+        if state.notice:
+            reason = f"{ref.provider} will interrupt it: {state.notice}"
+            t.out.actions.append(RequestStop(ref, reason, t.observed.run_storage.get((ref.job, ref.run_id))))
+            t.st.message = f"{t.st.message}; asked the worker to save and leave ({reason})"
 
 
 def _judge_unseen(t: JobTick) -> None:

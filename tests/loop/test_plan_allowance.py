@@ -77,3 +77,24 @@ def test_a_worker_that_cannot_reach_storage_is_charged_once_and_its_provider_avo
     assert st.provider_backoff["free"] >= NOW + 3000
     later = plan(d, Observed(runs={("train", run_id): RunObservation(lease_epoch=1)}), {"train": st}, NOW + 600)
     assert launched(later) == ["paid"]  # not free again, and not a loop of the same failure
+
+
+def test_an_interruption_notice_asks_the_worker_to_save_through_its_run_folder(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from adapters.storage import RunFolder
+    from desired.models import Settings
+    from reconciler.execute import execute
+    from reconciler.plan import RequestStop, Terminate
+
+    d = desired(job_yaml())
+    run_id = d.jobs["train"].run_id()
+    ref, _ = running("train", run_id, 1)
+    warned = WorkerState(WorkerPhase.RUNNING, provider_state="running", notice="spot capacity reclaimed in 30 s")
+    p = plan(d, Observed(workers={ref: warned}, runs={("train", run_id): RunObservation(lease_epoch=1)}),
+             {"train": with_attempt(d)}, NOW)
+    asks = [a for a in p.actions if isinstance(a, RequestStop)]
+    assert [a.ref for a in asks] == [ref] and not any(isinstance(a, Terminate) for a in p.actions)
+    assert "asked the worker to save and leave" in p.statuses["train"].message
+    store = f"file://{tmp_path}/runs"
+    execute(p.actions, jobs=d.jobs, adapters={}, settings=Settings(storage=store))
+    reason = RunFolder.for_run(store, "train", run_id).stop_request(1)
+    assert reason is not None and "spot capacity reclaimed" in reason
