@@ -21,6 +21,7 @@ from adapters.compute import Allowance, WorkerPhase, WorkerRef, WorkerState
 from desired.models import Capacity, Job, Provider
 from desired.parse import DesiredState
 from reconciler.judge import EXIT_INTERRUPTED, classify, close, end_time, record_close
+from reconciler.ledger import WEEK, build_ledger
 from reconciler.placement import PROVIDER_COOLDOWN_SECONDS, place
 from status.models import LOG_TAIL_CHARS, MAX_ATTEMPTS_KEPT, Attempt, JobStatus, Outcome, Phase, Progress
 
@@ -197,6 +198,7 @@ def plan(desired: DesiredState, observed: Observed, recorded: dict[str, JobStatu
     """`confirm_cancel`: the commits being acted on carry the CONFIRM_CANCEL_TRAILER, so a change
     that cancels most jobs at once is meant (otherwise it is held, as Argo CD guards pruning)."""
     out = Plan()
+    observed = replace(observed, allowances={**own_quotas(desired, recorded, observed, now), **observed.allowances})
     busy: dict[str, int] = {}
     by_job: dict[str, dict[WorkerRef, WorkerState]] = {}
     for ref, state in observed.workers.items():
@@ -214,6 +216,19 @@ def plan(desired: DesiredState, observed: Observed, recorded: dict[str, JobStatu
         else:
             _plan_job(out, job, recorded.get(name), workers, desired, observed, now, commit, busy)
     return out
+
+
+def own_quotas(desired: DesiredState, recorded: dict[str, JobStatus], observed: Observed,
+               now: float) -> dict[str, Allowance]:
+    """A provider's `free_quota_hours` binds: what is left this week by our own ledger (worker hours
+    in the status), for providers whose API reports no allowance of its own."""
+    quota = {name: p for name, p in desired.providers.items()
+             if p.spec.free_quota_hours is not None and name not in observed.allowances}
+    if not quota:
+        return {}
+    lines = build_ledger(quota, recorded.values(), desired.jobs, {}, now)
+    return {x.provider: Allowance("free hours", remaining=(quota[x.provider].spec.free_quota_hours or 0.0)
+                                  - x.worker_hours, resets_at=x.period_start + WEEK) for x in lines}
 
 
 def _plan_job(out: Plan, job: Job, rec: JobStatus | None, workers: dict[WorkerRef, WorkerState],

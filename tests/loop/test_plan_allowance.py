@@ -8,7 +8,7 @@ import pytest
 
 from adapters.compute import Allowance, WorkerPhase, WorkerState
 from reconciler.plan import Launch, Observed, RunObservation, plan
-from status.models import Phase
+from status.models import Attempt, JobStatus, Outcome, Phase
 from tests.loop.test_plan import NOW, PROVIDERS, desired, job_yaml, running, with_attempt
 
 GPU = "  resources: {gpus: 1}"
@@ -98,3 +98,15 @@ def test_an_interruption_notice_asks_the_worker_to_save_through_its_run_folder(t
     execute(p.actions, jobs=d.jobs, adapters={}, settings=Settings(storage=store))
     reason = RunFolder.for_run(store, "train", run_id).stop_request(1)
     assert reason is not None and "spot capacity reclaimed" in reason
+
+
+def test_free_quota_hours_bind_by_our_own_ledger_when_the_provider_reports_none() -> None:
+    free = PROVIDERS.replace("spec: {settings: {type: local}, concurrency: 1}",
+                             "spec: {settings: {type: local}, concurrency: 1, free_quota_hours: 2}")
+    d = desired(job_yaml(), providers=free)
+    spent = JobStatus(job="old", phase=Phase.SUCCEEDED, attempts=[Attempt(
+        epoch=1, provider="free", worker="w", started=NOW - 3 * 3600, ended=NOW - 600, outcome=Outcome.SUCCEEDED)])
+    p = plan(d, Observed(), {"old": spent}, NOW)
+    assert launched(p) == ["paid"]  # 2.8 h used of 2 free hours this week
+    fresh = plan(desired(job_yaml(), providers=free), Observed(), {}, NOW)
+    assert launched(fresh) == ["free"]
