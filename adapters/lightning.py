@@ -194,9 +194,16 @@ class LightningAdapter:
     def api(self) -> HostedApi:
         if self._api is None:
             self._api = HostedApi(
-                self.who, self.settings.api_url, headers={"Authorization": auth_header()},
+                self.who, self.base_url, headers={"Authorization": auth_header()},
                 credentials_hint=CREDENTIALS_HINT, timeout=self.settings.request_timeout_seconds)
         return self._api
+
+    @property
+    def base_url(self) -> str:
+        """settings.api_url when the manifest sets it, else LIGHTNING_CLOUD_URL (the SDK's), else the default."""
+        if "api_url" in self.settings.model_fields_set:
+            return self.settings.api_url
+        return os.environ.get("LIGHTNING_CLOUD_URL", "").rstrip("/") or self.settings.api_url
 
     def _path(self, rest: str = "") -> str:
         return f"/v1/projects/{self.settings.project_id}/jobs{rest}"
@@ -209,20 +216,35 @@ class LightningAdapter:
         check_label(spec.job, "job name")
         check_label(spec.run_id, "run id")
         name = job_name(self.owner, spec.job, spec.run_id, spec.epoch)
-        found = self.api.call("GET", self._path("/find"), params={"name": name}, allow=(404,))
-        if isinstance(found, dict) and found.get("id") and self._labels(found) == self._my_labels(spec):
-            return self._ref(found["id"], spec)
+        found = self._find(name, spec)
+        if found is not None:
+            return found
         try:
             created = self.api.call("POST", self._path(), json_body=self._create_body(name, spec), acts=True)
         except HttpRefused as exc:
+            if exc.status == 409:  # the name exists after all (a create that acted late): adopt it
+                found = self._find(name, spec)
+                if found is not None:
+                    return found
             raise self._refusal(exc) from None
         if not isinstance(created, dict) or not created.get("id"):
             raise ProviderUnavailable(f"{self.who}: the create answer carries no job id")
         return self._ref(created["id"], spec)
 
+    def _find(self, name: str, spec: LaunchSpec) -> WorkerRef | None:
+        """The job already launched with these labels (`GET .../jobs/find?name=`), if any."""
+        found = self.api.call("GET", self._path("/find"), params={"name": name}, allow=(404,))
+        if isinstance(found, dict) and found.get("id") and self._labels(found) == self._my_labels(spec):
+            return self._ref(found["id"], spec)
+        return None
+
     def _refusal(self, exc: HttpRefused) -> Exception:
-        """Out of capacity (or of credits) is the provider's state, not a configuration error."""
-        if exc.status == 409 or CAPACITY_WORDS.search(exc.detail):
+        """Out of capacity (or of credits) is the provider's state, not a configuration error; a name
+        taken by a job that is not ours (409) waits for a person, and is said so."""
+        if exc.status == 409:
+            return ProviderConfigError(f"{self.who}: a job that does not carry our labels already has the name; "
+                                       f"rename or delete it in the teamspace ({exc.detail})")
+        if CAPACITY_WORDS.search(exc.detail):
             return ProviderUnavailable(f"{self.who} cannot start a {self.settings.machine} machine now: "
                                        f"{exc.detail or 'HTTP ' + str(exc.status)}")
         return exc
@@ -275,6 +297,8 @@ class LightningAdapter:
                 self._costs[ref.id] = float(job["totalCost"])
             out[ref] = self._state(job)
         self.foreign_workers = foreign
+        seen = {ref.id for ref in out}
+        self._ended = {k: v for k, v in self._ended.items() if k in seen}  # purged jobs' logs go too
         return out
 
     def _list_jobs(self) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from adapters.compute import (
@@ -24,7 +25,7 @@ from adapters.compute import (
 from adapters.hosted import STORAGE_UNREACHABLE
 from adapters.lightning import LightningAdapter, auth_header, job_name, machine_capacity
 from desired.models import Capacity, LightningSettings
-from tests.fakes.lightning import API_KEY, USER_ID, FakeLightning
+from tests.fakes.lightning import API_KEY, USER_ID, FakeLightning, basic_header
 
 SLEEP = "import sys, time; print('started', flush=True); time.sleep(float(sys.argv[1]))"
 
@@ -137,6 +138,27 @@ def test_a_create_that_timed_out_after_acting_is_adopted_by_the_next_launch(fake
     ref = make(fake).launch(spec("30"))
     assert len(fake.jobs) == 1 and ref.id in fake.jobs
     assert list(adapter.observe()) == [ref]
+
+
+def test_a_name_that_exists_after_all_is_adopted_and_a_stranger_s_is_refused(fake: FakeLightning) -> None:
+    adapter = make(fake)
+    ref = adapter.launch(spec("30"))
+    fake.fail_next("GET", r"/jobs/find$", 404, body={"code": 5, "message": "job not found", "details": []})
+    assert make(fake).launch(spec("30")) == ref and len(fake.jobs) == 1  # create said 409: looked up again
+    stranger = {"name": "rc-repo-a-train-r-1-e2", "spec": {"command": "sleep 1", "image": "busybox"}}
+    httpx.post(f"{fake.url}/v1/projects/{fake.project_id}/jobs", json=stranger,
+               headers={"Authorization": basic_header()}).raise_for_status()
+    with pytest.raises(ProviderConfigError, match="does not carry our labels already has the name"):
+        adapter.launch(spec("30", epoch=2))
+
+
+def test_lightning_cloud_url_is_the_base_when_the_manifest_sets_none(
+        fake: FakeLightning, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LIGHTNING_CLOUD_URL", fake.url)
+    settings = LightningSettings(project_id=fake.project_id)
+    assert LightningAdapter("lightning", settings, owner="repo-a").observe() == {}
+    explicit = LightningSettings(api_url="http://127.0.0.1:9", project_id=fake.project_id)
+    assert LightningAdapter("lightning", explicit, owner="repo-a").base_url == "http://127.0.0.1:9"
 
 
 # ---- credentials ------------------------------------------------------------------------------
