@@ -62,6 +62,7 @@ import hashlib
 import json
 import os
 import re
+import zlib
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
@@ -142,10 +143,11 @@ def job_name(owner: str, job: str, run_id: str, epoch: int) -> str:
 
 def shell_command(script: str) -> str:
     """The job's `command` (run by `sh -c`, or by bash with set -e in a Studio): the bootstrap,
-    base64 in single quotes (no character of it can mean anything to a shell), decoded to a file
-    by python3 and exec'd, so the bootstrap is the machine's main process and gets its signals."""
-    blob = base64.b64encode(script.encode()).decode()
-    decode = "import base64,sys; sys.stdout.buffer.write(base64.b64decode(sys.stdin.read()))"
+    zlib-compressed and base64 in single quotes (no character of it can mean anything to a shell),
+    decoded to a file by python3 and exec'd, so the bootstrap is the machine's main process and gets
+    its signals. About 40 KB, well under Linux's 128 KB limit on one argument (`sh -c <command>`)."""
+    blob = base64.b64encode(zlib.compress(script.encode(), 9)).decode()
+    decode = "import base64,sys,zlib; sys.stdout.buffer.write(zlib.decompress(base64.b64decode(sys.stdin.read())))"
     return (f"B='{blob}'\nF=\"${{TMPDIR:-/tmp}}/reconciler-bootstrap-$$.py\"\n"
             f"printf %s \"$B\" | python3 -c '{decode}' > \"$F\" && exec python3 \"$F\"\n")
 

@@ -5,6 +5,7 @@ fault the server injects: what the adapter reports, in the planner's words. The 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -111,6 +112,7 @@ def test_a_studio_job_runs_the_bootstrap_under_bash_set_e(fake: FakeLightning, t
     assert body["spec"]["cloudspaceId"] == "cs-123" and "image" not in body["spec"]
     assert wait(adapter, ref, ended).exit_code == 0
     assert json.loads(out.read_text()) == hostile
+    assert len(body["spec"]["command"]) < 100_000, "sh -c takes at most 128 KB in one argument"
 
 
 def test_429_is_honoured_with_its_retry_after(fake: FakeLightning) -> None:
@@ -319,3 +321,16 @@ def test_capacity_is_read_from_the_machine_slug() -> None:
     assert machine_capacity("lit-rtx-6000-pro-2") == Capacity(gpus=2, gpu_models=["RTX-6000-PRO"])
     assert machine_capacity("cpu-4") == Capacity(cpus=4, gpus=0)
     assert machine_capacity("data-prep-mid") is None and machine_capacity("lit-zz9-1") is None
+
+
+def test_the_fake_runs_standalone_and_prints_its_url(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "tests.fakes.lightning", "--root", str(tmp_path)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        answer = httpx.get(f"{url}/v1/projects/proj-fake-01/billing/balance", headers={"Authorization": basic_header()})
+        assert answer.status_code == 200 and answer.json()["balance"] > 0
+    finally:
+        proc.terminate()
+        proc.wait(10)
