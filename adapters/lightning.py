@@ -10,9 +10,11 @@ env entries) and never carries a value (`secrets_at_provider`).
 Labels: the job name is deterministic per (owner, job, run, epoch), `rc-<owner>-<job>-<run>-e<epoch>`
 (cut and suffixed with a short hash past 63 characters), so a launch looks the name up first
 (`GET .../jobs/find?name=`) and adopts what it finds, also after a create that timed out after
-acting. The labels themselves travel in one plain env entry, RECONCILER_LABELS (JSON: owner,
-provider, job, run_id, epoch), read back from each listed job's `spec.env`; the bootstrap passes
-only the attempt's own env to the command, so the command never sees it. Lightning's `tags` are
+acting; a create answered 409 (the name exists after all) looks the name up again and adopts it
+when the labels are ours, and is a configuration error otherwise. The labels themselves travel
+in one plain env entry, RECONCILER_LABELS (JSON: owner, provider, job, run_id, epoch), read
+back from each listed job's `spec.env`; the bootstrap passes only the attempt's own env to the
+command, so the command never sees it. Lightning's `tags` are
 workload-tag ids that must be created first, so they are not used for labels. Jobs of other owners
 (or other providers) are counted in `foreign_workers`, never stopped or read.
 
@@ -36,7 +38,7 @@ State table (Lightning's `state` -> WorkerState; `provider_state` keeps Lightnin
 | failed                        | exited     | the exit record's code/signal/reason; without one:     |
 |                               | preempted  |   an interruption or credits (as above), else code 1   |
 |                               |            |   with `message` as detail                             |
-| gone from the list            | lost       | (deleted by someone and purged)                        |
+| gone from the list            | (absent)   | purged by someone; observe no longer reports it        |
 | anything else                 | pending    | (as the SDK does)                                      |
 
 Restarts: every launch sets `maxRunAttempts: 1` (a relaunch is the planner's decision, with a new
