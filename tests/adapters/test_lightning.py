@@ -239,7 +239,7 @@ def test_an_interruption_with_notice_is_shown_then_reported_preempted(fake: Fake
     adapter = make(fake)
     ref = adapter.launch(spec("60"))
     started(adapter, ref)
-    fake.interrupt(ref.id, notice_seconds=1.5)
+    fake.interrupt(ref.id, notice_seconds=3)
     noticed = adapter.observe()[ref]
     assert noticed.phase is WorkerPhase.RUNNING and noticed.provider_state == "running (interruption notice)"
     assert "taken away" in noticed.detail
