@@ -4,4 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install -q torch==2.13.0
-python -m pip install -q -e '.[torch,s3,dev]'
+python -m pip install -q -e '.[torch,s3,hosted,dev]'
+# Lightning AI's SDK, only for the test that points its generated REST client at our fake server:
+# without --no-deps it pulls a web stack (fastapi, uvicorn, textual) the test does not need.
+python -m pip install -q --no-deps lightning-sdk==2026.10.13

@@ -1,0 +1,84 @@
+"""End to end on the fake Lightning server: the real `reconciler run --until-done`, run storage on
+S3 (the moto server), a counter job on a `lightning` provider whose storage credentials are
+teamspace secrets (only their names travel in the launch). The fake reclaims the spot machine once
+(with a short notice); the reconciler relaunches and the counter resumes from its checkpoint and
+finishes at exactly its target."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from desired.models import LightningSettings
+from tests.adapters.e2e import finish, job_manifest, provider_manifest, start_daemon, status, wait_for
+from tests.conftest import StateRepoFixture
+from tests.fakes.lightning import API_KEY, USER_ID, FakeLightning
+from tests.worker.conftest import make_bucket, s3_endpoint  # noqa: F401 - a fixture
+from tests.worker.harness import S3_CREDENTIALS
+
+TARGET = 60
+
+
+def s3_step(endpoint: str, bucket: str, job: str) -> int:
+    """The live worker's heartbeat step, from the run folder on S3 (0 before the first beat)."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                          aws_secret_access_key=S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+                          region_name=S3_CREDENTIALS["AWS_DEFAULT_REGION"])
+    listing = client.list_objects_v2(Bucket=bucket, Prefix=f"runs/{job}/")
+    for item in listing.get("Contents", []):
+        if item["Key"].endswith("/progress.json"):
+            body = client.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
+            try:
+                return int(json.loads(body).get("step", 0))
+            except ValueError:
+                return 0
+    return 0
+
+
+@pytest.mark.slow
+def test_a_spot_reclaim_on_lightning_is_relaunched_and_resumes_to_the_exact_target(
+        state_repo: StateRepoFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        s3_endpoint: str) -> None:  # noqa: F811 - a fixture
+    fake = FakeLightning(tmp_path / "machines", stop_grace=3.0)
+    try:
+        bucket = make_bucket(s3_endpoint)
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            fake.set_secret(name, S3_CREDENTIALS[name])
+        for name, value in {**S3_CREDENTIALS, "LIGHTNING_USER_ID": USER_ID, "LIGHTNING_API_KEY": API_KEY}.items():
+            monkeypatch.setenv(name, value)  # the daemon's own: S3 for itself, Lightning's API key
+        state_repo.write("reconciler.yaml", f"storage: s3://{bucket}/runs\ntick_seconds: 0.5\n"
+                                            f"storage_options: {{endpoint_url: '{s3_endpoint}'}}\n")
+        settings = LightningSettings(api_url=fake.url, project_id=fake.project_id, machine="lit-t4-1",
+                                     interruptible=True, request_timeout_seconds=10)
+        state_repo.write("desired/lit.yaml", provider_manifest("lit", settings))
+        job = yaml.safe_load(job_manifest("count", "lit", step_seconds=0.1, target=TARGET))
+        job["spec"]["secrets"] = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
+        job["spec"]["env"] = {"AWS_DEFAULT_REGION": S3_CREDENTIALS["AWS_DEFAULT_REGION"]}
+        state_repo.write("desired/count.yaml", yaml.safe_dump(job))
+        state_repo.commit("count on lightning, storage on s3")
+        log = tmp_path / "daemon.log"
+        daemon = start_daemon(state_repo, log)
+        try:
+            wait_for(lambda: s3_step(s3_endpoint, bucket, "count") >= 12, 60, "checkpoints", daemon, log)
+            first = next(j for j in fake.jobs.values() if "-count-" in j.name and j.state == "running")
+            fake.interrupt(first.id, notice_seconds=0.5)
+            finish(daemon, log, timeout=90)
+        finally:
+            if daemon.poll() is None:
+                daemon.kill()
+        st = status(state_repo, "count")
+        assert st["phase"] == "Succeeded", st.get("message")
+        assert [a["outcome"] for a in st["attempts"]] == ["interruption", "succeeded"], st["attempts"]
+        assert st["interruptions"] == 1 and st["failures"] == 0
+        assert st["attempts"][1]["step_start"] > 0, "the relaunch must resume from a checkpoint"
+        assert s3_step(s3_endpoint, bucket, "count") == TARGET
+        bodies = b"".join(body for _, _, body in fake.requests)
+        assert b"testing" not in bodies, "a storage credential travelled in a request"
+        assert len([j for j in fake.jobs.values() if "-count-" in j.name]) == 2
+    finally:
+        fake.close()
