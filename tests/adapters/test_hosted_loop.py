@@ -1,0 +1,92 @@
+"""Hosted providers inside the real loop (in-process ticks, a real git repository, S3 on moto):
+a provider whose credentials are refused is named in one sentence and the job goes on elsewhere,
+and the ledger in the status carries the provider's own credit balance."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from desired.models import LightningSettings
+from reconciler.loop import Reconciler
+from status.models import Phase
+from tests.adapters.e2e import provider_manifest
+from tests.conftest import StateRepoFixture
+from tests.fakes.lightning import USER_ID, FakeLightning
+from tests.loop.test_loop_local import counter, tick_until
+from tests.worker.conftest import make_bucket, s3_endpoint  # noqa: F401 - a fixture
+from tests.worker.harness import S3_CREDENTIALS
+
+WRONG_KEY = "wrong-key-9f2c81d0"
+
+
+def test_refused_credentials_name_the_provider_once_and_the_job_finishes_elsewhere(
+        state_repo: StateRepoFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        s3_endpoint: str) -> None:  # noqa: F811 - a fixture
+    fake = FakeLightning(tmp_path / "machines")
+    try:
+        bucket = make_bucket(s3_endpoint)
+        for name, value in {**S3_CREDENTIALS, "LIGHTNING_USER_ID": USER_ID, "LIGHTNING_API_KEY": WRONG_KEY}.items():
+            monkeypatch.setenv(name, value)
+        state_repo.write("reconciler.yaml", f"storage: s3://{bucket}/runs\n"
+                                            f"storage_options: {{endpoint_url: '{s3_endpoint}'}}\n")
+        settings = LightningSettings(api_url=fake.url, project_id=fake.project_id, request_timeout_seconds=5)
+        state_repo.write("desired/lit.yaml", provider_manifest("lit", settings))
+        state_repo.write("desired/local.yaml", yaml.safe_dump({
+            "apiVersion": "reconciler.dev/v1", "kind": "Provider", "metadata": {"name": "box"},
+            "spec": {"settings": {"type": "local"}, "concurrency": 1}}))
+        state_repo.write("desired/count.yaml", yaml.safe_dump({
+            "apiVersion": "reconciler.dev/v1", "kind": "Job", "metadata": {"name": "count"},
+            "spec": {"command": counter(0.02), "target_steps": 20, "checkpoint_every": 5,
+                     "secrets": ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"],
+                     "env": {"AWS_DEFAULT_REGION": "us-east-1"},
+                     "placement": {"providers": ["lit", "box"]}}}))
+        state_repo.commit("a job that prefers Lightning, whose key is wrong")
+        errors: list[str] = []
+        final = tick_until(Reconciler(state_repo.path), lambda r: r.all_terminal, timeout=90,
+                           each=lambda r: errors.extend(r.errors))
+        st = final.statuses["count"]
+        assert st.phase == Phase.SUCCEEDED, st
+        assert {a.provider for a in st.attempts} == {"box"}
+        refused = [e for e in errors if "lightning provider 'lit'" in e and "credentials" in e]
+        assert refused, errors
+        assert "LIGHTNING_API_KEY" in refused[0]  # where the key is read from
+        history = subprocess.run(["git", "-C", str(state_repo.path), "log", "-p", "--all"], capture_output=True,
+                                 text=True, check=True).stdout
+        assert WRONG_KEY not in history and all(WRONG_KEY not in e for e in errors)
+    finally:
+        fake.close()
+
+
+def test_the_status_ledger_holds_the_providers_balance(
+        state_repo: StateRepoFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        s3_endpoint: str) -> None:  # noqa: F811 - a fixture
+    from tests.fakes.lightning import API_KEY
+
+    fake = FakeLightning(tmp_path / "machines")
+    try:
+        fake.set_balance(12.5)
+        bucket = make_bucket(s3_endpoint)
+        for name, value in {**S3_CREDENTIALS, "LIGHTNING_USER_ID": USER_ID, "LIGHTNING_API_KEY": API_KEY}.items():
+            monkeypatch.setenv(name, value)
+        state_repo.write("reconciler.yaml", f"storage: s3://{bucket}/runs\n"
+                                            f"storage_options: {{endpoint_url: '{s3_endpoint}'}}\n")
+        settings = LightningSettings(api_url=fake.url, project_id=fake.project_id, min_credits=20)
+        state_repo.write("desired/lit.yaml", provider_manifest("lit", settings))
+        state_repo.write("desired/job.yaml", yaml.safe_dump({
+            "apiVersion": "reconciler.dev/v1", "kind": "Job", "metadata": {"name": "job"},
+            "spec": {"command": [sys.executable, "-c", "pass"], "placement": {"providers": ["lit"]}}}))
+        state_repo.commit("a job on Lightning with too few credits")
+        report = Reconciler(state_repo.path).tick()
+        st = report.statuses["job"]
+        assert st.phase == Phase.PENDING and not report.actions
+        assert "lit: credits: $12.50 left" in st.message and "$20 kept aside" in st.message
+        ledger = yaml.safe_load(state_repo.git("show", "HEAD:status/providers.yaml"))
+        line = next(x for x in ledger["providers"] if x["provider"] == "lit")
+        assert (line["unit"], line["remaining"]) == ("credits", 12.5)
+    finally:
+        fake.close()
