@@ -294,14 +294,39 @@ def status(repo: RepoOption = Path("."), as_json: Annotated[bool, typer.Option("
     if as_json:
         console.print_json(json.dumps(rows))
         return
+    ledger = _ledger_rows(rec.repo.read_file(commit, "status/providers.yaml"))
     table = Table("job", "phase", "progress", "attempts", "interruptions", "failures", "message")
     for r in rows:
         prog = f"{r['step']}/{r['target']} (saved {r['durable']})" if r["target"] else str(r["step"])
         table.add_row(str(r["job"]), str(r["phase"]), prog, str(r["attempts"]), str(r["interruptions"]),
                       str(r["failures"]), str(r["message"]))
     console.print(table)
+    if ledger:
+        console.print(_ledger_table(ledger))
     for e in desired.errors:
         err.print(f"[red]error:[/red] {e}")
+
+
+def _ledger_rows(text: bytes | None) -> list[dict]:
+    """The provider ledger as the last status commit wrote it (status/providers.yaml)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(text) if text else None
+    except yaml.YAMLError:
+        return []
+    rows = data.get("providers") if isinstance(data, dict) else None
+    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+
+
+def _ledger_table(ledger: list[dict]) -> Table:
+    table = Table("provider", "left (provider's word)", "refills", "used this period", "cost", title="providers")
+    for x in ledger:
+        left = "" if x.get("remaining") is None else (
+            f"${x['remaining']:.2f} credits" if x.get("unit") == "credits" else f"{x['remaining']} {x.get('unit')}")
+        used = f"{x.get('worker_hours', 0)} h" + (f" ({x['gpu_hours']} GPU h)" if x.get("gpu_hours") else "")
+        table.add_row(str(x.get("provider")), left, str(x.get("resets_at") or ""), used, f"${x.get('cost_usd', 0):.2f}")
+    return table
 
 
 @app.command()

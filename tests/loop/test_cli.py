@@ -59,6 +59,7 @@ def test_status_lists_jobs_with_progress(state_repo: StateRepoFixture) -> None:
     assert rows[0]["step"] == 60 and rows[0]["target"] == 60
     table = cli("status", "--repo", str(state_repo.path)).stdout
     assert "count" in table and "Succeeded" in table and "60/60" in table
+    assert "providers" in table and "used this period" in table  # the ledger of the last status commit
 
 
 def test_secret_reaches_the_worker_but_never_git_or_status(state_repo: StateRepoFixture, tmp_path: Path) -> None:
