@@ -92,6 +92,7 @@ class Progress:
     target: int | None
     time: float
     metrics: dict[str, float]
+    stopping: str | None = None  # the worker's last beat before a stop: "deadline", "signal" or "request"
 
 
 @dataclass(frozen=True)
@@ -787,6 +788,7 @@ class RunFolder:
                 target=int(data["target"]) if data.get("target") is not None else None,
                 time=float(data.get("time", 0.0)),
                 metrics={k: float(v) for k, v in (data.get("metrics") or {}).items()},
+                stopping=str(data["stopping"]) if data.get("stopping") else None,
             )
         except (TypeError, ValueError):
             return None

@@ -84,6 +84,12 @@ def _evidence_verdict(attempt: Attempt, state: WorkerState, run: RunObservation,
             return Verdict(Outcome.INTERRUPTION, f"interrupted: {word}, after a new checkpoint")
         return Verdict(Outcome.JOB_ERROR, f"{word} before any new checkpoint; without the provider's word that "
                                           "it was preempted, this counts as a failure")
+    if state.exit_code == EXIT_INTERRUPTED and run.heartbeat_epoch == attempt.epoch \
+            and run.heartbeat_stopping == "deadline":
+        # The SDK saw RECONCILER_DEADLINE (the provider's session end, or the job's own deadline,
+        # which the planner enforces itself) and saved in time: a session end even when the
+        # provider's warning never came or came later (Slurm checks its warnings every 30 s).
+        return Verdict(Outcome.SESSION_END, "worker checkpointed and stopped before its session's end (exit 75)")
     if state.exit_code == EXIT_INTERRUPTED:
         return Verdict(Outcome.INTERRUPTION, "worker checkpointed and exited on a stop notice (exit 75)")
     if state.exit_code == 0:

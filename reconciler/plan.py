@@ -50,6 +50,7 @@ class RunObservation:
     heartbeat_step: int | None = None
     heartbeat_epoch: int | None = None
     heartbeat_time: float | None = None
+    heartbeat_stopping: str | None = None  # the SDK's last beat said why it stops: deadline, signal, request
     done: bool = False
     done_time: float | None = None  # the worker's clock when it wrote the completion record
     error: str | None = None  # storage could not be read

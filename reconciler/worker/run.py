@@ -108,6 +108,7 @@ class Run:
         self.restored: dict[str, Any] = {}
         self.stop_signal: int | None = None
         self.stop_reason: str | None = None  # the reconciler's stop request (stop.json), once seen
+        self._stopping: str | None = None  # why the last beat is the last: written for the reconciler
         self._stop_at = 0.0
         self._pool = snapshot.io_pool()
         self._upload: threading.Thread | None = None
@@ -194,6 +195,8 @@ class Run:
                 sys.stderr.flush()
                 os._exit(EXIT_INTERRUPTED)
         self.wait()
+        self._stopping = "signal" if self.stop_signal else (
+            "request" if self.stop_reason else "deadline")  # read by the reconciler: which kind of end
         self._heartbeat(step, {}, force=True)
         self.close()
         raise SystemExit(EXIT_INTERRUPTED)
@@ -321,6 +324,7 @@ class Run:
             "target": self.target,
             "time": time.time(),
             "metrics": {k: float(v) for k, v in metrics.items()},
+            **({"stopping": self._stopping} if self._stopping else {}),
         }
         try:
             self._progress_tag = self.folder.write_progress(self.epoch, record, self._progress_tag)

@@ -1,6 +1,8 @@
-"""Quota and credits as planned resources (issue 9): a provider's own allowance, as its API reports
-it (Kaggle's weekly GPU hours, Lightning AI's credits), decides whether one more worker may start
-there; the provider's own bill, when it reports one, is what an attempt costs."""
+"""What hosted providers taught the planner (issue 9). A provider's own allowance, as its API
+reports it (Kaggle's weekly GPU hours, Lightning AI's credits), decides whether one more worker may
+start there; the provider's own bill is what an attempt costs; an interruption notice asks the
+worker to save; a worker that stopped for its deadline ended a session; one that cannot reach
+storage is charged once."""
 
 from __future__ import annotations
 
@@ -110,3 +112,16 @@ def test_free_quota_hours_bind_by_our_own_ledger_when_the_provider_reports_none(
     assert launched(p) == ["paid"]  # 2.8 h used of 2 free hours this week
     fresh = plan(desired(job_yaml(), providers=free), Observed(), {}, NOW)
     assert launched(fresh) == ["free"]
+
+
+@pytest.mark.parametrize(("stopping", "outcome"), [("deadline", Outcome.SESSION_END), ("signal", Outcome.INTERRUPTION),
+                                                   (None, Outcome.INTERRUPTION)])
+def test_an_exit_75_after_the_sdk_saw_its_deadline_is_a_session_end(stopping: str | None, outcome: Outcome) -> None:
+    d = desired(job_yaml())
+    run_id = d.jobs["train"].run_id()
+    ref, _ = running("train", run_id, 1)
+    run = RunObservation(lease_epoch=1, durable_step=40, heartbeat_step=40, heartbeat_epoch=1,
+                         heartbeat_stopping=stopping)
+    p = plan(d, Observed(workers={ref: WorkerState(WorkerPhase.EXITED, 75, "COMPLETED")},
+                         runs={("train", run_id): run}), {"train": with_attempt(d)}, NOW)
+    assert p.statuses["train"].attempts[0].outcome == outcome
