@@ -51,6 +51,7 @@ import hashlib
 import json
 import os
 import re
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -80,6 +81,9 @@ EXIT_INTERRUPTED = 75
 # which the bootstrap sets `save_margin_seconds` before Kaggle's cut: an exit 75 with less than
 # margin + this left of the session is the session ending, not a stop request.
 SDK_MAX_MARGIN = 1800.0
+# Kernels whose last run began longer ago than this are not read: a session lasts at most 12 hours,
+# so they ended long ago, and an account's old kernels would otherwise be read after every restart.
+RECENT_DAYS = 7
 FINAL = frozenset({"COMPLETE", "ERROR", "CANCEL_ACKNOWLEDGED"})
 SESSION_WORDS = re.compile(r"session|time ?limit|timed? ?out|maximum.*(time|hours|runtime)", re.IGNORECASE)
 CREDENTIAL_PLACES = ("$KAGGLE_API_TOKEN (a token or a file holding one), ~/.kaggle/access_token, "
@@ -369,19 +373,20 @@ class KaggleAdapter:
         return seen
 
     def _list_slugs(self, page_size: int = 100, max_pages: int = 20) -> list[str]:
-        """Slugs of the account's `rc-` kernels (the CLI's `kernels list --mine`, every page)."""
+        """Slugs of the account's `rc-` kernels run in the last RECENT_DAYS (the CLI's `kernels list
+        --mine`, newest run first, page after page until the runs are older than that)."""
         body: dict[str, Any] = {"group": "PROFILE", "user": self.username, "sortBy": "DATE_RUN",
                                 "pageSize": page_size, "kernelType": "all", "language": "all", "outputType": "all"}
+        since = time.time() - RECENT_DAYS * 86400
         slugs: list[str] = []
         for _ in range(max_pages):
             answer = self._rpc("ListKernels", body)
-            for item in answer.get("kernels") or []:
-                ref = str(item.get("ref") or "") if isinstance(item, dict) else ""
-                slug = ref.rsplit("/", 1)[-1]
-                if slug.startswith(SLUG_PREFIX):
-                    slugs.append(slug)
+            items = [i for i in answer.get("kernels") or [] if isinstance(i, dict)]
+            recent = [i for i in items if (timestamp(i.get("lastRunTime")) or since) >= since]
+            names = (str(i.get("ref") or "").rsplit("/", 1)[-1] for i in recent)
+            slugs += [name for name in names if name.startswith(SLUG_PREFIX)]
             token = answer.get("nextPageToken")
-            if not token:
+            if not token or len(recent) < len(items):
                 break
             body["pageToken"] = token
         return slugs

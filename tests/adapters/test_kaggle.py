@@ -320,3 +320,32 @@ def test_another_owners_kernels_are_counted_never_returned(fake: FakeKaggle, tmp
     assert ours.logs(their_ref, 10) == ""
     assert adapter(fake, owner="*").observe()[their_ref].phase is WorkerPhase.RUNNING
     assert ours.capacity() is not None and ours.free_slots() is None
+
+
+def test_kernels_last_run_more_than_a_week_ago_are_not_read(fake: FakeKaggle, tmp_path: Path) -> None:
+    kaggle = adapter(fake)
+    ref = kaggle.launch(probe(tmp_path))
+    wait_state(kaggle, ref, ended)
+    machine = fake.kernels[slug(ref.id)].machine
+    assert machine is not None and machine.started_at is not None
+    machine.started_at -= 8 * 86400
+    fresh = adapter(fake)
+    assert fresh.observe() == {} and "GetKernel" not in fake.calls[-3:]
+
+
+def test_the_fake_runs_standalone_and_prints_its_url(tmp_path: Path) -> None:
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, "-m", "tests.fakes.kaggle", "--token", "kt-standalone",
+                             "--workdir", str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parents[2])
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        url = line.split(" at ", 1)[1].split()[0]
+        answer = httpx.post(f"{url}/v1/kernels.KernelsApiService/GetAcceleratorQuotaStatistics", json={},
+                            headers={"Authorization": "Bearer kt-standalone"})
+        assert answer.status_code == 200 and answer.json()["gpuQuota"]["totalTimeAllowed"] == "108000s"
+    finally:
+        proc.kill()
+        proc.wait()
