@@ -28,11 +28,11 @@ State table (GetKernelSessionStatus `status` -> WorkerState; `provider_state` ke
 |-------------------------------------|----------------|-----------------------------------------------|
 | (no `status`: QUEUED), NEW_SCRIPT   | pending        |                                               |
 | RUNNING                             | running        |                                               |
-| COMPLETE                            | exited(code)   | the bootstrap's exit record (0 if none)       |
-| ERROR with an exit record           | exited(code)   | code, signal, reason of the bootstrap         |
+| ERROR whose failureMessage names    | session-limit  | Kaggle's cut (the record, if any, shows only  |
+|   the session or time limit         |                | the kill)                                     |
 | ERROR, record code 75 near the cut  | session-limit  | the SDK saved and left before Kaggle's cut    |
-| ERROR, no record, message or clock  | session-limit  | failureMessage names the session/time limit   |
-|   say the session limit             |                |                                               |
+| COMPLETE / ERROR with an exit record| exited(code)   | code, signal, reason of the bootstrap         |
+| COMPLETE without a record           | exited(0)      |                                               |
 | ERROR otherwise                     | exited(1)      | failureMessage in detail                      |
 | CANCEL_REQUESTED/ACKNOWLEDGED       | preempted      | cancelled on Kaggle, not by the reconciler    |
 | kernel gone (404)                   | lost           |                                               |
@@ -214,12 +214,13 @@ def kernel_state(status: str, failure: str, log: str, session_margin: float) -> 
         return WorkerState(WorkerPhase.PREEMPTED, provider_state=word,
                            detail="cancelled on Kaggle, not by the reconciler")
     record = parse_exit_record(log)
+    if word == "ERROR" and SESSION_WORDS.search(failure):  # Kaggle's cut: the record may show only its SIGKILL
+        code = record.get("code") if record is not None else None
+        return WorkerState(WorkerPhase.SESSION_LIMIT, code if isinstance(code, int) else None, word, failure)
     if record is not None:
         return _from_record(word, record, failure, session_margin)
     if word == "COMPLETE":
         return WorkerState(WorkerPhase.EXITED, 0, word)
-    if word == "ERROR" and SESSION_WORDS.search(failure):
-        return WorkerState(WorkerPhase.SESSION_LIMIT, None, word, failure)
     if word == "ERROR":
         return WorkerState(WorkerPhase.EXITED, 1, word, failure or "Kaggle gave no reason")
     return WorkerState(WorkerPhase.LOST, provider_state=word, detail="a status this adapter does not know")

@@ -349,3 +349,9 @@ def test_the_fake_runs_standalone_and_prints_its_url(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_kaggles_session_cut_wins_over_the_kill_it_caused() -> None:
+    killed = 'reconciler-bootstrap: exit {"code": -9, "signal": "SIGKILL"}\n'
+    state = kernel_state("ERROR", "Your notebook hit the maximum session time of 43200 seconds", killed, 600)
+    assert (state.phase, state.exit_code) == (WorkerPhase.SESSION_LIMIT, -9)
