@@ -54,6 +54,9 @@ class WorkerState:
     signal: str | None = None  # the signal that ended the command, e.g. "SIGSEGV" (phase EXITED)
     oom: bool = False  # the provider says the kernel or the scheduler killed it for memory
     ended_at: float | None = None  # when the command ended, if the provider can tell (for billing)
+    cost_usd: float | None = None  # what the provider billed for this worker so far, if it says (Lightning)
+    notice: str = ""  # the provider announced it will take the worker away (Lightning's interruption
+    # notice): the worker is still running; the planner asks it to save and leave through the run folder
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ ADAPTERS: dict[str, tuple[str, str]] = {
     "sim": ("adapters.sim", "SimAdapter"),
     "kaggle": ("adapters.kaggle", "KaggleAdapter"),
     "lightning": ("adapters.lightning", "LightningAdapter"),
+    "vast": ("adapters.vast", "VastAdapter"),
+    "runpod": ("adapters.runpod", "RunpodAdapter"),
 }
 
 

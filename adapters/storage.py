@@ -6,6 +6,7 @@ Layout of one run (DESIGN.md §3)::
     <storage>/<job>/<run-id>/progress.json                   heartbeat of the live attempt
     <storage>/<job>/<run-id>/checkpoints/<step>-e<epoch>/... payload, then COMMIT.json (written last)
     <storage>/<job>/<run-id>/done.json                       completion record, created once
+    <storage>/<job>/<run-id>/stop.json                       the reconciler's stop request (epoch, reason)
 
 Fencing. The lease is changed only by compare-and-swap: on S3 by `If-Match` on the object's
 ETag (and `If-None-Match: *` to create it); on local disk and other stores by exclusive creation
@@ -54,6 +55,7 @@ log = logging.getLogger(__name__)
 CHECKPOINT_DIR = re.compile(r"^(?P<step>\d+)-e(?P<epoch>\d+)$")
 COMMIT_FILE = "COMMIT.json"
 LEASE_FILE = "lease.json"
+STOP_FILE = "stop.json"
 LEASE_LOG = ".lease"
 # How many acknowledged checkpoint names the lease remembers (collection keeps far fewer).
 LEASE_REMEMBERS = 32
@@ -788,6 +790,48 @@ class RunFolder:
             )
         except (TypeError, ValueError):
             return None
+
+    # ---- stop requests ------------------------------------------------------------------------------------
+    def request_stop(self, epoch: int, reason: str) -> None:
+        """Ask every attempt up to `epoch` to stop at its next heartbeat (final checkpoint, exit 75).
+
+        The only stop a provider without a cancel API (Kaggle) has, and a clean one for the others.
+        Not fenced: the reconciler writes it, and a later attempt (a higher epoch) is not affected
+        by it. A request that already covers `epoch` is left alone, so stopping an old zombie does
+        not withdraw the stop of the attempt after it.
+        """
+        if self.stop_request(epoch) is not None:
+            return
+        self.write_json(STOP_FILE, {"epoch": int(epoch), "reason": reason, "time": time.time()})
+
+    def stop_request(self, epoch: int) -> str | None:
+        """The reason of a stop request that applies to `epoch`, else None; one small read.
+
+        A torn or foreign stop.json reads as no request: a bad file must never end training.
+        Raises StorageError only when the store cannot be read (the caller decides what that means).
+        """
+        blob = self.read_bytes(STOP_FILE)
+        if blob is None:
+            return None
+        try:
+            data = json.loads(blob)
+            applies = int(data["epoch"]) >= epoch
+            reason = str(data.get("reason") or "no reason given")
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None
+        return reason if applies else None
+
+    # ---- attempt logs ------------------------------------------------------------------------------------
+    def write_attempt_log(self, epoch: int, text: str) -> None:
+        """The tail of attempt `epoch`'s output, for providers without a log API (RunPod): written by
+        the hosted bootstrap, read by the reconciler for the status of a failed attempt. Not fenced:
+        each attempt writes only its own file."""
+        self.write_bytes(f"logs/e{int(epoch)}.log", text.encode())
+
+    def attempt_log(self, epoch: int) -> str:
+        """What `write_attempt_log` wrote for `epoch`, or '' (never raises for a missing file)."""
+        blob = self.read_bytes(f"logs/e{int(epoch)}.log")
+        return blob.decode(errors="replace") if blob else ""
 
     # ---- completion ---------------------------------------------------------------------------------------
     def mark_done(self, epoch: int, record: dict[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,12 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 UNIX_USER = re.compile(r"[a-z_][a-z0-9_-]*\$?")
 HOST_ADDRESS = re.compile(r"[A-Za-z0-9_:]([A-Za-z0-9._:%-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.%A-Za-z]+\]")
 IDENTITY = re.compile(r"[a-z0-9][a-z0-9-]{2,39}")
+# Variables that hold credentials by every tool's convention: a value under `env:` would be in git
+# for good, so these must be named under `secrets:` (their values come from the reconciler's
+# environment, or the provider's own secret store for hosted providers).
+CREDENTIAL_ENV = re.compile(
+    r"AWS_SECRET_ACCESS_KEY|AWS_SESSION_TOKEN|KAGGLE_KEY|KAGGLE_API_TOKEN|LIGHTNING_API_KEY|LIGHTNING_AUTH_TOKEN"
+    r"|HF_TOKEN|HUGGING_FACE_HUB_TOKEN|WANDB_API_KEY|VAST_API_KEY|RUNPOD_API_KEY|.*_(PASSWORD|PASSWD|SECRET)")
 RESERVED_ENV = frozenset({
     "RECONCILER_JOB", "RECONCILER_RUN_URI", "RECONCILER_RUN_ID", "RECONCILER_EPOCH",
     "RECONCILER_DEADLINE", "RECONCILER_CHECKPOINT_EVERY", "RECONCILER_TARGET_STEPS",
@@ -168,6 +174,10 @@ class JobSpec(Strict):
     @classmethod
     def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
         check_env_names(list(v), "variable")
+        held = sorted(k for k in v if CREDENTIAL_ENV.fullmatch(k))
+        if held:
+            raise ValueError(f"{', '.join(held)} holds a credential: name it under `secrets:` instead of `env:`, "
+                             "since every value in a manifest stays in git's history")
         return v
 
     @field_validator("secrets")
@@ -336,10 +346,39 @@ class LightningSettings(HostedSettings):
         default=0.0, ge=0, description="credits kept aside: nothing starts that would dip below them")
 
 
-HOSTED_PROVIDER_TYPES = frozenset({"kaggle", "lightning"})
+class VastSettings(HostedSettings):
+    """Vast.ai: rent the best offer for the job (price and reliability), interruptible by bid."""
+
+    type: Literal["vast"] = "vast"
+    api_url: str = "https://console.vast.ai"
+    image: str = Field(default="pytorch/pytorch:latest", description="container image when the job names none")
+    interruptible: bool = Field(default=True, description="bid for interruptible instances (cheaper, may be outbid)")
+    max_price_per_hour: float | None = Field(default=None, gt=0, description="never bid or rent above this, $/h")
+    min_reliability: float = Field(default=0.98, ge=0, le=1)
+    disk_gb: float = Field(default=20.0, gt=0)
+    verified_only: bool = True
+    loading_timeout_seconds: float = Field(
+        default=900.0, gt=0, description="an instance still loading after this is destroyed (capacity unavailable)")
+
+
+class RunpodSettings(HostedSettings):
+    """RunPod pods through its GraphQL API: spot by bid, or on-demand."""
+
+    type: Literal["runpod"] = "runpod"
+    api_url: str = "https://api.runpod.io"
+    gpu_type_id: str = Field(default="NVIDIA GeForce RTX 4090", description="RunPod's GPU type id")
+    cloud_type: Literal["SECURE", "COMMUNITY", "ALL"] = "SECURE"
+    interruptible: bool = Field(default=True, description="spot pods: SIGTERM then SIGKILL 5 s later when outbid")
+    bid_per_gpu: float | None = Field(default=None, gt=0, description="spot bid, $/h per GPU; unset = the minimum bid")
+    image: str = Field(default="runpod/pytorch:latest", description="container image when the job names none")
+    container_disk_gb: int = Field(default=20, ge=1)
+
+
+HOSTED_PROVIDER_TYPES = frozenset({"kaggle", "lightning", "vast", "runpod"})
 
 ProviderSettings = Annotated[
-    LocalSettings | SshSettings | SlurmSettings | SimSettings | KaggleSettings | LightningSettings,
+    LocalSettings | SshSettings | SlurmSettings | SimSettings | KaggleSettings | LightningSettings | VastSettings
+    | RunpodSettings,
     Field(discriminator="type"),
 ]
 

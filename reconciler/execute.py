@@ -1,7 +1,9 @@
 """The executor: carries out the planner's actions and reports what happened. It decides nothing.
 
 A launch bumps the run's lease epoch in storage BEFORE the worker starts, so that any older
-worker of the run is fenced out by the time the new one can write.
+worker of the run is fenced out by the time the new one can write. A terminate writes a stop
+request to the run's folder BEFORE asking the provider, so that a worker that heartbeats saves and
+exits even where the provider has no cancel API (Kaggle), and saves first where it has one.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from adapters.compute import (
 from adapters.migrate import migrate_run
 from adapters.storage import RunFolder, StorageError
 from desired.models import Job, Settings
-from reconciler.plan import Action, Launch, LaunchResult, MoveResult, MoveRunData, Terminate
+from reconciler.plan import Action, Launch, LaunchResult, MoveResult, MoveRunData, RequestStop, Terminate
 
 log = logging.getLogger("reconciler")
 
@@ -66,22 +68,45 @@ def execute(actions: list[Action], *, jobs: dict[str, Job], adapters: dict[str, 
     report = ExecutionReport()
     for action in actions:
         if isinstance(action, Terminate):
-            adapter = adapters.get(action.ref.provider)
-            if adapter is None:
-                report.errors.append(f"cannot terminate {action.ref.id}: provider {action.ref.provider!r} is gone")
-                continue
-            try:
-                adapter.terminate(action.ref)
-                report.terminated.append(action)
-                log.info("terminated %s on %s: %s", action.ref.id, action.ref.provider, action.reason)
-            except Exception as exc:  # a provider failure must not stop the other actions
-                report.errors.append(f"terminate {action.ref.id} on {action.ref.provider} failed: {exc}")
+            _terminate(action, adapters, settings, report)
             continue
         if isinstance(action, MoveRunData):
             report.moves.append(_move(action, settings))
             continue
+        if isinstance(action, RequestStop):
+            request_stop(action, settings)
+            continue
         report.launches.append(_launch(action, jobs[action.job], adapters, settings, environ))
     return report
+
+
+def _terminate(action: Terminate, adapters: dict[str, ComputeAdapter], settings: Settings,
+               report: ExecutionReport) -> None:
+    """Stop request first (it works even when the provider is gone or cannot cancel), then the provider."""
+    request_stop(action, settings)
+    adapter = adapters.get(action.ref.provider)
+    if adapter is None:
+        report.errors.append(f"cannot terminate {action.ref.id}: provider {action.ref.provider!r} is gone")
+        return
+    try:
+        adapter.terminate(action.ref)
+        report.terminated.append(action)
+        log.info("terminated %s on %s: %s", action.ref.id, action.ref.provider, action.reason)
+    except Exception as exc:  # a provider failure must not stop the other actions
+        report.errors.append(f"terminate {action.ref.id} on {action.ref.provider} failed: {exc}")
+
+
+def request_stop(action: Terminate | RequestStop, settings: Settings) -> None:
+    """Write the stop request for the worker's epoch to its run folder. Best effort: a store that
+    cannot be written is logged and the provider's terminate still goes ahead."""
+    ref = action.ref
+    store = action.store or settings.storage
+    try:
+        folder = RunFolder.for_run(store, ref.job, ref.run_id, store_options(store, settings))
+        folder.request_stop(ref.epoch, action.reason)
+    except Exception as exc:  # noqa: BLE001 - any storage failure: the terminate must still happen
+        log.warning("%s: could not write the stop request for %s to %s (%s); terminating through %s only",
+                    ref.job, ref.id, store, exc, ref.provider)
 
 
 def store_options(store: str, settings: Settings) -> dict[str, str]:

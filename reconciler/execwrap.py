@@ -9,6 +9,9 @@ maps its exit onto the contract of DESIGN.md §3:
 - RECONCILER_DEADLINE near -> the child gets SIGTERM RECONCILER_GRACE seconds (default 30) before
                               it, exit 75, as for a forwarded SIGTERM; the command is not started
                               at all when the deadline is already that close
+- a stop request (stop.json
+  in the run folder, read
+  at each heartbeat)       -> the child gets SIGTERM, exit 75, as for a forwarded SIGTERM
 - the attempt was replaced -> the child is terminated, exit 75, nothing more is written
 - otherwise                -> the child's exit code (128+N when it died of signal N)
 
@@ -176,7 +179,8 @@ def _run_child(args: list[str], att: _Attempt, notice: _Notice) -> int:
 
 
 def _watch(child: subprocess.Popen[bytes], att: _Attempt, notice: _Notice) -> int | None:
-    """Heartbeat until the child exits (its code); SIGTERM it near the deadline. None: replaced."""
+    """Heartbeat until the child exits (its code); SIGTERM it near the deadline or on a stop
+    request. None: replaced."""
     next_beat = 0.0
     while True:
         try:
@@ -192,6 +196,9 @@ def _watch(child: subprocess.Popen[bytes], att: _Attempt, notice: _Notice) -> in
                 _say(f"attempt epoch {att.epoch} was replaced; stopping the command")
                 _stop(child)
                 return None
+            if notice.signalled is None and (reason := _stop_request(att)) is not None:
+                _say(f"stop requested by the reconciler: {reason}; asking the command to stop (SIGTERM)")
+                notice(signal.SIGTERM)
 
 
 def _finish(code: int, att: _Attempt) -> int:
@@ -224,6 +231,15 @@ def _beat(att: _Attempt) -> bool:
     except StorageError as exc:
         _say(f"heartbeat failed (will retry): {exc}")
     return True
+
+
+def _stop_request(att: _Attempt) -> str | None:
+    """The reconciler's stop request for this attempt, if any. Unreadable storage is no request:
+    the command keeps running and the next heartbeat looks again."""
+    try:
+        return att.folder.stop_request(att.epoch)
+    except StorageError:
+        return None
 
 
 def _stop(child: subprocess.Popen[bytes], grace: float = 10.0) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from adapters.compute import WorkerPhase, WorkerState
+from adapters.hosted import STORAGE_UNREACHABLE
 from desired.models import ExitCodeRule, Job
 from status.models import Attempt, JobStatus, Outcome
 
@@ -28,6 +29,7 @@ class Verdict:
     outcome: Outcome
     detail: str
     fail_now: bool = False  # the job's own exit-code rule says: no retry
+    avoid_provider: bool = False  # the worker could not even reach run storage from this provider
 
 
 def exit_rule(job: Job, code: int | None) -> ExitCodeRule | None:
@@ -51,6 +53,11 @@ def classify(job: Job, attempt: Attempt, state: WorkerState, run: RunObservation
         return Verdict(Outcome.SESSION_END, f"session limit reached: {word}")
     if state.exit_code == 0 and run.done:
         return Verdict(Outcome.SUCCEEDED, "completed")
+    if state.exit_code == STORAGE_UNREACHABLE and "cannot reach run storage" in state.detail:
+        # Charged once, and that provider is avoided for a while: relaunching there would only
+        # repeat it (missing storage secrets, a firewall), and the job must not loop on it.
+        return Verdict(Outcome.JOB_ERROR, f"the worker cannot reach run storage from {attempt.provider}: "
+                       f"{state.detail}", avoid_provider=True)
     return _rule_verdict(job, state) or _evidence_verdict(attempt, state, run, word)
 
 
@@ -94,8 +101,10 @@ def end_time(attempt: Attempt, now: float, *candidates: float | None) -> float:
 
 
 def close(attempt: Attempt, outcome: Outcome, now: float, run: RunObservation, detail: str = "",
-          exit_code: int | None = None, price_per_hour: float = 0.0, ended: float | None = None) -> Attempt:
-    """The attempt, ended at `ended` (default now) and billed up to then."""
+          exit_code: int | None = None, price_per_hour: float = 0.0, ended: float | None = None,
+          billed: float | None = None) -> Attempt:
+    """The attempt, ended at `ended` (default now) and billed up to then: the provider's own bill
+    when it reports one (`billed`), else the provider's price over the attempt's time."""
     end = now if ended is None else end_time(attempt, now, ended)
     heartbeat = run.heartbeat_step if run.heartbeat_epoch == attempt.epoch else None
     lost = 0
@@ -110,7 +119,7 @@ def close(attempt: Attempt, outcome: Outcome, now: float, run: RunObservation, d
         "exit_code": exit_code,
         "step_end": run.durable_step,
         "steps_lost": lost,
-        "cost_usd": round(hours * price_per_hour, 4),
+        "cost_usd": round(billed if billed is not None else hours * price_per_hour, 4),
         "unseen_since": None,
     })
 

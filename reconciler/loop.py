@@ -16,18 +16,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO
 
-from adapters.compute import ComputeAdapter, ProviderConfigError, WorkerPhase, WorkerRef
+from adapters.compute import Allowance, ComputeAdapter, ProviderConfigError, WorkerPhase, WorkerRef
 from adapters.gitrepo import DESIRED_DIR, STATUS_DIR, GitError, StateRepo
 from adapters.leader import Election, Leadership
 from adapters.registry import make_adapter
 from adapters.storage import RunFolder, StorageError
-from desired.models import Capacity, Provider
+from desired.models import Capacity, Provider, Settings
 from desired.parse import SETTINGS_FILE, DesiredState, parse_desired, parse_settings
 from reconciler.clock import Clock, SystemClock
 from reconciler.execute import execute, store_options
+from reconciler.ledger import build_ledger
 from reconciler.plan import CONFIRM_CANCEL_TRAILER, Observed, Plan, RunObservation, apply_results, plan
 from reconciler.redaction import secret_values
-from status.models import JobStatus, parse_status, render_index, render_status
+from status.models import JobStatus, ProviderLedger, parse_status, render_index, render_ledger, render_status
 from status.redact import Redactor, redact_data
 
 log = logging.getLogger("reconciler")
@@ -201,6 +202,7 @@ class Reconciler:
             observed.workers.update(workers)
             if desired.providers[name].spec.resources is None:
                 observed.capacity.update(_reported_capacity(name, adapter))
+            observed.allowances.update(_reported_allowance(name, adapter))
             self._note_foreign(name, getattr(adapter, "foreign_workers", 0))
         runs = {(name, job.run_id()) for name, job in desired.jobs.items()}
         runs |= {(st.job, st.run_id) for st in recorded.values() if st.run_id and not st.phase.terminal}
@@ -224,10 +226,17 @@ class Reconciler:
                 continue
             for ref in failed.get((st.job, st.run_id, att.epoch), ()):
                 try:
-                    observed.logs[ref] = adapters[ref.provider].logs(ref, 40)
+                    observed.logs[ref] = adapters[ref.provider].logs(ref, 40) or self._stored_log(
+                        observed.run_storage.get((st.job, st.run_id), settings.storage), ref, settings)
                 except Exception as exc:
                     observed.logs[ref] = f"(log unavailable: {exc})"
         return observed
+
+    @staticmethod
+    def _stored_log(store: str, ref: WorkerRef, settings: Settings, lines: int = 40) -> str:
+        """The tail a hosted bootstrap copied into the run folder, for providers with no log API."""
+        text = RunFolder.for_run(store, ref.job, ref.run_id, store_options(store, settings)).attempt_log(ref.epoch)
+        return "\n".join(text.splitlines()[-lines:])
 
     def _note_foreign(self, provider: str, count: int) -> None:
         """One log line when the number of other repositories' workers on a provider changes."""
@@ -359,13 +368,16 @@ class Reconciler:
         report.errors.extend(result.errors)
         durable = {k: v.durable_step for k, v in observed.runs.items()}
         apply_results(the_plan, result.launches, now, durable, result.moves)
-        self._commit(the_plan, recorded, desired, commit, report)
+        ledger = build_ledger(desired.providers, the_plan.statuses.values(), desired.jobs, observed.allowances, now)
+        self._commit(the_plan, recorded, desired, commit, report, ledger)
         for err in report.errors:
             log.warning("%s", err)
         return report
 
     def _commit(self, the_plan: Plan, recorded: dict[str, JobStatus], desired: DesiredState, commit: str,
-                report: TickReport) -> None:
+                report: TickReport, ledger: list[ProviderLedger] | None = None) -> None:
+        """Writes the changed job statuses, the index and the provider ledger (which rides along with
+        a status change, never commits alone: its figures move every tick)."""
         self._learn_secrets(desired)
         files: dict[str, str | None] = {}
         changes = []
@@ -391,7 +403,9 @@ class Reconciler:
                     report.errors.append(str(exc))
             return
         index = render_index([self._redacted(st) for st in the_plan.statuses.values()],
-                             [str(e) for e in desired.errors])
+                             [str(e) for e in desired.errors], ledger or [])
+        if ledger:
+            files[f"{STATUS_DIR}/providers.yaml"] = self.redactor.redact(render_ledger(ledger))
         files[f"{STATUS_DIR}/README.md"] = self.redactor.redact(index)
         report.changed = changes
         subject = changes[0] if len(changes) == 1 else f"status: {len(changes)} jobs changed"
@@ -460,13 +474,28 @@ def _reported_capacity(name: str, adapter: ComputeAdapter) -> dict[str, Capacity
     return {name: cap} if isinstance(cap, Capacity) else {}
 
 
+def _reported_allowance(name: str, adapter: ComputeAdapter) -> dict[str, Allowance]:
+    """The provider's own quota or credits, for adapters that can read them (hosted providers).
+    One that cannot be read now is unknown: placement goes on, and the provider's own refusal
+    (a quota error at launch) is capacity, not a job error."""
+    ask = getattr(adapter, "allowance", None)
+    try:
+        allowance = ask() if callable(ask) else None
+    except Exception as exc:  # noqa: BLE001 - unknown allowance never stops the tick
+        log.info("provider %s could not report its quota or credits: %s", name, exc)
+        return {}
+    return {name: allowance} if isinstance(allowance, Allowance) else {}
+
+
 def _describe(action: object) -> str:
-    from reconciler.plan import Launch, MoveRunData, Terminate
+    from reconciler.plan import Launch, MoveRunData, RequestStop, Terminate
 
     if isinstance(action, Launch):
         return f"launch {action.job} ({action.run_id}) on {action.provider}: {action.reason}"
     if isinstance(action, Terminate):
         return f"terminate {action.ref.id} on {action.ref.provider}: {action.reason}"
+    if isinstance(action, RequestStop):
+        return f"ask {action.ref.id} on {action.ref.provider} to save and stop: {action.reason}"
     if isinstance(action, MoveRunData):
         return f"move the data of {action.job} ({action.run_id}) from {action.source} to {action.target}"
     return str(action)

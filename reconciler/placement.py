@@ -2,15 +2,19 @@
 others may not. Pure.
 
 Order: free first, then cheapest, the job's preference order breaking ties; a provider that just
-interrupted this run goes last. A provider is left out when its price is above the job's cap or
+interrupted this run goes last. A provider is left out when its price is above the job's cap, when
 what it offers (its declared `spec.resources`, else what its adapter reports) cannot meet the
-job's `resources`.
+job's `resources`, or when its own allowance (Kaggle's weekly GPU hours, Lightning's credits, as
+its API reports them) cannot carry one more worker: less than `minimum` would be left, or, for
+credits, less than one hour at the provider's price above it.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
+from adapters.compute import Allowance
 from desired.models import Capacity, Job, Provider
 from status.models import JobStatus, Outcome
 
@@ -30,9 +34,27 @@ def capacity_of(provider: Provider, reported: Capacity | None) -> Capacity | Non
     return provider.spec.resources or reported
 
 
+def allowance_shortfall(job: Job, provider: Provider, allowance: Allowance | None) -> str | None:
+    """Why the provider's allowance cannot carry one more worker of this job, or None."""
+    if allowance is None or (not allowance.applies_to_cpu and job.spec.resources.gpus == 0):
+        return None
+    refill = f", refills {time.strftime('%a %d %b %H:%M UTC', time.gmtime(allowance.resets_at))}" \
+        if allowance.resets_at else ""
+    if allowance.unit == "credits":
+        needed = allowance.minimum + provider.spec.price_per_hour
+        if allowance.remaining < needed:
+            return (f"credits: ${allowance.remaining:.2f} left, one hour here needs ${needed:.2f} "
+                    f"(${allowance.minimum:g} kept aside){refill}")
+        return None
+    if allowance.remaining < max(allowance.minimum, 1e-9):
+        return (f"quota: {allowance.remaining:.1f} {allowance.unit} left, a session needs "
+                f"{allowance.minimum:g}{refill}")
+    return None
+
+
 def place(job: Job, providers: dict[str, Provider], st: JobStatus, now: float,
-          reported: dict[str, Capacity] | None = None) -> Placement:
-    reported = reported or {}
+          reported: dict[str, Capacity] | None = None, allowances: dict[str, Allowance] | None = None) -> Placement:
+    reported, allowances = reported or {}, allowances or {}
     allowed = job.spec.placement.providers or sorted(providers)
     cap = job.spec.placement.max_price_per_hour
     recent_bad = {
@@ -53,6 +75,7 @@ def place(job: Job, providers: dict[str, Provider], st: JobStatus, now: float,
             continue
         offered = capacity_of(prov, reported.get(name))
         short = offered.shortfall(job.spec.resources) if offered is not None else None
+        short = short or allowance_shortfall(job, prov, allowances.get(name))
         if short:
             out.excluded[name] = short
             continue

@@ -15,12 +15,13 @@ next one goes, in `reconciler.placement`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from adapters.compute import WorkerPhase, WorkerRef, WorkerState
+from adapters.compute import Allowance, WorkerPhase, WorkerRef, WorkerState
 from desired.models import Capacity, Job, Provider
 from desired.parse import DesiredState
 from reconciler.judge import EXIT_INTERRUPTED, classify, close, end_time, record_close
+from reconciler.ledger import WEEK, build_ledger
 from reconciler.placement import PROVIDER_COOLDOWN_SECONDS, place
 from status.models import LOG_TAIL_CHARS, MAX_ATTEMPTS_KEPT, Attempt, JobStatus, Outcome, Phase, Progress
 
@@ -29,6 +30,7 @@ __all__ = ["EXIT_INTERRUPTED", "PROVIDER_COOLDOWN_SECONDS"]
 LOST_AFTER_SECONDS = 60.0  # a worker missing from observations this long is lost
 PENDING_TIMEOUT_SECONDS = 1800.0  # a launch the provider never starts is given up on
 UNAVAILABLE_BACKOFF_SECONDS = 120.0  # a provider that refused a launch is skipped this long
+STORAGE_UNREACHABLE_BACKOFF_SECONDS = 3600.0  # a provider whose worker could not reach run storage
 STALL_MIN_OBSERVATIONS = 3  # a stall needs this many observations of the same heartbeat
 STALE_BY_WORKER_CLOCK = 3  # without observations of our own, a heartbeat this many timeouts old is a stall
 DEFAULT_STALL_SECONDS = 300.0  # stall timeout of an instrumented worker when the job sets none
@@ -65,6 +67,7 @@ class Observed:
     runs: dict[tuple[str, str], RunObservation] = field(default_factory=dict)  # (job, run_id)
     logs: dict[WorkerRef, str] = field(default_factory=dict)  # tails of exited workers
     capacity: dict[str, Capacity] = field(default_factory=dict)  # provider -> what its adapter reports
+    allowances: dict[str, Allowance] = field(default_factory=dict)  # provider -> its quota or credits now
     run_storage: dict[tuple[str, str], str] = field(default_factory=dict)  # (job, run_id) -> store it was read from
     # Providers no longer in desired/ that the status says ran workers: asked so those workers can
     # be stopped and billed, never launched on.
@@ -86,6 +89,9 @@ class Launch:
 class Terminate:
     ref: WorkerRef
     reason: str
+    # Where the run's folder is, for the stop request the executor writes there first (None: the
+    # settings' storage). A locator, not part of what is stopped, so it takes no part in equality.
+    store: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -98,7 +104,17 @@ class MoveRunData:
     target: str
 
 
-Action = Launch | Terminate | MoveRunData
+@dataclass(frozen=True)
+class RequestStop:
+    """Ask a live worker, through its run folder, to save and exit 75 at its next heartbeat, without
+    asking the provider to stop it (the provider has announced it will: an interruption notice)."""
+
+    ref: WorkerRef
+    reason: str
+    store: str | None = field(default=None, compare=False)
+
+
+Action = Launch | Terminate | MoveRunData | RequestStop
 
 
 @dataclass
@@ -154,13 +170,16 @@ class JobTick:
 
     def stop(self, ref: WorkerRef, reason: str) -> None:
         if not any(isinstance(a, Terminate) and a.ref == ref for a in self.out.actions):
-            self.out.actions.append(Terminate(ref, reason))
+            self.out.actions.append(Terminate(ref, reason, self.observed.run_storage.get((ref.job, ref.run_id))))
 
     def close_current(self, outcome: Outcome, detail: str, exit_code: int | None = None,
                       ended: float | None = None) -> None:
         assert self.current is not None
-        record_close(self.st, close(self.current, outcome, self.now, self.run, detail, exit_code,
-                                    self.price(self.current.provider), ended))
+        cur = self.current
+        billed = next((s.cost_usd for r, s in self.workers.items()
+                       if (r.provider, r.id, r.epoch) == (cur.provider, cur.worker, cur.epoch)), None)
+        record_close(self.st, close(cur, outcome, self.now, self.run, detail, exit_code,
+                                    self.price(cur.provider), ended, billed))
         self.current = None
 
 
@@ -179,6 +198,7 @@ def plan(desired: DesiredState, observed: Observed, recorded: dict[str, JobStatu
     """`confirm_cancel`: the commits being acted on carry the CONFIRM_CANCEL_TRAILER, so a change
     that cancels most jobs at once is meant (otherwise it is held, as Argo CD guards pruning)."""
     out = Plan()
+    observed = replace(observed, allowances={**own_quotas(desired, recorded, observed, now), **observed.allowances})
     busy: dict[str, int] = {}
     by_job: dict[str, dict[WorkerRef, WorkerState]] = {}
     for ref, state in observed.workers.items():
@@ -196,6 +216,19 @@ def plan(desired: DesiredState, observed: Observed, recorded: dict[str, JobStatu
         else:
             _plan_job(out, job, recorded.get(name), workers, desired, observed, now, commit, busy)
     return out
+
+
+def own_quotas(desired: DesiredState, recorded: dict[str, JobStatus], observed: Observed,
+               now: float) -> dict[str, Allowance]:
+    """A provider's `free_quota_hours` binds: what is left this week by our own ledger (worker hours
+    in the status), for providers whose API reports no allowance of its own."""
+    quota = {name: p for name, p in desired.providers.items()
+             if p.spec.free_quota_hours is not None and name not in observed.allowances}
+    if not quota:
+        return {}
+    lines = build_ledger(quota, recorded.values(), desired.jobs, {}, now)
+    return {x.provider: Allowance("free hours", remaining=(quota[x.provider].spec.free_quota_hours or 0.0)
+                                  - x.worker_hours, resets_at=x.period_start + WEEK) for x in lines}
 
 
 def _plan_job(out: Plan, job: Job, rec: JobStatus | None, workers: dict[WorkerRef, WorkerState],
@@ -337,6 +370,8 @@ def _judge_seen(t: JobTick, ref: WorkerRef, state: WorkerState) -> bool:
     beat = t.run.heartbeat_time if t.run.heartbeat_epoch == t.current.epoch else None
     t.close_current(verdict.outcome, verdict.detail, state.exit_code, ended=end_time(
         t.current, t.now, state.ended_at, beat))
+    if verdict.avoid_provider:
+        t.st.provider_backoff[ref.provider] = t.now + STORAGE_UNREACHABLE_BACKOFF_SECONDS
     if verdict.outcome == Outcome.JOB_ERROR:
         tail = t.observed.logs.get(ref, "")
         t.st.log_tail = tail[-LOG_TAIL_CHARS:] if tail else None
@@ -358,6 +393,10 @@ def _judge_live(t: JobTick, ref: WorkerRef, state: WorkerState) -> None:
     else:
         t.st.phase = Phase.RUNNING if state.phase == WorkerPhase.RUNNING else Phase.LAUNCHING
         t.st.message = _running_message(t.current, t.run, state)
+        if state.notice:
+            reason = f"{ref.provider} will interrupt it: {state.notice}"
+            t.out.actions.append(RequestStop(ref, reason, t.observed.run_storage.get((ref.job, ref.run_id))))
+            t.st.message = f"{t.st.message}; asked the worker to save and leave ({reason})"
 
 
 def _judge_unseen(t: JobTick) -> None:
@@ -500,7 +539,7 @@ def _backing_off(t: JobTick) -> bool:
 def _place(t: JobTick) -> None:
     st = t.st
     st.provider_backoff = {p: until for p, until in st.provider_backoff.items() if until > t.now}
-    placement = place(t.job, t.desired.providers, st, t.now, t.observed.capacity)
+    placement = place(t.job, t.desired.providers, st, t.now, t.observed.capacity, t.observed.allowances)
     for name in placement.order:
         prov = t.desired.providers[name]
         if name in t.observed.unreachable or name in st.provider_backoff:
@@ -508,6 +547,7 @@ def _place(t: JobTick) -> None:
         if t.busy.get(name, 0) >= prov.spec.concurrency:
             continue
         t.busy[name] = t.busy.get(name, 0) + 1
+        _reserve_allowance(t, name, prov.spec.price_per_hour)
         reason = "first launch" if not st.attempts else f"relaunch after: {_last_detail(st)}"
         t.out.actions.append(Launch(t.job.name, st.run_id, name, reason))
         st.phase = Phase.LAUNCHING
@@ -518,6 +558,15 @@ def _place(t: JobTick) -> None:
         st.message = f"waiting for capacity on {', '.join(placement.order)}"
     else:
         st.message = f"no allowed provider can take this job: {placement.why_nowhere() or 'none defined'}"
+
+
+def _reserve_allowance(t: JobTick, provider: str, price: float) -> None:
+    """A launch draws on the provider's allowance before its API says so: the next job placed in
+    this tick sees what is left (a session's minimum of quota, or an hour of credits)."""
+    a = t.observed.allowances.get(provider)
+    if a is not None and (a.applies_to_cpu or t.job.spec.resources.gpus > 0):
+        spend = price if a.unit == "credits" else a.minimum
+        t.observed.allowances[provider] = replace(a, remaining=a.remaining - spend)
 
 
 STEPS: tuple[Step, ...] = (fence, read_storage, adopt, stop_on_policy, judge, finish, hold_finished, decide_launch)
@@ -553,7 +602,7 @@ def _plan_removed(out: Plan, rec: JobStatus, workers: dict[WorkerRef, WorkerStat
         return
     live = [ref for ref, state in workers.items() if _live(state)]
     for ref in live:
-        out.actions.append(Terminate(ref, "manifest deleted"))
+        out.actions.append(Terminate(ref, "manifest deleted", observed.run_storage.get((ref.job, ref.run_id))))
     run = observed.runs.get((st.job, st.run_id), RunObservation())
     cur = st.current
     if cur is not None and any(r.epoch == cur.epoch and r.run_id == st.run_id for r in live):

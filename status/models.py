@@ -203,8 +203,8 @@ def parse_status(text: str | bytes) -> JobStatus | None:
         return None
 
 
-def render_index(statuses: list[JobStatus], errors: list[str]) -> str:
-    """`status/README.md`: one table of all jobs, for people browsing the repository."""
+def render_index(statuses: list[JobStatus], errors: list[str], ledger: list[ProviderLedger] | None = None) -> str:
+    """`status/README.md`: one table of all jobs (and the provider ledger), for people browsing the repository."""
     lines = [
         "# Status",
         "",
@@ -222,7 +222,62 @@ def render_index(statuses: list[JobStatus], errors: list[str]) -> str:
             f"| {st.job} | {st.phase.value} | {prog} | {st.total_attempts} | {st.interruptions} | "
             f"{st.failures} | {msg} |"
         )
+    lines += render_ledger_table(ledger or [])
     if errors:
         lines += ["", "## Manifest errors", ""]
         lines += [f"- {e}" for e in errors]
     return "\n".join(lines) + "\n"
+
+
+# ---- the provider ledger ------------------------------------------------------------------------
+
+
+class ProviderLedger(Model):
+    """One provider's line in `status/providers.yaml`: what its own API says is left (quota or
+    credits, as read this tick) beside our own count of what this repository's workers used in
+    the current period (the provider's refill week when it has one, else the ISO week)."""
+
+    provider: str
+    type: str
+    unit: str | None = None  # "gpu-hours" or "credits", when the provider reports an allowance
+    remaining: float | None = None
+    total: float | None = None
+    used: float | None = None
+    resets_at: float | None = None
+    period_start: float
+    worker_hours: float = 0.0  # this period, all our workers here
+    gpu_hours: float = 0.0  # this period, workers of jobs that asked for GPUs (times their GPU count)
+    cost_usd: float = 0.0  # this period, billed or priced
+    running: int = 0
+
+
+def render_ledger(ledger: list[ProviderLedger]) -> str:
+    """Canonical YAML for `status/providers.yaml` (figures rounded so a tick rarely changes them)."""
+    rows = []
+    for line in sorted(ledger, key=lambda x: x.provider):
+        data = line.model_dump(mode="json", exclude_none=True)
+        for key in ("resets_at", "period_start"):
+            if key in data:
+                data[key] = iso(data[key])
+        money = {"cost_usd"} | ({"remaining", "total", "used"} if line.unit == "credits" else set())
+        for key in ("remaining", "total", "used", "worker_hours", "gpu_hours", "cost_usd"):
+            if key in data:
+                data[key] = round(float(data[key]), 2 if key in money else 1)
+        rows.append(data)
+    header = "# Written by the reconciler; do not edit. Quota and credits as each provider reports them,\n" \
+             "# beside this repository's own use in the current period.\n"
+    return header + yaml.dump({"providers": rows}, Dumper=_LiteralDumper, sort_keys=True, width=100)
+
+
+def render_ledger_table(ledger: list[ProviderLedger]) -> list[str]:
+    """The ledger as markdown lines for `status/README.md`."""
+    if not ledger:
+        return []
+    lines = ["", "## Providers", "", "| provider | left (provider's word) | refills | used this period | cost |",
+             "|---|---|---|---|---|"]
+    for x in sorted(ledger, key=lambda x: x.provider):
+        left = "" if x.remaining is None else (f"${x.remaining:.2f} credits" if x.unit == "credits"
+                                              else f"{x.remaining:.1f} {x.unit}")
+        used = f"{x.worker_hours:.1f} h" + (f" ({x.gpu_hours:.1f} GPU h)" if x.gpu_hours else "")
+        lines.append(f"| {x.provider} | {left} | {iso(x.resets_at) or ''} | {used} | ${x.cost_usd:.2f} |")
+    return lines

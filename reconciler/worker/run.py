@@ -1,9 +1,10 @@
 """The worker side of a run: restore, save in the background, heartbeat, complete, stop on notice.
 
 Exit codes follow DESIGN.md §3: 0 after `complete()`; 75 (EX_TEMPFAIL) when the attempt stops on
-a preemption notice after its final checkpoint, or when it finds it was replaced by a newer
-attempt (`Superseded`, a SystemExit, so a broad `except Exception` in user code cannot keep a
-replaced worker alive).
+a preemption notice or on a stop request in the run folder (read at each heartbeat: the only stop
+a provider without a cancel API has) after its final checkpoint, or when it finds it was replaced
+by a newer attempt (`Superseded`, a SystemExit, so a broad `except Exception` in user code cannot
+keep a replaced worker alive).
 
 A known end (RECONCILER_DEADLINE: the job's deadline or the provider's session limit, whichever
 comes first) is a notice given in advance: the attempt stops as on SIGTERM once the deadline is
@@ -106,6 +107,7 @@ class Run:
         self.keep = keep
         self.restored: dict[str, Any] = {}
         self.stop_signal: int | None = None
+        self.stop_reason: str | None = None  # the reconciler's stop request (stop.json), once seen
         self._stop_at = 0.0
         self._pool = snapshot.io_pool()
         self._upload: threading.Thread | None = None
@@ -127,14 +129,33 @@ class Run:
 
     # ---- stopping --------------------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if self.stop_signal is None:
+        if not self._noticed():
             self._stop_at = time.monotonic()
         self.stop_signal = signum
+
+    def _noticed(self) -> bool:
+        """A stop notice came (signal or stop request); its grace period runs from `_stop_at`."""
+        return self.stop_signal is not None or self.stop_reason is not None
+
+    def _check_stop_request(self) -> None:
+        """Read stop.json (one small read, at heartbeat cadence). A storage error is not a stop:
+        the provider's own notice, the lease and the next heartbeat still stand behind it."""
+        if self._noticed():
+            return
+        try:
+            reason = self.folder.stop_request(self.epoch)
+        except StorageError as exc:
+            log.debug("could not read the stop request: %s", exc)
+            return
+        if reason is not None:
+            self._stop_at = time.monotonic()
+            self.stop_reason = reason
+            log.warning("stop requested by the reconciler: %s", reason)
 
     def _grace_left(self) -> float:
         """Seconds left before the provider is expected to kill us."""
         left = float("inf")
-        if self.stop_signal is not None:
+        if self._noticed():
             left = self.grace - (time.monotonic() - self._stop_at)
         if self.deadline is not None:
             left = min(left, self.deadline - time.time())
@@ -147,8 +168,9 @@ class Run:
 
     @property
     def stop_requested(self) -> bool:
-        """True after SIGTERM/SIGUSR1, or once the deadline is closer than `deadline_margin`."""
-        if self.stop_signal is not None:
+        """True after SIGTERM/SIGUSR1 or a stop request, or once the deadline is closer than
+        `deadline_margin`."""
+        if self._noticed():
             return True
         return self.deadline is not None and time.time() >= self.deadline - self.deadline_margin
 
@@ -159,7 +181,7 @@ class Run:
         """
         if not self.stop_requested:
             return
-        reason = f"signal {signal.Signals(self.stop_signal).name}" if self.stop_signal else "deadline near"
+        reason = self._stop_description()
         log.warning("stopping at step %d (%s): final checkpoint, then exit %d", step, reason, EXIT_INTERRUPTED)
         if objects and self._last_saved_step != step:
             self.save(step, **objects)
@@ -175,6 +197,13 @@ class Run:
         self._heartbeat(step, {}, force=True)
         self.close()
         raise SystemExit(EXIT_INTERRUPTED)
+
+    def _stop_description(self) -> str:
+        if self.stop_signal is not None:
+            return f"signal {signal.Signals(self.stop_signal).name}"
+        if self.stop_reason is not None:
+            return f"stop requested by the reconciler: {self.stop_reason}"
+        return "deadline near"
 
     # ---- restore -----------------------------------------------------------------------------------------
     def restore(self, **objects: Any) -> int:
@@ -276,7 +305,8 @@ class Run:
     # ---- heartbeat and completion -----------------------------------------------------------------------
     def heartbeat(self, step: int, **metrics: float) -> None:
         """Report progress (written at most every `heartbeat_interval` seconds). Raises Superseded
-        when the attempt was replaced, so a zombie stops at its next heartbeat.
+        when the attempt was replaced, so a zombie stops at its next heartbeat; a stop request in
+        the run folder, read at the same cadence, makes `stop_requested` true as SIGTERM does.
         """
         self._heartbeat(step, metrics, force=False)
 
@@ -296,6 +326,8 @@ class Run:
             self._progress_tag = self.folder.write_progress(self.epoch, record, self._progress_tag)
         except Fenced as exc:
             raise self._superseded(exc) from None
+        if not force:
+            self._check_stop_request()
 
     def complete(self, step: int, **metrics: float) -> None:
         """Mark the run done: waits for the pending upload, then creates done.json once (fenced)."""

@@ -24,7 +24,7 @@ import pytest
 from adapters.compute import BASE_ENV, ComputeAdapter, LaunchSpec, WorkerPhase, WorkerRef, WorkerState
 
 PROBE = str(Path(__file__).with_name("probe.py"))
-HOSTED = {"kaggle": "tests.fakes.kaggle", "lightning": "tests.fakes.lightning"}
+HOSTED = {kind: f"tests.fakes.{kind}" for kind in ("kaggle", "lightning", "vast", "runpod")}
 KINDS = ["local", "ssh", "slurm", *HOSTED]
 OWNER = "repo-a"
 

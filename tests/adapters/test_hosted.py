@@ -115,7 +115,7 @@ PRINT_ENV = "import json, os, sys; print('ENV ' + json.dumps(dict(os.environ)));
 def spec(tmp_path: Path, *args: str, deadline: float | None = None, uri: str | None = None) -> LaunchSpec:
     env = {"PLAIN": "a value"}
     if uri:
-        env["RECONCILER_RUN_URI"] = uri
+        env.update({"RECONCILER_RUN_URI": uri, "RECONCILER_EPOCH": "2"})
     return LaunchSpec(job="train", run_id="r-1", epoch=2, command=[sys.executable, "-c", PRINT_ENV, *args],
                       env=env, secret_env={"TOKEN": "never-in-the-script"}, deadline=deadline)
 
@@ -163,6 +163,7 @@ def test_bootstrap_fails_once_with_the_reason_when_storage_cannot_be_reached(tmp
     ok = run_script(tmp_path, bootstrap_script(spec(tmp_path, "0", uri=folder.uri), {},
                                                Bootstrap("test", SECRETS_FROM_ENV)), TOKEN="t")
     assert parse_exit_record(ok.stdout) == {"code": 0}, ok.stdout + ok.stderr
+    assert "ENV " in folder.attempt_log(2)  # the output's tail, for providers without a log API
     bad = "s3://no-such-bucket/runs/train/r-1"
     done = run_script(tmp_path, bootstrap_script(spec(tmp_path, "0", uri=bad), {}, Bootstrap("test", SECRETS_FROM_ENV)),
                       TOKEN="t", AWS_ENDPOINT_URL_S3="http://127.0.0.1:9", AWS_ACCESS_KEY_ID="a",

@@ -171,3 +171,36 @@ def test_hostile_settings_file_is_an_error_naming_reconciler_yaml(text: str) -> 
 def test_errors_count_documents_as_the_file_does_empty_ones_included() -> None:
     state = parse_desired({"desired/a.yaml": "---\n---\n" + GOOD + "---\n" + GOOD.replace("command:", "comand:")})
     assert {e.document for e in state.errors} == {3}  # counted as 2 before
+
+
+HOSTED_PROVIDER = """
+apiVersion: reconciler.dev/v1
+kind: Provider
+metadata: {name: kag}
+spec: {settings: {type: kaggle, username: me}}
+"""
+JOB_ON_KAG = """
+apiVersion: reconciler.dev/v1
+kind: Job
+metadata: {name: train}
+spec: {command: [python, train.py], placement: {providers: [kag]}}
+"""
+
+
+def test_a_hosted_provider_with_local_disk_storage_is_refused_naming_both() -> None:
+    state = parse_desired({"desired/p.yaml": HOSTED_PROVIDER, "desired/j.yaml": JOB_ON_KAG})
+    messages = [str(e) for e in state.errors]
+    assert any("kaggle provider 'kag' cannot use storage 'file://~/.reconciler/runs'" in m for m in messages)
+    assert any("provider kag is refused (see its error)" in m for m in messages)
+    assert "kag" not in state.providers
+    ok = parse_desired({"desired/p.yaml": HOSTED_PROVIDER, "desired/j.yaml": JOB_ON_KAG}, "storage: s3://b/runs\n")
+    assert not ok.errors and ok.providers["kag"].spec.type == "kaggle"
+
+
+@pytest.mark.parametrize("name", ["AWS_SECRET_ACCESS_KEY", "KAGGLE_KEY", "HF_TOKEN", "DB_PASSWORD"])
+def test_a_credential_in_env_is_refused_with_the_way_to_name_it_as_a_secret(name: str) -> None:
+    job = JOB_ON_KAG.replace("placement: {providers: [kag]}", f"env: {{{name}: abc}}")
+    state = parse_desired({"desired/j.yaml": job})
+    assert len(state.errors) == 1 and f"{name} holds a credential: name it under `secrets:`" in str(state.errors[0])
+    moved = JOB_ON_KAG.replace("placement: {providers: [kag]}", f"secrets: [{name}]")
+    assert not parse_desired({"desired/j.yaml": moved}).errors

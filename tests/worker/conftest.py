@@ -7,6 +7,7 @@ instead of skipping the S3 half.
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from collections.abc import Iterator
 
@@ -14,11 +15,37 @@ import pytest
 
 from tests.worker.harness import S3_CREDENTIALS, Store
 
+_S3_WRITE_LOCK = threading.Lock()
+
+
+def _make_conditional_writes_atomic() -> None:
+    """moto checks If-Match / If-None-Match and then stores the object without a lock, so two
+    concurrent conditional PUTs can both pass: a check-then-act race in the test server that real
+    S3 does not have (its conditional writes are atomic). It showed up as a duplicate lease epoch
+    in test_concurrent_lease_bumps_each_get_their_own_epoch[s3] under load. Serialising moto's
+    PUT and DELETE handlers (the server runs in this process) makes the fencing tests test our
+    code, not moto's race."""
+    from moto.s3.responses import S3Response
+
+    for name in ("put_object", "delete_object"):
+        original = getattr(S3Response, name)
+        if getattr(original, "_serialised", False):
+            continue
+
+        def serialised(self: S3Response, _original=original):  # type: ignore[no-untyped-def]
+            with _S3_WRITE_LOCK:
+                return _original(self)
+
+        serialised._serialised = True  # type: ignore[attr-defined]
+        setattr(S3Response, name, serialised)
+
 
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
     try:
         from moto.server import ThreadedMotoServer
+
+        _make_conditional_writes_atomic()
 
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         server.start()

@@ -1,0 +1,112 @@
+"""Quota and credits as planned resources (issue 9): a provider's own allowance, as its API reports
+it (Kaggle's weekly GPU hours, Lightning AI's credits), decides whether one more worker may start
+there; the provider's own bill, when it reports one, is what an attempt costs."""
+
+from __future__ import annotations
+
+import pytest
+
+from adapters.compute import Allowance, WorkerPhase, WorkerState
+from reconciler.plan import Launch, Observed, RunObservation, plan
+from status.models import Attempt, JobStatus, Outcome, Phase
+from tests.loop.test_plan import NOW, PROVIDERS, desired, job_yaml, running, with_attempt
+
+GPU = "  resources: {gpus: 1}"
+
+
+def launched(p) -> list[str]:  # type: ignore[no-untyped-def]
+    return [a.provider for a in p.actions if isinstance(a, Launch)]
+
+
+def test_a_gpu_session_is_not_started_when_the_weekly_quota_cannot_carry_it() -> None:
+    d = desired(job_yaml(extra=GPU))
+    quota = Allowance("gpu-hours", remaining=0.5, minimum=1.0, total=30, used=29.5, resets_at=NOW + 86400,
+                      applies_to_cpu=False)
+    p = plan(d, Observed(allowances={"free": quota}), {}, NOW)
+    assert launched(p) == ["paid"]
+    p = plan(desired(job_yaml(extra=GPU + "\n  placement: {providers: [free]}")),
+             Observed(allowances={"free": quota}), {}, NOW)
+    st = p.statuses["train"]
+    assert not p.actions and st.phase == Phase.PENDING
+    assert "free: quota: 0.5 gpu-hours left, a session needs 1" in st.message and "refills" in st.message
+
+
+def test_a_gpu_quota_does_not_hold_cpu_jobs() -> None:
+    quota = Allowance("gpu-hours", remaining=0.0, minimum=1.0, applies_to_cpu=False)
+    assert launched(plan(desired(job_yaml()), Observed(allowances={"free": quota}), {}, NOW)) == ["free"]
+
+
+def test_two_gpu_jobs_in_one_tick_do_not_both_spend_the_last_session_of_quota() -> None:
+    d = desired(job_yaml("a", extra=GPU), job_yaml("b", extra=GPU),
+                providers=PROVIDERS.replace("concurrency: 1}", "concurrency: 4}"))
+    quota = Allowance("gpu-hours", remaining=1.5, minimum=1.0, applies_to_cpu=False)
+    assert sorted(launched(plan(d, Observed(allowances={"free": quota}), {}, NOW))) == ["free", "paid"]
+
+
+@pytest.mark.parametrize(("balance", "where"), [(0.55, ["free"]), (0.45, [])])
+def test_credits_must_pay_an_hour_above_what_is_kept_aside(balance: float, where: list[str]) -> None:
+    d = desired(job_yaml(extra="  placement: {providers: [paid]}"))
+    credits = Allowance("credits", remaining=balance, minimum=0.05)
+    p = plan(d, Observed(allowances={"paid": credits}), {}, NOW)
+    assert launched(p) == (["paid"] if where else [])
+    if not where:
+        assert "paid: credits: $0.45 left, one hour here needs $0.55 ($0.05 kept aside)" in p.statuses["train"].message
+
+
+def test_the_providers_own_bill_is_the_attempts_cost() -> None:
+    d = desired(job_yaml())
+    run_id = d.jobs["train"].run_id()
+    ref, _ = running("train", run_id, 1, provider="paid")
+    done = WorkerState(WorkerPhase.EXITED, 0, "completed", cost_usd=0.1234)
+    run = RunObservation(lease_epoch=1, durable_step=100, done=True, done_time=NOW - 5)
+    p = plan(d, Observed(workers={ref: done}, runs={("train", run_id): run}),
+             {"train": with_attempt(d, provider="paid")}, NOW)
+    st = p.statuses["train"]
+    assert st.phase == Phase.SUCCEEDED and st.attempts[0].cost_usd == pytest.approx(0.1234)
+
+
+def test_a_worker_that_cannot_reach_storage_is_charged_once_and_its_provider_avoided() -> None:
+    d = desired(job_yaml())
+    run_id = d.jobs["train"].run_id()
+    ref, _ = running("train", run_id, 1, provider="free")
+    bad = WorkerState(WorkerPhase.EXITED, 66, "ERROR", detail="cannot reach run storage s3://b/r: AccessDenied")
+    p = plan(d, Observed(workers={ref: bad}, runs={("train", run_id): RunObservation(lease_epoch=1)}),
+             {"train": with_attempt(d)}, NOW)
+    st = p.statuses["train"]
+    assert st.failures == 1 and "cannot reach run storage from free" in st.attempts[0].detail
+    assert st.provider_backoff["free"] >= NOW + 3000
+    later = plan(d, Observed(runs={("train", run_id): RunObservation(lease_epoch=1)}), {"train": st}, NOW + 600)
+    assert launched(later) == ["paid"]  # not free again, and not a loop of the same failure
+
+
+def test_an_interruption_notice_asks_the_worker_to_save_through_its_run_folder(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from adapters.storage import RunFolder
+    from desired.models import Settings
+    from reconciler.execute import execute
+    from reconciler.plan import RequestStop, Terminate
+
+    d = desired(job_yaml())
+    run_id = d.jobs["train"].run_id()
+    ref, _ = running("train", run_id, 1)
+    warned = WorkerState(WorkerPhase.RUNNING, provider_state="running", notice="spot capacity reclaimed in 30 s")
+    p = plan(d, Observed(workers={ref: warned}, runs={("train", run_id): RunObservation(lease_epoch=1)}),
+             {"train": with_attempt(d)}, NOW)
+    asks = [a for a in p.actions if isinstance(a, RequestStop)]
+    assert [a.ref for a in asks] == [ref] and not any(isinstance(a, Terminate) for a in p.actions)
+    assert "asked the worker to save and leave" in p.statuses["train"].message
+    store = f"file://{tmp_path}/runs"
+    execute(p.actions, jobs=d.jobs, adapters={}, settings=Settings(storage=store))
+    reason = RunFolder.for_run(store, "train", run_id).stop_request(1)
+    assert reason is not None and "spot capacity reclaimed" in reason
+
+
+def test_free_quota_hours_bind_by_our_own_ledger_when_the_provider_reports_none() -> None:
+    free = PROVIDERS.replace("spec: {settings: {type: local}, concurrency: 1}",
+                             "spec: {settings: {type: local}, concurrency: 1, free_quota_hours: 2}")
+    d = desired(job_yaml(), providers=free)
+    spent = JobStatus(job="old", phase=Phase.SUCCEEDED, attempts=[Attempt(
+        epoch=1, provider="free", worker="w", started=NOW - 3 * 3600, ended=NOW - 600, outcome=Outcome.SUCCEEDED)])
+    p = plan(d, Observed(), {"old": spent}, NOW)
+    assert launched(p) == ["paid"]  # 2.8 h used of 2 free hours this week
+    fresh = plan(desired(job_yaml(), providers=free), Observed(), {}, NOW)
+    assert launched(fresh) == ["free"]
