@@ -9,6 +9,7 @@ spent during its first session is moved to the other provider by the planner.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -109,3 +110,46 @@ def test_end_to_end_a_gpu_job_moves_off_kaggle_once_the_weekly_quota_is_spent(
                             during=lambda fake: fake.exhaust_quota())
     check_resumed_from_checkpoints(st)
     assert [a["provider"] for a in st["attempts"]] == ["kaggle", "local"], st["attempts"]
+
+
+@pytest.mark.slow
+def test_end_to_end_a_suspended_job_stops_on_kaggle_through_the_run_folder(
+        state_repo: StateRepoFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        s3_endpoint: str) -> None:  # noqa: F811 - a fixture
+    """Kaggle has no cancel: suspending the job writes a stop request into the run folder, and the
+    worker saves and exits 75 at its next heartbeat; the kernel ends without any call to Kaggle."""
+    fake = FakeKaggle(tmp_path / "kaggle").start()
+    fake.secrets.update({k: S3_CREDENTIALS[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")})
+    bucket = make_bucket(s3_endpoint)
+    options = {"endpoint_url": s3_endpoint, "key": S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+               "secret": S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"]}
+    state_repo.write("reconciler.yaml", yaml.safe_dump({"storage": f"s3://{bucket}/runs", "storage_options": options,
+                                                        "tick_seconds": 0.5}))
+    kaggle = KaggleSettings(api_url=fake.url, username=fake.username, request_timeout_seconds=10)
+    state_repo.write("desired/kaggle.yaml", provider_manifest("kaggle", kaggle, concurrency=1))
+    manifest = yaml.safe_load(job("count"))
+    manifest["spec"]["target_steps"] = 100000
+    manifest["spec"]["placement"]["providers"] = ["kaggle"]
+    state_repo.write("desired/count.yaml", yaml.safe_dump(manifest))
+    state_repo.commit("a long count on kaggle")
+    monkeypatch.setenv("KAGGLE_API_TOKEN", fake.token)
+    for key, value in S3_CREDENTIALS.items():
+        monkeypatch.setenv(key, value)
+    log = tmp_path / "daemon.log"
+    daemon = start_daemon(state_repo, log)
+    try:
+        wait_for(lambda: any(k.running for k in fake.kernels.values()), 60, "a running kernel", daemon, log)
+        kernel = next(iter(fake.kernels.values()))
+        time.sleep(3)  # a few steps and checkpoints
+        manifest["spec"]["suspend"] = True
+        state_repo.write("desired/count.yaml", yaml.safe_dump(manifest))
+        state_repo.commit("suspend count")
+        wait_for(lambda: kernel.machine is not None and not kernel.machine.alive, 30, "the kernel's end", daemon, log)
+        assert kernel.machine is not None and '"code": 75' in kernel.machine.log_text()
+        wait_for(lambda: status(state_repo, "count").get("phase") == "Suspended", 30, "Suspended", daemon, log)
+    finally:
+        if daemon.poll() is None:
+            daemon.terminate()
+            daemon.wait(30)
+        fake.stop()
+    assert "CancelKernelSession" not in fake.calls and len(fake.kernels) == 1
