@@ -16,9 +16,10 @@ restart, never makes a second kernel (a second push would start a second run as 
 
 Finding workers. Kaggle has no labels. `observe` lists the account's kernels (ListKernels with
 the CLI's `--mine` query: group PROFILE, user, sorted by run date, paged), keeps those whose slug
-starts with `rc-`, and reads each one's labels once from its own source (GetKernel: the bootstrap's
-PLAN holds provider, owner, job, run id and epoch). Kernels of another owner or another provider
-entry are counted in `foreign_workers` while live, and are never read or touched. Finished states
+starts with `rc-` and ran in the last RECENT_DAYS, and reads each one's labels once from its own
+source (GetKernel: the bootstrap's PLAN holds provider, owner, job, run id and epoch). Kernels of
+another owner or another provider entry are counted in `foreign_workers` while live (their status
+is read, never their log), and are never touched. Finished states
 (with their exit records and logs) are cached, so each finished kernel is read once per process.
 No local state file: everything is read back from Kaggle, so a fresh daemon adopts what it finds.
 
@@ -42,6 +43,12 @@ nor status returns). `terminate` therefore does nothing remote: the executor wri
 into the run folder, which the worker SDK honours at its next heartbeat (exit 75). A worker that
 never heartbeats runs until its session ends. Secrets are Kaggle user secrets the user attaches to
 the kernel by hand (`secrets_at_provider`); the bootstrap reads them with `kaggle_secrets`.
+
+Open problem: attachment is per kernel and each attempt is a kernel of its own, so each attempt's
+secrets must be attached by hand. One kernel per job, with attempts as its versions, would let one
+attachment serve all attempts [UNCONFIRMED that it survives API pushes], but needs a status that
+tells versions apart (right after a push, the status may still be the previous version's).
+Unconfirmed against the live service: a missing kernel answering 404, the session-limit message.
 """
 
 from __future__ import annotations
