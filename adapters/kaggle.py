@@ -407,7 +407,9 @@ class KaggleAdapter:
             plan = script_plan(str((answer.get("blob") or {}).get("source") or ""))
             labels = plan.get("labels") if plan else None
             ok = isinstance(labels, dict) and {"provider", "owner", "job", "run_id", "epoch"} <= set(labels)
-            kernel = self._kernels[slug] = Kernel(slug, labels if ok else None)
+            kernel = Kernel(slug, labels if ok else None)
+            if answer:  # a kernel listed but not found yet (a lagging answer) is asked again next time
+                self._kernels[slug] = kernel
         return kernel
 
     def _state(self, kernel: Kernel) -> WorkerState:
