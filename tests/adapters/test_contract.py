@@ -138,7 +138,9 @@ def kit(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Kit]:
     elif kind in HOSTED:
         hosted = importlib.import_module(HOSTED[kind]).contract_kit(request, workdir)
         the_kit = Kit(kind=kind, workdir=workdir, tmp=probes, make=hosted.make, interrupt=hosted.interrupt,
-                      prepare=hosted.prepare, own_env=("PYTHONPATH",), worker_folders=False,
+                      prepare=hosted.prepare, worker_folders=False,
+                      # the bootstrap's own: the SDK's path, and the session's end (Kaggle's limit)
+                      own_env=("PYTHONPATH", "RECONCILER_DEADLINE"),
                       cancels=hosted.cancels)
         yield the_kit
         _clean_up(the_kit)

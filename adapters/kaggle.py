@@ -1,0 +1,468 @@
+"""The `kaggle` compute adapter: each attempt is a private Kaggle kernel (a script run as a batch
+version) whose source is the generated bootstrap (adapters/hosted.py).
+
+Kaggle's API (docs: shared/reference/provider-apis.md §1) is `POST {api_url}/v1/{Service}/{Method}`
+with camelCase JSON and defaults left out; we speak it through `adapters.http.HostedApi` rather
+than through the `kaggle` package, which authenticates (and may exit) at import and cannot be
+pointed at another endpoint. Calls used: SaveKernel (launch), GetKernelSessionStatus (state),
+ListKernelSessionOutput (log), ListKernels + GetKernel (find our kernels after a restart),
+GetAcceleratorQuotaStatistics (weekly GPU quota), IntrospectToken (the user behind a bare token).
+
+Names. A kernel's slug is deterministic per (provider name, owner, job, run id, epoch):
+`rc-<owner>-<job>-<run>-e<epoch>-<hash8>`, lower-cased and cut to 49 characters, the hash keeping
+it unique; its title is the slug itself (Kaggle derives slugs from titles). Launch looks the slug
+up first and adopts a kernel that exists, so a push that timed out after acting, or a daemon
+restart, never makes a second kernel (a second push would start a second run as a new version).
+
+Finding workers. Kaggle has no labels. `observe` lists the account's kernels (ListKernels with
+the CLI's `--mine` query: group PROFILE, user, sorted by run date, paged), keeps those whose slug
+starts with `rc-` and ran in the last RECENT_DAYS, and reads each one's labels once from its own
+source (GetKernel: the bootstrap's PLAN holds provider, owner, job, run id and epoch). Kernels of
+another owner or another provider entry are counted in `foreign_workers` while live (their status
+is read, never their log), and are never touched. Finished states
+(with their exit records and logs) are cached, so each finished kernel is read once per process.
+No local state file: everything is read back from Kaggle, so a fresh daemon adopts what it finds.
+
+State table (GetKernelSessionStatus `status` -> WorkerState; `provider_state` keeps Kaggle's word):
+
+| Kaggle status                       | phase          | evidence                                      |
+|-------------------------------------|----------------|-----------------------------------------------|
+| (no `status`: QUEUED), NEW_SCRIPT   | pending        |                                               |
+| RUNNING                             | running        |                                               |
+| ERROR whose failureMessage names    | session-limit  | Kaggle's cut (the record, if any, shows only  |
+|   the session or time limit         |                | the kill)                                     |
+| ERROR, record code 75 near the cut  | session-limit  | the SDK saved and left before Kaggle's cut    |
+| COMPLETE / ERROR with an exit record| exited(code)   | code, signal, reason of the bootstrap         |
+| COMPLETE without a record           | exited(0)      |                                               |
+| ERROR otherwise                     | exited(1)      | failureMessage in detail                      |
+| CANCEL_REQUESTED/ACKNOWLEDGED       | preempted      | cancelled on Kaggle, not by the reconciler    |
+| kernel gone (404)                   | lost           |                                               |
+
+Stopping. Kaggle has no public cancel (CancelKernelSession needs a session id that neither push
+nor status returns). `terminate` therefore does nothing remote: the executor writes a stop request
+into the run folder, which the worker SDK honours at its next heartbeat (exit 75). A worker that
+never heartbeats runs until its session ends. Secrets are Kaggle user secrets the user attaches to
+the kernel by hand (`secrets_at_provider`); the bootstrap reads them with `kaggle_secrets`.
+
+Open problem: attachment is per kernel and each attempt is a kernel of its own, so each attempt's
+secrets must be attached by hand. One kernel per job, with attempts as its versions, would let one
+attachment serve all attempts [UNCONFIRMED that it survives API pushes], but needs a status that
+tells versions apart (right after a push, the status may still be the previous version's).
+Unconfirmed against the live service: a missing kernel answering 404, the session-limit message.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from adapters.compute import (
+    ANY_OWNER,
+    Allowance,
+    LaunchSpec,
+    ProviderConfigError,
+    ProviderUnavailable,
+    WorkerPhase,
+    WorkerRef,
+    WorkerState,
+    check_label,
+    check_owner,
+)
+from adapters.hosted import Bootstrap, bootstrap_script, parse_exit_record, script_plan
+from adapters.http import HostedApi
+from desired.models import Capacity, KaggleSettings
+
+KERNELS = "/v1/kernels.KernelsApiService/"
+INTROSPECT = "/v1/security.OAuthService/IntrospectToken"
+SLUG_PREFIX = "rc-"
+EXIT_INTERRUPTED = 75
+# The worker SDK stops at most this long before RECONCILER_DEADLINE (reconciler.worker.run's cap),
+# which the bootstrap sets `save_margin_seconds` before Kaggle's cut: an exit 75 with less than
+# margin + this left of the session is the session ending, not a stop request.
+SDK_MAX_MARGIN = 1800.0
+# Kernels whose last run began longer ago than this are not read: a session lasts at most 12 hours,
+# so they ended long ago, and an account's old kernels would otherwise be read after every restart.
+RECENT_DAYS = 7
+FINAL = frozenset({"COMPLETE", "ERROR", "CANCEL_ACKNOWLEDGED"})
+SESSION_WORDS = re.compile(r"session|time ?limit|timed? ?out|maximum.*(time|hours|runtime)", re.IGNORECASE)
+CREDENTIAL_PLACES = ("$KAGGLE_API_TOKEN (a token or a file holding one), ~/.kaggle/access_token, "
+                     "$KAGGLE_USERNAME with $KAGGLE_KEY, or kaggle.json in $KAGGLE_CONFIG_DIR or ~/.kaggle")
+# GPUs one worker gets per machine shape. Kaggle's UI offers "T4 x2", but the API's shape name
+# does not say the count [UNCONFIRMED], so one GPU is promised: a job asking for more is refused.
+SHAPE_GPUS = {"NvidiaTeslaT4": ("T4", 1), "NvidiaTeslaT4Highmem": ("T4", 1), "NvidiaTeslaP100": ("P100", 1),
+              "NvidiaL4": ("L4", 1), "NvidiaL4X1": ("L4", 1), "NvidiaTeslaA100": ("A100", 1),
+              "NvidiaH100": ("H100", 1), "NvidiaRtxPro6000": ("RTX-PRO-6000", 1)}
+
+KAGGLE_SECRETS = '''
+def load_secrets(names):
+    """Kaggle keeps the job's secrets as user secrets attached to this kernel (Add-ons -> Secrets)."""
+    if not names:
+        return {}
+    try:
+        from kaggle_secrets import UserSecretsClient
+    except ImportError:
+        fail("kaggle_secrets cannot be imported: this script must run as a Kaggle kernel")
+    client, found, missing = UserSecretsClient(), {}, []
+    for name in names:
+        try:
+            found[name] = client.get_secret(name)
+        except Exception:
+            missing.append(name)
+    if missing:
+        fail("secret " + ", ".join(missing) + " is not attached to this kernel; add it in the Kaggle "
+             "editor (Add-ons -> Secrets) and attach it")
+    return found
+'''
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """What authenticates us: a bearer token, or a legacy username and key (HTTP Basic)."""
+
+    header: str
+    username: str | None
+    source: str
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return text or None
+
+
+def read_credentials(environ: dict[str, str] | None = None) -> Credentials | None:
+    """Kaggle's standard places, in the kaggle client's order: $KAGGLE_API_TOKEN (value or file),
+    ~/.kaggle/access_token(.txt), $KAGGLE_USERNAME + $KAGGLE_KEY, kaggle.json. None if none is set."""
+    env = dict(os.environ) if environ is None else environ
+    home = Path(env.get("HOME") or os.path.expanduser("~")) / ".kaggle"
+    token = env.get("KAGGLE_API_TOKEN")
+    if token and Path(token).is_file():
+        token = _read_text(Path(token))
+    token = token or _read_text(home / "access_token") or _read_text(home / "access_token.txt")
+    if token:
+        return Credentials(f"Bearer {token}", None, "an access token")
+    user, key = env.get("KAGGLE_USERNAME"), env.get("KAGGLE_KEY")
+    if not (user and key):
+        folder = Path(env["KAGGLE_CONFIG_DIR"]) if env.get("KAGGLE_CONFIG_DIR") else home
+        try:
+            data = json.loads((folder / "kaggle.json").read_text())
+            user, key = str(data["username"]), str(data["key"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+    basic = base64.b64encode(f"{user}:{key}".encode()).decode()
+    return Credentials(f"Basic {basic}", user, "a legacy API key")
+
+
+def slug_part(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def kernel_slug(provider: str, owner: str, job: str, run_id: str, epoch: int) -> str:
+    """`rc-<owner>-<job>-<run>-e<epoch>-<hash8>`: readable, a valid Kaggle slug, unique by its hash."""
+    digest = hashlib.sha256(json.dumps([provider, owner, job, run_id, epoch]).encode()).hexdigest()[:8]
+    head = f"{SLUG_PREFIX}{slug_part(owner)[:10]}-{slug_part(job)[:14]}-{slug_part(run_id)[:8]}-e{epoch}"
+    head = re.sub(r"-+", "-", head)[:40].strip("-")
+    return f"{head}-{digest}"
+
+
+def seconds(value: Any) -> float:
+    """A protobuf duration ("108000s", "1.5s") or a number, as seconds; 0 when absent or unreadable."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip().rstrip("s") or 0)
+        except ValueError:
+            return 0.0
+    return 0.0
+
+
+def timestamp(value: Any) -> float | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def log_text(raw: Any) -> str:
+    """Kaggle's log (a JSON array of {stream_name, time, data}) as plain text; other text as is."""
+    if not isinstance(raw, str) or not raw:
+        return ""
+    try:
+        entries = json.loads(raw)
+    except ValueError:
+        return raw
+    if not isinstance(entries, list):
+        return raw
+    return "".join(str(e.get("data", "")) for e in entries if isinstance(e, dict))
+
+
+def kernel_state(status: str, failure: str, log: str, session_margin: float) -> WorkerState:
+    """The state table of the module docstring: Kaggle's status, its failure message and the
+    kernel's log (read for finished kernels only) -> WorkerState."""
+    word = status or "QUEUED"
+    if word in ("QUEUED", "NEW_SCRIPT"):
+        return WorkerState(WorkerPhase.PENDING, provider_state=word)
+    if word == "RUNNING":
+        return WorkerState(WorkerPhase.RUNNING, provider_state=word)
+    if word.startswith("CANCEL"):
+        return WorkerState(WorkerPhase.PREEMPTED, provider_state=word,
+                           detail="cancelled on Kaggle, not by the reconciler")
+    record = parse_exit_record(log)
+    if word == "ERROR" and SESSION_WORDS.search(failure):  # Kaggle's cut: the record may show only its SIGKILL
+        code = record.get("code") if record is not None else None
+        return WorkerState(WorkerPhase.SESSION_LIMIT, code if isinstance(code, int) else None, word, failure)
+    if record is not None:
+        return _from_record(word, record, failure, session_margin)
+    if word == "COMPLETE":
+        return WorkerState(WorkerPhase.EXITED, 0, word)
+    if word == "ERROR":
+        return WorkerState(WorkerPhase.EXITED, 1, word, failure or "Kaggle gave no reason")
+    return WorkerState(WorkerPhase.LOST, provider_state=word, detail="a status this adapter does not know")
+
+
+def _from_record(word: str, record: dict[str, Any], failure: str, session_margin: float) -> WorkerState:
+    code = record.get("code")
+    code = code if isinstance(code, int) else 1
+    left = record.get("session_left")
+    if code == EXIT_INTERRUPTED and isinstance(left, (int, float)) and left <= session_margin + SDK_MAX_MARGIN:
+        return WorkerState(WorkerPhase.SESSION_LIMIT, code, word, f"saved and left {left:.0f} s before the session end")
+    sig = record.get("signal") if isinstance(record.get("signal"), str) else None
+    detail = str(record.get("reason") or "")
+    if sig:
+        detail = f"killed by {sig} on Kaggle's machine, not by the reconciler"
+    elif word == "ERROR" and not detail and code != 0:
+        detail = failure
+    return WorkerState(WorkerPhase.EXITED, code, word, detail, signal=sig)
+
+
+@dataclass
+class Kernel:
+    """What this adapter knows of one `rc-` kernel: its labels and, once final, its state and log."""
+
+    slug: str
+    labels: dict[str, Any] | None
+    final: WorkerState | None = None
+    log: str = ""
+    log_reads: int = 0
+
+
+class KaggleAdapter:
+    secrets_at_provider = True
+
+    def __init__(self, name: str, settings: KaggleSettings, *, owner: str = ANY_OWNER) -> None:
+        self.name = name
+        self.owner = check_owner(owner)
+        self.foreign_workers = 0
+        self.settings = settings
+        self.who = f"kaggle provider {name!r}"
+        self._api: HostedApi | None = None
+        self._username: str | None = settings.username
+        self._kernels: dict[str, Kernel] = {}  # slug -> what we know
+        self._launched: set[str] = set()  # slugs this process pushed or adopted (a listing may lag)
+
+    # ---- the API ----------------------------------------------------------------------------
+    @property
+    def api(self) -> HostedApi:
+        if self._api is None:
+            creds = read_credentials()
+            if creds is None:
+                raise ProviderConfigError(f"{self.who}: no Kaggle credentials found; set {CREDENTIAL_PLACES}")
+            self._username = self._username or creds.username
+            self._api = HostedApi(self.who, self.settings.api_url, headers={"Authorization": creds.header},
+                                  credentials_hint=f"credentials are read from {CREDENTIAL_PLACES}",
+                                  timeout=self.settings.request_timeout_seconds)
+        return self._api
+
+    def _rpc(self, method: str, body: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        answer = self.api.call("POST", KERNELS + method, json_body=body, **kw)
+        return answer if isinstance(answer, dict) else {}
+
+    @property
+    def username(self) -> str:
+        api = self.api
+        if self._username is None:
+            answer = api.call("POST", INTROSPECT, json_body={"token": self._token()})
+            user = answer.get("username") if isinstance(answer, dict) and answer.get("active") else None
+            if not user:
+                raise ProviderConfigError(f"{self.who}: Kaggle does not accept the access token as active; "
+                                          f"replace it ({CREDENTIAL_PLACES}) or set `username` in its settings")
+            self._username = str(user)
+        return self._username
+
+    def _token(self) -> str:
+        return str(self.api.headers.get("Authorization", "")).removeprefix("Bearer ")
+
+    def _ref(self, slug: str, labels: dict[str, Any]) -> WorkerRef:
+        return WorkerRef(self.name, f"{self.username}/{slug}", str(labels["job"]), str(labels["run_id"]),
+                         int(labels["epoch"]))
+
+    def _slug_of(self, ref: WorkerRef) -> str | None:
+        user, _, slug = ref.id.partition("/")
+        kernel = self._kernels.get(slug)
+        if ref.provider != self.name or not slug or kernel is None or not self._ours(kernel.labels):
+            return None
+        return slug
+
+    def _ours(self, labels: dict[str, Any] | None) -> bool:
+        if not labels or labels.get("provider") != self.name:
+            return False
+        return self.owner == ANY_OWNER or labels.get("owner") == self.owner
+
+    # ---- launch -----------------------------------------------------------------------------
+    def launch(self, spec: LaunchSpec) -> WorkerRef:
+        if self.owner == ANY_OWNER:
+            raise ProviderConfigError(f"{self.who}: an operator's view (owner '*') launches nothing")
+        check_label(spec.job, "job name")
+        check_label(spec.run_id, "run id")
+        labels = {"provider": self.name, "owner": self.owner, "job": spec.job, "run_id": spec.run_id,
+                  "epoch": spec.epoch}
+        slug = kernel_slug(self.name, self.owner, spec.job, spec.run_id, spec.epoch)
+        self._kernels.setdefault(slug, Kernel(slug, labels)).labels = labels
+        ref = self._ref(slug, labels)
+        if slug in self._launched or self._status(slug) is not None:
+            self._launched.add(slug)  # already there (an earlier push, perhaps one that timed out): adopt
+            return ref
+        self._push(slug, spec, labels)
+        self._launched.add(slug)
+        return ref
+
+    def _push(self, slug: str, spec: LaunchSpec, labels: dict[str, Any]) -> None:
+        s = self.settings
+        session = s.session_hours * 3600
+        boot = Bootstrap("kaggle", KAGGLE_SECRETS, session_seconds=session, save_margin_seconds=s.save_margin_seconds)
+        body: dict[str, Any] = {
+            "slug": f"{self.username}/{slug}", "newTitle": slug, "language": "python", "kernelType": "script",
+            "text": bootstrap_script(spec, labels, boot, code_git=spec.code_git, code_ref=spec.code_ref),
+            "isPrivate": True, "enableInternet": s.enable_internet, "sessionTimeoutSeconds": int(session),
+        }
+        if spec.gpus > 0:
+            body["machineShape"] = s.machine_shape
+        answer = self._rpc("SaveKernel", body, acts=True)
+        error = answer.get("error")
+        if isinstance(error, str) and error:
+            if "session count" in error.lower():
+                raise ProviderUnavailable(f"{self.who} has no free session now: Kaggle says {error!r}")
+            raise ProviderConfigError(f"{self.who}: Kaggle refused the kernel {slug}: {error}")
+
+    def _status(self, slug: str) -> dict[str, Any] | None:
+        """Kaggle's status answer for our kernel, or None when there is no such kernel."""
+        answer = self.api.call("POST", KERNELS + "GetKernelSessionStatus",
+                               json_body={"userName": self.username, "kernelSlug": slug}, allow=(404,))
+        return answer if isinstance(answer, dict) else None
+
+    # ---- observe ----------------------------------------------------------------------------
+    def observe(self) -> dict[WorkerRef, WorkerState]:
+        slugs = set(self._list_slugs()) | self._launched
+        seen: dict[WorkerRef, WorkerState] = {}
+        foreign = 0
+        for slug in sorted(slugs):
+            kernel = self._kernel(slug)
+            if kernel.labels is None:
+                continue  # an `rc-` kernel that is not a bootstrap of ours: not a worker
+            state = self._state(kernel)
+            if self._ours(kernel.labels):
+                seen[self._ref(slug, kernel.labels)] = state
+            elif state.phase in (WorkerPhase.PENDING, WorkerPhase.RUNNING):
+                foreign += 1
+        self.foreign_workers = foreign
+        return seen
+
+    def _list_slugs(self, page_size: int = 100, max_pages: int = 20) -> list[str]:
+        """Slugs of the account's `rc-` kernels run in the last RECENT_DAYS (the CLI's `kernels list
+        --mine`, newest run first, page after page until the runs are older than that)."""
+        body: dict[str, Any] = {"group": "PROFILE", "user": self.username, "sortBy": "DATE_RUN",
+                                "pageSize": page_size, "kernelType": "all", "language": "all", "outputType": "all"}
+        since = time.time() - RECENT_DAYS * 86400
+        slugs: list[str] = []
+        for _ in range(max_pages):
+            answer = self._rpc("ListKernels", body)
+            items = [i for i in answer.get("kernels") or [] if isinstance(i, dict)]
+            recent = [i for i in items if (timestamp(i.get("lastRunTime")) or since) >= since]
+            names = (str(i.get("ref") or "").rsplit("/", 1)[-1] for i in recent)
+            slugs += [name for name in names if name.startswith(SLUG_PREFIX)]
+            token = answer.get("nextPageToken")
+            if not token or len(recent) < len(items):
+                break
+            body["pageToken"] = token
+        return slugs
+
+    def _kernel(self, slug: str) -> Kernel:
+        """What we know of a kernel; its labels are read once from its own source."""
+        kernel = self._kernels.get(slug)
+        if kernel is None:
+            answer = self._rpc("GetKernel", {"userName": self.username, "kernelSlug": slug}, allow=(404,))
+            plan = script_plan(str((answer.get("blob") or {}).get("source") or ""))
+            labels = plan.get("labels") if plan else None
+            ok = isinstance(labels, dict) and {"provider", "owner", "job", "run_id", "epoch"} <= set(labels)
+            kernel = Kernel(slug, labels if ok else None)
+            if answer:  # a kernel listed but not found yet (a lagging answer) is asked again next time
+                self._kernels[slug] = kernel
+        return kernel
+
+    def _state(self, kernel: Kernel) -> WorkerState:
+        if kernel.final is not None:
+            return kernel.final
+        answer = self._status(kernel.slug)
+        if answer is None:
+            return WorkerState(WorkerPhase.LOST, provider_state="not found", detail="Kaggle no longer has the kernel")
+        status, failure = str(answer.get("status") or "QUEUED").upper(), str(answer.get("failureMessage") or "")
+        if status not in FINAL:
+            return kernel_state(status, failure, "", self.settings.save_margin_seconds)
+        if not self._ours(kernel.labels):
+            return WorkerState(WorkerPhase.EXITED, provider_state=status)  # not ours to read
+        kernel.log = self._read_log(kernel.slug)
+        kernel.log_reads += 1
+        state = kernel_state(status, failure, kernel.log, self.settings.save_margin_seconds)
+        if parse_exit_record(kernel.log) is not None or kernel.log_reads >= 3:  # a log may lag its status
+            kernel.final = state
+        return state
+
+    def _read_log(self, slug: str) -> str:
+        answer = self._rpc("ListKernelSessionOutput", {"userName": self.username, "kernelSlug": slug}, allow=(404,))
+        return log_text(answer.get("log"))
+
+    # ---- the rest of the contract -------------------------------------------------------------
+    def terminate(self, ref: WorkerRef) -> None:
+        """Kaggle cannot cancel a run through its public API: the stop request the executor writes
+        into the run folder is honoured by the worker SDK at its next heartbeat. Nothing to do here."""
+
+    def logs(self, ref: WorkerRef, tail: int = 50) -> str:
+        slug = self._slug_of(ref)
+        if slug is None:
+            return ""
+        kernel = self._kernels[slug]
+        text = kernel.log if kernel.final is not None else self._read_log(slug)
+        return "\n".join(text.splitlines()[-tail:]) if tail > 0 else ""
+
+    def free_slots(self) -> int | None:
+        return None
+
+    def capacity(self) -> Capacity | None:
+        shape = SHAPE_GPUS.get(self.settings.machine_shape)
+        if shape is None:
+            return None
+        return Capacity(gpus=shape[1], gpu_models=[shape[0]])
+
+    def allowance(self) -> Allowance:
+        """The weekly GPU quota, from Kaggle's own answer (GetAcceleratorQuotaStatistics)."""
+        answer = self._rpc("GetAcceleratorQuotaStatistics", {})
+        gpu = answer.get("gpuQuota")
+        gpu = gpu if isinstance(gpu, dict) else {}
+        total, used = seconds(gpu.get("totalTimeAllowed")), seconds(gpu.get("timeUsed"))
+        reserved = seconds(gpu.get("timeReserved"))
+        return Allowance(unit="gpu-hours", remaining=max(0.0, total - used - reserved) / 3600,
+                         minimum=self.settings.min_quota_hours, total=total / 3600, used=used / 3600,
+                         resets_at=timestamp(answer.get("quotaRefreshTime")), applies_to_cpu=False)

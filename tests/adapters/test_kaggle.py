@@ -1,0 +1,357 @@
+"""The Kaggle adapter against the fake Kaggle API (tests/fakes/kaggle.py), one fault at a time.
+
+Every test runs the real adapter over real sockets against a server that speaks Kaggle's documented
+RPC shape; kernels run as real local processes with the real bootstrap and SDK. What the live
+service does beyond the reference notes (exact failure messages, the terminal status at the session
+limit) is not verified here; see the README's Kaggle section.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from adapters.compute import LaunchSpec, ProviderConfigError, ProviderUnavailable, WorkerPhase, WorkerState
+from adapters.hosted import STORAGE_UNREACHABLE
+from adapters.kaggle import KaggleAdapter, kernel_slug, kernel_state, log_text, read_credentials, seconds
+from desired.models import KaggleSettings
+from tests.adapters.test_contract import PROBE, ended, probe_records, running, wait_state
+from tests.fakes.kaggle import FakeKaggle
+
+
+@pytest.fixture
+def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeKaggle]:
+    server = FakeKaggle(tmp_path / "kaggle").start()
+    for name in ("KAGGLE_USERNAME", "KAGGLE_KEY", "KAGGLE_CONFIG_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("KAGGLE_API_TOKEN", server.token)
+    yield server
+    server.stop()
+
+
+def adapter(fake: FakeKaggle, owner: str = "repo-a", **settings: object) -> KaggleAdapter:
+    values: dict[str, object] = {"api_url": fake.url, "username": fake.username, "request_timeout_seconds": 5}
+    values.update(settings)
+    return KaggleAdapter("kaggle", KaggleSettings(**values), owner=owner)  # type: ignore[arg-type]
+
+
+def probe(tmp_path: Path, name: str = "p", *, gpus: int = 0, epoch: int = 1, secrets: dict[str, str] | None = None,
+          **env: str) -> LaunchSpec:
+    plain = {"PROBE_OUT": str(tmp_path / f"{name}.jsonl"), **{f"PROBE_{k.upper()}": v for k, v in env.items()}}
+    return LaunchSpec(job=name, run_id="r-1", epoch=epoch, command=[sys.executable, "-u", PROBE], env=plain,
+                      secret_env=secrets or {}, gpus=gpus)
+
+
+def slug(ref_id: str) -> str:
+    return ref_id.rsplit("/", 1)[1]
+
+
+# ---- launch -----------------------------------------------------------------------------------
+
+
+def test_launch_pushes_a_private_script_kernel_with_the_settings(fake: FakeKaggle, tmp_path: Path) -> None:
+    kaggle = adapter(fake, session_hours=2, enable_internet=False, machine_shape="NvidiaL4")
+    cpu, gpu = kaggle.launch(probe(tmp_path, "cpu")), kaggle.launch(probe(tmp_path, "gpu", gpus=1))
+    sent = fake.kernels[slug(cpu.id)].request
+    assert sent["slug"] == cpu.id and sent["newTitle"] == slug(cpu.id) and len(sent["newTitle"]) >= 5
+    assert (sent["language"], sent["kernelType"], sent["isPrivate"]) == ("python", "script", True)
+    assert sent["sessionTimeoutSeconds"] == 7200 and sent["enableInternet"] is False  # optional: false is sent
+    assert "machineShape" not in sent
+    assert fake.kernels[slug(gpu.id)].request["machineShape"] == "NvidiaL4"
+    assert "reconciler bootstrap for kaggle" in sent["text"]
+
+
+def test_slugs_are_valid_short_deterministic_and_differ_by_owner() -> None:
+    one = kernel_slug("kaggle", "Repo_A", "Train.Big_Model-with-a-long-name", "R-2026-12-03-abcdef", 12)
+    assert one == kernel_slug("kaggle", "Repo_A", "Train.Big_Model-with-a-long-name", "R-2026-12-03-abcdef", 12)
+    assert one != kernel_slug("kaggle", "repo_a", "Train.Big_Model-with-a-long-name", "R-2026-12-03-abcdef", 12)
+    assert one.startswith("rc-repo-a-train-big-") and len(one) <= 50
+    assert all(c.isdigit() or c == "-" or "a" <= c <= "z" for c in one)
+
+
+def test_a_full_batch_gpu_session_count_is_unavailable_not_a_config_error(fake: FakeKaggle, tmp_path: Path) -> None:
+    fake.max_gpu_sessions = 0
+    with pytest.raises(ProviderUnavailable, match="Maximum batch GPU session count of 0 reached") as err:
+        adapter(fake).launch(probe(tmp_path, gpus=1))
+    assert not isinstance(err.value, ProviderConfigError)
+    assert fake.kernels == {}
+
+
+def test_a_push_error_answered_with_http_200_is_an_error_in_kaggles_words(fake: FakeKaggle, tmp_path: Path) -> None:
+    fake.push_error("Notebook title must be at least 5 characters")
+    with pytest.raises(ProviderConfigError, match="kaggle provider 'kaggle'.*Notebook title must be at least 5"):
+        adapter(fake).launch(probe(tmp_path))
+
+
+def test_a_push_that_times_out_after_acting_is_adopted_not_repeated(fake: FakeKaggle, tmp_path: Path) -> None:
+    spec = probe(tmp_path, sleep="30")
+    fake.push_timeout(3)
+    with pytest.raises(ProviderUnavailable, match="may have acted"):
+        adapter(fake, request_timeout_seconds=1).launch(spec)
+    ref = adapter(fake).launch(spec)  # the next tick, from a fresh adapter: looked up, found, adopted
+    assert fake.pushes == 1 and fake.versions(slug(ref.id)) == 1
+    wait_state(adapter(fake), ref, running)
+    time.sleep(1)
+    assert len(probe_records(spec)) == 1
+
+
+# ---- the HTTP convention over real sockets ----------------------------------------------------
+
+
+def test_429_is_honoured_after_retry_after(fake: FakeKaggle) -> None:
+    fake.fail_next("GetAcceleratorQuotaStatistics", 429, retry_after="1")
+    started = time.monotonic()
+    assert adapter(fake).allowance().total == 30
+    assert time.monotonic() - started >= 1.0
+    assert fake.calls.count("GetAcceleratorQuotaStatistics") == 1  # the 429 never reached the RPC
+
+
+def test_a_500_is_unavailable(fake: FakeKaggle) -> None:
+    fake.fail_next("ListKernels", 500)
+    with pytest.raises(ProviderUnavailable, match="kaggle provider 'kaggle' is unavailable.*HTTP 500"):
+        adapter(fake).observe()
+
+
+def test_garbage_json_is_unavailable(fake: FakeKaggle) -> None:
+    fake.fail_next("ListKernels", garbage=True)
+    with pytest.raises(ProviderUnavailable, match="not JSON"):
+        adapter(fake).observe()
+
+
+# ---- credentials ------------------------------------------------------------------------------
+
+
+def test_missing_credentials_are_one_sentence_naming_kaggle_and_where_they_are_read(
+        fake: FakeKaggle, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KAGGLE_API_TOKEN")
+    with pytest.raises(ProviderConfigError) as err:
+        adapter(fake).observe()
+    text = str(err.value)
+    assert text.startswith("kaggle provider 'kaggle': no Kaggle credentials found")
+    for place in ("$KAGGLE_API_TOKEN", "~/.kaggle/access_token", "$KAGGLE_KEY", "kaggle.json"):
+        assert place in text
+    assert text.count(". ") == 0 and "\n" not in text
+
+
+def test_a_refused_token_names_kaggle_and_the_places_and_never_the_token(
+        fake: FakeKaggle, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KAGGLE_API_TOKEN", "kt-wrong-token-1234")
+    with pytest.raises(ProviderConfigError) as err:
+        adapter(fake).observe()
+    text = str(err.value)
+    assert "kaggle provider 'kaggle'" in text and "refused" in text and "$KAGGLE_API_TOKEN" in text
+    assert "kt-wrong-token-1234" not in text and fake.token not in text
+
+
+def test_credentials_are_read_from_kaggles_standard_places(fake: FakeKaggle, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(fake.token + "\n")
+    assert read_credentials({"KAGGLE_API_TOKEN": str(token_file)}).header == f"Bearer {fake.token}"  # type: ignore[union-attr]
+    home = tmp_path / "home2"
+    (home / ".kaggle").mkdir(parents=True)
+    (home / ".kaggle" / "access_token").write_text("from-file")
+    assert read_credentials({"HOME": str(home)}).header == "Bearer from-file"  # type: ignore[union-attr]
+    legacy = read_credentials({"HOME": str(tmp_path), "KAGGLE_USERNAME": "u", "KAGGLE_KEY": "k"})
+    assert legacy is not None and legacy.username == "u"
+    assert legacy.header == "Basic " + base64.b64encode(b"u:k").decode()
+    assert read_credentials({"HOME": str(tmp_path / "nobody")}) is None
+    # kaggle.json in $KAGGLE_CONFIG_DIR, HTTP Basic, and the username taken from it
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "kaggle.json").write_text(json.dumps({"username": fake.username, "key": fake.key}))
+    monkeypatch.delenv("KAGGLE_API_TOKEN")
+    monkeypatch.setenv("KAGGLE_CONFIG_DIR", str(config))
+    assert adapter(fake, username=None).observe() == {}
+
+
+def test_a_bare_token_finds_its_user_by_introspection(fake: FakeKaggle, tmp_path: Path) -> None:
+    kaggle = adapter(fake, username=None)
+    ref = kaggle.launch(probe(tmp_path))
+    assert ref.id.startswith(f"{fake.username}/") and "IntrospectToken" in fake.calls
+
+
+# ---- state ------------------------------------------------------------------------------------
+
+
+def test_a_status_without_status_is_pending(fake: FakeKaggle, tmp_path: Path) -> None:
+    fake.queue_delay = 60
+    ref = adapter(fake).launch(probe(tmp_path))
+    raw = httpx.post(f"{fake.url}/v1/kernels.KernelsApiService/GetKernelSessionStatus",
+                     json={"userName": fake.username, "kernelSlug": slug(ref.id)},
+                     headers={"Authorization": f"Bearer {fake.token}"}).json()
+    assert raw == {}  # QUEUED is the default, left out on the wire
+    state = adapter(fake).observe()[ref]
+    assert (state.phase, state.provider_state) == (WorkerPhase.PENDING, "QUEUED")
+
+
+def test_status_lag_delays_the_end_but_does_not_change_it(fake: FakeKaggle, tmp_path: Path) -> None:
+    kaggle = adapter(fake)
+    ref = kaggle.launch(probe(tmp_path, sleep="1"))
+    wait_state(kaggle, ref, running)
+    fake.lag_status(5)
+    time.sleep(1.5)
+    lagged = [kaggle.observe()[ref].phase for _ in range(5)]
+    assert lagged == [WorkerPhase.RUNNING] * 5
+    assert (kaggle.observe()[ref].phase, kaggle.observe()[ref].exit_code) == (WorkerPhase.EXITED, 0)
+
+
+def test_the_session_limit_kills_the_kernel_and_is_reported_as_session_limit(fake: FakeKaggle, tmp_path: Path) -> None:
+    fake.session_limit = 2
+    kaggle = adapter(fake)
+    ref = kaggle.launch(probe(tmp_path, sleep="60"))
+    state = wait_state(kaggle, ref, ended)
+    assert state.phase is WorkerPhase.SESSION_LIMIT and state.provider_state == "ERROR", state
+    assert "maximum session time" in state.detail
+
+
+def test_an_exit_75_near_the_session_end_is_a_session_end_and_far_from_it_is_not(fake: FakeKaggle,
+                                                                                 tmp_path: Path) -> None:
+    near = adapter(fake, session_hours=5 / 3600, save_margin_seconds=1)
+    state = wait_state(near, near.launch(probe(tmp_path, "near", exit="75")), ended)
+    assert (state.phase, state.exit_code) == (WorkerPhase.SESSION_LIMIT, 75), state
+    far = adapter(fake)  # twelve hours left: a stop notice, not the session's end
+    state = wait_state(far, far.launch(probe(tmp_path, "far", exit="75")), ended)
+    assert (state.phase, state.exit_code) == (WorkerPhase.EXITED, 75), state
+
+
+def test_kaggle_states_map_onto_worker_states() -> None:
+    assert kernel_state("", "", "", 600).phase is WorkerPhase.PENDING
+    assert kernel_state("NEW_SCRIPT", "", "", 600).phase is WorkerPhase.PENDING
+    assert kernel_state("RUNNING", "", "", 600).phase is WorkerPhase.RUNNING
+    cancelled = kernel_state("CANCEL_ACKNOWLEDGED", "", "", 600)
+    assert cancelled.phase is WorkerPhase.PREEMPTED and "not by the reconciler" in cancelled.detail
+    assert kernel_state("COMPLETE", "", "", 600) == WorkerState(WorkerPhase.EXITED, 0, "COMPLETE")
+    assert kernel_state("ERROR", "Kernel ran out of time limit", "", 600).phase is WorkerPhase.SESSION_LIMIT
+    failed = kernel_state("ERROR", "Something broke", "", 600)
+    assert (failed.phase, failed.exit_code, failed.detail) == (WorkerPhase.EXITED, 1, "Something broke")
+    record = 'reconciler-bootstrap: exit {"code": -11, "signal": "SIGSEGV"}\n'
+    crashed = kernel_state("ERROR", "whatever", record, 600)
+    assert (crashed.exit_code, crashed.signal) == (-11, "SIGSEGV")
+
+
+def test_kaggles_json_log_becomes_plain_lines_and_durations_parse() -> None:
+    raw = json.dumps([{"stream_name": "stdout", "time": 0.5, "data": "a\n"},
+                      {"stream_name": "stderr", "time": 1.0, "data": "b\n"}])
+    assert log_text(raw) == "a\nb\n" and log_text("plain text") == "plain text" and log_text(None) == ""
+    assert seconds("108000s") == 108000 and seconds("1.5s") == 1.5 and seconds(None) == 0 and seconds("x") == 0
+
+
+def test_logs_come_from_the_kernels_output_and_are_read_once_when_finished(fake: FakeKaggle, tmp_path: Path) -> None:
+    kaggle = adapter(fake)
+    ref = kaggle.launch(probe(tmp_path, lines="20"))
+    wait_state(kaggle, ref, ended)
+    reads = fake.calls.count("ListKernelSessionOutput")
+    tail = kaggle.logs(ref, 3).splitlines()
+    assert tail[-1].startswith("reconciler-bootstrap: exit") and tail[0] == "line 18"
+    kaggle.observe()
+    assert fake.calls.count("ListKernelSessionOutput") == reads
+
+
+# ---- secrets and storage ----------------------------------------------------------------------
+
+
+def test_the_bootstrap_reads_secrets_through_kaggle_secrets(fake: FakeKaggle, tmp_path: Path) -> None:
+    fake.secrets["API_KEY"] = "from-kaggle-user-secrets"
+    kaggle = adapter(fake)
+    spec = probe(tmp_path, secrets={"PROBE_SECRET": "never-sent"})  # the daemon's value never travels
+    fake.secrets["PROBE_SECRET"] = "held-by-kaggle"
+    ref = kaggle.launch(spec)
+    assert wait_state(kaggle, ref, ended).exit_code == 0
+    assert probe_records(spec)[0]["env"]["PROBE_SECRET"] == "held-by-kaggle"
+    assert "never-sent" not in fake.kernels[slug(ref.id)].text
+
+
+def test_a_secret_not_attached_fails_with_the_reason(fake: FakeKaggle, tmp_path: Path) -> None:
+    kaggle = adapter(fake)
+    ref = kaggle.launch(probe(tmp_path, secrets={"MISSING_ONE": ""}))
+    state = wait_state(kaggle, ref, ended)
+    assert state.phase is WorkerPhase.EXITED and state.exit_code == 1
+    assert "secret MISSING_ONE is not attached" in state.detail
+
+
+def test_a_worker_that_cannot_reach_storage_ends_with_the_bootstraps_reason(fake: FakeKaggle, tmp_path: Path) -> None:
+    fake.secrets.update({"AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b"})
+    spec = probe(tmp_path, secrets={"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""})
+    env = {**spec.env, "RECONCILER_RUN_URI": "s3://no-such-bucket/runs/p/r-1", "AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9"}
+    kaggle = adapter(fake)
+    ref = kaggle.launch(LaunchSpec(**{**spec.__dict__, "env": env}))
+    state = wait_state(kaggle, ref, ended, timeout=120)
+    assert (state.phase, state.exit_code) == (WorkerPhase.EXITED, STORAGE_UNREACHABLE), state
+    assert "cannot reach run storage s3://no-such-bucket/runs/p/r-1" in state.detail
+
+
+# ---- quota ------------------------------------------------------------------------------------
+
+
+def test_the_weekly_quota_is_read_as_an_allowance_and_exhaustion_and_refresh_show(fake: FakeKaggle) -> None:
+    fake.set_quota(30, 10)
+    allowance = adapter(fake, min_quota_hours=2).allowance()
+    assert (allowance.unit, allowance.total, allowance.used, allowance.minimum) == ("gpu-hours", 30, 10, 2)
+    assert allowance.remaining == pytest.approx(20, abs=0.01) and allowance.applies_to_cpu is False
+    assert allowance.resets_at is not None and abs(allowance.resets_at - fake.quota_refresh_at) < 1
+    fake.exhaust_quota()
+    assert adapter(fake).allowance().remaining == 0
+    fake.refresh_quota()
+    assert adapter(fake).allowance().remaining == pytest.approx(30, abs=0.01)
+
+
+def test_running_gpu_kernels_use_the_quota(fake: FakeKaggle, tmp_path: Path) -> None:
+    kaggle = adapter(fake)
+    ref = kaggle.launch(probe(tmp_path, gpus=1, sleep="3"))
+    wait_state(kaggle, ref, ended)
+    assert kaggle.allowance().used * 3600 >= 2  # type: ignore[operator]
+
+
+def test_another_owners_kernels_are_counted_never_returned(fake: FakeKaggle, tmp_path: Path) -> None:
+    theirs = adapter(fake, owner="repo-b")
+    their_ref = theirs.launch(probe(tmp_path, sleep="30"))
+    wait_state(theirs, their_ref, running)
+    ours = adapter(fake)
+    assert ours.observe() == {} and ours.foreign_workers == 1
+    assert ours.logs(their_ref, 10) == ""
+    assert adapter(fake, owner="*").observe()[their_ref].phase is WorkerPhase.RUNNING
+    assert ours.capacity() is not None and ours.free_slots() is None
+
+
+def test_kernels_last_run_more_than_a_week_ago_are_not_read(fake: FakeKaggle, tmp_path: Path) -> None:
+    kaggle = adapter(fake)
+    ref = kaggle.launch(probe(tmp_path))
+    wait_state(kaggle, ref, ended)
+    machine = fake.kernels[slug(ref.id)].machine
+    assert machine is not None and machine.started_at is not None
+    machine.started_at -= 8 * 86400
+    fresh = adapter(fake)
+    assert fresh.observe() == {} and "GetKernel" not in fake.calls[-3:]
+
+
+def test_the_fake_runs_standalone_and_prints_its_url(tmp_path: Path) -> None:
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, "-m", "tests.fakes.kaggle", "--token", "kt-standalone",
+                             "--workdir", str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parents[2])
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        url = line.split(" at ", 1)[1].split()[0]
+        answer = httpx.post(f"{url}/v1/kernels.KernelsApiService/GetAcceleratorQuotaStatistics", json={},
+                            headers={"Authorization": "Bearer kt-standalone"})
+        assert answer.status_code == 200 and answer.json()["gpuQuota"]["totalTimeAllowed"] == "108000s"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_kaggles_session_cut_wins_over_the_kill_it_caused() -> None:
+    killed = 'reconciler-bootstrap: exit {"code": -9, "signal": "SIGKILL"}\n'
+    state = kernel_state("ERROR", "Your notebook hit the maximum session time of 43200 seconds", killed, 600)
+    assert (state.phase, state.exit_code) == (WorkerPhase.SESSION_LIMIT, -9)

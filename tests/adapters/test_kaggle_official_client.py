@@ -1,0 +1,171 @@
+"""The fake Kaggle API driven by Kaggle's official client, kagglesdk, so the fake and the adapter
+are held to the wire format Kaggle's own code speaks, not to our reading of it.
+
+How kagglesdk is pointed at the fake: `KaggleClient(env=KaggleEnv.TEST)` builds URLs as
+`{endpoint}/api/v1/{Service}/{Method}` with the endpoint fixed at http://localhost:7777; the
+endpoint is a plain attribute of its HTTP client (`_endpoint`), set here to the fake's address,
+and the fake accepts the `/api` prefix. Nothing else of kagglesdk is changed: requests are built
+by its own request types (`to_dict`, defaults left out), answers parsed by its response types
+(`prepare_from`), and errors judged by its own `_prepare_response`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import requests
+
+kagglesdk = pytest.importorskip("kagglesdk")
+
+from kagglesdk import KaggleClient  # noqa: E402
+from kagglesdk.kaggle_env import KaggleEnv  # noqa: E402
+from kagglesdk.kernels.types.kernels_api_service import (  # noqa: E402
+    ApiGetAcceleratorQuotaStatisticsRequest,
+    ApiGetKernelRequest,
+    ApiGetKernelSessionStatusRequest,
+    ApiListKernelSessionOutputRequest,
+    ApiListKernelsRequest,
+    ApiSaveKernelRequest,
+)
+from kagglesdk.kernels.types.kernels_enums import (  # noqa: E402
+    KernelsListSortType,
+    KernelsListViewType,
+    KernelWorkerStatus,
+)
+from kagglesdk.security.types.oauth_service import IntrospectTokenRequest  # noqa: E402
+
+from tests.fakes.kaggle import FakeKaggle  # noqa: E402
+
+SCRIPT = "print('hello from a kernel')\n"
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> Iterator[FakeKaggle]:
+    server = FakeKaggle(tmp_path / "kaggle").start()
+    yield server
+    server.stop()
+
+
+def client_for(fake: FakeKaggle, token: str | None = None) -> KaggleClient:
+    client = KaggleClient(env=KaggleEnv.TEST, api_token=token or fake.token)
+    client.http_client()._endpoint = fake.url  # TEST's endpoint is localhost:7777; ours is a free port
+    return client
+
+
+def push(client: KaggleClient, slug: str, *, text: str = SCRIPT, shape: str | None = None):  # type: ignore[no-untyped-def]
+    request = ApiSaveKernelRequest()
+    request.slug = f"fakeuser/{slug}"
+    request.new_title = slug
+    request.text = text
+    request.language = "python"
+    request.kernel_type = "script"
+    request.is_private = True
+    request.enable_internet = False
+    request.session_timeout_seconds = 3600
+    if shape:
+        request.machine_shape = shape
+    return client.kernels.kernels_api_client.save_kernel(request)
+
+
+def status(client: KaggleClient, slug: str):  # type: ignore[no-untyped-def]
+    request = ApiGetKernelSessionStatusRequest()
+    request.user_name, request.kernel_slug = "fakeuser", slug
+    return client.kernels.kernels_api_client.get_kernel_session_status(request)
+
+
+def test_save_kernel_answers_a_save_kernel_response_and_runs_the_text(fake: FakeKaggle) -> None:
+    answer = push(client_for(fake), "rc-hello-kernel")
+    assert not answer.error and answer.version_number == 1 and answer.ref == "/code/fakeuser/rc-hello-kernel"
+    kernel = fake.kernels["rc-hello-kernel"]
+    assert kernel.request["enableInternet"] is False and kernel.request["isPrivate"] is True
+    assert kernel.request["sessionTimeoutSeconds"] == 3600 and "machineShape" not in kernel.request
+
+
+def test_a_push_error_reaches_the_official_client_as_the_error_field(fake: FakeKaggle) -> None:
+    fake.max_gpu_sessions = 2
+    client = client_for(fake)
+    for n in range(2):
+        assert push(client, f"rc-gpu-{n}", text="import time; time.sleep(30)", shape="NvidiaTeslaT4").error == ""
+    answer = push(client, "rc-gpu-2", shape="NvidiaTeslaT4")
+    assert answer.error == "Maximum batch GPU session count of 2 reached"
+
+
+def test_status_reads_as_kernel_worker_status_queued_when_left_out_then_complete(fake: FakeKaggle) -> None:
+    fake.queue_delay = 2
+    client = client_for(fake)
+    push(client, "rc-status-kernel")
+    queued = status(client, "rc-status-kernel")
+    assert queued.status is KernelWorkerStatus.QUEUED and not queued.failure_message
+    deadline = time.monotonic() + 30
+    while status(client, "rc-status-kernel").status is not KernelWorkerStatus.COMPLETE:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+
+
+def test_a_failed_kernel_reads_as_error_with_its_failure_message(fake: FakeKaggle) -> None:
+    client = client_for(fake)
+    push(client, "rc-failing-kernel", text="import sys; sys.exit(3)")
+    deadline = time.monotonic() + 30
+    while (answer := status(client, "rc-failing-kernel")).status is not KernelWorkerStatus.ERROR:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert "exited with code 3" in (answer.failure_message or "")
+
+
+def test_session_output_carries_the_log_as_kaggles_json_lines(fake: FakeKaggle) -> None:
+    client = client_for(fake)
+    push(client, "rc-logging-kernel")
+    deadline = time.monotonic() + 30
+    while status(client, "rc-logging-kernel").status is not KernelWorkerStatus.COMPLETE:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    request = ApiListKernelSessionOutputRequest()
+    request.user_name, request.kernel_slug = "fakeuser", "rc-logging-kernel"
+    output = client.kernels.kernels_api_client.list_kernel_session_output(request)
+    entries = json.loads(output.log)
+    assert entries[0]["data"] == "hello from a kernel\n" and entries[0]["stream_name"] == "stdout"
+    assert output.files == []
+
+
+def test_quota_statistics_parse_into_durations_and_a_refresh_time(fake: FakeKaggle) -> None:
+    fake.set_quota(30, 12.5)
+    request = ApiGetAcceleratorQuotaStatisticsRequest()
+    answer = client_for(fake).kernels.kernels_api_client.get_accelerator_quota_statistics(request)
+    assert answer.gpu_quota.total_time_allowed == timedelta(hours=30)
+    assert answer.gpu_quota.time_used == timedelta(hours=12.5)
+    assert isinstance(answer.quota_refresh_time, datetime)
+    refresh = answer.quota_refresh_time.replace(tzinfo=UTC)  # kagglesdk parses "...Z" into a naive datetime
+    assert abs(refresh.timestamp() - fake.quota_refresh_at) < 1
+
+
+def test_list_and_get_kernel_as_the_cli_asks_for_mine(fake: FakeKaggle) -> None:
+    client = client_for(fake)
+    push(client, "rc-listed-kernel")
+    request = ApiListKernelsRequest()
+    request.group = KernelsListViewType.PROFILE
+    request.sort_by = KernelsListSortType.DATE_RUN
+    request.page_size = 20
+    listing = client.kernels.kernels_api_client.list_kernels(request)
+    assert [k.ref for k in listing.kernels] == ["fakeuser/rc-listed-kernel"] and listing.next_page_token == ""
+    get = ApiGetKernelRequest()
+    get.user_name, get.kernel_slug = "fakeuser", "rc-listed-kernel"
+    assert client.kernels.kernels_api_client.get_kernel(get).blob.source == SCRIPT
+
+
+def test_introspection_names_the_tokens_user(fake: FakeKaggle) -> None:
+    request = IntrospectTokenRequest()
+    request.token = fake.token
+    answer = client_for(fake).security.oauth_client.introspect_token(request)
+    assert answer.active is True and answer.username == "fakeuser"
+
+
+def test_wrong_credentials_and_unknown_kernels_raise_in_the_official_client(fake: FakeKaggle) -> None:
+    with pytest.raises(requests.exceptions.HTTPError, match="Unauthenticated"):
+        status(client_for(fake, token="kt-wrong"), "rc-any")
+    with pytest.raises(requests.exceptions.HTTPError, match="Notebook not found"):
+        status(client_for(fake), "rc-missing")

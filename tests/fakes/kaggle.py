@@ -1,0 +1,511 @@
+"""A fake Kaggle API on 127.0.0.1: the RPC routes of shared/reference/provider-apis.md §1, run for real.
+
+`POST {url}[/api]/v1/kernels.KernelsApiService/{Method}` with camelCase JSON, defaults left out
+(a queued kernel's status has no `status` key), the auth header checked (Bearer token or HTTP
+Basic username:key), errors as `{"code": n, "message": ...}` with that HTTP status, and a push
+error as HTTP 200 with an `error` field, as Kaggle does. Methods: SaveKernel, GetKernel,
+ListKernels, GetKernelSessionStatus, ListKernelSessionOutput, GetAcceleratorQuotaStatistics, and
+security.OAuthService/IntrospectToken. The optional `/api` prefix lets kagglesdk's TEST environment
+(which puts `/api` before `/v1`) talk to it.
+
+Each pushed kernel's `text` runs as a real local process (`machine.Machine`) after the queue
+delay, with the variables a Kaggle batch kernel has (KAGGLE_KERNEL_RUN_TYPE=Batch, KAGGLE_URL_BASE,
+KAGGLE_USER_SECRETS_TOKEN) and a `kaggle_secrets` module on its PYTHONPATH that fetches user
+secrets from `POST {KAGGLE_URL_BASE}/requests/GetUserSecretByLabelRequest`, as Kaggle's own does.
+The session limit (the push's sessionTimeoutSeconds, or a shorter one set here) kills the machine
+and reports ERROR with a session-limit message.
+
+Faults on demand: `queue_delay`, `session_limit`, `max_gpu_sessions` (push answered HTTP 200 with
+"Maximum batch GPU session count of N reached"), `lag_status(n)`, `push_error(msg)`,
+`fail_next(method, status=500|429, retry_after=, garbage=)`, `push_timeout(seconds)` (creates the
+kernel, then answers late), `set_quota` / `exhaust_quota` / `refresh_quota` (GPU time used grows
+with running GPU kernels' time). Standalone: `python -m tests.fakes.kaggle --port N`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import secrets as random_tokens
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from tests.fakes.machine import Machine
+
+SERVICE = "kernels.KernelsApiService"
+SESSION_MESSAGE = "Your notebook hit the maximum session time of {seconds} seconds and was stopped"
+
+SHIM = '''"""kaggle_secrets as a Kaggle batch kernel has it (Kaggle/docker-python patches/kaggle_secrets.py),
+reduced to get_secret: POST {KAGGLE_URL_BASE}/requests/GetUserSecretByLabelRequest with the JWT."""
+import json
+import os
+import urllib.request
+
+
+class BackendError(Exception):
+    pass
+
+
+class UserSecretsClient:
+    GET_USER_SECRET_BY_LABEL_ENDPOINT = "/requests/GetUserSecretByLabelRequest"
+
+    def __init__(self):
+        self.url_base = os.environ.get("KAGGLE_URL_BASE", "https://www.kaggle.com")
+        self.jwt_token = os.environ["KAGGLE_USER_SECRETS_TOKEN"]
+
+    def get_secret(self, label):
+        body = json.dumps({"Label": label, "JWE": self.jwt_token}).encode()
+        request = urllib.request.Request(self.url_base + self.GET_USER_SECRET_BY_LABEL_ENDPOINT, data=body, headers={
+            "Content-type": "application/json", "X-Kaggle-Authorization": "Bearer " + self.jwt_token})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            answer = json.loads(response.read())
+        if not answer.get("wasSuccessful") or "secret" not in (answer.get("result") or {}):
+            raise BackendError("Unexpected response from the service: " + json.dumps(answer))
+        return answer["result"]["secret"]
+'''
+
+
+def compact(value: Any) -> Any:
+    """Proto3 JSON: fields equal to their default (None, "", 0, False, [], {}) are left out."""
+    if isinstance(value, dict):
+        out = {k: compact(v) for k, v in value.items()}
+        return {k: v for k, v in out.items() if v not in (None, "", 0, False, [], {})}
+    if isinstance(value, list):
+        return [compact(v) for v in value]
+    return value
+
+
+def iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+@dataclass
+class FakeKernel:
+    user: str
+    slug: str
+    title: str
+    text: str
+    request: dict[str, Any]
+    folder: Path
+    pushed_at: float
+    version: int = 1
+    machine: Machine | None = None
+    secrets_token: str = field(default_factory=lambda: random_tokens.token_hex(16))
+    session_killed: bool = False
+    cancelled: bool = False
+    reported: dict[str, Any] | None = None  # the last status answer (for the status lag fault)
+
+    @property
+    def gpu(self) -> bool:
+        return bool(self.request.get("machineShape"))
+
+    @property
+    def running(self) -> bool:
+        return self.machine is not None and self.machine.alive
+
+    @property
+    def live(self) -> bool:
+        return self.machine is None or self.machine.alive
+
+    def run_seconds(self, since: float) -> float:
+        m = self.machine
+        if m is None or m.started_at is None:
+            return 0.0
+        end = m.ended_at if m.ended_at is not None else time.time()
+        return max(0.0, end - max(since, m.started_at))
+
+
+@dataclass
+class Fault:
+    method: str | None  # None: any RPC
+    status: int = 500
+    retry_after: str | None = None
+    garbage: bool = False
+    times: int = 1
+
+
+class RpcError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class FakeKaggle:
+    """The fake service; `start()` serves on 127.0.0.1, `url` is its base, `stop()` ends every kernel."""
+
+    def __init__(self, workdir: Path, *, username: str = "fakeuser", token: str | None = None,
+                 key: str | None = None, port: int = 0) -> None:
+        self.workdir = Path(workdir)
+        self.username = username
+        self.token = token or "kt-" + random_tokens.token_hex(12)
+        self.key = key or random_tokens.token_hex(16)
+        self.port = port
+        self.kernels: dict[str, FakeKernel] = {}
+        self.secrets: dict[str, str] = {}  # the user's secrets, all attached to every kernel
+        self.calls: list[str] = []  # RPC method names, in order
+        self.pushes = 0
+        self.queue_delay = 0.0
+        self.session_limit: float | None = None  # seconds; the push's sessionTimeoutSeconds otherwise
+        self.max_gpu_sessions: int | None = None
+        self.quota_total = 30 * 3600.0
+        self.quota_used_base = 0.0
+        self.quota_since = time.time()
+        self.quota_refresh_at = time.time() + 7 * 86400
+        self._status_lag = 0
+        self._push_error: str | None = None
+        self._push_delay = 0.0
+        self._faults: list[Fault] = []
+        self._lock = threading.RLock()
+        self._server: ThreadingHTTPServer | None = None
+        self._stop = threading.Event()
+        self._shim = self.workdir / "kaggle-shim"
+
+    # ---- life -----------------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def start(self) -> FakeKaggle:
+        self._shim.mkdir(parents=True, exist_ok=True)
+        (self._shim / "kaggle_secrets.py").write_text(SHIM)
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), _handler(self))
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        threading.Thread(target=self._ticker, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        for kernel in list(self.kernels.values()):
+            if kernel.machine is not None:
+                kernel.machine.kill_all()
+
+    def _ticker(self) -> None:
+        while not self._stop.wait(0.1):
+            self.advance()
+
+    def advance(self) -> None:
+        """Start kernels whose queue time is over; end sessions that ran past their limit."""
+        with self._lock:
+            for kernel in self.kernels.values():
+                if kernel.machine is None and time.time() >= kernel.pushed_at + self.queue_delay:
+                    self._start(kernel)
+                elif kernel.running and self._over_session(kernel):
+                    kernel.session_killed = True
+                    assert kernel.machine is not None
+                    kernel.machine.kill_all()
+
+    def _session_seconds(self, kernel: FakeKernel) -> float | None:
+        asked = kernel.request.get("sessionTimeoutSeconds")
+        limits = [float(v) for v in (asked, self.session_limit) if v]
+        return min(limits) if limits else None
+
+    def _over_session(self, kernel: FakeKernel) -> bool:
+        limit = self._session_seconds(kernel)
+        m = kernel.machine
+        return limit is not None and m is not None and m.started_at is not None and time.time() - m.started_at > limit
+
+    def _start(self, kernel: FakeKernel) -> None:
+        kernel.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        script = kernel.folder / "__script__.py"
+        script.write_text(kernel.text)
+        env = {"KAGGLE_KERNEL_RUN_TYPE": "Batch", "KAGGLE_URL_BASE": self.url,
+               "KAGGLE_USER_SECRETS_TOKEN": kernel.secrets_token, "PYTHONPATH": str(self._shim)}
+        kernel.machine = Machine(kernel.folder / "machine", [sys.executable, "-u", str(script)], env)
+        kernel.machine.start()
+
+    # ---- faults -----------------------------------------------------------------------------
+    def lag_status(self, calls: int) -> None:
+        """The next `calls` status answers repeat each kernel's previous answer."""
+        self._status_lag = calls
+
+    def push_error(self, message: str) -> None:
+        """The next push is answered HTTP 200 with `error`, creating nothing."""
+        self._push_error = message
+
+    def push_timeout(self, seconds: float) -> None:
+        """The next push creates the kernel, then answers only after `seconds`."""
+        self._push_delay = seconds
+
+    def fail_next(self, method: str | None = None, status: int = 500, *, retry_after: str | None = None,
+                  garbage: bool = False, times: int = 1) -> None:
+        self._faults.append(Fault(method, status, retry_after, garbage, times))
+
+    def set_quota(self, total_hours: float, used_hours: float = 0.0) -> None:
+        with self._lock:
+            self.quota_total, self.quota_used_base = total_hours * 3600, used_hours * 3600
+            self.quota_since = time.time()
+
+    def exhaust_quota(self) -> None:
+        self.set_quota(self.quota_total / 3600, self.quota_total / 3600)
+
+    def refresh_quota(self) -> None:
+        """The weekly refill: nothing used, the next refill a week away."""
+        self.set_quota(self.quota_total / 3600, 0.0)
+        self.quota_refresh_at = time.time() + 7 * 86400
+
+    def quota_used(self) -> float:
+        with self._lock:
+            return self.quota_used_base + sum(k.run_seconds(self.quota_since) for k in self.kernels.values() if k.gpu)
+
+    def kill_command(self, ref_id: str) -> bool:
+        """Someone kills the kernel's command on the machine (SIGKILL), not the bootstrap."""
+        kernel = self.kernels.get(ref_id.rsplit("/", 1)[-1])
+        return kernel is not None and kernel.machine is not None and kernel.machine.kill_command()
+
+    def versions(self, slug: str) -> int:
+        kernel = self.kernels.get(slug)
+        return 0 if kernel is None else kernel.version
+
+    # ---- the RPCs ---------------------------------------------------------------------------
+    def authorized(self, header: str) -> bool:
+        basic = base64.b64encode(f"{self.username}:{self.key}".encode()).decode()
+        return header in (f"Bearer {self.token}", f"Basic {basic}")
+
+    def take_fault(self, method: str) -> Fault | None:
+        with self._lock:
+            for fault in self._faults:
+                if fault.method in (None, method) and fault.times > 0:
+                    fault.times -= 1
+                    if fault.times == 0:
+                        self._faults.remove(fault)
+                    return fault
+        return None
+
+    def rpc(self, service: str, method: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append(method)
+        if service == "security.OAuthService" and method == "IntrospectToken":
+            ok = body.get("token") == self.token
+            return {"active": ok, "username": self.username if ok else ""}
+        handler = getattr(self, f"rpc_{method}", None)
+        if service != SERVICE or handler is None:
+            raise RpcError(404, f"No such method {service}/{method}")
+        with self._lock:
+            self.advance()
+            result: dict[str, Any] = handler(body)
+            return result
+
+    def _kernel(self, body: dict[str, Any]) -> FakeKernel:
+        kernel = self.kernels.get(str(body.get("kernelSlug", "")))
+        if kernel is None or body.get("userName") != kernel.user:
+            raise RpcError(404, "Notebook not found")
+        return kernel
+
+    def rpc_SaveKernel(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self._push_error:
+            error, self._push_error = self._push_error, None
+            return {"error": error}
+        user, _, slug = str(body.get("slug", "")).rpartition("/")
+        if (user or self.username) != self.username or not slug:
+            return {"error": "You do not have permission to push to this notebook"}
+        if not body.get("text") or body.get("language") != "python" or body.get("kernelType") != "script":
+            return {"error": "A kernel needs text, language python and kernelType script"}
+        live_gpu = sum(1 for k in self.kernels.values() if k.gpu and k.live)
+        if body.get("machineShape") and self.max_gpu_sessions is not None and live_gpu >= self.max_gpu_sessions:
+            return {"error": f"Maximum batch GPU session count of {self.max_gpu_sessions} reached"}
+        old = self.kernels.get(slug)
+        if old is None and len(str(body.get("newTitle") or "")) < 5:
+            return {"error": "Notebook title must be at least 5 characters"}
+        if old is not None and old.machine is not None:
+            old.machine.kill_all()  # a new version replaces the run
+        self.pushes += 1
+        version = 1 if old is None else old.version + 1
+        kernel = FakeKernel(self.username, slug, str(body.get("newTitle") or slug), str(body["text"]), dict(body),
+                            self.workdir / "kernels" / f"{slug}-v{version}", time.time(), version)
+        self.kernels[slug] = kernel
+        ref = f"{self.username}/{slug}"
+        return {"ref": f"/code/{ref}", "url": f"{self.url}/code/{ref}", "versionNumber": version,
+                "kernelId": 1000 + len(self.kernels)}
+
+    def rpc_GetKernel(self, body: dict[str, Any]) -> dict[str, Any]:
+        kernel = self._kernel(body)
+        return {"metadata": self._metadata(kernel),
+                "blob": {"source": kernel.text, "language": "python", "kernelType": "script", "slug": kernel.slug}}
+
+    def _metadata(self, kernel: FakeKernel) -> dict[str, Any]:
+        started = kernel.machine.started_at if kernel.machine and kernel.machine.started_at else kernel.pushed_at
+        return {"id": 1000 + list(self.kernels).index(kernel.slug), "ref": f"{kernel.user}/{kernel.slug}",
+                "title": kernel.title, "author": kernel.user, "slug": kernel.slug, "lastRunTime": iso(started),
+                "language": "python", "kernelType": "script", "isPrivate": True,
+                "enableGpu": kernel.gpu, "machineShape": kernel.request.get("machineShape"),
+                "currentVersionNumber": kernel.version}
+
+    def rpc_ListKernels(self, body: dict[str, Any]) -> dict[str, Any]:
+        mine = [k for k in self.kernels.values() if body.get("group") == "PROFILE" or body.get("user") == k.user]
+        search = str(body.get("search") or "")
+        mine = [k for k in mine if search in k.slug or search in k.title]
+        mine.sort(key=lambda k: k.pushed_at, reverse=True)
+        start = int(body.get("pageToken") or 0)
+        size = int(body.get("pageSize") or 20)
+        page = mine[start:start + size]
+        more = start + size < len(mine)
+        return {"kernels": [self._metadata(k) for k in page], "nextPageToken": str(start + size) if more else ""}
+
+    def rpc_GetKernelSessionStatus(self, body: dict[str, Any]) -> dict[str, Any]:
+        kernel = self._kernel(body)
+        if self._status_lag > 0 and kernel.reported is not None:
+            self._status_lag -= 1
+            return kernel.reported
+        kernel.reported = self._status(kernel)
+        return kernel.reported
+
+    def _status(self, kernel: FakeKernel) -> dict[str, Any]:
+        m = kernel.machine
+        if m is None:
+            return {}  # QUEUED is the default, so Kaggle leaves `status` out
+        code = m.exit_code
+        if code is None:
+            return {"status": "RUNNING"}
+        if kernel.session_killed:
+            return {"status": "ERROR", "failureMessage": SESSION_MESSAGE.format(seconds=self._session_seconds(kernel))}
+        if code == 0:
+            return {"status": "COMPLETE"}
+        return {"status": "ERROR", "failureMessage": f"Kernel run failed: the process exited with code {code}"}
+
+    def rpc_ListKernelSessionOutput(self, body: dict[str, Any]) -> dict[str, Any]:
+        kernel = self._kernel(body)
+        m = kernel.machine
+        if m is None:
+            return {}
+        start = m.started_at or time.time()
+        entries = [{"stream_name": "stdout", "time": round(time.time() - start, 3), "data": line}
+                   for line in m.log_text().splitlines(keepends=True)]
+        return {"log": json.dumps(entries), "files": []}
+
+    def rpc_GetAcceleratorQuotaStatistics(self, body: dict[str, Any]) -> dict[str, Any]:
+        used = min(self.quota_used(), max(self.quota_total, self.quota_used_base))
+        gpu = {"timeUsed": f"{int(used)}s", "totalTimeAllowed": f"{int(self.quota_total)}s", "timeReserved": "0s",
+               "hasEverRun": used > 0}
+        return {"quotaRefreshTime": iso(self.quota_refresh_at), "gpuQuota": gpu,
+                "tpuQuota": {"totalTimeAllowed": f"{20 * 3600}s"}}
+
+    def user_secret(self, token: str, label: str) -> dict[str, Any]:
+        """Kaggle's secrets endpoint: the kernel's JWT picks the user; the label picks the secret."""
+        if not any(k.secrets_token == token for k in self.kernels.values()):
+            return {"wasSuccessful": False, "errors": ["Unauthorized"]}
+        if label not in self.secrets:
+            return {"wasSuccessful": False, "errors": [f"No user secret with label {label}"]}
+        return {"wasSuccessful": True, "result": {"secret": self.secrets[label]}}
+
+
+def _handler(fake: FakeKaggle) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            try:
+                body = json.loads(raw or b"{}")
+            except ValueError:
+                return self._send(400, {"code": 400, "message": "Request body is not JSON"})
+            path = self.path.split("?", 1)[0].removeprefix("/api")
+            if path == "/requests/GetUserSecretByLabelRequest":
+                token = str(self.headers.get("X-Kaggle-Authorization", "")).removeprefix("Bearer ")
+                return self._send(200, fake.user_secret(token, str(body.get("Label", ""))))
+            parts = path.strip("/").split("/")
+            if len(parts) != 3 or parts[0] != "v1":
+                return self._send(404, {"code": 404, "message": f"No route {path}"})
+            if not fake.authorized(str(self.headers.get("Authorization", ""))):
+                return self._send(401, {"code": 401, "message": "Unauthenticated: invalid credentials"})
+            if self._fault(parts[2]):
+                return None
+            try:
+                answer = fake.rpc(parts[1], parts[2], body if isinstance(body, dict) else {})
+            except RpcError as exc:
+                return self._send(exc.status, {"code": exc.status, "message": str(exc)})
+            if parts[2] == "SaveKernel" and fake._push_delay:
+                delay, fake._push_delay = fake._push_delay, 0.0
+                time.sleep(delay)  # acted already; the client has given up by now
+            return self._send(200, compact(answer))
+
+        def _fault(self, method: str) -> bool:
+            fault = fake.take_fault(method)
+            if fault is None:
+                return False
+            if fault.garbage:
+                self._send_raw(200, b"<html><body>502 Bad Gateway</body></html>", "text/html")
+            else:
+                headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
+                self._send(fault.status, {"code": fault.status, "message": "injected failure"}, headers)
+            return True
+
+        def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+            self._send_raw(status, json.dumps(payload).encode(), "application/json", headers)
+
+        def _send_raw(self, status: int, data: bytes, kind: str, headers: dict[str, str] | None = None) -> None:
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(data)))
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+    return Handler
+
+
+def contract_kit(request: Any, workdir: Path) -> Any:
+    """The adapter contract suite's hooks (tests/adapters/test_contract.py): a fake per test."""
+    from adapters.kaggle import KaggleAdapter
+    from desired.models import KaggleSettings
+    from tests.fakes import HostedKit
+
+    fake = FakeKaggle(workdir).start()
+    request.addfinalizer(fake.stop)
+    monkeypatch = request.getfixturevalue("monkeypatch")
+    for name in ("KAGGLE_USERNAME", "KAGGLE_KEY", "KAGGLE_CONFIG_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("KAGGLE_API_TOKEN", fake.token)
+    settings = KaggleSettings(api_url=fake.url, username=fake.username, request_timeout_seconds=10)
+
+    def make(owner: str = "repo-a") -> KaggleAdapter:
+        return KaggleAdapter("kaggle", settings, owner=owner)
+
+    def interrupt(adapter: Any, ref: Any) -> None:
+        assert fake.kill_command(ref.id), f"no command to kill for {ref.id}"
+
+    def prepare(spec: Any) -> None:
+        fake.secrets.update(spec.secret_env)
+
+    return HostedKit(make=make, interrupt=interrupt, prepare=prepare, cancels=False)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--token", default=None, help="the bearer token to accept (default: a new random one)")
+    parser.add_argument("--username", default="fakeuser")
+    parser.add_argument("--workdir", default=None, help="where kernels run (default: a new temporary folder)")
+    args = parser.parse_args(argv)
+    import tempfile
+
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="fake-kaggle-"))
+    fake = FakeKaggle(workdir, username=args.username, token=args.token, port=args.port).start()
+    print(f"fake Kaggle API at {fake.url} (user {fake.username}, token {fake.token})", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        fake.stop()
+
+
+if __name__ == "__main__":
+    main()
