@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 MACHINE_ENV = ("PATH", "LANG", "TZ")
+SIGKILL = signal.SIGKILL  # a default below: inside the class, `signal` names the method
 
 
 class Machine:
@@ -86,7 +87,7 @@ class Machine:
             self.proc.wait()
             self.exit_code  # noqa: B018 - records ended_at
 
-    def kill_command(self, signum: int = signal.SIGKILL) -> bool:
+    def kill_command(self, signum: int = SIGKILL) -> bool:
         """Someone on the machine kills the job's command (the bootstrap's child), not the bootstrap."""
         if self.proc is None:
             return False
