@@ -73,6 +73,7 @@ KEY_PLACES = ("the VAST_API_KEY environment variable, $XDG_CONFIG_HOME/vastai/va
               "(or ~/.config/vastai/vast_api_key) or ~/.vast_api_key")
 PENDING = {None, "", "created", "loading", "scheduling"}
 OFFLINE = {"offline", "unknown"}
+FORGET_AFTER_SECONDS = 3600.0
 BID_MARGIN = 1.05  # bid 5% over the offer's minimum, so a small rise does not outbid us at once
 SEARCH_QUOTA = "search_quota_exceeded"
 GONE_OFFER = ("no_such_ask", "not available", "unavailable", "no longer", "already rented")
@@ -130,6 +131,7 @@ class VastAdapter:
         self._destroyed: dict[str, WorkerState] = {}  # destroyed by us: their last word
         self._offline_since: dict[str, float] = {}
         self._loading_since: dict[str, float] = {}
+        self._gone_since: dict[str, float] = {}
 
     # ---- HTTP -------------------------------------------------------------------------------------
 
@@ -291,11 +293,21 @@ class VastAdapter:
             self._seen[iid] = ref
             out[ref] = self._state(ref, row)
         self.foreign_workers = foreign
-        for iid, ref in self._seen.items():
-            if iid not in listed:
-                out[ref] = self._destroyed.get(iid) or self._ended.get(iid) or WorkerState(
-                    WorkerPhase.LOST, provider_state="gone", detail="gone from Vast's instance list")
+        for iid, ref in list(self._seen.items()):
+            if iid in listed:
+                continue
+            if time.time() - self._gone_since.setdefault(iid, time.time()) > FORGET_AFTER_SECONDS:
+                self._forget(iid)
+                continue
+            out[ref] = self._destroyed.get(iid) or self._ended.get(iid) or WorkerState(
+                WorkerPhase.LOST, provider_state="gone", detail="gone from Vast's instance list")
         return out
+
+    def _forget(self, iid: str) -> None:
+        """A vanished instance's last word is kept an hour (the planner records it at once), then dropped."""
+        for memory in (self._seen, self._ended, self._destroyed, self._gone_since, self._offline_since,
+                       self._loading_since):
+            memory.pop(iid, None)
 
     def _state(self, ref: WorkerRef, row: dict[str, Any]) -> WorkerState:
         """One instance's state; an ended one reported before is destroyed now (its disk bills)."""
@@ -370,21 +382,24 @@ class VastAdapter:
     # ---- terminate, logs, money -------------------------------------------------------------------
 
     def terminate(self, ref: WorkerRef) -> None:
-        if ref.id in self._destroyed or not self._ours(ref):
+        """Destroy the instance (Docker's stop: SIGTERM, so the worker can save and exit 75, then SIGKILL)."""
+        if ref.id in self._destroyed:
             return
         last = self._ended.get(ref.id)
-        if last is None or last.phase is WorkerPhase.RUNNING:
+        if last is None:
+            row = self._own_row(ref)
+            if row is None:
+                return  # gone already, or another owner's
+            cost, _ = self._cost({**row, "end_date": time.time()})
             last = WorkerState(WorkerPhase.PREEMPTED, provider_state="destroyed", signal="SIGTERM",
-                               detail="destroyed by the reconciler", ended_at=time.time())
+                               detail="destroyed by the reconciler", ended_at=time.time(), cost_usd=cost)
         self._destroy(ref, last)
 
-    def _ours(self, ref: WorkerRef) -> bool:
-        """Whether the instance carries our owner's label (another owner's is never touched)."""
-        if self.owner == ANY_OWNER:
-            return True
+    def _own_row(self, ref: WorkerRef) -> dict[str, Any] | None:
+        """The instance, if it carries our owner's label (another owner's is never touched)."""
         row = self._instance(ref.id)
         labels = parse_label(row.get("label")) if row else None
-        return labels is not None and labels[0] == self.owner
+        return row if labels is not None and (self.owner == ANY_OWNER or labels[0] == self.owner) else None
 
     def _instance(self, iid: str) -> dict[str, Any] | None:
         if not iid.isdigit():
@@ -407,7 +422,7 @@ class VastAdapter:
             pass  # tried again on the next observation
 
     def logs(self, ref: WorkerRef, tail: int = 50) -> str:
-        if not self._ours(ref):
+        if self._own_row(ref) is None:
             return ""
         try:
             answer = self.api.call("PUT", f"/api/v0/instances/request_logs/{ref.id}/",

@@ -287,3 +287,31 @@ def test_secrets_never_reach_a_message_a_label_or_the_logs(fake: FakeVast, tmp_p
     assert secret not in vast.logs(ref, 1000)
     assert all(secret not in json.dumps(body) for body in fake.creates)  # label, onstart: names only
     assert all(secret not in i.label for i in fake.live())
+
+
+def test_terminate_destroys_bills_until_then_and_a_failed_destroy_raises(fake: FakeVast, tmp_path: Path) -> None:
+    fake.offers = [offer(1, 36.0, min_bid=36.0)]
+    vast = adapter(fake, max_price_per_hour=40)
+    vast.api.sleep = lambda _s: None
+    ref = vast.launch(spec(tmp_path, sleep="60"))
+    wait(vast, ref, phase(WorkerPhase.RUNNING))
+    time.sleep(1)
+    fake.fail("destroy", status=500, times=10)
+    with pytest.raises(ProviderUnavailable):
+        vast.terminate(ref)  # the planner orders it again on the next tick
+    assert len(fake.live()) == 1
+    fake.faults.clear()
+    vast.terminate(ref)
+    assert fake.live() == []
+    state = vast.observe()[ref]
+    assert state.phase is WorkerPhase.PREEMPTED and state.detail == "destroyed by the reconciler"
+    assert state.cost_usd is not None and state.cost_usd >= 0.01
+
+
+def test_a_finished_instance_is_destroyed_once_its_end_was_reported(fake: FakeVast, tmp_path: Path) -> None:
+    vast = adapter(fake)
+    ref = vast.launch(spec(tmp_path, exit="3"))
+    state = wait(vast, ref, phase(WorkerPhase.EXITED))
+    assert state.exit_code == 3 and len(fake.live()) == 1  # still listed: a restarted daemon sees it too
+    assert vast.observe()[ref] == state
+    assert fake.live() == [] and vast.observe()[ref] == state
