@@ -315,3 +315,22 @@ def test_a_finished_instance_is_destroyed_once_its_end_was_reported(fake: FakeVa
     assert state.exit_code == 3 and len(fake.live()) == 1  # still listed: a restarted daemon sees it too
     assert vast.observe()[ref] == state
     assert fake.live() == [] and vast.observe()[ref] == state
+
+
+def test_the_fake_runs_standalone(tmp_path: Path) -> None:
+    import subprocess
+
+    import httpx
+
+    proc = subprocess.Popen([sys.executable, "-m", "tests.fakes.vast", "--port", "0", "--key", "k-1",
+                             "--workdir", str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:")
+        user = httpx.get(f"{url}/api/v0/users/current", headers={"Authorization": "Bearer k-1"}).json()
+        assert user["credit"] > 0
+        assert httpx.get(f"{url}/api/v0/users/current").status_code == 401
+    finally:
+        proc.terminate()
+        proc.wait(10)
