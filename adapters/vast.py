@@ -4,9 +4,12 @@ Vast.ai is a marketplace of other people's machines. A launch searches the offer
 (`POST /api/v0/bundles/`) for the job's resources, host reliability and the price cap, and rents the
 cheapest (then most reliable) with `PUT /api/v0/asks/{offer}/`: interruptible with a bid (`price` =
 the offer's `min_bid` plus a small margin, never above `max_price_per_hour`), or on-demand at its
-`dph_total`. An offer gone between search and rent is skipped for the next one. The instance runs
-the generated bootstrap (adapters/hosted.py) as its `onstart` script: the bootstrap travels base64
-in a one-line shell command, so no argument or variable of the job ever passes through a shell.
+`dph_total`. An offer gone between search and rent is skipped for the next one. The instance is an
+"args" launch (`runtype: args`, `onstart: sh`, `args: ["-c", <script>]`, as the official CLI's
+`--onstart-cmd bash --args -c ...` example): the container's main process is our script, so the
+instance shows `exited` when the worker ends and Docker's stop signal reaches the bootstrap. The
+script writes the generated bootstrap (adapters/hosted.py), carried base64, and execs it with
+python3, so no argument or variable of the job ever passes through a shell.
 
 Secrets travel in the create request's `env` object (Vast's documented path; it has no per-instance
 secret store): they are visible to the host machine, never written to a log, label or message here.
@@ -96,8 +99,8 @@ def read_api_key(environ: dict[str, str] | None = None) -> str | None:
 
 
 def onstart_script(bootstrap: str) -> str:
-    """A shell script that writes the bootstrap (base64: nothing in it can mean anything to a shell)
-    and runs it with python3 as the container's main work."""
+    """The `sh -c` script that writes the bootstrap (base64: nothing in it can mean anything to a
+    shell) and execs it with python3 as the container's main process."""
     blob = base64.b64encode(bootstrap.encode()).decode()
     return (f'cd "$(mktemp -d)" && echo {blob} | base64 -d > bootstrap.py && exec python3 -u bootstrap.py\n')
 
@@ -250,8 +253,8 @@ class VastAdapter:
                                   code_git=spec.code_git, code_ref=spec.code_ref)
         return {
             "client_id": "me", "image": spec.image or self.settings.image, "env": dict(spec.secret_env),
-            "disk": self.settings.disk_gb, "label": label, "onstart": onstart_script(script),
-            "runtype": "ssh", "cancel_unavail": True,
+            "disk": self.settings.disk_gb, "label": label, "onstart": "sh", "args": ["-c", onstart_script(script)],
+            "runtype": "args", "cancel_unavail": True,
         }
 
     def _rent(self, offer: dict[str, Any], body: dict[str, Any]) -> str | None:

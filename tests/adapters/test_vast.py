@@ -267,7 +267,9 @@ def test_hostile_argv_env_and_secrets_reach_the_worker_verbatim(fake: FakeVast, 
     assert record["argv"] == HOSTILE
     assert record["env"]["PROBE_PLAIN"] == hostile and record["env"]["PROBE_SECRET"] == hostile
     assert not list(tmp_path.rglob("PWNED"))
-    onstart = fake.creates[0]["onstart"]
+    created = fake.creates[0]
+    assert (created["runtype"], created["onstart"], created["args"][0]) == ("args", "sh", "-c")
+    onstart = created["args"][1]
     assert re.fullmatch(r'cd "\$\(mktemp -d\)" && echo [A-Za-z0-9+/=]+ \| base64 -d > bootstrap\.py '
                         r"&& exec python3 -u bootstrap\.py\n", onstart)
     assert onstart == onstart_script(onstart and _decoded(onstart))

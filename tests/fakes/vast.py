@@ -1,6 +1,7 @@
 """A local server speaking Vast.ai's documented REST API (routes and JSON as the `vastai` 1.9.1 client
 sends and reads them; see ../shared/reference/provider-apis.md §2), running each rented instance's
-`onstart` script as a real local process (`machine.Machine`, `sh -c <onstart>`).
+container as a real local process (`machine.Machine`): an "args" launch runs `<onstart> <args...>`
+(the entrypoint and its arguments), any other runtype runs `sh -c <onstart>`.
 
 Routes: `POST /api/v0/bundles/` (search, the query object's eq/neq/gt/gte/lt/lte/in/notin, order,
 limit), `PUT /api/v0/asks/{offer}/` (create), `GET /api/v1/instances/` (paged) and
@@ -9,7 +10,7 @@ limit), `PUT /api/v0/asks/{offer}/` (create), `GET /api/v1/instances/` (paged) a
 `GET /api/v0/users/current`. Every /api route needs `Authorization: Bearer <key>`.
 
 Instances: `loading` (for `loading_seconds`, a slow image pull), `running` (the machine runs),
-`exited` (the onstart script ended: the container's main process), `stopped` (outbid: intended
+`exited` (the container's main process ended), `stopped` (outbid: intended
 running; credit spent: intended stopped), `offline` (host lost its network; gone from the list
 `gone_after` seconds later). A destroy drops the instance from the list at once and stops its
 container as Docker does: SIGTERM to the main process, SIGKILL after `stop_grace` seconds.
@@ -72,13 +73,15 @@ class Instance:
     end_date: float | None = None
     gone_at: float | None = None
     destroyed: bool = False
+    runtype: str = "ssh"
+    args: list[str] = field(default_factory=list)
 
     def row(self) -> dict[str, Any]:
         return {
             "id": self.id, "machine_id": self.offer.get("machine_id"), "host_id": self.offer.get("host_id"),
             "actual_status": self.actual, "intended_status": self.intended, "cur_state": _cur_state(self),
             "next_state": self.intended, "status_msg": self.status_msg, "label": self.label,
-            "image_uuid": self.image, "image_runtype": "ssh", "image_args": [],
+            "image_uuid": self.image, "image_runtype": self.runtype, "image_args": self.args,
             "extra_env": [[k, v] for k, v in self.env.items()], "start_date": self.start_date,
             "end_date": self.end_date, "uptime_mins": max(0.0, ((self.end_date or time.time()) - self.start_date) / 60),
             "dph_total": self.dph_total, "num_gpus": self.offer.get("num_gpus"), "gpu_name": self.offer.get("gpu_name"),
@@ -236,13 +239,13 @@ class FakeVast:
         env = {str(k): str(v) for k, v in (body.get("env") or {}).items()}
         python_dir = os.path.dirname(sys.executable)
         machine_env = {**env, "PATH": python_dir + os.pathsep + os.environ.get("PATH", os.defpath)}
-        machine = Machine(self.workdir / f"instance-{iid}", ["sh", "-c", str(body.get("onstart") or "true")],
-                          machine_env)
+        machine = Machine(self.workdir / f"instance-{iid}", _container_argv(body), machine_env)
         now = time.time()
         self.instances[iid] = Instance(
             id=iid, offer=offer, label=str(body.get("label") or ""), env=env, image=str(body.get("image")),
             dph_total=float(price) if price is not None else float(offer["dph_total"]), machine=machine,
-            start_date=now, ready_at=now + self.loading_seconds, actual="loading")
+            start_date=now, ready_at=now + self.loading_seconds, actual="loading",
+            runtype=str(body.get("runtype") or "ssh"), args=[str(a) for a in body.get("args") or []])
         return 200, {"success": True, "new_contract": iid}
 
     def destroy(self, iid: int) -> tuple[int, dict[str, Any]]:
@@ -283,6 +286,15 @@ class FakeVast:
         more = len(rows) > limit
         return {"instances": page, "next_token": str(page[-1]["id"]) if more else None,
                 "total_instances": len(self.live()), "label_counts": {}}
+
+
+def _container_argv(body: dict[str, Any]) -> list[str]:
+    """What the container runs: the entrypoint and its args ("args" launch), else the onstart script
+    (the fake's container ends with it; Vast's ssh launches keep running)."""
+    onstart = str(body.get("onstart") or "true")
+    if body.get("runtype") == "args":
+        return [onstart, *[str(a) for a in body.get("args") or []]]
+    return ["sh", "-c", onstart]
 
 
 def _matches(offer: dict[str, Any], query: dict[str, Any]) -> bool:
