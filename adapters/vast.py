@@ -13,6 +13,7 @@ python3, so no argument or variable of the job ever passes through a shell.
 
 Secrets travel in the create request's `env` object (Vast's documented path; it has no per-instance
 secret store): they are visible to the host machine, never written to a log, label or message here.
+The job's plain env travels inside the bootstrap, so the `env` object holds the secrets alone.
 
 Labels: `reconciler:<owner>:<job>:<run_id>:<epoch>` (':' cannot occur in a label part), listed with
 `GET /api/v1/instances/` (paged). Instances of other owners are counted in `foreign_workers`, never
@@ -33,11 +34,13 @@ State table (Vast's `actual_status` / `intended_status` -> WorkerPhase):
                                                            read from the instance's logs
     destroyed by this reconciler                        -> preempted ("destroyed by the reconciler")
     gone from the list, seen before by this process     -> lost ("gone from Vast's list")
+    anything else                                       -> lost (Vast's status_msg)
 
 Money: `cost_usd` = the instance's `dph_total` x its time from `start_date` to `end_date` (or now).
 Finished instances still bill their disk, so an instance reported ended (exited, stopped, offline)
-is destroyed on the next observation (the planner only stops live workers: hold_finished), and its
-last state is remembered for this process. `terminate` destroys (not stops); a destroy that fails
+is destroyed on the next observation (the planner stops only live workers: `finish`, `hold_finished`),
+not at once, so a daemon restarted in between still reads how it ended; this process remembers its
+last state for an hour. `terminate` destroys (not stops); a destroy that fails
 raises, and the planner repeats it every tick. `allowance()` is the account's credit balance.
 
 Known limit: an outbid instance is destroyed and relaunched (a new epoch from the last checkpoint),
@@ -355,7 +358,7 @@ class VastAdapter:
             return WorkerState(WorkerPhase.PENDING, provider_state=word)
         state = WorkerState(WorkerPhase.LOST, provider_state=word, ended_at=time.time(),
                             detail=f"still loading after {waited:.0f} s: capacity unavailable, destroyed")
-        self._destroy(ref, state)
+        self._destroy_quietly(ref, state)  # a failed destroy is retried at the next observation
         return state
 
     def _exited(self, ref: WorkerRef, word: str, cost: float | None, ended_at: float | None) -> WorkerState:
