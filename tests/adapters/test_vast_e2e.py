@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from adapters.vast import VastAdapter, parse_label
-from desired.models import VastSettings
+from desired.models import LocalSettings, VastSettings
 from tests.adapters.e2e import finish, job_manifest, provider_manifest, start_daemon, status, wait_for
 from tests.conftest import StateRepoFixture
 from tests.fakes.vast import DEFAULT_OFFERS, FakeVast
@@ -53,9 +53,12 @@ def repository_owner(fake: FakeVast) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("then", ["vast", "local"])
 def test_end_to_end_outbid_on_vast_continues_at_its_durable_step_and_finishes(
-        fake: FakeVast, state_repo: StateRepoFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        then: str, fake: FakeVast, state_repo: StateRepoFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         s3_endpoint: str) -> None:  # noqa: F811 - a fixture
+    """Outbid once, then continued on Vast again (a new instance) or on another provider, `local`
+    (Vast is cooling down after its interruption, so the placement prefers the other)."""
     bucket = make_bucket(s3_endpoint)
     for name, value in S3_CREDENTIALS.items():
         monkeypatch.setenv(name, value)  # the daemon's own environment holds the job's secrets
@@ -64,8 +67,15 @@ def test_end_to_end_outbid_on_vast_continues_at_its_durable_step_and_finishes(
     state_repo.write("reconciler.yaml", yaml.safe_dump(
         {"storage": f"s3://{bucket}/runs", "storage_options": options, "tick_seconds": 0.5}))
     settings = VastSettings(api_url=fake.url, request_timeout_seconds=5, max_price_per_hour=40)
-    state_repo.write("desired/vast.yaml", provider_manifest("vast", settings))
+    vast_manifest = yaml.safe_load(provider_manifest("vast", settings))
+    vast_manifest["spec"]["price_per_hour"] = 0.4
+    state_repo.write("desired/vast.yaml", yaml.safe_dump(vast_manifest))
     job = yaml.safe_load(job_manifest("count", "vast", step_seconds=0.2, target=60))
+    if then == "local":
+        local = yaml.safe_load(provider_manifest("local", LocalSettings(workdir=str(tmp_path / "local"))))
+        local["spec"]["price_per_hour"] = 1.0  # dearer: Vast is chosen first
+        state_repo.write("desired/local.yaml", yaml.safe_dump(local))
+        job["spec"]["placement"]["providers"] = ["vast", "local"]
     job["spec"]["secrets"] = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
     job["spec"]["env"] = {"AWS_DEFAULT_REGION": "us-east-1"}
     state_repo.write("desired/count.yaml", yaml.safe_dump(job))
@@ -84,7 +94,7 @@ def test_end_to_end_outbid_on_vast_continues_at_its_durable_step_and_finishes(
     assert st["phase"] == "Succeeded", st.get("message")
     attempts = st["attempts"]
     assert [a["outcome"] for a in attempts] == ["interruption", "succeeded"], attempts
-    assert attempts[0]["provider"] == attempts[1]["provider"] == "vast" and "outbid" in attempts[0]["detail"]
+    assert [a["provider"] for a in attempts] == ["vast", then] and "outbid" in attempts[0]["detail"]
     assert attempts[1]["step_start"] >= 10 and attempts[1]["step_start"] == attempts[0].get("step_end"), attempts
     assert st["progress"]["step"] == 60 and st["interruptions"] == 1 and st["failures"] == 0
     assert attempts[0]["cost_usd"] > 0.02 and st["cost_usd"] >= attempts[0]["cost_usd"]
