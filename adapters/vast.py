@@ -82,7 +82,9 @@ OFFLINE = {"offline", "unknown"}
 FORGET_AFTER_SECONDS = 3600.0
 BID_MARGIN = 1.05  # bid 5% over the offer's minimum, so a small rise does not outbid us at once
 SEARCH_QUOTA = "search_quota_exceeded"
-GONE_OFFER = ("no_such_ask", "not available", "unavailable", "no longer", "already rented")
+# A refusal that concerns this offer only (rented by someone else, or its minimum bid rose above
+# ours since the search): the next offer is tried.
+GONE_OFFER = ("no_such_ask", "not available", "unavailable", "no longer", "already rented", "invalid_price")
 
 
 def read_api_key(environ: dict[str, str] | None = None) -> str | None:

@@ -336,3 +336,11 @@ def test_the_fake_runs_standalone(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_bid_below_a_risen_market_minimum_moves_on_to_the_next_offer(fake: FakeVast, tmp_path: Path) -> None:
+    fake.offers = [offer(1, 0.4, min_bid=0.2), offer(2, 0.5, min_bid=0.25)]
+    fake.raise_min_bid_at_rent(1, 0.3)  # our bid of 0.211 was enough at search time
+    adapter(fake).launch(spec(tmp_path, sleep="5"))
+    assert [i.offer["id"] for i in fake.live()] == [2] and fake.count("create") == 2
+    assert all(c["price"] <= 1.0 for c in fake.creates)

@@ -18,8 +18,9 @@ Credit falls by each running instance's `dph_total` over time; at zero every ins
 
 Faults on demand (`fail(route, kind, ...)`): HTTP status with a body and Retry-After, garbage JSON,
 a create that acts and then answers too late; `vanish(offer_id)` (rented by someone else at rent
-time), `outbid(id)`, `host_offline(id, gone_after)`, `credit`. Nothing a request carries (the
-create's `env` holds secrets) is written to disk.
+time), `raise_min_bid_at_rent(offer_id, p)` (a bid enough at search is below the minimum at rent),
+`outbid(id)`, `host_offline(id, gone_after)`, `credit`. Nothing a request carries (the create's
+`env` holds secrets) is written to disk.
 
 Standalone: `python -m tests.fakes.vast --port N [--key K]` prints its base URL and serves until killed.
 """
@@ -116,6 +117,7 @@ class FakeVast:
         self.instances: dict[int, Instance] = {}
         self.faults: dict[str, list[Fault]] = {}
         self.vanishing: set[int] = set()
+        self.rising: dict[int, float] = {}
         self.requests: list[tuple[str, str]] = []  # (route, method): what was asked, for the tests
         self.creates: list[dict[str, Any]] = []  # create bodies without env (never the secrets)
         self.logs: dict[str, str] = {}
@@ -156,6 +158,10 @@ class FakeVast:
     def vanish(self, offer_id: int) -> None:
         """Someone else rents this offer between our search and our rent."""
         self.vanishing.add(offer_id)
+
+    def raise_min_bid_at_rent(self, offer_id: int, min_bid: float) -> None:
+        """The market minimum for this offer rises between our search and our rent."""
+        self.rising[offer_id] = min_bid
 
     def outbid(self, iid: int) -> None:
         """A higher bid takes the machine: processes killed at once (no notice), instance stopped."""
@@ -229,6 +235,8 @@ class FakeVast:
             self.vanishing.discard(offer_id)
             self.offers = [o for o in self.offers if o["id"] != offer_id]
             return 400, {"success": False, "error": "no_such_ask", "msg": "Instance type no longer available."}
+        if offer_id in self.rising:
+            offer["min_bid"] = self.rising.pop(offer_id)
         price = body.get("price")
         if price is not None and float(price) < float(offer.get("min_bid") or 0):
             return 400, {"success": False, "error": "invalid_price", "msg": "Your bid is below the minimum bid."}
