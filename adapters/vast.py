@@ -332,6 +332,7 @@ class VastAdapter:
         word = f"{actual}" + (f" (intended {intended})" if intended else "")
         cost, ended_at = self._cost(row)
         msg = str(row.get("status_msg") or "").strip()
+        where = f" on machine {row['machine_id']}" if row.get("machine_id") is not None else ""  # per-host record
         if actual in PENDING or row.get("cur_state") == "scheduling":
             return self._pending(ref, row, word)
         if actual == "running":
@@ -342,14 +343,14 @@ class VastAdapter:
             if time.time() - since < self.offline_grace_seconds:
                 return WorkerState(WorkerPhase.RUNNING, provider_state=word, detail="host offline for now",
                                    cost_usd=cost)
-            return WorkerState(WorkerPhase.PREEMPTED, provider_state=word, detail=f"host offline: {msg or actual}",
-                               ended_at=ended_at or time.time(), cost_usd=cost)
+            return WorkerState(WorkerPhase.PREEMPTED, provider_state=word, cost_usd=cost,
+                               detail=f"host offline{where}: {msg or actual}", ended_at=ended_at or time.time())
         if actual == "exited":
             return self._exited(ref, word, cost, ended_at)
         if actual == "stopped":
             why = "outbid (stopped by Vast while intended running)" if intended == "running" else "stopped by Vast"
             return WorkerState(WorkerPhase.PREEMPTED, provider_state=word,
-                               detail=why + (f": {msg}" if msg else ""), ended_at=ended_at, cost_usd=cost)
+                               detail=why + where + (f": {msg}" if msg else ""), ended_at=ended_at, cost_usd=cost)
         return WorkerState(WorkerPhase.LOST, provider_state=word, detail=msg or "unknown Vast state",
                            ended_at=ended_at, cost_usd=cost)
 
