@@ -10,6 +10,8 @@ the same words. The rules, applied by `HostedApi.call`:
 - a request that may have acted (a launch) is never repeated blindly: after a read timeout or a
   5xx its caller must look the worker up by its labels before trying again; only a connection
   that never opened, or a 429 (refused before acting), is retried;
+- a 429 whose error is one of `final_errors` (Vast's daily search quota) is not retried: it raises
+  `HttpRefused` for the adapter to map;
 - 401/403 raise `ProviderConfigError` naming the provider and where its credentials are read from;
   other 4xx raise `HttpRefused` (a ProviderConfigError carrying status and message) for the adapter
   to map; 429/5xx/timeouts/unreadable JSON raise `ProviderUnavailable`;
@@ -105,6 +107,7 @@ class HostedApi:
     max_wait: float = 30.0
     transport: httpx.BaseTransport | None = None
     sleep: Callable[[float], None] = time.sleep
+    final_errors: frozenset[str] = frozenset()  # error words that are not retried (Vast's search quota)
     _client: httpx.Client | None = field(default=None, init=False, repr=False)
 
     @property
@@ -144,7 +147,8 @@ class HostedApi:
             except httpx.HTTPError as exc:
                 raise ProviderUnavailable(f"{self.who}: {method} {path} failed: {_one_line(str(exc))}") from None
             log.debug("%s %s %s -> %d", self.who, method, path, response.status_code)
-            if response.status_code in RETRIED_STATUSES and not (acts and response.status_code != 429):
+            if (response.status_code in RETRIED_STATUSES and not (acts and response.status_code != 429)
+                    and error_message(response.text) not in self.final_errors):
                 wait = retry_after_seconds(response.headers.get("Retry-After"))
                 self._wait_or_give_up(attempt, wait, self._status_words(response))
                 continue

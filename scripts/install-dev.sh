@@ -8,3 +8,6 @@ python -m pip install -q -e '.[torch,s3,hosted,dev]'
 # Lightning AI's SDK, only for the test that points its generated REST client at our fake server:
 # without --no-deps it pulls a web stack (fastapi, uvicorn, textual) the test does not need.
 python -m pip install -q --no-deps lightning-sdk==2026.10.13
+# vastai, only for the test that points the official client at our fake Vast server: it pins
+# cryptography and pillow to exact versions the rest of the environment does not need.
+python -m pip install -q --no-deps vastai==1.9.1

@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 import requests
 
-kagglesdk = pytest.importorskip("kagglesdk")
+from tests.fakes import official_client
+
+kagglesdk = official_client("kagglesdk", "kagglesdk")
 
 from kagglesdk import KaggleClient  # noqa: E402
 from kagglesdk.kaggle_env import KaggleEnv  # noqa: E402

@@ -1,0 +1,108 @@
+"""End to end on the fake Vast: the real `reconciler run --until-done`, run storage in S3 (moto), a
+counter job outbid once on Vast that continues at its exact durable step on a new instance and
+finishes, with the attempt's cost taken from the instance's real `dph_total` and running time."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from adapters.vast import VastAdapter, parse_label
+from desired.models import LocalSettings, VastSettings
+from tests.adapters.e2e import finish, job_manifest, provider_manifest, start_daemon, status, wait_for
+from tests.conftest import StateRepoFixture
+from tests.fakes.vast import DEFAULT_OFFERS, FakeVast
+from tests.worker.conftest import make_bucket, s3_endpoint  # noqa: F401 - a fixture
+from tests.worker.harness import S3_CREDENTIALS
+
+DPH = 36.0  # $/h: one cent a second, so a short attempt costs something visible
+
+
+@pytest.fixture
+def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeVast]:
+    offers = [{**DEFAULT_OFFERS[0], "dph_total": DPH, "min_bid": DPH}]
+    service = FakeVast(tmp_path / "vast", offers=offers)
+    service.serve()
+    monkeypatch.setenv("VAST_API_KEY", service.key)
+    yield service
+    service.close()
+
+
+def s3_progress(endpoint: str, bucket: str, job: str) -> int:
+    """The worker's heartbeat step, read from the run folder in S3 (0 before the first beat)."""
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                      aws_secret_access_key=S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1")
+    for item in s3.list_objects_v2(Bucket=bucket, Prefix=f"runs/{job}/").get("Contents", []):
+        if item["Key"].endswith("/progress.json"):
+            body = s3.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
+            return int(json.loads(body).get("step", 0))
+    return 0
+
+
+def repository_owner(fake: FakeVast) -> str:
+    """The owner part of the labels the daemon gave its instances."""
+    labels = [parse_label(c["label"]) for c in fake.creates]
+    return next(label[0] for label in labels if label)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("then", ["vast", "local"])
+def test_end_to_end_outbid_on_vast_continues_at_its_durable_step_and_finishes(
+        then: str, fake: FakeVast, state_repo: StateRepoFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        s3_endpoint: str) -> None:  # noqa: F811 - a fixture
+    """Outbid once, then continued on Vast again (a new instance) or on another provider, `local`
+    (Vast is cooling down after its interruption, so the placement prefers the other)."""
+    bucket = make_bucket(s3_endpoint)
+    for name, value in S3_CREDENTIALS.items():
+        monkeypatch.setenv(name, value)  # the daemon's own environment holds the job's secrets
+    options = {"endpoint_url": s3_endpoint, "key": S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+               "secret": S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"]}
+    state_repo.write("reconciler.yaml", yaml.safe_dump(
+        {"storage": f"s3://{bucket}/runs", "storage_options": options, "tick_seconds": 0.5}))
+    settings = VastSettings(api_url=fake.url, request_timeout_seconds=5, max_price_per_hour=40)
+    vast_manifest = yaml.safe_load(provider_manifest("vast", settings))
+    vast_manifest["spec"]["price_per_hour"] = 0.4
+    state_repo.write("desired/vast.yaml", yaml.safe_dump(vast_manifest))
+    job = yaml.safe_load(job_manifest("count", "vast", step_seconds=0.2, target=60))
+    if then == "local":
+        local = yaml.safe_load(provider_manifest("local", LocalSettings(workdir=str(tmp_path / "local"))))
+        local["spec"]["price_per_hour"] = 1.0  # dearer: Vast is chosen first
+        state_repo.write("desired/local.yaml", yaml.safe_dump(local))
+        job["spec"]["placement"]["providers"] = ["vast", "local"]
+    job["spec"]["secrets"] = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
+    job["spec"]["env"] = {"AWS_DEFAULT_REGION": "us-east-1"}
+    state_repo.write("desired/count.yaml", yaml.safe_dump(job))
+    state_repo.commit("count on vast, runs in s3")
+    log = tmp_path / "daemon.log"
+    daemon = start_daemon(state_repo, log)
+    try:
+        wait_for(lambda: s3_progress(s3_endpoint, bucket, "count") >= 12, 60, "checkpoints", daemon, log)
+        [first] = fake.live()
+        fake.outbid(first.id)
+        finish(daemon, log, timeout=120)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+    st = status(state_repo, "count")
+    assert st["phase"] == "Succeeded", st.get("message")
+    attempts = st["attempts"]
+    assert [a["outcome"] for a in attempts] == ["interruption", "succeeded"], attempts
+    assert [a["provider"] for a in attempts] == ["vast", then] and "outbid" in attempts[0]["detail"]
+    assert attempts[1]["step_start"] >= 10 and attempts[1]["step_start"] == attempts[0].get("step_end"), attempts
+    assert st["progress"]["step"] == 60 and st["interruptions"] == 1 and st["failures"] == 0
+    assert attempts[0]["cost_usd"] > 0.02 and st["cost_usd"] >= attempts[0]["cost_usd"]
+    # The last instance exits by itself; the next observations report it, then destroy it (its disk bills).
+    deadline = time.monotonic() + 30
+    while not all(i.actual == "exited" for i in fake.live()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    vast = VastAdapter("vast", settings, owner=repository_owner(fake))
+    vast.observe()
+    vast.observe()
+    assert fake.live() == []
