@@ -55,6 +55,7 @@ class WorkerState:
     oom: bool = False  # the provider says the kernel or the scheduler killed it for memory
     ended_at: float | None = None  # when the command ended, if the provider can tell (for billing)
     cost_usd: float | None = None  # what the provider billed for this worker so far, if it says (Lightning)
+    host: str = ""  # the machine it runs on, where the provider names one (a Vast.ai machine id)
     notice: str = ""  # the provider announced it will take the worker away (Lightning's interruption
     # notice): the worker is still running; the planner asks it to save and leave through the run folder
 
@@ -80,6 +81,7 @@ class LaunchSpec:
     code_git: str | None = None  # hosted providers fetch the job's code themselves: git URL and ref,
     code_ref: str | None = None  # or run it in the job's container image
     image: str | None = None
+    avoid_hosts: tuple[str, ...] = ()  # machines (provider's ids) that recently lost a worker: not these
 
 
 @dataclass(frozen=True)

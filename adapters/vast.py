@@ -53,6 +53,7 @@ from __future__ import annotations
 import base64
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +214,8 @@ class VastAdapter:
             "disk_space": {"gte": s.disk_gb},
             "rentable": {"eq": True}, "rented": {"eq": False}, "external": {"eq": False},
             "order": [["dph_total", "asc"], ["reliability", "desc"]],
+            **({"machine_id": {"notin": [int(h) if h.isdigit() else h for h in spec.avoid_hosts]}}
+               if spec.avoid_hosts else {}),
             "type": "bid" if s.interruptible else "on-demand",
             "allocated_storage": s.disk_gb, "limit": 64,
         }
@@ -323,6 +326,8 @@ class VastAdapter:
             self._destroy_quietly(ref, self._ended[ref.id])
             return self._ended[ref.id]
         state = self._classify(ref, row)
+        if row.get("machine_id") is not None:  # the planner's per-host cool-down keys on it
+            state = replace(state, host=str(row["machine_id"]))
         if state.phase not in (WorkerPhase.PENDING, WorkerPhase.RUNNING) and self.owner != ANY_OWNER:
             self._ended[ref.id] = state
         return state

@@ -152,6 +152,7 @@ def _launch(action: Launch, job: Job, adapters: dict[str, ComputeAdapter], setti
         gpu_model=job.spec.resources.gpu_model,
         deadline=job.spec.deadline.timestamp() if job.spec.deadline is not None else None,
         code_git=job.spec.code.git, code_ref=job.spec.code.ref, image=job.spec.code.image,
+        avoid_hosts=action.avoid_hosts,
     )
     try:
         ref = adapter.launch(spec)

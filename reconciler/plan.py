@@ -14,7 +14,7 @@ next one goes, in `reconciler.placement`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from adapters.compute import Allowance, WorkerPhase, WorkerRef, WorkerState
@@ -30,6 +30,7 @@ __all__ = ["EXIT_INTERRUPTED", "PROVIDER_COOLDOWN_SECONDS"]
 LOST_AFTER_SECONDS = 60.0  # a worker missing from observations this long is lost
 PENDING_TIMEOUT_SECONDS = 1800.0  # a launch the provider never starts is given up on
 UNAVAILABLE_BACKOFF_SECONDS = 120.0  # a provider that refused a launch is skipped this long
+HOST_COOLDOWN_SECONDS = 6 * 3600.0  # a machine that lost a worker of ours is avoided this long
 STORAGE_UNREACHABLE_BACKOFF_SECONDS = 3600.0  # a provider whose worker could not reach run storage
 STALL_MIN_OBSERVATIONS = 3  # a stall needs this many observations of the same heartbeat
 STALE_BY_WORKER_CLOCK = 3  # without observations of our own, a heartbeat this many timeouts old is a stall
@@ -69,6 +70,7 @@ class Observed:
     logs: dict[WorkerRef, str] = field(default_factory=dict)  # tails of exited workers
     capacity: dict[str, Capacity] = field(default_factory=dict)  # provider -> what its adapter reports
     allowances: dict[str, Allowance] = field(default_factory=dict)  # provider -> its quota or credits now
+    bad_hosts: frozenset[tuple[str, str]] = frozenset()  # (provider, host): lost a worker of ours lately
     run_storage: dict[tuple[str, str], str] = field(default_factory=dict)  # (job, run_id) -> store it was read from
     # Providers no longer in desired/ that the status says ran workers: asked so those workers can
     # be stopped and billed, never launched on.
@@ -84,6 +86,7 @@ class Launch:
     run_id: str
     provider: str
     reason: str
+    avoid_hosts: tuple[str, ...] = ()  # machines of this provider that recently lost a worker of ours
 
 
 @dataclass(frozen=True)
@@ -177,10 +180,11 @@ class JobTick:
                       ended: float | None = None) -> None:
         assert self.current is not None
         cur = self.current
-        billed = next((s.cost_usd for r, s in self.workers.items()
-                       if (r.provider, r.id, r.epoch) == (cur.provider, cur.worker, cur.epoch)), None)
-        record_close(self.st, close(cur, outcome, self.now, self.run, detail, exit_code,
-                                    self.price(cur.provider), ended, billed))
+        seen = next((s for r, s in self.workers.items()
+                     if (r.provider, r.id, r.epoch) == (cur.provider, cur.worker, cur.epoch)), None)
+        closed = close(cur, outcome, self.now, self.run, detail, exit_code, self.price(cur.provider), ended,
+                       seen.cost_usd if seen else None)
+        record_close(self.st, closed.model_copy(update={"host": seen.host}) if seen and seen.host else closed)
         self.current = None
 
 
@@ -199,7 +203,8 @@ def plan(desired: DesiredState, observed: Observed, recorded: dict[str, JobStatu
     """`confirm_cancel`: the commits being acted on carry the CONFIRM_CANCEL_TRAILER, so a change
     that cancels most jobs at once is meant (otherwise it is held, as Argo CD guards pruning)."""
     out = Plan()
-    observed = replace(observed, allowances={**own_quotas(desired, recorded, observed, now), **observed.allowances})
+    observed = replace(observed, allowances={**own_quotas(desired, recorded, observed, now), **observed.allowances},
+                       bad_hosts=observed.bad_hosts | bad_hosts(recorded.values(), now))
     busy: dict[str, int] = {}
     by_job: dict[str, dict[WorkerRef, WorkerState]] = {}
     for ref, state in observed.workers.items():
@@ -217,6 +222,15 @@ def plan(desired: DesiredState, observed: Observed, recorded: dict[str, JobStatu
         else:
             _plan_job(out, job, recorded.get(name), workers, desired, observed, now, commit, busy)
     return out
+
+
+def bad_hosts(statuses: Iterable[JobStatus], now: float) -> frozenset[tuple[str, str]]:
+    """Machines where an attempt of ours was interrupted in the last HOST_COOLDOWN_SECONDS (a Vast.ai
+    host that lost its network, say): the next launches on that provider avoid them, whatever the job."""
+    return frozenset(
+        (a.provider, a.host) for st in statuses for a in st.attempts
+        if a.host and a.outcome == Outcome.INTERRUPTION and a.ended is not None
+        and now - a.ended < HOST_COOLDOWN_SECONDS)
 
 
 def own_quotas(desired: DesiredState, recorded: dict[str, JobStatus], observed: Observed,
@@ -550,7 +564,8 @@ def _place(t: JobTick) -> None:
         t.busy[name] = t.busy.get(name, 0) + 1
         _reserve_allowance(t, name, prov.spec.price_per_hour)
         reason = "first launch" if not st.attempts else f"relaunch after: {_last_detail(st)}"
-        t.out.actions.append(Launch(t.job.name, st.run_id, name, reason))
+        avoid = tuple(sorted(h for p, h in t.observed.bad_hosts | bad_hosts([st], t.now) if p == name))
+        t.out.actions.append(Launch(t.job.name, st.run_id, name, reason, avoid))
         st.phase = Phase.LAUNCHING
         st.message = f"launching on {name}"
         return

@@ -67,6 +67,7 @@ class Attempt(Model):
     steps_lost: int = 0
     cost_usd: float = 0.0
     unseen_since: float | None = None  # first observation that did not find the worker
+    host: str = ""  # the provider's machine, where it names one (per-host cool-down)
 
     @property
     def open(self) -> bool:

@@ -218,6 +218,15 @@ def test_chooses_by_price_then_reliability(fake: FakeVast, tmp_path: Path) -> No
     assert [i.offer["id"] for i in fake.live()] == [3]  # 4 is below min_reliability 0.98
 
 
+def test_machines_the_planner_avoids_are_left_out_and_a_worker_names_its_machine(
+        fake: FakeVast, tmp_path: Path) -> None:
+    fake.offers = [offer(1, 0.3), offer(2, 0.5)]
+    vast = adapter(fake, interruptible=False)
+    ref = vast.launch(LaunchSpec(**{**spec(tmp_path, sleep="30").__dict__, "avoid_hosts": ("1",)}))
+    assert [i.offer["id"] for i in fake.live()] == [2]  # the cheaper machine 1 lost a worker lately
+    assert vast.observe()[ref].host == "2"
+
+
 def test_resources_reach_the_search(fake: FakeVast, tmp_path: Path) -> None:
     vast = adapter(fake)
     job = LaunchSpec(**{**spec(tmp_path).__dict__, "gpus": 2, "gpu_model": "RTX_4090", "memory_gb": 48})

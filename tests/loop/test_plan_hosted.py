@@ -125,3 +125,27 @@ def test_an_exit_75_after_the_sdk_saw_its_deadline_is_a_session_end(stopping: st
     p = plan(d, Observed(workers={ref: WorkerState(WorkerPhase.EXITED, 75, "COMPLETED")},
                          runs={("train", run_id): run}), {"train": with_attempt(d)}, NOW)
     assert p.statuses["train"].attempts[0].outcome == outcome
+
+
+@pytest.mark.parametrize(("hours_ago", "avoided"), [(1, ("501",)), (7, ())])
+def test_a_machine_that_lost_a_worker_lately_is_avoided_by_every_job_on_that_provider(
+        hours_ago: float, avoided: tuple[str, ...]) -> None:
+    d = desired(job_yaml("fresh", extra="  placement: {providers: [paid]}"))
+    other = JobStatus(job="other", phase=Phase.SUCCEEDED, attempts=[Attempt(
+        epoch=1, provider="paid", worker="i-1", host="501", started=NOW - 10 * 3600,
+        ended=NOW - hours_ago * 3600, outcome=Outcome.INTERRUPTION)])
+    [launch] = [a for a in plan(d, Observed(), {"other": other}, NOW).actions if isinstance(a, Launch)]
+    assert launch.avoid_hosts == avoided
+
+
+def test_the_machine_a_worker_ran_on_is_kept_in_its_attempt_and_the_relaunch_avoids_it() -> None:
+    d = desired(job_yaml(extra="  placement: {providers: [paid]}"))
+    run_id = d.jobs["train"].run_id()
+    ref, _ = running("train", run_id, 1, provider="paid")
+    gone = WorkerState(WorkerPhase.PREEMPTED, None, "stopped (intended running)", host="501")
+    p = plan(d, Observed(workers={ref: gone}, runs={("train", run_id): RunObservation(lease_epoch=1)}),
+             {"train": with_attempt(d, provider="paid")}, NOW)
+    st = p.statuses["train"]
+    assert st.attempts[0].host == "501" and st.attempts[0].outcome == Outcome.INTERRUPTION
+    [launch] = [a for a in p.actions if isinstance(a, Launch)]
+    assert (launch.provider, launch.avoid_hosts) == ("paid", ("501",))
