@@ -90,3 +90,42 @@ def test_the_status_ledger_holds_the_providers_balance(
         assert (line["unit"], line["remaining"]) == ("credits", 12.5)
     finally:
         fake.close()
+
+
+class NoLogAdapter:
+    """A provider with no log API (RunPod): its worker ended with code 1 and it can show nothing."""
+
+    name, owner, foreign_workers = "nolog", "repo", 0
+
+    def __init__(self, ref: object) -> None:
+        self.ref = ref
+
+    def observe(self) -> dict:
+        from adapters.compute import WorkerPhase, WorkerState
+
+        return {self.ref: WorkerState(WorkerPhase.EXITED, 1, "EXITED")}
+
+    def logs(self, ref: object, tail: int = 50) -> str:
+        return ""
+
+
+def test_a_failed_attempt_s_log_tail_comes_from_the_run_folder_when_the_provider_has_no_log_api(
+        state_repo: StateRepoFixture) -> None:
+    from adapters.compute import WorkerRef
+    from adapters.storage import RunFolder
+    from desired.parse import parse_desired
+    from status.models import Attempt, JobStatus
+
+    job = yaml.safe_dump({"apiVersion": "reconciler.dev/v1", "kind": "Job", "metadata": {"name": "train"},
+                          "spec": {"command": ["python", "train.py"]}})
+    provider = yaml.safe_dump({"apiVersion": "reconciler.dev/v1", "kind": "Provider", "metadata": {"name": "nolog"},
+                               "spec": {"settings": {"type": "local"}}})
+    store = f"file://{state_repo.storage}"
+    desired = parse_desired({"desired/j.yaml": job, "desired/p.yaml": provider}, f"storage: {store}\n")
+    run_id = desired.jobs["train"].run_id()
+    RunFolder.for_run(store, "train", run_id).write_attempt_log(1, "step 9\nTraceback: boom\n")
+    ref = WorkerRef("nolog", "pod-1", "train", run_id, 1)
+    st = JobStatus(job="train", run_id=run_id, phase=Phase.RUNNING,
+                   attempts=[Attempt(epoch=1, provider="nolog", worker="pod-1", started=0.0)])
+    observed = Reconciler(state_repo.path).observe(desired, {"train": st}, {"nolog": NoLogAdapter(ref)}, [], 10.0)
+    assert observed.logs[ref] == "step 9\nTraceback: boom"
