@@ -272,10 +272,10 @@ def main():
         sys.stdout.flush()
         tail.append(line)
     code = child.wait()
+    record = {{"code": code, "signal": signal.Signals(-code).name}} if code < 0 else {{"code": code}}
+    tail.append("{mark}" + json.dumps(record, sort_keys=True) + "\\n")  # the exit travels with the log
     ship_log(env, tail)
-    if code < 0:
-        finish({{"code": code, "signal": signal.Signals(-code).name}})
-    finish({{"code": code}})
+    finish(record)
 
 
 SDK = """

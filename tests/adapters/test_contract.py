@@ -43,6 +43,7 @@ class Kit:
     own_env: tuple[str, ...] = ()  # variables the provider's machine or bootstrap sets, not the daemon
     worker_folders: bool = True  # False: the worker runs on the provider's machine, in no folder of ours
     cancels: bool = True  # False: the provider has no cancel (Kaggle); stops go through the run folder
+    run_folder: bool = False  # True: no log API (RunPod); each probe gets a run folder for its log and exit
 
     def needs_cancel(self) -> None:
         if not self.cancels:
@@ -55,6 +56,8 @@ class Kit:
         out = self.tmp / f"probe-{self.counter}.jsonl"
         plain = {"PROBE_OUT": str(out), **{f"PROBE_{k.upper()}": v for k, v in env.items() if k != "secret"}}
         plain.update({"RECONCILER_RUN_ID": "r-contract", "RECONCILER_EPOCH": str(epoch)})
+        if self.run_folder:
+            plain["RECONCILER_RUN_URI"] = (self.tmp / "runs" / f"job{self.counter}-{self.tag}" / "r-contract").as_uri()
         secret = {"PROBE_SECRET": env["secret"]} if "secret" in env else {}
         return LaunchSpec(
             job=f"job{self.counter}-{self.tag}",
@@ -138,8 +141,9 @@ def kit(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Kit]:
     elif kind in HOSTED:
         hosted = importlib.import_module(HOSTED[kind]).contract_kit(request, workdir)
         the_kit = Kit(kind=kind, workdir=workdir, tmp=probes, make=hosted.make, interrupt=hosted.interrupt,
-                      prepare=hosted.prepare, own_env=("PYTHONPATH",), worker_folders=False,
-                      cancels=hosted.cancels)
+                      prepare=hosted.prepare,
+                      own_env=("PYTHONPATH", *getattr(hosted, "own_env", ())), worker_folders=False,
+                      cancels=hosted.cancels, run_folder=getattr(hosted, "run_folder", False))
         yield the_kit
         _clean_up(the_kit)
         return
