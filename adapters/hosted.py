@@ -259,7 +259,9 @@ def main():
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     except OSError as exc:
         fail("cannot start the command: " + str(exc), 127)
+    received = []  # signals the provider sent the machine (a stop it asked for, not a crash)
     def forward(signum, frame):
+        received.append(signal.Signals(signum).name)
         child.send_signal(signum)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         signal.signal(sig, forward)
@@ -273,6 +275,8 @@ def main():
         tail.append(line)
     code = child.wait()
     record = {{"code": code, "signal": signal.Signals(-code).name}} if code < 0 else {{"code": code}}
+    if received:
+        record["received"] = received[0]
     tail.append("{mark}" + json.dumps(record, sort_keys=True) + "\\n")  # the exit travels with the log
     ship_log(env, tail)
     finish(record)
