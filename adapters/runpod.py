@@ -30,7 +30,9 @@ State table (RunPod's `desiredStatus` -> WorkerPhase):
     RUNNING, RESTARTING                                            -> running (the word is kept; a
         restart of a spot pod is RunPod resuming it: the worker starts over from its checkpoint,
         fenced by its epoch; the heartbeat watch judges it)
-    EXITED, PAUSED with an exit record in the run folder           -> exited (code, signal)
+    EXITED, PAUSED with an exit record saying the bootstrap got a
+        SIGTERM (RunPod stopped the machine: outbid, balance)      -> preempted (code, e.g. 75 after a save)
+    EXITED, PAUSED with any other exit record in the run folder    -> exited (code, signal)
     EXITED, PAUSED, spot pod, no exit record                       -> preempted (outbid: SIGTERM,
         SIGKILL 5 s later, before the bootstrap could write its exit)
     EXITED, PAUSED, on-demand pod, no exit record                  -> exited, code unknown
@@ -314,12 +316,17 @@ class RunpodAdapter:
         record, why = self._exit_record(pod)
         if record is not None:
             code = record.get("code")
+            code = code if isinstance(code, int) else None
             sig = record.get("signal")
+            if record.get("received"):  # RunPod stopped the machine (outbid, balance): not the job's doing
+                return WorkerState(WorkerPhase.PREEMPTED, exit_code=code, provider_state=word, signal=sig,
+                                   cost_usd=cost, detail=f"stopped by RunPod ({pod.get('lastStatusChange') or word}):"
+                                   f" {record['received']} reached the worker, which exited with code {code}")
             detail = str(record.get("reason") or "")
             if sig:
                 detail = f"the command died of {sig}, which the reconciler did not send"
-            return WorkerState(WorkerPhase.EXITED, exit_code=code if isinstance(code, int) else None,
-                               provider_state=word, detail=detail, signal=sig, cost_usd=cost)
+            return WorkerState(WorkerPhase.EXITED, exit_code=code, provider_state=word, detail=detail, signal=sig,
+                               cost_usd=cost)
         if str(pod.get("podType") or "").upper() in ("INTERRUPTABLE", "INTERRUPTIBLE", "BID") or (
                 not pod.get("podType") and self.settings.interruptible):
             return WorkerState(WorkerPhase.PREEMPTED, provider_state=word, cost_usd=cost,
