@@ -36,7 +36,9 @@ State table (RunPod's `desiredStatus` -> WorkerPhase):
     EXITED, PAUSED, spot pod, no exit record                       -> preempted (outbid: SIGTERM,
         SIGKILL 5 s later, before the bootstrap could write its exit)
     EXITED, PAUSED, on-demand pod, no exit record                  -> exited, code unknown
-    TERMINATED                                                     -> preempted (podTerminate: by
+    TERMINATED with an exit record of a command that ended by
+        itself (the adapter releases every ended pod)              -> as EXITED with that record
+    TERMINATED otherwise                                           -> preempted (podTerminate: by
         the reconciler, or by a person in RunPod's console)
     DEAD                                                           -> lost
     a pod seen before and gone from the list                       -> lost (preempted if this
@@ -51,7 +53,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
+import math
 import os
+import time
 import tomllib
 import zlib
 from collections.abc import Mapping
@@ -75,6 +80,8 @@ from adapters.compute import (
 from adapters.hosted import SECRETS_FROM_ENV, Bootstrap, bootstrap_script, parse_exit_record
 from adapters.http import HostedApi
 from desired.models import Capacity, RunpodSettings
+
+log = logging.getLogger("reconciler.runpod")
 
 KEY_HINT = "the key is read from RUNPOD_API_KEY, else from ~/.runpod/config.toml ([default] api_key)"
 LABELS_VAR = "RECONCILER_LABELS"
@@ -156,6 +163,9 @@ class RunpodAdapter:
     """RunPod pods through the GraphQL API (see the module docstring for the state table)."""
 
     secrets_at_provider = True
+    # An ended pod is terminated once seen ended this long: never while RunPod's 5 s stop may
+    # still be running its final save (desiredStatus may flip before the container is gone).
+    release_after = 30.0
 
     def __init__(self, name: str, settings: RunpodSettings, *, owner: str = ANY_OWNER,
                  environ: Mapping[str, str] | None = None, home: Path | None = None) -> None:
@@ -174,6 +184,8 @@ class RunpodAdapter:
         self._refs: dict[str, WorkerRef] = {}  # pod id -> ref, for pods that later vanish
         self._terminated: set[str] = set()
         self._records: dict[str, dict[str, Any]] = {}  # pod id -> exit record (final, cached)
+        self._final: dict[str, WorkerState] = {}  # pod id -> how it ended, as reported before its release
+        self._ended_since: dict[str, float] = {}  # pod id -> when this process first saw it ended
 
     # ---- GraphQL -----------------------------------------------------------------------------
     def graphql(self, query: str, variables: dict[str, Any] | None = None, *, acts: bool = False) -> dict[str, Any]:
@@ -236,7 +248,7 @@ class RunpodAdapter:
             "name": name, "imageName": spec.image or self.settings.image, "cloudType": self.settings.cloud_type,
             "gpuTypeId": self.settings.gpu_type_id, "gpuCount": max(1, spec.gpus),
             "volumeInGb": 0, "containerDiskInGb": self.settings.container_disk_gb,
-            "minVcpuCount": max(1, spec.cpus), "minMemoryInGb": int(spec.memory_gb or 1),
+            "minVcpuCount": max(1, spec.cpus), "minMemoryInGb": max(1, math.ceil(spec.memory_gb or 1)),
             "dockerArgs": start_command(script), "ports": "", "volumeMountPath": "/workspace",
             "env": [{"key": k, "value": v} for k, v in pod_env.items()],
         }
@@ -283,12 +295,26 @@ class RunpodAdapter:
             ref = self._ref(pod)
             listed.add(ref.id)
             self._pods[ref.id] = pod
-            out[ref] = self._state(pod)
+            out[ref] = self._final.get(ref.id) or self._state(pod)
+            if pod.get("desiredStatus") in ("EXITED", "PAUSED") and self.owner != ANY_OWNER:
+                since = self._ended_since.setdefault(ref.id, time.monotonic())
+                if time.monotonic() - since >= self.release_after:
+                    self._release(ref, out[ref])
         for pod_id, ref in self._refs.items():
             if pod_id not in listed and pod_id in self._pods:
-                out[ref] = self._vanished(pod_id)
+                out[ref] = self._final.get(pod_id) or self._vanished(pod_id)
         self.foreign_workers = foreign
         return out
+
+    def _release(self, ref: WorkerRef, state: WorkerState) -> None:
+        """An ended pod is terminated (a stopped pod still holds its disk, and is listed forever);
+        this process keeps reporting how it ended, and a restarted one reads the same from the
+        exit record (see TERMINATED in the state table). A failed release is tried next tick."""
+        self._final[ref.id] = state
+        try:
+            self.graphql(M_TERMINATE, {"podId": ref.id})
+        except (ProviderUnavailable, ProviderConfigError) as exc:
+            log.debug("%s: releasing ended pod %s failed (%s); next tick", self.who, ref.id, exc)
 
     def _vanished(self, pod_id: str) -> WorkerState:
         if pod_id in self._terminated:
@@ -302,6 +328,9 @@ class RunpodAdapter:
         if word in SOON_STATES:
             return WorkerState(SOON_STATES[word], provider_state=word, cost_usd=cost)
         if word == "TERMINATED":
+            record, _ = self._exit_record(pod)
+            if record is not None and not record.get("received"):  # it had ended by itself, then was released
+                return self._ended(pod, "EXITED", cost)
             return WorkerState(WorkerPhase.PREEMPTED, provider_state=word, cost_usd=cost,
                                detail="terminated by the reconciler or by a person in RunPod's console (podTerminate)")
         if word == "DEAD":

@@ -365,3 +365,20 @@ def test_the_fake_runs_standalone(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_an_ended_pod_is_released_and_still_reported_as_it_ended_also_after_a_restart(
+        fake: FakeRunpod, specs: Specs) -> None:
+    adapter = adapter_on(fake)
+    adapter.release_after = 0.0
+    ref = adapter.launch(specs(exit="3"))
+    state = wait(adapter, ref, ended)
+    assert (state.phase, state.exit_code) == (WorkerPhase.EXITED, 3)
+    deadline = time.monotonic() + 10
+    while fake.pods[ref.id].status != "TERMINATED" and time.monotonic() < deadline:
+        adapter.observe()
+        time.sleep(0.2)
+    assert fake.pods[ref.id].status == "TERMINATED"  # released: a stopped pod would hold its disk
+    assert adapter.observe()[ref] == state
+    fresh = adapter_on(fake).observe()[ref]
+    assert (fresh.phase, fresh.exit_code, fresh.provider_state) == (WorkerPhase.EXITED, 3, "EXITED")
