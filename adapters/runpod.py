@@ -104,6 +104,7 @@ M_ON_DEMAND = ("mutation Deploy($input: PodFindAndDeployOnDemandInput!) { podFin
                "{ id name desiredStatus costPerHr } }")
 M_TERMINATE = "mutation Terminate($podId: String!) { podTerminate(input: {podId: $podId}) }"
 
+ENDED_STATES = ("EXITED", "PAUSED", "TERMINATED", "DEAD")
 SOON_STATES = {"CREATED": WorkerPhase.PENDING, "RUNNING": WorkerPhase.RUNNING, "RESTARTING": WorkerPhase.RUNNING}
 
 
@@ -296,25 +297,35 @@ class RunpodAdapter:
             listed.add(ref.id)
             self._pods[ref.id] = pod
             out[ref] = self._final.get(ref.id) or self._state(pod)
-            if pod.get("desiredStatus") in ("EXITED", "PAUSED") and self.owner != ANY_OWNER:
-                since = self._ended_since.setdefault(ref.id, time.monotonic())
-                if time.monotonic() - since >= self.release_after:
-                    self._release(ref, out[ref])
+            if pod.get("desiredStatus") in ENDED_STATES and ref.id not in self._final:
+                self._settle(ref, pod, out[ref])
         for pod_id, ref in self._refs.items():
             if pod_id not in listed and pod_id in self._pods:
                 out[ref] = self._final.get(pod_id) or self._vanished(pod_id)
         self.foreign_workers = foreign
         return out
 
+    def _settle(self, ref: WorkerRef, pod: dict[str, Any], state: WorkerState) -> None:
+        """Once a pod has been seen ended for `release_after`, its state is final (no more reads of
+        the run folder for it), and a stopped pod is released."""
+        since = self._ended_since.setdefault(ref.id, time.monotonic())
+        if time.monotonic() - since < self.release_after:
+            return
+        if pod.get("desiredStatus") in ("EXITED", "PAUSED") and self.owner != ANY_OWNER:
+            self._release(ref, state)
+        else:
+            self._final[ref.id] = state
+
     def _release(self, ref: WorkerRef, state: WorkerState) -> None:
         """An ended pod is terminated (a stopped pod still holds its disk, and is listed forever);
         this process keeps reporting how it ended, and a restarted one reads the same from the
         exit record (see TERMINATED in the state table). A failed release is tried next tick."""
-        self._final[ref.id] = state
         try:
             self.graphql(M_TERMINATE, {"podId": ref.id})
         except (ProviderUnavailable, ProviderConfigError) as exc:
             log.debug("%s: releasing ended pod %s failed (%s); next tick", self.who, ref.id, exc)
+            return
+        self._final[ref.id] = state
 
     def _vanished(self, pod_id: str) -> WorkerState:
         if pod_id in self._terminated:
