@@ -89,7 +89,7 @@ GRACE_SECONDS = 5  # RunPod: SIGTERM, then SIGKILL 5 s later
 NAME_LIMIT = 60
 CAPACITY_WORDS = ("no longer any instances available", "no instances", "not enough", "capacity", "unavailable")
 BALANCE_WORDS = ("balance", "insufficient funds", "credit")
-BID_WORDS = ("bid",)
+BID_WORDS = ("minimum bid", "bid price", "bidpergpu", "outbid")
 GONE_WORDS = ("not found", "does not exist", "no pod")
 
 POD_FIELDS = "id name desiredStatus lastStatusChange uptimeSeconds costPerHr gpuCount imageName env podType"

@@ -382,3 +382,16 @@ def test_an_ended_pod_is_released_and_still_reported_as_it_ended_also_after_a_re
     assert adapter.observe()[ref] == state
     fresh = adapter_on(fake).observe()[ref]
     assert (fresh.phase, fresh.exit_code, fresh.provider_state) == (WorkerPhase.EXITED, 3, "EXITED")
+
+
+@pytest.mark.parametrize(("message", "kind"), [
+    ("Forbidden: this key cannot rent pods", ProviderConfigError),
+    ("Insufficient funds: add credit to your account", ProviderUnavailable),
+    ("Your bid price is too low", ProviderUnavailable),
+    ("Something went wrong", ProviderConfigError),
+])
+def test_graphql_error_messages_are_mapped_by_what_they_say(fake: FakeRunpod, message: str, kind: type) -> None:
+    fake.fail_next(operation="myself", message=message)
+    with pytest.raises(kind) as err:
+        adapter_on(fake).observe()
+    assert "runpod provider 'runpod'" in str(err.value)
