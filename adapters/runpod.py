@@ -9,10 +9,12 @@ Launch: spot pods with `podRentInterruptable` (`bidPerGpu` = the settings' bid, 
 `minimumBidPrice` of the GPU type), on-demand pods with `podFindAndDeployOnDemand`. The pod's
 `dockerArgs` is a shell command that decodes the bootstrap (adapters/hosted.py: zlib + base64, no
 character of it means anything to a shell) to a file and execs it with python3, so the bootstrap is
-the container's main process and gets RunPod's SIGTERM. The pod's `env` holds the job's env (for the
-daemon to read back: RECONCILER_RUN_URI), RECONCILER_LABELS (`owner/job/run_id/e<epoch>`: whose
-worker it is) and each secret as a reference `{{ RUNPOD_SECRET_<name> }}` that RunPod resolves from
-the account's secrets: secret values never travel in the launch (`secrets_at_provider`). The pod's
+the container's main process and gets RunPod's SIGTERM. The job's env and argv travel in the
+bootstrap only: RunPod substitutes `{{ RUNPOD_SECRET_... }}` in pod env values, so a plain value
+must not go there. The pod's `env` holds only what the daemon reads back (RECONCILER_RUN_URI and
+the S3 endpoint), RECONCILER_LABELS (`owner/job/run_id/e<epoch>`: whose worker it is) and each
+secret as a reference `{{ RUNPOD_SECRET_<name> }}` that RunPod resolves from the account's
+secrets: secret values never travel in the launch (`secrets_at_provider`). The pod's
 name is `rc-<owner>-<job>-<run_id>-e<epoch>` (cut with a hash past 60 characters); a launch first
 looks the name up among our pods and adopts it, so a create that timed out after acting is adopted
 at the next tick, never repeated. RECONCILER_GRACE=5 tells the worker SDK how long a stop gives.
@@ -85,6 +87,10 @@ log = logging.getLogger("reconciler.runpod")
 
 KEY_HINT = "the key is read from RUNPOD_API_KEY, else from ~/.runpod/config.toml ([default] api_key)"
 LABELS_VAR = "RECONCILER_LABELS"
+# The only job variables also put in the pod's own env, for the daemon to read back (where the
+# exit record is). The job's env travels in the bootstrap alone: RunPod rewrites any env value
+# holding `{{ RUNPOD_SECRET_... }}`, so a plain value could pull in a secret or fail the launch.
+POD_ENV = ("RECONCILER_RUN_URI", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 GRACE_SECONDS = 5  # RunPod: SIGTERM, then SIGKILL 5 s later
 NAME_LIMIT = 60
 CAPACITY_WORDS = ("no longer any instances available", "no instances", "not enough", "capacity", "unavailable")
@@ -243,7 +249,8 @@ class RunpodAdapter:
                   "epoch": spec.epoch}
         script = bootstrap_script(spec, labels, Bootstrap("runpod", SECRETS_FROM_ENV, None),
                                   code_git=spec.code_git, code_ref=spec.code_ref)
-        pod_env = {**env, LABELS_VAR: f"{self.owner}/{spec.job}/{spec.run_id}/e{spec.epoch}"}
+        pod_env = {k: env[k] for k in POD_ENV if k in env}
+        pod_env[LABELS_VAR] = f"{self.owner}/{spec.job}/{spec.run_id}/e{spec.epoch}"
         pod_env.update({s: f"{{{{ RUNPOD_SECRET_{s} }}}}" for s in sorted(spec.secret_env)})
         body: dict[str, Any] = {
             "name": name, "imageName": spec.image or self.settings.image, "cloudType": self.settings.cloud_type,

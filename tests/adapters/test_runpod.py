@@ -137,18 +137,20 @@ HOSTILE = ['it\'s "quoted"', "back\\slash", "new\nline", '"} ) { myself { id } }
 def test_hostile_values_reach_the_worker_verbatim_and_travel_only_as_graphql_variables(
         fake: FakeRunpod, specs: Specs) -> None:
     adapter = adapter_on(fake)
-    spec = specs(*HOSTILE, plain=HOSTILE[3] + HOSTILE[1] + HOSTILE[2], secret='s"ec}\\ret\n')
+    plain = "".join(HOSTILE)
+    spec = specs(*HOSTILE, plain=plain, secret='s"ec}\\ret\n')
+    fake.set_secret("X", "another secret")
     ref = adapter.launch(spec)
     wait(adapter, ref, ended)
     record = records(spec)[0]
     assert record["argv"] == HOSTILE
-    assert record["env"]["PROBE_PLAIN"] == HOSTILE[3] + HOSTILE[1] + HOSTILE[2]
+    assert record["env"]["PROBE_PLAIN"] == plain  # RunPod's {{ }} substitution never saw it
     assert record["env"]["PROBE_SECRET"] == 's"ec}\\ret\n'
     create = next(r for r in fake.requests if "podRentInterruptable" in r["query"])
     assert '"}' not in create["query"] and "RUNPOD_SECRET" not in create["query"]  # values only in variables
     env = {e["key"]: e["value"] for e in create["variables"]["input"]["env"]}
-    assert env["PROBE_PLAIN"] == HOSTILE[3] + HOSTILE[1] + HOSTILE[2]
     assert env["PROBE_SECRET"] == "{{ RUNPOD_SECRET_PROBE_SECRET }}"  # a reference, never the value
+    assert "PROBE_PLAIN" not in env and env["RECONCILER_RUN_URI"] == spec.env["RECONCILER_RUN_URI"]
     assert all("s\"ec}" not in json.dumps(r) for r in fake.requests)
 
 

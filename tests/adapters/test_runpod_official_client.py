@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import sys
 import time
 import types
@@ -111,10 +112,12 @@ def test_sdk_pastes_a_quote_unescaped_and_breaks_while_the_adapter_s_variables_c
     pod = sdk.create_pod("sdk-injected", "runpod/base", GPU, docker_args="true", env={"X": injected})
     assert env_map(fake.pods[pod["id"]].input["env"])["INJECTED"] == "yes"
     adapter = RunpodAdapter("runpod", RunpodSettings(api_url=fake.url), owner="repo-a")
-    spec = LaunchSpec(job="j2", run_id="r1", epoch=1, command=["true"], env={"X": injected, "Y": hostile})
-    ref = adapter.launch(spec)
-    env = env_map(fake.pods[ref.id].input["env"])
-    assert (env["X"], env["Y"]) == (injected, hostile) and "INJECTED" not in env
+    out = tmp_path / "env.json"
+    show = f"import json, os; open({str(out)!r}, 'w').write(json.dumps([os.environ['X'], os.environ['Y']]))"
+    spec = LaunchSpec(job="j2", run_id="r1", epoch=1, command=[sys.executable, "-c", show],
+                      env={"X": injected, "Y": hostile})
+    adapter.launch(spec)
+    assert json.loads(wait_for(lambda: out.exists() and out.read_text())) == [injected, hostile]
 
 
 def test_sdk_with_a_wrong_key_gets_runpod_s_401(fake: FakeRunpod, sdk: Any, monkeypatch: pytest.MonkeyPatch) -> None:
