@@ -12,7 +12,8 @@ disk or its Python packages. So the launch carries:
   never travel in the launch), checks that run storage can be reached, runs the command with only
   the minimal environment, copies the last 400 lines of its output into the run folder
   (`logs/e<epoch>.log`, every 30 s and at the end: RunPod has no log API), and ends with one
-  `reconciler-bootstrap: exit {...}` line in the log, because most hosted APIs report only
+  `reconciler-bootstrap: exit {...}` line in the log and in that copy (with `received`: the
+  signal the provider sent it, if any), because most hosted APIs report only
   "complete" or "error", never an exit code or signal.
 
 The session clock: a provider with a session limit passes `session_seconds`; the bootstrap sets
@@ -121,7 +122,8 @@ def bootstrap_script(spec: LaunchSpec, labels: dict[str, Any], boot: Bootstrap, 
 
 def parse_exit_record(log_text: str) -> dict[str, Any] | None:
     """The bootstrap's last `exit` line: {"code": n} or {"signal": "SIGSEGV", "code": -11}, plus
-    "reason" when the bootstrap itself failed; None when the worker never got that far."""
+    "reason" when the bootstrap itself failed and "received" (e.g. "SIGTERM") when the provider
+    signalled the machine; None when the worker never got that far."""
     for line in reversed(log_text.splitlines()):
         at = line.find(EXIT_MARK)
         if at < 0:
