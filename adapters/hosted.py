@@ -12,7 +12,8 @@ disk or its Python packages. So the launch carries:
   never travel in the launch), checks that run storage can be reached, runs the command with only
   the minimal environment, copies the last 400 lines of its output into the run folder
   (`logs/e<epoch>.log`, every 30 s and at the end: RunPod has no log API), and ends with one
-  `reconciler-bootstrap: exit {...}` line in the log, because most hosted APIs report only
+  `reconciler-bootstrap: exit {...}` line in the log and in that copy (with `received`: the
+  signal the provider sent it, if any), because most hosted APIs report only
   "complete" or "error", never an exit code or signal.
 
 The session clock: a provider with a session limit passes `session_seconds`; the bootstrap sets
@@ -121,7 +122,8 @@ def bootstrap_script(spec: LaunchSpec, labels: dict[str, Any], boot: Bootstrap, 
 
 def parse_exit_record(log_text: str) -> dict[str, Any] | None:
     """The bootstrap's last `exit` line: {"code": n} or {"signal": "SIGSEGV", "code": -11}, plus
-    "reason" when the bootstrap itself failed; None when the worker never got that far."""
+    "reason" when the bootstrap itself failed and "received" (e.g. "SIGTERM") when the provider
+    signalled the machine; None when the worker never got that far."""
     for line in reversed(log_text.splitlines()):
         at = line.find(EXIT_MARK)
         if at < 0:
@@ -238,12 +240,26 @@ SHIP = ("import os, sys; from adapters.storage import RunFolder; "
         "sys.stdin.read())")
 
 
-def ship_log(env, tail):
-    """The output's tail into the run folder (logs/e<epoch>.log), for providers with no log API."""
+SHIP_LOCK = threading.Lock()
+SHIPPED_FINAL = []
+
+
+def ship_log(env, tail, final=False):
+    """The output's tail into the run folder (logs/e<epoch>.log), for providers with no log API.
+    One copy at a time, and none after the final one (which carries the exit line)."""
     if "RECONCILER_RUN_URI" not in env or "RECONCILER_EPOCH" not in env:
         return
+    with SHIP_LOCK:
+        if SHIPPED_FINAL:
+            return
+        if final:
+            SHIPPED_FINAL.append(True)
+        _ship(env, "".join(tail))
+
+
+def _ship(env, text):
     try:
-        subprocess.run([sys.executable, "-c", SHIP], env=env, input="".join(tail).encode(), timeout=60,
+        subprocess.run([sys.executable, "-c", SHIP], env=env, input=text.encode(), timeout=60,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError):
         pass  # best effort: the provider's own log, where there is one, still has everything
@@ -277,7 +293,9 @@ def main():
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     except OSError as exc:
         fail("cannot start the command: " + str(exc), 127)
+    received = []  # signals the provider sent the machine (a stop it asked for, not a crash)
     def forward(signum, frame):
+        received.append(signal.Signals(signum).name)
         child.send_signal(signum)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         signal.signal(sig, forward)
@@ -290,12 +308,14 @@ def main():
         sys.stdout.flush()
         tail.append(line)
     code = child.wait()
-    ship_log(env, tail)
-    if code < 0:
-        finish({{"code": code, "signal": signal.Signals(-code).name}})
+    record = {{"code": code, "signal": signal.Signals(-code).name}} if code < 0 else {{"code": code}}
+    if received:
+        record["received"] = received[0]
     if code == 75 and PLAN["session_seconds"]:  # how close the session's cut was: a session end, or not
-        finish({{"code": code, "session_left": round(STARTED + PLAN["session_seconds"] - time.time())}})
-    finish({{"code": code}})
+        record["session_left"] = round(STARTED + PLAN["session_seconds"] - time.time())
+    tail.append("{mark}" + json.dumps(record, sort_keys=True) + "\\n")  # the exit travels with the log
+    ship_log(env, tail, final=True)
+    finish(record)
 
 
 SDK = """

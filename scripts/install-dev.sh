@@ -11,3 +11,6 @@ python -m pip install -q --no-deps lightning-sdk==2026.10.13
 # vastai, only for the test that points the official client at our fake Vast server: it pins
 # cryptography and pillow to exact versions the rest of the environment does not need.
 python -m pip install -q --no-deps vastai==1.9.1
+# runpod, only for the test that points its GraphQL client at our fake (its full install pulls in
+# fastapi, paramiko, boto3 and opentelemetry; the test loads runpod.api alone).
+python -m pip install -q --no-deps runpod==1.12.0

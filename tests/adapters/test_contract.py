@@ -43,6 +43,7 @@ class Kit:
     own_env: tuple[str, ...] = ()  # variables the provider's machine or bootstrap sets, not the daemon
     worker_folders: bool = True  # False: the worker runs on the provider's machine, in no folder of ours
     cancels: bool = True  # False: the provider has no cancel (Kaggle); stops go through the run folder
+    run_folder: bool = False  # True: no log API (RunPod); each probe gets a run folder for its log and exit
 
     def needs_cancel(self) -> None:
         if not self.cancels:
@@ -55,6 +56,8 @@ class Kit:
         out = self.tmp / f"probe-{self.counter}.jsonl"
         plain = {"PROBE_OUT": str(out), **{f"PROBE_{k.upper()}": v for k, v in env.items() if k != "secret"}}
         plain.update({"RECONCILER_RUN_ID": "r-contract", "RECONCILER_EPOCH": str(epoch)})
+        if self.run_folder:
+            plain["RECONCILER_RUN_URI"] = (self.tmp / "runs" / f"job{self.counter}-{self.tag}" / "r-contract").as_uri()
         secret = {"PROBE_SECRET": env["secret"]} if "secret" in env else {}
         return LaunchSpec(
             job=f"job{self.counter}-{self.tag}",
@@ -140,8 +143,8 @@ def kit(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Kit]:
         the_kit = Kit(kind=kind, workdir=workdir, tmp=probes, make=hosted.make, interrupt=hosted.interrupt,
                       prepare=hosted.prepare, worker_folders=False,
                       # the bootstrap's own: the SDK's path, and the session's end (Kaggle's limit)
-                      own_env=("PYTHONPATH", "RECONCILER_DEADLINE"),
-                      cancels=hosted.cancels)
+                      own_env=("PYTHONPATH", "RECONCILER_DEADLINE", *hosted.own_env),
+                      cancels=hosted.cancels, run_folder=hosted.run_folder)
         yield the_kit
         _clean_up(the_kit)
         return

@@ -24,6 +24,8 @@ class HostedKit:
     interrupt: Callable[[ComputeAdapter, WorkerRef], None]
     prepare: Callable[[LaunchSpec], None]
     cancels: bool = True  # False: the provider has no cancel API (Kaggle)
+    own_env: tuple[str, ...] = ()  # variables the adapter sets for every worker (RunPod: RECONCILER_GRACE=5)
+    run_folder: bool = False  # True: no log API (RunPod); exits and logs are read from each probe's run folder
 
 
 def official_client(module: str, requirement: str) -> Any:
