@@ -76,6 +76,8 @@ class LaunchSpec:
     memory_gb: float | None = None
     gpus: int = 0
     gpu_model: str | None = None
+    gpu_memory_gb: float | None = None
+    cuda: float | None = None
     deadline: float | None = None  # the job's deadline (epoch seconds); adapters pass the earlier of
     # it and their own session limit to the worker as RECONCILER_DEADLINE
     code_git: str | None = None  # hosted providers fetch the job's code themselves: git URL and ref,

@@ -225,6 +225,10 @@ class VastAdapter:
             q["gpu_name"] = {"eq": spec.gpu_model.replace("_", " ")}
         if spec.memory_gb:
             q["cpu_ram"] = {"gte": spec.memory_gb * 1000}  # MB, as Vast counts
+        if spec.gpu_memory_gb:
+            q["gpu_ram"] = {"gte": spec.gpu_memory_gb * 1000}
+        if spec.cuda:
+            q["cuda_max_good"] = {"gte": spec.cuda}
         if s.max_price_per_hour is not None and not s.interruptible:
             q["dph_total"] = {"lte": s.max_price_per_hour}
         return q

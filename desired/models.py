@@ -78,6 +78,9 @@ class Placement(Strict):
 
     providers: list[Name] = Field(default_factory=list)
     max_price_per_hour: float | None = Field(default=None, ge=0)
+    interruptible: bool = Field(
+        default=True, description="false: never on machines that can be taken away (a hosted provider with "
+                                  "`interruptible: true`); define an on-demand provider for such jobs")
 
     @field_validator("providers")
     @classmethod
@@ -115,6 +118,9 @@ class Resources(Strict):
     memory_gb: float | None = Field(default=None, gt=0)
     gpus: int = Field(default=0, ge=0)
     gpu_model: str | None = None
+    gpu_memory_gb: float | None = Field(default=None, gt=0, description="memory of each GPU, at least")
+    cuda: float | None = Field(default=None, gt=0, description="highest CUDA version the driver must support, "
+                                                               "at least (e.g. 12.1)")
 
 
 class Capacity(Strict):

@@ -73,6 +73,9 @@ def place(job: Job, providers: dict[str, Provider], st: JobStatus, now: float,
         if cap is not None and price > cap:
             out.excluded[name] = f"price ${price:g}/h is above the job's cap of ${cap:g}/h"
             continue
+        if not job.spec.placement.interruptible and getattr(prov.spec.settings, "interruptible", False):
+            out.excluded[name] = "its machines can be taken away (interruptible) and the job forbids that"
+            continue
         offered = capacity_of(prov, reported.get(name))
         short = offered.shortfall(job.spec.resources) if offered is not None else None
         short = short or allowance_shortfall(job, prov, allowances.get(name))

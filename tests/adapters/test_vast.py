@@ -229,8 +229,10 @@ def test_machines_the_planner_avoids_are_left_out_and_a_worker_names_its_machine
 
 def test_resources_reach_the_search(fake: FakeVast, tmp_path: Path) -> None:
     vast = adapter(fake)
-    job = LaunchSpec(**{**spec(tmp_path).__dict__, "gpus": 2, "gpu_model": "RTX_4090", "memory_gb": 48})
+    job = LaunchSpec(**{**spec(tmp_path).__dict__, "gpus": 2, "gpu_model": "RTX_4090", "memory_gb": 48,
+                        "gpu_memory_gb": 24, "cuda": 12.1})
     query = vast.query(job)
+    assert query["gpu_ram"] == {"gte": 24000} and query["cuda_max_good"] == {"gte": 12.1}
     assert query["num_gpus"] == {"eq": 2} and query["gpu_name"] == {"eq": "RTX 4090"}
     assert query["cpu_ram"] == {"gte": 48000} and query["reliability"] == {"gte": 0.98}
     assert query["verified"] == {"eq": True} and query["type"] == "bid"

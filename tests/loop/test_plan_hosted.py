@@ -149,3 +149,33 @@ def test_the_machine_a_worker_ran_on_is_kept_in_its_attempt_and_the_relaunch_avo
     assert st.attempts[0].host == "501" and st.attempts[0].outcome == Outcome.INTERRUPTION
     [launch] = [a for a in p.actions if isinstance(a, Launch)]
     assert (launch.provider, launch.avoid_hosts) == ("paid", ("501",))
+
+
+SPOT_AND_ON_DEMAND = """
+apiVersion: reconciler.dev/v1
+kind: Provider
+metadata: {name: spot}
+spec: {settings: {type: vast}, price_per_hour: 0.2}
+---
+apiVersion: reconciler.dev/v1
+kind: Provider
+metadata: {name: ondemand}
+spec: {settings: {type: vast, interruptible: false}, price_per_hour: 0.6}
+"""
+
+
+@pytest.mark.parametrize(("interruptible", "where"), [(True, "spot"), (False, "ondemand")])
+def test_a_job_that_forbids_interruptible_machines_goes_to_an_on_demand_provider(
+        interruptible: bool, where: str) -> None:
+    from desired.parse import parse_desired
+
+    job = job_yaml(extra=f"  placement: {{interruptible: {str(interruptible).lower()}}}")
+    d = parse_desired({"desired/j.yaml": job, "desired/p.yaml": SPOT_AND_ON_DEMAND}, "storage: s3://b/runs\n")
+    assert not d.errors, d.errors
+    assert launched(plan(d, Observed(), {}, NOW)) == [where]
+    if not interruptible:
+        only_spot = parse_desired({"desired/j.yaml": job.replace("interruptible: false",
+                                                                 "interruptible: false, providers: [spot]"),
+                                   "desired/p.yaml": SPOT_AND_ON_DEMAND}, "storage: s3://b/runs\n")
+        message = plan(only_spot, Observed(), {}, NOW).statuses["train"].message
+        assert "spot: its machines can be taken away (interruptible) and the job forbids that" in message
