@@ -15,6 +15,12 @@ secrets from `POST {KAGGLE_URL_BASE}/requests/GetUserSecretByLabelRequest`, as K
 The session limit (the push's sessionTimeoutSeconds, or a shorter one set here) kills the machine
 and reports ERROR with a session-limit message.
 
+Versions: a push to a slug that exists makes a new version of that kernel (its title kept) and
+starts running it, replacing the previous version's run if it was still going; the kernel's source,
+status and log are then the new version's. Secrets: `secrets` are the user's, at account level; a
+kernel sees only those attached to it (`attach(slug, name)`, what a person does in the editor), and
+an attachment lasts across the kernel's versions, as Kaggle documents for notebooks.
+
 Faults on demand: `queue_delay`, `session_limit`, `max_gpu_sessions` (push answered HTTP 200 with
 "Maximum batch GPU session count of N reached"), `lag_status(n)`, `push_error(msg)`,
 `fail_next(method, status=500|429, retry_after=, garbage=)`, `push_timeout(seconds)` (creates the
@@ -148,7 +154,8 @@ class FakeKaggle:
         self.key = key or random_tokens.token_hex(16)
         self.port = port
         self.kernels: dict[str, FakeKernel] = {}
-        self.secrets: dict[str, str] = {}  # the user's secrets, all attached to every kernel
+        self.secrets: dict[str, str] = {}  # the user's secrets (account level)
+        self.attached: dict[str, set[str]] = {}  # kernel slug -> names of the secrets attached to it
         self.calls: list[str] = []  # RPC method names, in order
         self.pushes = 0
         self.queue_delay = 0.0
@@ -264,6 +271,11 @@ class FakeKaggle:
         kernel = self.kernels.get(ref_id.rsplit("/", 1)[-1])
         return kernel is not None and kernel.machine is not None and kernel.machine.kill_command()
 
+    def attach(self, slug: str, *names: str) -> None:
+        """A person attaches user secrets to a kernel in the editor (the kernel may not exist yet)."""
+        with self._lock:
+            self.attached.setdefault(slug, set()).update(names)
+
     def versions(self, slug: str) -> int:
         kernel = self.kernels.get(slug)
         return 0 if kernel is None else kernel.version
@@ -321,7 +333,8 @@ class FakeKaggle:
             old.machine.kill_all()  # a new version replaces the run
         self.pushes += 1
         version = 1 if old is None else old.version + 1
-        kernel = FakeKernel(self.username, slug, str(body.get("newTitle") or slug), str(body["text"]), dict(body),
+        title = old.title if old is not None else str(body.get("newTitle") or slug)
+        kernel = FakeKernel(self.username, slug, title, str(body["text"]), dict(body),
                             self.workdir / "kernels" / f"{slug}-v{version}", time.time(), version)
         self.kernels[slug] = kernel
         ref = f"{self.username}/{slug}"
@@ -391,11 +404,13 @@ class FakeKaggle:
                 "tpuQuota": {"totalTimeAllowed": f"{20 * 3600}s"}}
 
     def user_secret(self, token: str, label: str) -> dict[str, Any]:
-        """Kaggle's secrets endpoint: the kernel's JWT picks the user; the label picks the secret."""
-        if not any(k.secrets_token == token for k in self.kernels.values()):
+        """Kaggle's secrets endpoint: the kernel's JWT picks the kernel (and its user); the label
+        picks the secret, which must be attached to that kernel."""
+        kernel = next((k for k in self.kernels.values() if k.secrets_token == token), None)
+        if kernel is None:
             return {"wasSuccessful": False, "errors": ["Unauthorized"]}
-        if label not in self.secrets:
-            return {"wasSuccessful": False, "errors": [f"No user secret with label {label}"]}
+        if label not in self.secrets or label not in self.attached.get(kernel.slug, set()):
+            return {"wasSuccessful": False, "errors": [f"No user secret with label {label} attached to this notebook"]}
         return {"wasSuccessful": True, "result": {"secret": self.secrets[label]}}
 
 
@@ -464,7 +479,7 @@ def _handler(fake: FakeKaggle) -> type[BaseHTTPRequestHandler]:
 
 def contract_kit(request: Any, workdir: Path) -> Any:
     """The adapter contract suite's hooks (tests/adapters/test_contract.py): a fake per test."""
-    from adapters.kaggle import KaggleAdapter
+    from adapters.kaggle import KaggleAdapter, kernel_slug
     from desired.models import KaggleSettings
     from tests.fakes import HostedKit
 
@@ -476,14 +491,20 @@ def contract_kit(request: Any, workdir: Path) -> Any:
     monkeypatch.setenv("KAGGLE_API_TOKEN", fake.token)
     settings = KaggleSettings(api_url=fake.url, username=fake.username, request_timeout_seconds=10)
 
+    owners: set[str] = set()
+
     def make(owner: str = "repo-a") -> KaggleAdapter:
+        owners.add(owner)
         return KaggleAdapter("kaggle", settings, owner=owner)
 
     def interrupt(adapter: Any, ref: Any) -> None:
         assert fake.kill_command(ref.id), f"no command to kill for {ref.id}"
 
     def prepare(spec: Any) -> None:
+        """The user's secrets, attached to the job's kernel of every owner the test has made."""
         fake.secrets.update(spec.secret_env)
+        for owner in owners:
+            fake.attach(kernel_slug("kaggle", owner, spec.job), *spec.secret_env)
 
     return HostedKit(make=make, interrupt=interrupt, prepare=prepare, cancels=False)
 
