@@ -22,7 +22,8 @@ kernel sees only those attached to it (`attach(slug, name)`, what a person does 
 an attachment lasts across the kernel's versions, as Kaggle documents for notebooks.
 
 Faults on demand: `queue_delay`, `session_limit`, `max_gpu_sessions` (push answered HTTP 200 with
-"Maximum batch GPU session count of N reached"), `lag_status(n)`, `push_error(msg)`,
+"Maximum batch GPU session count of N reached"), `lag_status(n)`, `lag_versions(n)` (status and
+log still the previous version's after a push), `push_error(msg)`,
 `fail_next(method, status=500|429, retry_after=, garbage=)`, `push_timeout(seconds)` (creates the
 kernel, then answers late), `set_quota` / `exhaust_quota` / `refresh_quota` (GPU time used grows
 with running GPU kernels' time). Standalone: `python -m tests.fakes.kaggle --port N`.
@@ -107,6 +108,8 @@ class FakeKernel:
     session_killed: bool = False
     cancelled: bool = False
     reported: dict[str, Any] | None = None  # the last status answer (for the status lag fault)
+    previous: FakeKernel | None = None  # the version this one replaced (for the version lag fault)
+    lagging: bool = False  # the last status answered was the previous version's
 
     @property
     def gpu(self) -> bool:
@@ -166,6 +169,7 @@ class FakeKaggle:
         self.quota_since = time.time()
         self.quota_refresh_at = time.time() + 7 * 86400
         self._status_lag = 0
+        self._version_lag = 0
         self._push_error: str | None = None
         self._push_delay = 0.0
         self._faults: list[Fault] = []
@@ -236,6 +240,11 @@ class FakeKaggle:
     def lag_status(self, calls: int) -> None:
         """The next `calls` status answers repeat each kernel's previous answer."""
         self._status_lag = calls
+
+    def lag_versions(self, calls: int) -> None:
+        """The next `calls` status answers of a kernel with a newer version are still the previous
+        version's, and so is its log meanwhile (a service slow to switch to the new version)."""
+        self._version_lag = calls
 
     def push_error(self, message: str) -> None:
         """The next push is answered HTTP 200 with `error`, creating nothing."""
@@ -335,7 +344,7 @@ class FakeKaggle:
         version = 1 if old is None else old.version + 1
         title = old.title if old is not None else str(body.get("newTitle") or slug)
         kernel = FakeKernel(self.username, slug, title, str(body["text"]), dict(body),
-                            self.workdir / "kernels" / f"{slug}-v{version}", time.time(), version)
+                            self.workdir / "kernels" / f"{slug}-v{version}", time.time(), version, previous=old)
         self.kernels[slug] = kernel
         ref = f"{self.username}/{slug}"
         return {"ref": f"/code/{ref}", "url": f"{self.url}/code/{ref}", "versionNumber": version,
@@ -367,6 +376,10 @@ class FakeKaggle:
 
     def rpc_GetKernelSessionStatus(self, body: dict[str, Any]) -> dict[str, Any]:
         kernel = self._kernel(body)
+        kernel.lagging = self._version_lag > 0 and kernel.previous is not None
+        if kernel.lagging and kernel.previous is not None:
+            self._version_lag -= 1
+            return self._status(kernel.previous)
         if self._status_lag > 0 and kernel.reported is not None:
             self._status_lag -= 1
             return kernel.reported
@@ -388,6 +401,8 @@ class FakeKaggle:
 
     def rpc_ListKernelSessionOutput(self, body: dict[str, Any]) -> dict[str, Any]:
         kernel = self._kernel(body)
+        if kernel.lagging and kernel.previous is not None:
+            kernel = kernel.previous
         m = kernel.machine
         if m is None:
             return {}
