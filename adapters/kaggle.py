@@ -16,8 +16,9 @@ is the slug itself (Kaggle derives slugs from titles). Every push sends the same
 `kaggle kernels push` does: a new slug creates the kernel, an existing one gets a new version that
 starts running. Before pushing attempt N, launch reads the kernel's current source: if it already
 is (run, N), it is adopted (a push that timed out after acting, a daemon restart), never pushed
-twice; if an older attempt's version is still queued or running, nothing is pushed over it (Kaggle
-would replace the run) and the launch is refused as unavailable until it ends.
+twice; if an older attempt's version is still queued or running, nothing is pushed over it (what
+Kaggle does to a running version on a new push is not documented; the fake replaces the run) and
+the launch is refused as unavailable until it ends.
 
 Finding workers. Kaggle has no labels. `observe` lists the account's kernels (ListKernels with
 the CLI's `--mine` query: group PROFILE, user, sorted by run date, paged), keeps those whose slug
@@ -30,7 +31,7 @@ may still report the previous version's end: each version's bootstrap prints whi
 and a finished status whose log names another attempt is read as pending. Kernels of
 another owner or another provider entry are counted in `foreign_workers` while live (their status
 is read, never their log), and are never touched. Finished states
-(with their exit records and logs) are cached, so each finished kernel is read once per process.
+(with their exit records and logs) are cached, so each finished version is read once per process.
 No local state file: everything is read back from Kaggle, so a fresh daemon adopts what it finds.
 
 State table (GetKernelSessionStatus `status` -> WorkerState; `provider_state` keeps Kaggle's word):
