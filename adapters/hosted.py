@@ -49,6 +49,9 @@ SDK_FILES = (
 )
 EXIT_MARK = "reconciler-bootstrap: exit "
 STORAGE_UNREACHABLE = 66  # EX_NOINPUT: the bootstrap could not reach run storage; the command never ran
+# EX_NOUSER: a secret the job names is not available to the worker at its provider (Kaggle: not
+# attached to the job's kernel); the command never ran, and only a person can fix it.
+SECRET_NOT_ATTACHED = 67
 
 
 def package_root() -> Path:

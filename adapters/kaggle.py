@@ -1,5 +1,7 @@
-"""The `kaggle` compute adapter: each attempt is a private Kaggle kernel (a script run as a batch
-version) whose source is the generated bootstrap (adapters/hosted.py).
+"""The `kaggle` compute adapter: each job is one private Kaggle kernel (a script run as batch
+versions), and each attempt is a new version of it whose source is the generated bootstrap
+(adapters/hosted.py). One kernel per job because Kaggle secrets can only be attached by hand, per
+kernel, in the editor: attached once to the job's kernel, they serve every later attempt.
 
 Kaggle's API (docs: shared/reference/provider-apis.md §1) is `POST {api_url}/v1/{Service}/{Method}`
 with camelCase JSON and defaults left out; we speak it through `adapters.http.HostedApi` rather
@@ -8,19 +10,28 @@ pointed at another endpoint. Calls used: SaveKernel (launch), GetKernelSessionSt
 ListKernelSessionOutput (log), ListKernels + GetKernel (find our kernels after a restart),
 GetAcceleratorQuotaStatistics (weekly GPU quota), IntrospectToken (the user behind a bare token).
 
-Names. A kernel's slug is deterministic per (provider name, owner, job, run id, epoch):
-`rc-<owner>-<job>-<run>-e<epoch>-<hash8>`, lower-cased and cut to 49 characters, the hash keeping
-it unique; its title is the slug itself (Kaggle derives slugs from titles). Launch looks the slug
-up first and adopts a kernel that exists, so a push that timed out after acting, or a daemon
-restart, never makes a second kernel (a second push would start a second run as a new version).
+Names. A kernel's slug is deterministic per (provider name, owner, job): `rc-<owner>-<job>-<hash8>`,
+lower-cased and at most 49 characters, the hash of the full identity keeping it unique; its title
+is the slug itself (Kaggle derives slugs from titles). Every push sends the same slug and title, as
+`kaggle kernels push` does: a new slug creates the kernel, an existing one gets a new version that
+starts running. Before pushing attempt N, launch reads the kernel's current source: if it already
+is (run, N), it is adopted (a push that timed out after acting, a daemon restart), never pushed
+twice; if an older attempt's version is still queued or running, nothing is pushed over it (what
+Kaggle does to a running version on a new push is not documented; the fake replaces the run) and
+the launch is refused as unavailable until it ends.
 
 Finding workers. Kaggle has no labels. `observe` lists the account's kernels (ListKernels with
 the CLI's `--mine` query: group PROFILE, user, sorted by run date, paged), keeps those whose slug
-starts with `rc-` and ran in the last RECENT_DAYS, and reads each one's labels once from its own
-source (GetKernel: the bootstrap's PLAN holds provider, owner, job, run id and epoch). Kernels of
+starts with `rc-` and ran in the last RECENT_DAYS, and reads each one's labels from the source of
+its current version (GetKernel: the bootstrap's PLAN holds provider, owner, job, run id and epoch),
+again only when the listing shows a newer version. Each kernel is reported once, as the attempt of
+its current version with that version's status; older versions were replaced and are not reported
+(the planner launches a new attempt only after the previous one ended). Right after a push Kaggle
+may still report the previous version's end: each version's bootstrap prints which attempt it is,
+and a finished status whose log names another attempt is read as pending. Kernels of
 another owner or another provider entry are counted in `foreign_workers` while live (their status
 is read, never their log), and are never touched. Finished states
-(with their exit records and logs) are cached, so each finished kernel is read once per process.
+(with their exit records and logs) are cached, so each finished version is read once per process.
 No local state file: everything is read back from Kaggle, so a fresh daemon adopts what it finds.
 
 State table (GetKernelSessionStatus `status` -> WorkerState; `provider_state` keeps Kaggle's word):
@@ -41,13 +52,15 @@ State table (GetKernelSessionStatus `status` -> WorkerState; `provider_state` ke
 Stopping. Kaggle has no public cancel (CancelKernelSession needs a session id that neither push
 nor status returns). `terminate` therefore does nothing remote: the executor writes a stop request
 into the run folder, which the worker SDK honours at its next heartbeat (exit 75). A worker that
-never heartbeats runs until its session ends. Secrets are Kaggle user secrets the user attaches to
-the kernel by hand (`secrets_at_provider`); the bootstrap reads them with `kaggle_secrets`.
+never heartbeats runs until its session ends.
 
-Open problem: attachment is per kernel and each attempt is a kernel of its own, so each attempt's
-secrets must be attached by hand. One kernel per job, with attempts as its versions, would let one
-attachment serve all attempts [UNCONFIRMED that it survives API pushes], but needs a status that
-tells versions apart (right after a push, the status may still be the previous version's).
+Secrets are Kaggle user secrets (`secrets_at_provider`) that a person attaches once to the job's
+kernel, https://www.kaggle.com/code/<user>/<slug>, in the editor (Add-ons -> Secrets); the
+bootstrap reads them with `kaggle_secrets`. The first attempt creates the kernel, so it cannot have
+them yet: it ends at once with exit SECRET_NOT_ATTACHED, whose reason names the secret and the
+kernel's URL; the planner charges that once and avoids Kaggle for the job for a while, and the next
+attempt after the attachment uses it. Kaggle documents attachment as per notebook and lasting across
+its versions; that it survives versions pushed through the API is [UNCONFIRMED].
 Unconfirmed against the live service: a missing kernel answering 404, the session-limit message.
 """
 
@@ -76,13 +89,16 @@ from adapters.compute import (
     check_label,
     check_owner,
 )
-from adapters.hosted import Bootstrap, bootstrap_script, parse_exit_record, script_plan
+from adapters.hosted import SECRET_NOT_ATTACHED, Bootstrap, bootstrap_script, parse_exit_record, script_plan
 from adapters.http import HostedApi
 from desired.models import Capacity, KaggleSettings
 
 KERNELS = "/v1/kernels.KernelsApiService/"
 INTROSPECT = "/v1/security.OAuthService/IntrospectToken"
 SLUG_PREFIX = "rc-"
+KERNEL_WEB = "https://www.kaggle.com/code/"
+ATTEMPT_MARK = "reconciler-bootstrap: kaggle attempt "
+LABEL_KEYS = ("provider", "owner", "job", "run_id", "epoch")
 EXIT_INTERRUPTED = 75
 # The worker SDK stops at most this long before RECONCILER_DEADLINE (reconciler.worker.run's cap),
 # which the bootstrap sets `save_margin_seconds` before Kaggle's cut: an exit 75 with less than
@@ -103,7 +119,10 @@ SHAPE_GPUS = {"NvidiaTeslaT4": ("T4", 1), "NvidiaTeslaT4Highmem": ("T4", 1), "Nv
 
 KAGGLE_SECRETS = '''
 def load_secrets(names):
-    """Kaggle keeps the job's secrets as user secrets attached to this kernel (Add-ons -> Secrets)."""
+    """Kaggle keeps the job's secrets as user secrets attached to the job's kernel (Add-ons -> Secrets),
+    which every version of it sees. Says first which attempt this version is: right after a push,
+    Kaggle's status may still be the previous version's, and this line tells them apart."""
+    say("kaggle attempt " + json.dumps([PLAN["labels"]["run_id"], PLAN["labels"]["epoch"]]))
     if not names:
         return {}
     try:
@@ -117,10 +136,34 @@ def load_secrets(names):
         except Exception:
             missing.append(name)
     if missing:
-        fail("secret " + ", ".join(missing) + " is not attached to this kernel; add it in the Kaggle "
-             "editor (Add-ons -> Secrets) and attach it")
+        which = ", ".join(missing)
+        fail("secret " + which + " is not attached to this job's kernel; attach secret " + which + " to kernel "
+             "__KERNEL_URL__ in the Kaggle editor (Add-ons → Secrets); the next attempt uses it", __CODE__)
     return found
 '''
+
+
+def secrets_source(kernel_url: str) -> str:
+    """The bootstrap's secrets loader, naming the kernel a person must attach missing secrets to."""
+    return KAGGLE_SECRETS.replace("__KERNEL_URL__", kernel_url).replace("__CODE__", str(SECRET_NOT_ATTACHED))
+
+
+def kernel_url(user: str, slug: str) -> str:
+    return f"{KERNEL_WEB}{user}/{slug}"
+
+
+def log_attempt(log: str) -> tuple[str, int] | None:
+    """(run id, epoch) a version's bootstrap said it is, from its log; None before it said so."""
+    for line in reversed(log.splitlines()):
+        at = line.find(ATTEMPT_MARK)
+        if at < 0:
+            continue
+        try:
+            run_id, epoch = json.loads(line[at + len(ATTEMPT_MARK):])
+            return str(run_id), int(epoch)
+        except (ValueError, TypeError):
+            return None
+    return None
 
 
 @dataclass(frozen=True)
@@ -167,10 +210,11 @@ def slug_part(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
-def kernel_slug(provider: str, owner: str, job: str, run_id: str, epoch: int) -> str:
-    """`rc-<owner>-<job>-<run>-e<epoch>-<hash8>`: readable, a valid Kaggle slug, unique by its hash."""
-    digest = hashlib.sha256(json.dumps([provider, owner, job, run_id, epoch]).encode()).hexdigest()[:8]
-    head = f"{SLUG_PREFIX}{slug_part(owner)[:10]}-{slug_part(job)[:14]}-{slug_part(run_id)[:8]}-e{epoch}"
+def kernel_slug(provider: str, owner: str, job: str) -> str:
+    """`rc-<owner>-<job>-<hash8>`: the job's one kernel (attempts are its versions, so secrets
+    attached to it serve them all); readable, a valid Kaggle slug, unique by the hash of the identity."""
+    digest = hashlib.sha256(json.dumps([provider, owner, job]).encode()).hexdigest()[:8]
+    head = f"{SLUG_PREFIX}{slug_part(owner)[:10]}-{slug_part(job)[:26]}"
     head = re.sub(r"-+", "-", head)[:40].strip("-")
     return f"{head}-{digest}"
 
@@ -250,13 +294,25 @@ def _from_record(word: str, record: dict[str, Any], failure: str, session_margin
 
 @dataclass
 class Kernel:
-    """What this adapter knows of one `rc-` kernel: its labels and, once final, its state and log."""
+    """One version of an `rc-` kernel as this adapter knows it: its labels, read from that
+    version's source, and, once final, its state and log."""
 
     slug: str
     labels: dict[str, Any] | None
+    version: int | None = None
     final: WorkerState | None = None
     log: str = ""
     log_reads: int = 0
+
+    @property
+    def attempt(self) -> tuple[str, int] | None:
+        if self.labels is None:
+            return None
+        return str(self.labels["run_id"]), int(self.labels["epoch"])
+
+
+def same_attempt(labels: dict[str, Any] | None, wanted: dict[str, Any]) -> bool:
+    return labels is not None and all(labels.get(k) == wanted[k] for k in LABEL_KEYS)
 
 
 class KaggleAdapter:
@@ -270,7 +326,8 @@ class KaggleAdapter:
         self.who = f"kaggle provider {name!r}"
         self._api: HostedApi | None = None
         self._username: str | None = settings.username
-        self._kernels: dict[str, Kernel] = {}  # slug -> what we know
+        self._current: dict[str, Kernel] = {}  # slug -> its current version, as we know it
+        self._attempts: dict[tuple[str, str, int], Kernel] = {}  # (slug, run id, epoch) -> that version
         self._launched: set[str] = set()  # slugs this process pushed or adopted (a listing may lag)
 
     # ---- the API ----------------------------------------------------------------------------
@@ -309,17 +366,29 @@ class KaggleAdapter:
         return WorkerRef(self.name, f"{self.username}/{slug}", str(labels["job"]), str(labels["run_id"]),
                          int(labels["epoch"]))
 
-    def _slug_of(self, ref: WorkerRef) -> str | None:
-        user, _, slug = ref.id.partition("/")
-        kernel = self._kernels.get(slug)
-        if ref.provider != self.name or not slug or kernel is None or not self._ours(kernel.labels):
+    def _attempt_of(self, ref: WorkerRef) -> Kernel | None:
+        """The version that ran this attempt, if it is ours and this process has seen it."""
+        slug = ref.id.partition("/")[2]
+        kernel = self._attempts.get((slug, ref.run_id, ref.epoch))
+        if ref.provider != self.name or kernel is None or not self._ours(kernel.labels):
             return None
-        return slug
+        return kernel
 
     def _ours(self, labels: dict[str, Any] | None) -> bool:
         if not labels or labels.get("provider") != self.name:
             return False
         return self.owner == ANY_OWNER or labels.get("owner") == self.owner
+
+    def _remember(self, kernel: Kernel) -> Kernel:
+        """Makes `kernel` its slug's current version, keeping what we knew of that attempt (its
+        final state and log) when it is one we have seen already."""
+        attempt = kernel.attempt
+        if attempt is not None:
+            known = self._attempts.setdefault((kernel.slug, *attempt), kernel)
+            known.version = kernel.version if kernel.version is not None else known.version
+            kernel = known
+        self._current[kernel.slug] = kernel
+        return kernel
 
     # ---- launch -----------------------------------------------------------------------------
     def launch(self, spec: LaunchSpec) -> WorkerRef:
@@ -329,20 +398,35 @@ class KaggleAdapter:
         check_label(spec.run_id, "run id")
         labels = {"provider": self.name, "owner": self.owner, "job": spec.job, "run_id": spec.run_id,
                   "epoch": spec.epoch}
-        slug = kernel_slug(self.name, self.owner, spec.job, spec.run_id, spec.epoch)
-        self._kernels.setdefault(slug, Kernel(slug, labels)).labels = labels
-        ref = self._ref(slug, labels)
-        if slug in self._launched or self._status(slug) is not None:
-            self._launched.add(slug)  # already there (an earlier push, perhaps one that timed out): adopt
-            return ref
-        self._push(slug, spec, labels)
+        slug = kernel_slug(self.name, self.owner, spec.job)
+        current = self._current.get(slug)
+        if current is None or not same_attempt(current.labels, labels):
+            current = self._read_kernel(slug)  # the truth, not our memory: a push may have acted
+        if current is not None and same_attempt(current.labels, labels):
+            self._remember(current)  # this attempt is the current version already: adopt it
+        else:
+            if current is not None:
+                self._refuse_over_a_live_version(current)
+            self._remember(Kernel(slug, labels, self._push(slug, spec, labels)))
         self._launched.add(slug)
-        return ref
+        return self._ref(slug, labels)
 
-    def _push(self, slug: str, spec: LaunchSpec, labels: dict[str, Any]) -> None:
+    def _refuse_over_a_live_version(self, kernel: Kernel) -> None:
+        """A push would replace the run of a version still queued or running: wait for its end
+        (a stop request, when there is one, is already in its run folder)."""
+        answer = self._status(kernel.slug)
+        if answer is None or str(answer.get("status") or "QUEUED").upper() in FINAL:
+            return
+        what = f"attempt {kernel.attempt[1]}" if kernel.attempt else "a version not made by the reconciler"
+        raise ProviderUnavailable(f"{self.who}: kernel {kernel.slug} is still running {what}; waiting for it to end")
+
+    def _push(self, slug: str, spec: LaunchSpec, labels: dict[str, Any]) -> int | None:
+        """SaveKernel on the job's slug: the kernel's first version, or a new one that starts
+        running. The title is sent every time, as the CLI does; it never changes. Returns the version."""
         s = self.settings
         session = s.session_hours * 3600
-        boot = Bootstrap("kaggle", KAGGLE_SECRETS, session_seconds=session, save_margin_seconds=s.save_margin_seconds)
+        boot = Bootstrap("kaggle", secrets_source(kernel_url(self.username, slug)), session_seconds=session,
+                         save_margin_seconds=s.save_margin_seconds)
         body: dict[str, Any] = {
             "slug": f"{self.username}/{slug}", "newTitle": slug, "language": "python", "kernelType": "script",
             "text": bootstrap_script(spec, labels, boot, code_git=spec.code_git, code_ref=spec.code_ref),
@@ -356,22 +440,38 @@ class KaggleAdapter:
             if "session count" in error.lower():
                 raise ProviderUnavailable(f"{self.who} has no free session now: Kaggle says {error!r}")
             raise ProviderConfigError(f"{self.who}: Kaggle refused the kernel {slug}: {error}")
+        version = answer.get("versionNumber")
+        return version if isinstance(version, int) else None
 
     def _status(self, slug: str) -> dict[str, Any] | None:
-        """Kaggle's status answer for our kernel, or None when there is no such kernel."""
+        """Kaggle's status answer for our kernel's current version, or None when there is no such kernel."""
         answer = self.api.call("POST", KERNELS + "GetKernelSessionStatus",
                                json_body={"userName": self.username, "kernelSlug": slug}, allow=(404,))
         return answer if isinstance(answer, dict) else None
 
+    def _read_kernel(self, slug: str) -> Kernel | None:
+        """The kernel's current version, its labels read from its source; None when Kaggle has no
+        such kernel (or does not show it yet)."""
+        answer = self._rpc("GetKernel", {"userName": self.username, "kernelSlug": slug}, allow=(404,))
+        if not answer:
+            return None
+        plan = script_plan(str((answer.get("blob") or {}).get("source") or ""))
+        labels = plan.get("labels") if plan else None
+        ok = isinstance(labels, dict) and set(LABEL_KEYS) <= set(labels)
+        version = (answer.get("metadata") or {}).get("currentVersionNumber")
+        return Kernel(slug, labels if ok else None, version if isinstance(version, int) else None)
+
     # ---- observe ----------------------------------------------------------------------------
     def observe(self) -> dict[WorkerRef, WorkerState]:
-        slugs = set(self._list_slugs()) | self._launched
+        listed = self._list_kernels()
+        for slug in self._launched - listed.keys():
+            listed[slug] = None
         seen: dict[WorkerRef, WorkerState] = {}
         foreign = 0
-        for slug in sorted(slugs):
-            kernel = self._kernel(slug)
-            if kernel.labels is None:
-                continue  # an `rc-` kernel that is not a bootstrap of ours: not a worker
+        for slug, version in sorted(listed.items()):
+            kernel = self._kernel(slug, version)
+            if kernel is None or kernel.labels is None:
+                continue  # not shown yet, or an `rc-` kernel that is not a bootstrap of ours
             state = self._state(kernel)
             if self._ours(kernel.labels):
                 seen[self._ref(slug, kernel.labels)] = state
@@ -380,37 +480,40 @@ class KaggleAdapter:
         self.foreign_workers = foreign
         return seen
 
-    def _list_slugs(self, page_size: int = 100, max_pages: int = 20) -> list[str]:
-        """Slugs of the account's `rc-` kernels run in the last RECENT_DAYS (the CLI's `kernels list
-        --mine`, newest run first, page after page until the runs are older than that)."""
+    def _list_kernels(self, page_size: int = 100, max_pages: int = 20) -> dict[str, int | None]:
+        """Slug -> current version of the account's `rc-` kernels run in the last RECENT_DAYS (the
+        CLI's `kernels list --mine`, newest run first, page after page until the runs are older)."""
         body: dict[str, Any] = {"group": "PROFILE", "user": self.username, "sortBy": "DATE_RUN",
                                 "pageSize": page_size, "kernelType": "all", "language": "all", "outputType": "all"}
         since = time.time() - RECENT_DAYS * 86400
-        slugs: list[str] = []
+        found: dict[str, int | None] = {}
         for _ in range(max_pages):
             answer = self._rpc("ListKernels", body)
             items = [i for i in answer.get("kernels") or [] if isinstance(i, dict)]
             recent = [i for i in items if (timestamp(i.get("lastRunTime")) or since) >= since]
-            names = (str(i.get("ref") or "").rsplit("/", 1)[-1] for i in recent)
-            slugs += [name for name in names if name.startswith(SLUG_PREFIX)]
+            for item in recent:
+                name = str(item.get("ref") or "").rsplit("/", 1)[-1]
+                version = item.get("currentVersionNumber")
+                if name.startswith(SLUG_PREFIX):
+                    found[name] = version if isinstance(version, int) else None
             token = answer.get("nextPageToken")
             if not token or len(recent) < len(items):
                 break
             body["pageToken"] = token
-        return slugs
+        return found
 
-    def _kernel(self, slug: str) -> Kernel:
-        """What we know of a kernel; its labels are read once from its own source."""
-        kernel = self._kernels.get(slug)
-        if kernel is None:
-            answer = self._rpc("GetKernel", {"userName": self.username, "kernelSlug": slug}, allow=(404,))
-            plan = script_plan(str((answer.get("blob") or {}).get("source") or ""))
-            labels = plan.get("labels") if plan else None
-            ok = isinstance(labels, dict) and {"provider", "owner", "job", "run_id", "epoch"} <= set(labels)
-            kernel = Kernel(slug, labels if ok else None)
-            if answer:  # a kernel listed but not found yet (a lagging answer) is asked again next time
-                self._kernels[slug] = kernel
-        return kernel
+    def _kernel(self, slug: str, listed_version: int | None) -> Kernel | None:
+        """The kernel's current version: what we know, read again only when the listing shows a
+        newer version than that (a lagging listing never takes us back to an older one)."""
+        known = self._current.get(slug)
+        stale = known is None or (listed_version is not None and known.version is not None
+                                  and listed_version > known.version)
+        if not stale:
+            return known
+        fresh = self._read_kernel(slug)
+        if fresh is None:
+            return known  # listed but not readable yet: asked again next time
+        return self._remember(fresh)
 
     def _state(self, kernel: Kernel) -> WorkerState:
         if kernel.final is not None:
@@ -423,10 +526,18 @@ class KaggleAdapter:
             return kernel_state(status, failure, "", self.settings.save_margin_seconds)
         if not self._ours(kernel.labels):
             return WorkerState(WorkerPhase.EXITED, provider_state=status)  # not ours to read
-        kernel.log = self._read_log(kernel.slug)
+        return self._final_state(kernel, status, failure)
+
+    def _final_state(self, kernel: Kernel, status: str, failure: str) -> WorkerState:
+        log = self._read_log(kernel.slug)
+        ran = log_attempt(log)
+        if ran is not None and ran != kernel.attempt:  # the previous version's end, reported late
+            return WorkerState(WorkerPhase.PENDING, provider_state="QUEUED",
+                               detail=f"Kaggle still reports the previous version ({status})")
+        kernel.log = log
         kernel.log_reads += 1
-        state = kernel_state(status, failure, kernel.log, self.settings.save_margin_seconds)
-        if parse_exit_record(kernel.log) is not None or kernel.log_reads >= 3:  # a log may lag its status
+        state = kernel_state(status, failure, log, self.settings.save_margin_seconds)
+        if parse_exit_record(log) is not None or kernel.log_reads >= 3:  # a log may lag its status
             kernel.final = state
         return state
 
@@ -440,11 +551,17 @@ class KaggleAdapter:
         into the run folder is honoured by the worker SDK at its next heartbeat. Nothing to do here."""
 
     def logs(self, ref: WorkerRef, tail: int = 50) -> str:
-        slug = self._slug_of(ref)
-        if slug is None:
+        """The attempt's log: kept once final; read from Kaggle while its version is the current
+        one; empty once a newer version replaced it before we saw its end."""
+        kernel = self._attempt_of(ref)
+        if kernel is None:
             return ""
-        kernel = self._kernels[slug]
-        text = kernel.log if kernel.final is not None else self._read_log(slug)
+        if kernel.final is not None:
+            text = kernel.log
+        elif self._current.get(kernel.slug) is kernel:
+            text = self._read_log(kernel.slug)
+        else:
+            return ""
         return "\n".join(text.splitlines()[-tail:]) if tail > 0 else ""
 
     def free_slots(self) -> int | None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from adapters.compute import WorkerPhase, WorkerState
-from adapters.hosted import STORAGE_UNREACHABLE
+from adapters.hosted import SECRET_NOT_ATTACHED, STORAGE_UNREACHABLE
 from desired.models import ExitCodeRule, Job
 from status.models import Attempt, JobStatus, Outcome
 
@@ -29,7 +29,7 @@ class Verdict:
     outcome: Outcome
     detail: str
     fail_now: bool = False  # the job's own exit-code rule says: no retry
-    avoid_provider: bool = False  # the worker could not even reach run storage from this provider
+    avoid_provider: bool = False  # the worker could not reach run storage, or lacks a secret, at this provider
 
 
 def exit_rule(job: Job, code: int | None) -> ExitCodeRule | None:
@@ -58,6 +58,11 @@ def classify(job: Job, attempt: Attempt, state: WorkerState, run: RunObservation
         # repeat it (missing storage secrets, a firewall), and the job must not loop on it.
         return Verdict(Outcome.JOB_ERROR, f"the worker cannot reach run storage from {attempt.provider}: "
                        f"{state.detail}", avoid_provider=True)
+    if state.exit_code == SECRET_NOT_ATTACHED and "is not attached" in state.detail:
+        # Only a person can attach it (Kaggle: in the editor, to the job's kernel, which the detail
+        # names): charged once, and the provider avoided for a while, so the job does not loop.
+        return Verdict(Outcome.JOB_ERROR, f"a secret is missing on {attempt.provider}: {state.detail}",
+                       avoid_provider=True)
     return _rule_verdict(job, state) or _evidence_verdict(attempt, state, run, word)
 
 

@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from adapters.compute import LaunchSpec, ProviderConfigError, ProviderUnavailable, WorkerPhase, WorkerState
-from adapters.hosted import STORAGE_UNREACHABLE
-from adapters.kaggle import KaggleAdapter, kernel_slug, kernel_state, log_text, read_credentials, seconds
+from adapters.hosted import SECRET_NOT_ATTACHED, STORAGE_UNREACHABLE
+from adapters.kaggle import KaggleAdapter, kernel_slug, kernel_state, log_attempt, log_text, read_credentials, seconds
 from desired.models import KaggleSettings
 from tests.adapters.test_contract import PROBE, ended, probe_records, running, wait_state
 from tests.fakes.kaggle import FakeKaggle
@@ -54,6 +54,10 @@ def slug(ref_id: str) -> str:
     return ref_id.rsplit("/", 1)[1]
 
 
+def job_kernel(name: str = "p", owner: str = "repo-a") -> str:
+    return kernel_slug("kaggle", owner, name)
+
+
 # ---- launch -----------------------------------------------------------------------------------
 
 
@@ -69,12 +73,13 @@ def test_launch_pushes_a_private_script_kernel_with_the_settings(fake: FakeKaggl
     assert "reconciler bootstrap for kaggle" in sent["text"]
 
 
-def test_slugs_are_valid_short_deterministic_and_differ_by_owner() -> None:
-    one = kernel_slug("kaggle", "Repo_A", "Train.Big_Model-with-a-long-name", "R-2026-12-03-abcdef", 12)
-    assert one == kernel_slug("kaggle", "Repo_A", "Train.Big_Model-with-a-long-name", "R-2026-12-03-abcdef", 12)
-    assert one != kernel_slug("kaggle", "repo_a", "Train.Big_Model-with-a-long-name", "R-2026-12-03-abcdef", 12)
-    assert one.startswith("rc-repo-a-train-big-") and len(one) <= 50
-    assert all(c.isdigit() or c == "-" or "a" <= c <= "z" for c in one)
+def test_slugs_are_one_per_job_valid_short_deterministic_and_differ_by_owner_and_provider() -> None:
+    one = kernel_slug("kaggle", "Repo_A", "Train.Big_Model-with-a-long-name-that-goes-on")
+    assert one == kernel_slug("kaggle", "Repo_A", "Train.Big_Model-with-a-long-name-that-goes-on")
+    assert one != kernel_slug("kaggle", "repo_a", "Train.Big_Model-with-a-long-name-that-goes-on")
+    assert one != kernel_slug("kaggle-2", "Repo_A", "Train.Big_Model-with-a-long-name-that-goes-on")
+    assert one.startswith("rc-repo-a-train-big-model-") and len(one) <= 49
+    assert all(c.isdigit() or c == "-" or "a" <= c <= "z" for c in one) and "--" not in one
 
 
 def test_a_full_batch_gpu_session_count_is_unavailable_not_a_config_error(fake: FakeKaggle, tmp_path: Path) -> None:
@@ -259,27 +264,112 @@ def test_logs_come_from_the_kernels_output_and_are_read_once_when_finished(fake:
 # ---- secrets and storage ----------------------------------------------------------------------
 
 
-def test_the_bootstrap_reads_secrets_through_kaggle_secrets(fake: FakeKaggle, tmp_path: Path) -> None:
-    fake.secrets["API_KEY"] = "from-kaggle-user-secrets"
+def test_the_bootstrap_reads_secrets_attached_to_the_jobs_kernel(fake: FakeKaggle, tmp_path: Path) -> None:
     kaggle = adapter(fake)
     spec = probe(tmp_path, secrets={"PROBE_SECRET": "never-sent"})  # the daemon's value never travels
     fake.secrets["PROBE_SECRET"] = "held-by-kaggle"
+    fake.attach(job_kernel("p"), "PROBE_SECRET")
     ref = kaggle.launch(spec)
     assert wait_state(kaggle, ref, ended).exit_code == 0
     assert probe_records(spec)[0]["env"]["PROBE_SECRET"] == "held-by-kaggle"
     assert "never-sent" not in fake.kernels[slug(ref.id)].text
 
 
-def test_a_secret_not_attached_fails_with_the_reason(fake: FakeKaggle, tmp_path: Path) -> None:
+def test_a_secret_attached_to_another_kernel_is_not_seen(fake: FakeKaggle, tmp_path: Path) -> None:
+    fake.secrets["PROBE_SECRET"] = "held-by-kaggle"
+    fake.attach(job_kernel("other-job"), "PROBE_SECRET")
+    kaggle = adapter(fake)
+    state = wait_state(kaggle, kaggle.launch(probe(tmp_path, secrets={"PROBE_SECRET": ""})), ended)
+    assert state.exit_code == SECRET_NOT_ATTACHED, state
+
+
+def test_a_secret_not_attached_fails_once_naming_the_secret_and_the_kernels_url(fake: FakeKaggle,
+                                                                               tmp_path: Path) -> None:
+    fake.secrets["MISSING_ONE"] = "exists-at-account-level"  # created, never attached
     kaggle = adapter(fake)
     ref = kaggle.launch(probe(tmp_path, secrets={"MISSING_ONE": ""}))
     state = wait_state(kaggle, ref, ended)
-    assert state.phase is WorkerPhase.EXITED and state.exit_code == 1
-    assert "secret MISSING_ONE is not attached" in state.detail
+    assert (state.phase, state.exit_code) == (WorkerPhase.EXITED, SECRET_NOT_ATTACHED), state
+    url = f"https://www.kaggle.com/code/{fake.username}/{job_kernel('p')}"
+    assert f"attach secret MISSING_ONE to kernel {url} in the Kaggle editor (Add-ons → Secrets)" in state.detail
+    assert "the next attempt uses it" in state.detail and slug(ref.id) == job_kernel("p")
+
+
+def test_secrets_attached_once_serve_every_later_attempt(fake: FakeKaggle, tmp_path: Path) -> None:
+    fake.secrets["PROBE_SECRET"] = "attached-once"
+    kaggle = adapter(fake)
+    first = kaggle.launch(probe(tmp_path, secrets={"PROBE_SECRET": ""}))
+    assert wait_state(kaggle, first, ended).exit_code == SECRET_NOT_ATTACHED
+    fake.attach(slug(first.id), "PROBE_SECRET")  # once, to the kernel the failure named
+    for epoch in (2, 3):
+        spec = probe(tmp_path, epoch=epoch, secrets={"PROBE_SECRET": ""})
+        ref = kaggle.launch(spec)
+        assert ref.id == first.id and wait_state(kaggle, ref, ended).exit_code == 0
+        assert probe_records(spec)[-1]["env"]["PROBE_SECRET"] == "attached-once"
+    assert fake.versions(slug(first.id)) == 3 and len(fake.kernels) == 1
+
+
+# ---- attempts as versions of the job's kernel ---------------------------------------------------
+
+
+def test_a_second_attempt_is_a_new_version_of_the_same_kernel_and_the_first_is_no_longer_reported(
+        fake: FakeKaggle, tmp_path: Path) -> None:
+    kaggle = adapter(fake)
+    first = kaggle.launch(probe(tmp_path))
+    assert wait_state(kaggle, first, ended).exit_code == 0
+    second = kaggle.launch(probe(tmp_path, epoch=2, sleep="30"))
+    assert slug(second.id) == slug(first.id) and fake.versions(slug(first.id)) == 2 and fake.pushes == 2
+    assert second != first and (second.run_id, second.epoch) == ("r-1", 2)
+    seen = wait_state(kaggle, second, running)
+    assert seen.phase is WorkerPhase.RUNNING
+    for view in (kaggle, adapter(fake)):  # this process, and a fresh one after a restart
+        workers = view.observe()
+        assert list(workers) == [second] and workers[second].phase is WorkerPhase.RUNNING
+    assert kaggle.logs(first, 5).splitlines()[-1].startswith("reconciler-bootstrap: exit")  # kept once final
+
+
+def test_a_new_attempt_is_not_pushed_over_a_version_still_running(fake: FakeKaggle, tmp_path: Path) -> None:
+    kaggle = adapter(fake)
+    first = kaggle.launch(probe(tmp_path, sleep="30"))
+    wait_state(kaggle, first, running)
+    with pytest.raises(ProviderUnavailable) as err:
+        adapter(fake).launch(probe(tmp_path, epoch=2))
+    assert str(err.value) == (f"kaggle provider 'kaggle': kernel {slug(first.id)} is still running attempt 1; "
+                              "waiting for it to end")
+    assert fake.pushes == 1 and kaggle.observe()[first].phase is WorkerPhase.RUNNING
+
+
+def test_a_second_attempts_push_that_timed_out_after_acting_is_adopted(fake: FakeKaggle, tmp_path: Path) -> None:
+    kaggle = adapter(fake)
+    assert wait_state(kaggle, kaggle.launch(probe(tmp_path)), ended).exit_code == 0
+    spec = probe(tmp_path, epoch=2, sleep="30")
+    fake.push_timeout(3)
+    with pytest.raises(ProviderUnavailable, match="may have acted"):
+        adapter(fake, request_timeout_seconds=1).launch(spec)
+    ref = kaggle.launch(spec)  # the same process's next tick: the kernel's source says it is attempt 2
+    assert fake.pushes == 2 and fake.versions(slug(ref.id)) == 2
+    wait_state(kaggle, ref, running)
+    assert kaggle.launch(spec) == ref and fake.pushes == 2
+
+
+def test_the_previous_versions_end_reported_late_is_read_as_pending(fake: FakeKaggle, tmp_path: Path) -> None:
+    kaggle = adapter(fake)
+    first = kaggle.launch(probe(tmp_path))
+    assert wait_state(kaggle, first, ended).exit_code == 0
+    fake.queue_delay = 60
+    fake.lag_versions(3)  # Kaggle still answers status and log from version 1
+    second = kaggle.launch(probe(tmp_path, epoch=2))
+    states = [kaggle.observe()[second] for _ in range(3)]
+    assert [s.phase for s in states] == [WorkerPhase.PENDING] * 3, states
+    assert "previous version (COMPLETE)" in states[0].detail
+    assert kaggle.observe()[second].provider_state == "QUEUED"
+    assert log_attempt('x\nreconciler-bootstrap: kaggle attempt ["r-1", 2]\n') == ("r-1", 2)
+    assert log_attempt("nothing here") is None
 
 
 def test_a_worker_that_cannot_reach_storage_ends_with_the_bootstraps_reason(fake: FakeKaggle, tmp_path: Path) -> None:
     fake.secrets.update({"AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b"})
+    fake.attach(job_kernel("p"), "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
     spec = probe(tmp_path, secrets={"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""})
     env = {**spec.env, "RECONCILER_RUN_URI": "s3://no-such-bucket/runs/p/r-1", "AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9"}
     kaggle = adapter(fake)

@@ -59,10 +59,11 @@ def client_for(fake: FakeKaggle, token: str | None = None) -> KaggleClient:
     return client
 
 
-def push(client: KaggleClient, slug: str, *, text: str = SCRIPT, shape: str | None = None):  # type: ignore[no-untyped-def]
+def push(client: KaggleClient, slug: str, *, text: str = SCRIPT, shape: str | None = None,  # type: ignore[no-untyped-def]
+         title: str | None = "same"):
     request = ApiSaveKernelRequest()
     request.slug = f"fakeuser/{slug}"
-    request.new_title = slug
+    request.new_title = slug if title == "same" else title
     request.text = text
     request.language = "python"
     request.kernel_type = "script"
@@ -171,3 +172,34 @@ def test_wrong_credentials_and_unknown_kernels_raise_in_the_official_client(fake
         status(client_for(fake, token="kt-wrong"), "rc-any")
     with pytest.raises(requests.exceptions.HTTPError, match="Notebook not found"):
         status(client_for(fake), "rc-missing")
+
+
+def test_a_push_to_an_existing_slug_is_a_new_version_that_runs_and_replaces_the_source(fake: FakeKaggle) -> None:
+    """What `kaggle kernels push` does on a kernel that exists (the same slug and title again); a
+    title is needed only for a new kernel. The reconciler pushes each attempt of a job this way."""
+    client = client_for(fake)
+    assert push(client, "rc-versioned-kernel").version_number == 1
+    second = push(client, "rc-versioned-kernel", text="print('version two')\n", title=None)
+    assert not second.error and second.version_number == 2 and second.ref == "/code/fakeuser/rc-versioned-kernel"
+    get = ApiGetKernelRequest()
+    get.user_name, get.kernel_slug = "fakeuser", "rc-versioned-kernel"
+    kernel = client.kernels.kernels_api_client.get_kernel(get)
+    assert kernel.blob.source == "print('version two')\n" and kernel.metadata.current_version_number == 2
+    assert kernel.metadata.title == "rc-versioned-kernel"
+    mine = ApiListKernelsRequest()
+    mine.group = KernelsListViewType.PROFILE
+    listing = client.kernels.kernels_api_client.list_kernels(mine)
+    assert [(k.ref, k.current_version_number) for k in listing.kernels] == [("fakeuser/rc-versioned-kernel", 2)]
+    deadline = time.monotonic() + 30
+    while status(client, "rc-versioned-kernel").status is not KernelWorkerStatus.COMPLETE:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    output = ApiListKernelSessionOutputRequest()
+    output.user_name, output.kernel_slug = "fakeuser", "rc-versioned-kernel"
+    log = client.kernels.kernels_api_client.list_kernel_session_output(output).log
+    assert json.loads(log)[0]["data"] == "version two\n"
+
+
+def test_a_new_kernel_still_needs_a_title(fake: FakeKaggle) -> None:
+    answer = push(client_for(fake), "rc-untitled-kernel", title=None)
+    assert answer.error == "Notebook title must be at least 5 characters" and fake.kernels == {}

@@ -15,8 +15,15 @@ secrets from `POST {KAGGLE_URL_BASE}/requests/GetUserSecretByLabelRequest`, as K
 The session limit (the push's sessionTimeoutSeconds, or a shorter one set here) kills the machine
 and reports ERROR with a session-limit message.
 
+Versions: a push to a slug that exists makes a new version of that kernel (its title kept) and
+starts running it, replacing the previous version's run if it was still going; the kernel's source,
+status and log are then the new version's. Secrets: `secrets` are the user's, at account level; a
+kernel sees only those attached to it (`attach(slug, name)`, what a person does in the editor), and
+an attachment lasts across the kernel's versions, as Kaggle documents for notebooks.
+
 Faults on demand: `queue_delay`, `session_limit`, `max_gpu_sessions` (push answered HTTP 200 with
-"Maximum batch GPU session count of N reached"), `lag_status(n)`, `push_error(msg)`,
+"Maximum batch GPU session count of N reached"), `lag_status(n)`, `lag_versions(n)` (status and
+log still the previous version's after a push), `push_error(msg)`,
 `fail_next(method, status=500|429, retry_after=, garbage=)`, `push_timeout(seconds)` (creates the
 kernel, then answers late), `set_quota` / `exhaust_quota` / `refresh_quota` (GPU time used grows
 with running GPU kernels' time). Standalone: `python -m tests.fakes.kaggle --port N`.
@@ -101,6 +108,8 @@ class FakeKernel:
     session_killed: bool = False
     cancelled: bool = False
     reported: dict[str, Any] | None = None  # the last status answer (for the status lag fault)
+    previous: FakeKernel | None = None  # the version this one replaced (for the version lag fault)
+    lagging: bool = False  # the last status answered was the previous version's
 
     @property
     def gpu(self) -> bool:
@@ -148,7 +157,8 @@ class FakeKaggle:
         self.key = key or random_tokens.token_hex(16)
         self.port = port
         self.kernels: dict[str, FakeKernel] = {}
-        self.secrets: dict[str, str] = {}  # the user's secrets, all attached to every kernel
+        self.secrets: dict[str, str] = {}  # the user's secrets (account level)
+        self.attached: dict[str, set[str]] = {}  # kernel slug -> names of the secrets attached to it
         self.calls: list[str] = []  # RPC method names, in order
         self.pushes = 0
         self.queue_delay = 0.0
@@ -159,6 +169,7 @@ class FakeKaggle:
         self.quota_since = time.time()
         self.quota_refresh_at = time.time() + 7 * 86400
         self._status_lag = 0
+        self._version_lag = 0
         self._push_error: str | None = None
         self._push_delay = 0.0
         self._faults: list[Fault] = []
@@ -230,6 +241,11 @@ class FakeKaggle:
         """The next `calls` status answers repeat each kernel's previous answer."""
         self._status_lag = calls
 
+    def lag_versions(self, calls: int) -> None:
+        """The next `calls` status answers of a kernel with a newer version are still the previous
+        version's, and so is its log meanwhile (a service slow to switch to the new version)."""
+        self._version_lag = calls
+
     def push_error(self, message: str) -> None:
         """The next push is answered HTTP 200 with `error`, creating nothing."""
         self._push_error = message
@@ -263,6 +279,11 @@ class FakeKaggle:
         """Someone kills the kernel's command on the machine (SIGKILL), not the bootstrap."""
         kernel = self.kernels.get(ref_id.rsplit("/", 1)[-1])
         return kernel is not None and kernel.machine is not None and kernel.machine.kill_command()
+
+    def attach(self, slug: str, *names: str) -> None:
+        """A person attaches user secrets to a kernel in the editor (the kernel may not exist yet)."""
+        with self._lock:
+            self.attached.setdefault(slug, set()).update(names)
 
     def versions(self, slug: str) -> int:
         kernel = self.kernels.get(slug)
@@ -321,8 +342,9 @@ class FakeKaggle:
             old.machine.kill_all()  # a new version replaces the run
         self.pushes += 1
         version = 1 if old is None else old.version + 1
-        kernel = FakeKernel(self.username, slug, str(body.get("newTitle") or slug), str(body["text"]), dict(body),
-                            self.workdir / "kernels" / f"{slug}-v{version}", time.time(), version)
+        title = old.title if old is not None else str(body.get("newTitle") or slug)
+        kernel = FakeKernel(self.username, slug, title, str(body["text"]), dict(body),
+                            self.workdir / "kernels" / f"{slug}-v{version}", time.time(), version, previous=old)
         self.kernels[slug] = kernel
         ref = f"{self.username}/{slug}"
         return {"ref": f"/code/{ref}", "url": f"{self.url}/code/{ref}", "versionNumber": version,
@@ -354,6 +376,10 @@ class FakeKaggle:
 
     def rpc_GetKernelSessionStatus(self, body: dict[str, Any]) -> dict[str, Any]:
         kernel = self._kernel(body)
+        kernel.lagging = self._version_lag > 0 and kernel.previous is not None
+        if kernel.lagging and kernel.previous is not None:
+            self._version_lag -= 1
+            return self._status(kernel.previous)
         if self._status_lag > 0 and kernel.reported is not None:
             self._status_lag -= 1
             return kernel.reported
@@ -375,6 +401,8 @@ class FakeKaggle:
 
     def rpc_ListKernelSessionOutput(self, body: dict[str, Any]) -> dict[str, Any]:
         kernel = self._kernel(body)
+        if kernel.lagging and kernel.previous is not None:
+            kernel = kernel.previous
         m = kernel.machine
         if m is None:
             return {}
@@ -391,11 +419,13 @@ class FakeKaggle:
                 "tpuQuota": {"totalTimeAllowed": f"{20 * 3600}s"}}
 
     def user_secret(self, token: str, label: str) -> dict[str, Any]:
-        """Kaggle's secrets endpoint: the kernel's JWT picks the user; the label picks the secret."""
-        if not any(k.secrets_token == token for k in self.kernels.values()):
+        """Kaggle's secrets endpoint: the kernel's JWT picks the kernel (and its user); the label
+        picks the secret, which must be attached to that kernel."""
+        kernel = next((k for k in self.kernels.values() if k.secrets_token == token), None)
+        if kernel is None:
             return {"wasSuccessful": False, "errors": ["Unauthorized"]}
-        if label not in self.secrets:
-            return {"wasSuccessful": False, "errors": [f"No user secret with label {label}"]}
+        if label not in self.secrets or label not in self.attached.get(kernel.slug, set()):
+            return {"wasSuccessful": False, "errors": [f"No user secret with label {label} attached to this notebook"]}
         return {"wasSuccessful": True, "result": {"secret": self.secrets[label]}}
 
 
@@ -464,7 +494,7 @@ def _handler(fake: FakeKaggle) -> type[BaseHTTPRequestHandler]:
 
 def contract_kit(request: Any, workdir: Path) -> Any:
     """The adapter contract suite's hooks (tests/adapters/test_contract.py): a fake per test."""
-    from adapters.kaggle import KaggleAdapter
+    from adapters.kaggle import KaggleAdapter, kernel_slug
     from desired.models import KaggleSettings
     from tests.fakes import HostedKit
 
@@ -476,14 +506,20 @@ def contract_kit(request: Any, workdir: Path) -> Any:
     monkeypatch.setenv("KAGGLE_API_TOKEN", fake.token)
     settings = KaggleSettings(api_url=fake.url, username=fake.username, request_timeout_seconds=10)
 
+    owners: set[str] = set()
+
     def make(owner: str = "repo-a") -> KaggleAdapter:
+        owners.add(owner)
         return KaggleAdapter("kaggle", settings, owner=owner)
 
     def interrupt(adapter: Any, ref: Any) -> None:
         assert fake.kill_command(ref.id), f"no command to kill for {ref.id}"
 
     def prepare(spec: Any) -> None:
+        """The user's secrets, attached to the job's kernel of every owner the test has made."""
         fake.secrets.update(spec.secret_env)
+        for owner in owners:
+            fake.attach(kernel_slug("kaggle", owner, spec.job), *spec.secret_env)
 
     return HostedKit(make=make, interrupt=interrupt, prepare=prepare, cancels=False)
 

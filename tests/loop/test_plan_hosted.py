@@ -2,13 +2,14 @@
 reports it (Kaggle's weekly GPU hours, Lightning AI's credits), decides whether one more worker may
 start there; the provider's own bill is what an attempt costs; an interruption notice asks the
 worker to save; a worker that stopped for its deadline ended a session; one that cannot reach
-storage is charged once."""
+storage, or lacks a secret at its provider, is charged once."""
 
 from __future__ import annotations
 
 import pytest
 
 from adapters.compute import Allowance, WorkerPhase, WorkerState
+from adapters.hosted import SECRET_NOT_ATTACHED
 from reconciler.plan import Launch, Observed, RunObservation, plan
 from status.models import Attempt, JobStatus, Outcome, Phase
 from tests.loop.test_plan import NOW, PROVIDERS, desired, job_yaml, running, with_attempt
@@ -79,6 +80,26 @@ def test_a_worker_that_cannot_reach_storage_is_charged_once_and_its_provider_avo
     assert st.provider_backoff["free"] >= NOW + 3000
     later = plan(d, Observed(runs={("train", run_id): RunObservation(lease_epoch=1)}), {"train": st}, NOW + 600)
     assert launched(later) == ["paid"]  # not free again, and not a loop of the same failure
+
+
+def test_a_worker_missing_a_secret_is_charged_once_with_what_to_do_and_its_provider_avoided() -> None:
+    d = desired(job_yaml())
+    run_id = d.jobs["train"].run_id()
+    ref, _ = running("train", run_id, 1, provider="free")
+    what = ("secret HF_TOKEN is not attached to this job's kernel; attach secret HF_TOKEN to kernel "
+            "https://www.kaggle.com/code/u/rc-x-train-1a2b3c4d in the Kaggle editor (Add-ons → Secrets); "
+            "the next attempt uses it")
+    bad = WorkerState(WorkerPhase.EXITED, SECRET_NOT_ATTACHED, "ERROR", detail=what)
+    p = plan(d, Observed(workers={ref: bad}, runs={("train", run_id): RunObservation(lease_epoch=1)}),
+             {"train": with_attempt(d)}, NOW)
+    st = p.statuses["train"]
+    assert st.failures == 1 and st.attempts[0].outcome == Outcome.JOB_ERROR
+    assert st.attempts[0].detail == f"a secret is missing on free: {what}"
+    assert st.provider_backoff["free"] >= NOW + 3000
+    later = plan(d, Observed(runs={("train", run_id): RunObservation(lease_epoch=1)}), {"train": st}, NOW + 600)
+    assert launched(later) == ["paid"]  # not free again, and not a loop of the same failure
+    reasons = [a.reason for a in later.actions if isinstance(a, Launch)]
+    assert "https://www.kaggle.com/code/u/rc-x-train-1a2b3c4d" in reasons[0]  # the relaunch says why
 
 
 def test_an_interruption_notice_asks_the_worker_to_save_through_its_run_folder(tmp_path) -> None:  # type: ignore[no-untyped-def]
