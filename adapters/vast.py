@@ -249,7 +249,15 @@ class VastAdapter:
         return None if cap is not None and price > cap else price
 
     def _offers(self, spec: LaunchSpec) -> list[dict[str, Any]]:
-        """Affordable offers, cheapest first, then the most reliable."""
+        """Affordable offers, cheapest first, then the most reliable. Machines that lately lost a
+        worker (`avoid_hosts`) are left out while any other machine fits; when none does, they are
+        offered again rather than leaving the job waiting for hours."""
+        found = self._priced(spec)
+        if not found and spec.avoid_hosts:
+            found = self._priced(replace(spec, avoid_hosts=()))
+        return found
+
+    def _priced(self, spec: LaunchSpec) -> list[dict[str, Any]]:
         priced = []
         for offer in self._search(self.query(spec)):
             price = self.price(offer)

@@ -86,3 +86,22 @@ def progress_step(repo: StateRepoFixture, job: str) -> int:
 
 def status(repo: StateRepoFixture, job: str) -> dict:
     return yaml.safe_load(repo.status_text(job))
+
+
+def s3_step(endpoint: str, bucket: str, job: str) -> int:
+    """The live worker's heartbeat step, from the run folder on S3 (0 before the first beat), for
+    the hosted providers' end-to-end tests (their run storage is S3 on the moto server)."""
+    import boto3
+
+    from tests.worker.harness import S3_CREDENTIALS
+
+    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                          aws_secret_access_key=S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+                          region_name=S3_CREDENTIALS["AWS_DEFAULT_REGION"])
+    for item in client.list_objects_v2(Bucket=bucket, Prefix=f"runs/{job}/").get("Contents", []):
+        if item["Key"].endswith("/progress.json"):
+            try:
+                return int(json.loads(client.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()).get("step", 0))
+            except ValueError:
+                return 0
+    return 0

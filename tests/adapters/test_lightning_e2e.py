@@ -6,14 +6,13 @@ finishes at exactly its target."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import yaml
 
 from desired.models import LightningSettings
-from tests.adapters.e2e import finish, job_manifest, provider_manifest, start_daemon, status, wait_for
+from tests.adapters.e2e import finish, job_manifest, provider_manifest, s3_step, start_daemon, status, wait_for
 from tests.conftest import StateRepoFixture
 from tests.fakes.lightning import API_KEY, USER_ID, FakeLightning
 from tests.worker.conftest import make_bucket, s3_endpoint  # noqa: F401 - a fixture
@@ -21,23 +20,6 @@ from tests.worker.harness import S3_CREDENTIALS
 
 TARGET = 60
 
-
-def s3_step(endpoint: str, bucket: str, job: str) -> int:
-    """The live worker's heartbeat step, from the run folder on S3 (0 before the first beat)."""
-    import boto3
-
-    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                          aws_secret_access_key=S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-                          region_name=S3_CREDENTIALS["AWS_DEFAULT_REGION"])
-    listing = client.list_objects_v2(Bucket=bucket, Prefix=f"runs/{job}/")
-    for item in listing.get("Contents", []):
-        if item["Key"].endswith("/progress.json"):
-            body = client.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
-            try:
-                return int(json.loads(body).get("step", 0))
-            except ValueError:
-                return 0
-    return 0
 
 
 @pytest.mark.slow

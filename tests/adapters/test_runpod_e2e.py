@@ -9,14 +9,13 @@ from the run folder with them."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import yaml
 
 from desired.models import RunpodSettings
-from tests.adapters.e2e import finish, job_manifest, provider_manifest, start_daemon, status, wait_for
+from tests.adapters.e2e import finish, job_manifest, provider_manifest, s3_step, start_daemon, status, wait_for
 from tests.conftest import StateRepoFixture
 from tests.fakes.runpod import API_KEY, FakeRunpod
 from tests.worker.conftest import make_bucket, s3_endpoint  # noqa: F401 - a fixture
@@ -24,21 +23,6 @@ from tests.worker.harness import S3_CREDENTIALS
 
 TARGET = 60
 
-
-def s3_step(endpoint: str, bucket: str, job: str) -> int:
-    """The live worker's heartbeat step, from the run folder on S3 (0 before the first beat)."""
-    import boto3
-
-    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                          aws_secret_access_key=S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-                          region_name=S3_CREDENTIALS["AWS_DEFAULT_REGION"])
-    for item in client.list_objects_v2(Bucket=bucket, Prefix=f"runs/{job}/").get("Contents", []):
-        if item["Key"].endswith("/progress.json"):
-            try:
-                return int(json.loads(client.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()).get("step", 0))
-            except ValueError:
-                return 0
-    return 0
 
 
 @pytest.mark.slow

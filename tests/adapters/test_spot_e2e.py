@@ -12,8 +12,7 @@ import pytest
 import yaml
 
 from desired.models import RunpodSettings, VastSettings
-from tests.adapters.e2e import finish, job_manifest, provider_manifest, start_daemon, status, wait_for
-from tests.adapters.test_vast_e2e import s3_progress
+from tests.adapters.e2e import finish, job_manifest, provider_manifest, s3_step, start_daemon, status, wait_for
 from tests.conftest import StateRepoFixture
 from tests.fakes.runpod import API_KEY, FakeRunpod
 from tests.fakes.vast import DEFAULT_OFFERS, FakeVast
@@ -68,7 +67,7 @@ def test_a_run_outbid_on_vast_finishes_on_runpod_at_the_exact_step_with_each_pro
     log = tmp_path / "daemon.log"
     daemon = start_daemon(state_repo, log)
     try:
-        wait_for(lambda: s3_progress(s3_endpoint, bucket, "count") >= 12, 60, "checkpoints on vast", daemon, log)
+        wait_for(lambda: s3_step(s3_endpoint, bucket, "count") >= 12, 60, "checkpoints on vast", daemon, log)
         [first] = vast.live()
         vast.outbid(first.id)
         finish(daemon, log, timeout=120)

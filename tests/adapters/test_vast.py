@@ -225,6 +225,9 @@ def test_machines_the_planner_avoids_are_left_out_and_a_worker_names_its_machine
     ref = vast.launch(LaunchSpec(**{**spec(tmp_path, sleep="30").__dict__, "avoid_hosts": ("1",)}))
     assert [i.offer["id"] for i in fake.live()] == [2]  # the cheaper machine 1 lost a worker lately
     assert vast.observe()[ref].host == "2"
+    fake.offers = [offer(1, 0.3)]  # the avoided machine is the only one left: better than waiting hours
+    vast.launch(LaunchSpec(**{**spec(tmp_path, sleep="30", job="again").__dict__, "avoid_hosts": ("1",)}))
+    assert sorted(i.offer["id"] for i in fake.live()) == [1, 2]
 
 
 def test_resources_reach_the_search(fake: FakeVast, tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ finishes, with the attempt's cost taken from the instance's real `dph_total` and
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +13,7 @@ import yaml
 
 from adapters.vast import VastAdapter, parse_label
 from desired.models import LocalSettings, VastSettings
-from tests.adapters.e2e import finish, job_manifest, provider_manifest, start_daemon, status, wait_for
+from tests.adapters.e2e import finish, job_manifest, provider_manifest, s3_step, start_daemon, status, wait_for
 from tests.conftest import StateRepoFixture
 from tests.fakes.vast import DEFAULT_OFFERS, FakeVast
 from tests.worker.conftest import make_bucket, s3_endpoint  # noqa: F401 - a fixture
@@ -32,18 +31,6 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeVast]:
     yield service
     service.close()
 
-
-def s3_progress(endpoint: str, bucket: str, job: str) -> int:
-    """The worker's heartbeat step, read from the run folder in S3 (0 before the first beat)."""
-    import boto3
-
-    s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                      aws_secret_access_key=S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1")
-    for item in s3.list_objects_v2(Bucket=bucket, Prefix=f"runs/{job}/").get("Contents", []):
-        if item["Key"].endswith("/progress.json"):
-            body = s3.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
-            return int(json.loads(body).get("step", 0))
-    return 0
 
 
 def repository_owner(fake: FakeVast) -> str:
@@ -83,7 +70,7 @@ def test_end_to_end_outbid_on_vast_continues_at_its_durable_step_and_finishes(
     log = tmp_path / "daemon.log"
     daemon = start_daemon(state_repo, log)
     try:
-        wait_for(lambda: s3_progress(s3_endpoint, bucket, "count") >= 12, 60, "checkpoints", daemon, log)
+        wait_for(lambda: s3_step(s3_endpoint, bucket, "count") >= 12, 60, "checkpoints", daemon, log)
         [first] = fake.live()
         fake.outbid(first.id)
         finish(daemon, log, timeout=120)
