@@ -83,6 +83,7 @@ class LaunchSpec:
     code_git: str | None = None  # hosted providers fetch the job's code themselves: git URL and ref,
     code_ref: str | None = None  # or run it in the job's container image
     image: str | None = None
+    max_price_per_hour: float | None = None  # the job's own cap: a market adapter never bids or rents above it
     avoid_hosts: tuple[str, ...] = ()  # machines (provider's ids) that recently lost a worker: not these
 
 

@@ -262,6 +262,11 @@ class RunpodAdapter:
         }
         if self.settings.interruptible:
             body["bidPerGpu"] = self.settings.bid_per_gpu or self.minimum_bid(body["gpuCount"])
+            cap = spec.max_price_per_hour
+            if cap is not None and body["bidPerGpu"] * body["gpuCount"] > cap:
+                raise ProviderUnavailable(
+                    f"{self.who}: the spot bid of ${body['bidPerGpu']:g}/h per GPU for {body['gpuCount']} GPU(s) "
+                    f"is above the job's cap of ${cap:g}/h")
         return body
 
     def minimum_bid(self, gpus: int) -> float:

@@ -229,13 +229,19 @@ class VastAdapter:
             q["gpu_ram"] = {"gte": spec.gpu_memory_gb * 1000}
         if spec.cuda:
             q["cuda_max_good"] = {"gte": spec.cuda}
-        if s.max_price_per_hour is not None and not s.interruptible:
-            q["dph_total"] = {"lte": s.max_price_per_hour}
+        if self.cap(spec) is not None and not s.interruptible:
+            q["dph_total"] = {"lte": self.cap(spec)}
         return q
 
-    def price(self, offer: dict[str, Any]) -> float | None:
+    def cap(self, spec: LaunchSpec | None = None) -> float | None:
+        """The lower of the provider's and the job's price caps ($/h), if any."""
+        caps = [c for c in (self.settings.max_price_per_hour, spec.max_price_per_hour if spec else None)
+                if c is not None]
+        return min(caps) if caps else None
+
+    def price(self, offer: dict[str, Any], spec: LaunchSpec | None = None) -> float | None:
         """What we would pay per hour for this offer (the bid when interruptible); None above the cap."""
-        cap = self.settings.max_price_per_hour
+        cap = self.cap(spec)
         try:
             if self.settings.interruptible:
                 floor = float(offer.get("min_bid") or offer["dph_total"])
@@ -260,7 +266,7 @@ class VastAdapter:
     def _priced(self, spec: LaunchSpec) -> list[dict[str, Any]]:
         priced = []
         for offer in self._search(self.query(spec)):
-            price = self.price(offer)
+            price = self.price(offer, spec)
             if price is not None and "id" in offer:
                 priced.append((price, -float(offer.get("reliability") or 0), {**offer, "_price": price}))
         priced.sort(key=lambda p: (p[0], p[1]))

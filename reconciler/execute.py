@@ -153,7 +153,7 @@ def _launch(action: Launch, job: Job, adapters: dict[str, ComputeAdapter], setti
         cuda=job.spec.resources.cuda,
         deadline=job.spec.deadline.timestamp() if job.spec.deadline is not None else None,
         code_git=job.spec.code.git, code_ref=job.spec.code.ref, image=job.spec.code.image,
-        avoid_hosts=action.avoid_hosts,
+        avoid_hosts=action.avoid_hosts, max_price_per_hour=job.spec.placement.max_price_per_hour,
     )
     try:
         ref = adapter.launch(spec)

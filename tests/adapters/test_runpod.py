@@ -249,6 +249,13 @@ def test_a_bid_below_the_market_minimum_is_unavailable(fake: FakeRunpod, specs: 
     assert fake.pods == {}
 
 
+def test_a_bid_above_the_job_s_cap_is_unavailable_and_creates_nothing(fake: FakeRunpod, specs: Specs) -> None:
+    capped = LaunchSpec(**{**specs().__dict__, "max_price_per_hour": 0.1})
+    with pytest.raises(ProviderUnavailable, match="above the job's cap of \\$0.1/h"):
+        adapter_on(fake, bid_per_gpu=0.5).launch(capped)
+    assert fake.pods == {}
+
+
 def test_outbid_sends_sigterm_and_a_worker_that_saves_in_time_exits_75(fake: FakeRunpod, specs: Specs) -> None:
     adapter = adapter_on(fake)
     spec = specs(sleep="60", on_term="75")

@@ -204,6 +204,14 @@ def test_never_bids_above_the_cap_nor_below_the_market_minimum(fake: FakeVast, t
     assert 0.39 <= created["price"] <= 0.4 and created["cancel_unavail"] is True
 
 
+def test_the_job_s_own_cap_binds_below_the_provider_s(fake: FakeVast, tmp_path: Path) -> None:
+    fake.offers = [offer(1, 0.9, min_bid=0.3), offer(2, 0.9, min_bid=0.2)]
+    capped = LaunchSpec(**{**spec(tmp_path).__dict__, "max_price_per_hour": 0.25})
+    adapter(fake, max_price_per_hour=0.4).launch(capped)
+    [created] = fake.creates
+    assert created["price"] <= 0.25 and [i.offer["id"] for i in fake.live()] == [2]
+
+
 def test_on_demand_rents_at_the_offer_price_without_a_bid(fake: FakeVast, tmp_path: Path) -> None:
     fake.offers = [offer(1, 0.9), offer(2, 0.3)]
     vast = adapter(fake, interruptible=False, max_price_per_hour=0.5)
