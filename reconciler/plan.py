@@ -14,6 +14,7 @@ next one goes, in `reconciler.placement`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
@@ -570,7 +571,11 @@ def _place(t: JobTick) -> None:
         st.message = f"launching on {name}"
         return
     st.phase = Phase.PENDING
-    if placement.order:
+    avoided = [n for n in placement.order if n in st.provider_backoff and n not in t.observed.unreachable]
+    if placement.order and len(avoided) == len(placement.order) and st.attempts:
+        until = time.strftime("%H:%M UTC", time.gmtime(max(st.provider_backoff[n] for n in avoided)))
+        st.message = f"waiting: {', '.join(avoided)} avoided until {until} after: {_last_detail(st)}"
+    elif placement.order:
         st.message = f"waiting for capacity on {', '.join(placement.order)}"
     else:
         st.message = f"no allowed provider can take this job: {placement.why_nowhere() or 'none defined'}"

@@ -80,6 +80,10 @@ def test_a_worker_that_cannot_reach_storage_is_charged_once_and_its_provider_avo
     assert st.provider_backoff["free"] >= NOW + 3000
     later = plan(d, Observed(runs={("train", run_id): RunObservation(lease_epoch=1)}), {"train": st}, NOW + 600)
     assert launched(later) == ["paid"]  # not free again, and not a loop of the same failure
+    only_free = desired(job_yaml(extra="  placement: {providers: [free]}"))
+    st.run_id = only_free.jobs["train"].run_id()
+    waiting = plan(only_free, Observed(), {"train": st}, NOW + 600).statuses["train"]
+    assert waiting.message.startswith("waiting: free avoided until ") and "cannot reach run storage" in waiting.message
 
 
 def test_a_worker_missing_a_secret_is_charged_once_with_what_to_do_and_its_provider_avoided() -> None:
@@ -98,6 +102,11 @@ def test_a_worker_missing_a_secret_is_charged_once_with_what_to_do_and_its_provi
     assert st.provider_backoff["free"] >= NOW + 3000
     later = plan(d, Observed(runs={("train", run_id): RunObservation(lease_epoch=1)}), {"train": st}, NOW + 600)
     assert launched(later) == ["paid"]  # not free again, and not a loop of the same failure
+    only_free = desired(job_yaml(extra="  placement: {providers: [free]}"))
+    st.run_id = only_free.jobs["train"].run_id()
+    waiting = plan(only_free, Observed(), {"train": st}, NOW + 600).statuses["train"]
+    assert waiting.message.startswith("waiting: free avoided until ")
+    assert "https://www.kaggle.com/code/u/rc-x-train-1a2b3c4d" in waiting.message  # what to do, in the job's message
     reasons = [a.reason for a in later.actions if isinstance(a, Launch)]
     assert "https://www.kaggle.com/code/u/rc-x-train-1a2b3c4d" in reasons[0]  # the relaunch says why
 
