@@ -260,20 +260,31 @@ class RunpodAdapter:
             "dockerArgs": start_command(script), "ports": "", "volumeMountPath": "/workspace",
             "env": [{"key": k, "value": v} for k, v in pod_env.items()],
         }
+        cap = spec.max_price_per_hour
         if self.settings.interruptible:
             body["bidPerGpu"] = self.settings.bid_per_gpu or self.minimum_bid(body["gpuCount"])
-            cap = spec.max_price_per_hour
             if cap is not None and body["bidPerGpu"] * body["gpuCount"] > cap:
                 raise ProviderUnavailable(
                     f"{self.who}: the spot bid of ${body['bidPerGpu']:g}/h per GPU for {body['gpuCount']} GPU(s) "
                     f"is above the job's cap of ${cap:g}/h")
+        elif cap is not None:
+            price = self.lowest_prices(body["gpuCount"]).get("uninterruptablePrice")
+            if isinstance(price, (int, float)) and price * body["gpuCount"] > cap:
+                raise ProviderUnavailable(
+                    f"{self.who}: on-demand {self.settings.gpu_type_id} costs ${price:g}/h per GPU, above the "
+                    f"job's cap of ${cap:g}/h for {body['gpuCount']} GPU(s)")
         return body
+
+    def lowest_prices(self, gpus: int) -> dict[str, Any]:
+        """The GPU type's current lowest prices per GPU: minimumBidPrice and uninterruptablePrice."""
+        data = self.graphql(Q_GPU, {"id": self.settings.gpu_type_id, "gpuCount": gpus})
+        types = data.get("gpuTypes") or []
+        found = types[0].get("lowestPrice") if types and isinstance(types[0], dict) else None
+        return found if isinstance(found, dict) else {}
 
     def minimum_bid(self, gpus: int) -> float:
         """The GPU type's current minimum spot bid per GPU."""
-        data = self.graphql(Q_GPU, {"id": self.settings.gpu_type_id, "gpuCount": gpus})
-        types = data.get("gpuTypes") or []
-        price = (types[0].get("lowestPrice") or {}).get("minimumBidPrice") if types else None
+        price = self.lowest_prices(gpus).get("minimumBidPrice")
         if not isinstance(price, (int, float)) or price <= 0:
             raise ProviderUnavailable(f"{self.who} offers no spot price for {self.settings.gpu_type_id} now")
         return float(price)

@@ -253,7 +253,11 @@ def test_a_bid_above_the_job_s_cap_is_unavailable_and_creates_nothing(fake: Fake
     capped = LaunchSpec(**{**specs().__dict__, "max_price_per_hour": 0.1})
     with pytest.raises(ProviderUnavailable, match="above the job's cap of \\$0.1/h"):
         adapter_on(fake, bid_per_gpu=0.5).launch(capped)
+    with pytest.raises(ProviderUnavailable, match="on-demand .* above the job's cap"):
+        adapter_on(fake, interruptible=False).launch(capped)
     assert fake.pods == {}
+    adapter_on(fake, interruptible=False).launch(LaunchSpec(**{**capped.__dict__, "max_price_per_hour": 50.0}))
+    assert len(fake.pods) == 1
 
 
 def test_outbid_sends_sigterm_and_a_worker_that_saves_in_time_exits_75(fake: FakeRunpod, specs: Specs) -> None:
