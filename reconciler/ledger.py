@@ -9,9 +9,8 @@ Pure: statuses and observations in, ledger lines out.
 
 from __future__ import annotations
 
-import calendar
-import time
 from collections.abc import Iterable
+from datetime import UTC, datetime
 
 from adapters.compute import Allowance
 from desired.models import Job, Provider
@@ -25,9 +24,9 @@ def period_start(now: float, allowance: Allowance | None) -> float:
     Monday 00:00 UTC of this week."""
     if allowance is not None and allowance.resets_at is not None and allowance.resets_at > now:
         return allowance.resets_at - WEEK
-    day = time.gmtime(now)
-    midnight = calendar.timegm((day.tm_year, day.tm_mon, day.tm_mday, 0, 0, 0))
-    return float(midnight - day.tm_wday * 86400)
+    day = datetime.fromtimestamp(now, UTC)
+    midnight = day.replace(hour=0, minute=0, second=0, microsecond=0)
+    return midnight.timestamp() - day.weekday() * 86400.0
 
 
 def _hours_within(attempt: Attempt, since: float, now: float) -> float:

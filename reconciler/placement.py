@@ -11,12 +11,11 @@ credits, less than one hour at the provider's price above it.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 from adapters.compute import Allowance
 from desired.models import Capacity, Job, Provider
-from status.models import JobStatus, Outcome
+from status.models import JobStatus, Outcome, iso
 
 PROVIDER_COOLDOWN_SECONDS = 300.0  # a provider that just interrupted a run is tried last
 
@@ -38,8 +37,7 @@ def allowance_shortfall(job: Job, provider: Provider, allowance: Allowance | Non
     """Why the provider's allowance cannot carry one more worker of this job, or None."""
     if allowance is None or (not allowance.applies_to_cpu and job.spec.resources.gpus == 0):
         return None
-    refill = f", refills {time.strftime('%a %d %b %H:%M UTC', time.gmtime(allowance.resets_at))}" \
-        if allowance.resets_at else ""
+    refill = f", refills {iso(allowance.resets_at)}" if allowance.resets_at else ""
     if allowance.unit == "credits":
         needed = allowance.minimum + provider.spec.price_per_hour
         if allowance.remaining < needed:

@@ -14,7 +14,6 @@ next one goes, in `reconciler.placement`.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
@@ -24,7 +23,7 @@ from desired.parse import DesiredState
 from reconciler.judge import EXIT_INTERRUPTED, classify, close, end_time, record_close
 from reconciler.ledger import WEEK, build_ledger
 from reconciler.placement import PROVIDER_COOLDOWN_SECONDS, place
-from status.models import LOG_TAIL_CHARS, MAX_ATTEMPTS_KEPT, Attempt, JobStatus, Outcome, Phase, Progress
+from status.models import LOG_TAIL_CHARS, MAX_ATTEMPTS_KEPT, Attempt, JobStatus, Outcome, Phase, Progress, iso
 
 __all__ = ["EXIT_INTERRUPTED", "PROVIDER_COOLDOWN_SECONDS"]
 
@@ -573,7 +572,7 @@ def _place(t: JobTick) -> None:
     st.phase = Phase.PENDING
     avoided = [n for n in placement.order if n in st.provider_backoff and n not in t.observed.unreachable]
     if placement.order and len(avoided) == len(placement.order) and st.attempts:
-        until = time.strftime("%H:%M UTC", time.gmtime(max(st.provider_backoff[n] for n in avoided)))
+        until = f"{(iso(max(st.provider_backoff[n] for n in avoided)) or '')[11:16]} UTC"
         st.message = f"waiting: {', '.join(avoided)} avoided until {until} after: {_last_detail(st)}"
     elif placement.order:
         st.message = f"waiting for capacity on {', '.join(placement.order)}"
