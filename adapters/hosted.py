@@ -277,12 +277,31 @@ def ship_log_every(env, tail):
             ship_log(env, tail)
 
 
+def secret_forms(values):
+    """The job's secret values as written and base64-encoded (6 characters and up, as the
+    reconciler masks them): the provider's log and the run folder's copy must not hold them, since
+    the reconciler may not know these values (they live in the provider's secret store)."""
+    forms = set()
+    for value in values:
+        if len(value) >= 6:
+            forms.update({{value, base64.b64encode(value.encode()).decode()}})
+    return sorted(forms, key=len, reverse=True)
+
+
+def mask(line, hidden):
+    for form in hidden:
+        line = line.replace(form, "***")
+    return line
+
+
 def main():
     sdk, bin_dir = unpack_sdk()
     base = {{k: v for k, v in os.environ.items()
             if k in PLAN["base_env"] or k.startswith(tuple(PLAN["base_env_prefixes"]))}}
     env = dict(base, **PLAN["env"])
-    env.update(load_secrets(PLAN["secrets"]))
+    secrets = load_secrets(PLAN["secrets"])
+    env.update(secrets)
+    hidden = secret_forms(secrets.values())
     env["PYTHONPATH"] = sdk
     env["PATH"] = bin_dir + os.pathsep + base.get("PATH", os.defpath)
     if deadline():
@@ -306,7 +325,7 @@ def main():
     shipper = threading.Thread(target=ship_log_every, args=(env, tail), daemon=True)
     shipper.start()
     for raw in iter(child.stdout.readline, b""):
-        line = raw.decode("utf-8", "replace")
+        line = mask(raw.decode("utf-8", "replace"), hidden)
         sys.stdout.write(line)
         sys.stdout.flush()
         tail.append(line)

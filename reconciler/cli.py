@@ -270,7 +270,8 @@ def _check_backend(storage: str) -> None:
 
 @app.command()
 def status(repo: RepoOption = Path("."), as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """A table of every job with its phase and progress (live progress from storage)."""
+    """A table of every job with its phase and progress (live progress from storage), then the
+    provider ledger of the last status commit (quota or credits left, hours and cost this period)."""
     from reconciler.loop import read_run
 
     rec = _reconciler(repo)

@@ -134,9 +134,23 @@ def test_bootstrap_runs_the_command_with_minimal_env_secrets_and_sdk_and_reports
     done = run_script(tmp_path, text, TOKEN="from-the-provider", PROVIDER_PRIVATE="x")
     assert done.returncode == 3, done.stdout + done.stderr
     env = json.loads(next(line[4:] for line in done.stdout.splitlines() if line.startswith("ENV ")))
-    assert env["TOKEN"] == "from-the-provider" and env["PLAIN"] == "a value"
+    assert env["TOKEN"] == "***" and env["PLAIN"] == "a value"  # it got the value, masked in its output
     assert "PROVIDER_PRIVATE" not in env
     assert parse_exit_record(done.stdout) == {"code": 3}
+
+
+def test_bootstrap_masks_the_secret_values_in_the_output_it_forwards_and_copies(tmp_path: Path) -> None:
+    """The provider's log and the run folder's tail reach the status, and the reconciler may not know
+    these values (they live in the provider's secret store): the bootstrap masks them itself."""
+    folder = RunFolder(f"file://{tmp_path}/runs/train/r-1")
+    folder.bump_lease()
+    code = "import base64, os; t = os.environ['TOKEN']; print('token', t, base64.b64encode(t.encode()).decode())"
+    leak = LaunchSpec(job="train", run_id="r-1", epoch=2, command=[sys.executable, "-c", code],
+                      env={"RECONCILER_RUN_URI": folder.uri, "RECONCILER_EPOCH": "2"}, secret_env={"TOKEN": ""})
+    script = bootstrap_script(leak, {}, Bootstrap("test", SECRETS_FROM_ENV))
+    done = run_script(tmp_path, script, TOKEN="tok-from-provider")
+    assert "token *** ***" in done.stdout and "tok-from-provider" not in done.stdout
+    assert "token *** ***" in folder.attempt_log(2) and "tok-from-provider" not in folder.attempt_log(2)
 
 
 def test_bootstrap_reports_a_signal_death(tmp_path: Path) -> None:
