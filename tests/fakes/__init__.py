@@ -42,3 +42,15 @@ def official_client(module: str, requirement: str) -> Any:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"CI=true but {requirement} is not installed (scripts/install-dev.sh installs it)")
         pytest.skip(f"needs {requirement}", allow_module_level=True)
+
+
+def serve_until_interrupted(close: Callable[[], None]) -> None:
+    """A fake run standalone (`python -m tests.fakes.<provider>`) serves until Ctrl-C, then stops."""
+    import threading
+
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        close()

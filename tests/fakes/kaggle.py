@@ -44,6 +44,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from tests.fakes import serve_until_interrupted
 from tests.fakes.machine import Machine
 
 SERVICE = "kernels.KernelsApiService"
@@ -536,11 +537,7 @@ def main(argv: list[str] | None = None) -> None:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="fake-kaggle-"))
     fake = FakeKaggle(workdir, username=args.username, token=args.token, port=args.port).start()
     print(f"fake Kaggle API at {fake.url} (user {fake.username}, token {fake.token})", flush=True)
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        fake.stop()
+    serve_until_interrupted(fake.stop)
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from tests.fakes import HostedKit
+from tests.fakes import HostedKit, serve_until_interrupted
 from tests.fakes.machine import Machine
 
 USER_ID, API_KEY = "fake-user-0001", "fake-api-key-5e1f"
@@ -486,10 +486,7 @@ def main() -> None:
     fake = FakeLightning(Path(args.root), port=args.port)
     print(fake.url, flush=True)
     print(f"project_id={fake.project_id} LIGHTNING_USER_ID={USER_ID} LIGHTNING_API_KEY={API_KEY}", flush=True)
-    try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        fake.close()
+    serve_until_interrupted(fake.close)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ from typing import Any
 from graphql import FieldNode, GraphQLError, OperationDefinitionNode, parse
 from graphql.utilities import value_from_ast_untyped
 
-from tests.fakes import HostedKit
+from tests.fakes import HostedKit, serve_until_interrupted
 from tests.fakes.machine import Machine
 
 API_KEY = "rp-fake-key-4f2a9c"
@@ -467,10 +467,7 @@ def main() -> None:
     fake = FakeRunpod(Path(args.root), port=args.port)
     print(fake.url, flush=True)
     print(f"RUNPOD_API_KEY={API_KEY} RUNPOD_API_BASE_URL={fake.url}", flush=True)
-    try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        fake.close()
+    serve_until_interrupted(fake.close)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from tests.fakes import serve_until_interrupted
 from tests.fakes.machine import Machine
 
 DEFAULT_OFFERS = (
@@ -482,12 +483,7 @@ def main(argv: list[str] | None = None) -> int:
 
     fake = FakeVast(Path(args.workdir or tempfile.mkdtemp(prefix="fake-vast-")), key=args.key)
     print(fake.serve(args.port), flush=True)
-    try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        fake.close()
+    serve_until_interrupted(fake.close)
     return 0
 
 
