@@ -44,6 +44,7 @@ SDK_FILES = (
     "reconciler/worker/snapshot.py",
     "reconciler/execwrap.py",
     "adapters/__init__.py",
+    "adapters/store.py",
     "adapters/storage.py",
     "adapters/s3.py",
 )

@@ -146,7 +146,7 @@ def test_a_store_that_ignores_conditional_writes_is_refused_at_start(
         pytest.skip("local disk always has exclusive create")
     folder = store.folder()
     folder._client_obj = _IgnoringClient(folder._client)
-    monkeypatch.setattr("adapters.storage._probed", {})
+    monkeypatch.setattr("adapters.store._probed", {})
     with pytest.raises(UnsafeStoreError, match="ignores conditional writes"):
         folder.bump_lease()
     monkeypatch.setenv("RECONCILER_ALLOW_UNFENCED_STORE", "1")
