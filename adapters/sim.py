@@ -40,6 +40,7 @@ from typing import Any, Protocol
 
 from adapters.compute import (
     ANY_OWNER,
+    Allowance,
     LaunchSpec,
     ProviderUnavailable,
     WorkerPhase,
@@ -98,6 +99,7 @@ class ProviderModel:
     capacity: int | None = None  # most live workers at once; None = unlimited
     quota_seconds: float | None = None  # worker-seconds it gives in all; then it refuses launches
     price_per_hour: float = 0.0
+    credits_usd: float | None = None  # prepaid credits (Lightning-like): reported as an allowance, then refused
     mtbf_seconds: float | None = None  # mean time between preemptions of one worker (exponential)
     trace: PreemptionTrace | None = None
     session_limit_seconds: float | None = None  # hard limit of one session (notebooks)
@@ -600,6 +602,8 @@ class SimCloud:
             raise ProviderUnavailable(f"sim provider {provider}: no capacity ({live}/{cap} in use)")
         if p.quota_seconds is not None and self.quota_used.get(provider, 0.0) >= p.quota_seconds:
             raise ProviderUnavailable(f"sim provider {provider}: free quota spent")
+        if p.credits_usd is not None and self.credits_left(provider) <= 0:
+            raise ProviderUnavailable(f"sim provider {provider}: credits spent")
         model = self.job_model(spec.job)
         env = dict(spec.env)
         session_end = self.t + p.launch_delay_seconds + p.session_limit_seconds if p.session_limit_seconds else None
@@ -669,6 +673,29 @@ class SimCloud:
             cap = min(cap, p.trace.live_at(self.t - self.t0))
         return max(0, cap - sum(1 for w in self.by_provider[provider].values() if w.alive))
 
+    def spent_usd(self, provider: str) -> float:
+        """What the provider has billed so far, ended and live workers together."""
+        p = self.providers[provider]
+        seconds = sum(w.ledger.billed_seconds for w in self.workers.values() if w.provider.name == provider)
+        return seconds / 3600.0 * p.price_per_hour
+
+    def credits_left(self, provider: str) -> float:
+        p = self.providers[provider]
+        return (p.credits_usd or 0.0) - self.spent_usd(provider)
+
+    def allowance(self, provider: str) -> Allowance | None:
+        """Quota or credits as a hosted provider's API reports them (Kaggle-like hours, Lightning-like credits)."""
+        p = self.providers[provider]
+        if p.credits_usd is not None:
+            return Allowance("credits", remaining=self.credits_left(provider), total=p.credits_usd,
+                             used=self.spent_usd(provider))
+        if p.quota_seconds is not None:
+            used = self.quota_used.get(provider, 0.0) + sum(
+                w.ledger.billed_seconds for w in self.live.values() if w.provider.name == provider)
+            return Allowance("gpu-hours", remaining=(p.quota_seconds - used) / 3600.0, total=p.quota_seconds / 3600.0,
+                             used=used / 3600.0)
+        return None
+
     def revive_zombies(self) -> None:
         """Zombies whose time cut off has passed are seen again (their next write meets the fence)."""
         for w in self.live.values():
@@ -722,6 +749,9 @@ class SimAdapter:
 
     def capacity(self) -> Capacity | None:
         return None
+
+    def allowance(self) -> Allowance | None:
+        return self.world.allowance(self.name)
 
 
 __all__ = [

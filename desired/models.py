@@ -308,6 +308,7 @@ class SimSettings(Strict):
     launch_delay_seconds: float = Field(default=60.0, ge=0)
     mean_time_between_preemptions_seconds: float | None = Field(default=None, gt=0)
     api_error_rate: float = Field(default=0.0, ge=0, le=1)
+    interruptible: bool = Field(default=False, description="its machines can be taken away (spot)")
 
 
 class HostedSettings(Strict):

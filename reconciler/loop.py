@@ -24,6 +24,7 @@ from adapters.storage import RunFolder, StorageError
 from desired.models import Capacity, Provider, Settings
 from desired.parse import SETTINGS_FILE, DesiredState, parse_desired, parse_settings
 from reconciler.clock import Clock, SystemClock
+from reconciler.deadline import PlacementPolicy, choose
 from reconciler.execute import execute, store_options
 from reconciler.ledger import build_ledger
 from reconciler.plan import CONFIRM_CANCEL_TRAILER, Observed, Plan, RunObservation, apply_results, plan
@@ -65,7 +66,8 @@ class TickReport:
 class Reconciler:
     def __init__(self, repo: str | os.PathLike[str] | StateRepo, *, clock: Clock | None = None,
                  adapter_factory: AdapterFactory = make_adapter, environ: Mapping[str, str] | None = None,
-                 storage_override: str | None = None, remote: str | None = None) -> None:
+                 storage_override: str | None = None, remote: str | None = None,
+                 placement_policy: PlacementPolicy | None = None) -> None:
         # A StateRepo-like object may be passed in (the simulator's in-memory repository).
         self.repo = StateRepo(repo) if isinstance(repo, str | os.PathLike) else repo
         self.clock = clock or SystemClock()
@@ -73,6 +75,7 @@ class Reconciler:
         self.environ = os.environ if environ is None else environ
         self.storage_override = storage_override
         self.remote = remote
+        self.placement_policy = placement_policy or choose  # benchmarks pass baselines
         self._adapters: dict[str, tuple[str, ComputeAdapter]] = {}
         self._root_identity: str | None = None
         self._foreign_seen: dict[str, int] = {}
@@ -203,6 +206,7 @@ class Reconciler:
             if desired.providers[name].spec.resources is None:
                 observed.capacity.update(_reported_capacity(name, adapter))
             observed.allowances.update(_reported_allowance(name, adapter))
+            observed.free_slots.update(_reported_slots(name, adapter))
             self._note_foreign(name, getattr(adapter, "foreign_workers", 0))
         runs = {(name, job.run_id()) for name, job in desired.jobs.items()}
         runs |= {(st.job, st.run_id) for st in recorded.values() if st.run_id and not st.phase.terminal}
@@ -328,7 +332,8 @@ class Reconciler:
         now = self.clock.now()
         observed = self.observe(view, recorded, adapters, report.errors, now)
         observed.retired = retired
-        the_plan = plan(desired, observed, recorded, now, commit, confirm_cancel=self._cancel_confirmed(commit))
+        the_plan = plan(desired, observed, recorded, now, commit, confirm_cancel=self._cancel_confirmed(commit),
+                        policy=self.placement_policy)
         report.errors.extend(the_plan.notes)
         report.actions = [_describe(a) for a in the_plan.actions]
         report.statuses = the_plan.statuses
@@ -486,6 +491,17 @@ def _reported_allowance(name: str, adapter: ComputeAdapter) -> dict[str, Allowan
         log.info("provider %s could not report its quota or credits: %s", name, exc)
         return {}
     return {name: allowance} if isinstance(allowance, Allowance) else {}
+
+
+def _reported_slots(name: str, adapter: ComputeAdapter) -> dict[str, int]:
+    """How many more workers the provider can take now, for adapters that can tell (the simulator's
+    spot pools); unknown for the rest, which then learn it from a refused launch."""
+    try:
+        slots = adapter.free_slots()
+    except Exception as exc:  # noqa: BLE001 - unknown slots never stop the tick
+        log.debug("provider %s could not report free slots: %s", name, exc)
+        return {}
+    return {name: slots} if isinstance(slots, int) else {}
 
 
 def _describe(action: object) -> str:

@@ -20,9 +20,12 @@ from dataclasses import dataclass, field, replace
 from adapters.compute import Allowance, WorkerPhase, WorkerRef, WorkerState
 from desired.models import Capacity, Job, Provider
 from desired.parse import DesiredState
+from reconciler.deadline import RISK_INFEASIBLE, Choice, PlacementPolicy, choose
+from reconciler.forecast import Reliability, reliabilities
 from reconciler.judge import EXIT_INTERRUPTED, classify, close, end_time, record_close
 from reconciler.ledger import WEEK, build_ledger
-from reconciler.placement import PROVIDER_COOLDOWN_SECONDS, place
+from reconciler.outlook import Outlook, forecast, outlook, over_budget
+from reconciler.placement import PROVIDER_COOLDOWN_SECONDS, Placement, place
 from status.models import LOG_TAIL_CHARS, MAX_ATTEMPTS_KEPT, Attempt, JobStatus, Outcome, Phase, Progress, iso
 
 __all__ = ["EXIT_INTERRUPTED", "PROVIDER_COOLDOWN_SECONDS"]
@@ -37,6 +40,8 @@ STALE_BY_WORKER_CLOCK = 3  # without observations of our own, a heartbeat this m
 DEFAULT_STALL_SECONDS = 300.0  # stall timeout of an instrumented worker when the job sets none
 FINISHED_GRACE_SECONDS = 60.0  # a worker still alive this long after its run completed is stopped
 CONFIRM_CANCEL_TRAILER = "Reconciler-Confirm: cancel"
+MOVING = "moving to"  # detail of an attempt the placement policy stopped to move the run
+MOVE_WAIT_SECONDS = 600.0  # after a move, the next launch waits this long for the old worker to save and go
 
 
 # ---- inputs -----------------------------------------------------------------------------------
@@ -75,6 +80,7 @@ class Observed:
     # Providers no longer in desired/ that the status says ran workers: asked so those workers can
     # be stopped and billed, never launched on.
     retired: dict[str, Provider] = field(default_factory=dict)
+    free_slots: dict[str, int] = field(default_factory=dict)  # provider -> workers it can take now, where it says
 
 
 # ---- actions ----------------------------------------------------------------------------------
@@ -163,6 +169,8 @@ class JobTick:
     out: Plan
     busy: dict[str, int]
     current: Attempt | None = None
+    policy: PlacementPolicy = choose
+    reliability: dict[str, Reliability] = field(default_factory=dict)
 
     def price(self, provider: str) -> float:
         prov = self.desired.providers.get(provider) or self.observed.retired.get(provider)
@@ -199,10 +207,13 @@ def _live(state: WorkerState) -> bool:
 
 
 def plan(desired: DesiredState, observed: Observed, recorded: dict[str, JobStatus], now: float,
-         commit: str = "", confirm_cancel: bool = False) -> Plan:
+         commit: str = "", confirm_cancel: bool = False, policy: PlacementPolicy = choose) -> Plan:
     """`confirm_cancel`: the commits being acted on carry the CONFIRM_CANCEL_TRAILER, so a change
-    that cancels most jobs at once is meant (otherwise it is held, as Argo CD guards pruning)."""
+    that cancels most jobs at once is meant (otherwise it is held, as Argo CD guards pruning).
+    `policy` places runs that have a deadline (reconciler.deadline; benchmarks pass baselines)."""
     out = Plan()
+    spot = {name: bool(getattr(p.spec.settings, "interruptible", False)) for name, p in desired.providers.items()}
+    reliability = reliabilities(recorded.values(), spot, now)
     observed = replace(observed, allowances={**own_quotas(desired, recorded, observed, now), **observed.allowances},
                        bad_hosts=observed.bad_hosts | bad_hosts(recorded.values(), now))
     busy: dict[str, int] = {}
@@ -220,7 +231,8 @@ def plan(desired: DesiredState, observed: Observed, recorded: dict[str, JobStatu
         if job is None:
             _plan_removed(out, recorded[name], workers, desired, observed, now, held)
         else:
-            _plan_job(out, job, recorded.get(name), workers, desired, observed, now, commit, busy)
+            _plan_job(out, job, recorded.get(name), workers, desired, observed, now, commit, busy,
+                      policy, reliability)
     return out
 
 
@@ -247,15 +259,28 @@ def own_quotas(desired: DesiredState, recorded: dict[str, JobStatus], observed: 
 
 
 def _plan_job(out: Plan, job: Job, rec: JobStatus | None, workers: dict[WorkerRef, WorkerState],
-              desired: DesiredState, observed: Observed, now: float, commit: str, busy: dict[str, int]) -> None:
+              desired: DesiredState, observed: Observed, now: float, commit: str, busy: dict[str, int],
+              policy: PlacementPolicy, reliability: dict[str, Reliability]) -> None:
     st = identify(job, rec, desired, observed, now, commit)
     run = observed.runs.get((job.name, st.run_id), RunObservation())
-    t = JobTick(job, st, run, workers, desired, observed, now, out, busy, st.current)
+    t = JobTick(job, st, run, workers, desired, observed, now, out, busy, st.current, policy, reliability)
     for step in STEPS:
         if step(t):
             break
     _trim(t.st)
+    _keep_settled_forecast(t.st, rec)
     out.statuses[job.name] = t.st
+
+
+def _keep_settled_forecast(st: JobStatus, rec: JobStatus | None) -> None:
+    """The forecast's figures move every tick; they ride along with other changes of the status
+    (progress in tenths, attempts, phase) and with a change of risk or placement, never commit alone."""
+    if rec is None or rec.forecast is None or st.forecast is None:
+        return
+    if (st.forecast.risk, st.forecast.placement) != (rec.forecast.risk, rec.forecast.placement):
+        return
+    if st.model_copy(update={"forecast": rec.forecast}) == rec:
+        st.forecast = rec.forecast
 
 
 def identify(job: Job, rec: JobStatus | None, desired: DesiredState, observed: Observed, now: float,
@@ -327,8 +352,28 @@ def adopt(t: JobTick) -> bool:
     return False
 
 
+def foresee(t: JobTick) -> bool:
+    """Step 5: the first heartbeat of the live attempt is noted (the changeover a move costs), and
+    the job's forecast is brought up to date from its measured progress."""
+    cur = t.current
+    if cur is not None and cur.first_beat is None and t.run.heartbeat_epoch == cur.epoch:
+        t.st.attempts[-1] = t.current = cur.model_copy(update={"first_beat": t.now})
+    if not t.st.phase.terminal or t.current is not None:
+        t.st.forecast = forecast(_outlook(t, set()), None)
+    return False
+
+
+def _outlook(t: JobTick, available: set[str], placement: Placement | None = None) -> Outlook:
+    placement = placement or place(t.job, t.desired.providers, t.st, t.now, t.observed.capacity,
+                                   t.observed.allowances)
+    order = list(placement.order)
+    if t.current is not None and t.current.provider in t.desired.providers and t.current.provider not in order:
+        order.append(t.current.provider)
+    return outlook(t.job, t.st, t.run.durable_step, order, t.desired.providers, t.reliability, available, t.now)
+
+
 def stop_on_policy(t: JobTick) -> bool:
-    """Step 5: the live attempt is stopped (SIGTERM, so it saves) when the manifest suspends the
+    """Step 6: the live attempt is stopped (SIGTERM, so it saves) when the manifest suspends the
     job (free), or when its deadline has come or its budget is spent (Failed, with the reason)."""
     if t.current is None or t.run.done:
         return False
@@ -357,7 +402,7 @@ def _stop_current(t: JobTick, reason: str) -> None:
 
 
 def judge(t: JobTick) -> bool:
-    """Step 6: how the current attempt is doing, from the provider's word and storage."""
+    """Step 7: how the current attempt is doing, from the provider's word and storage."""
     cur = t.current
     if cur is None:
         return False
@@ -432,14 +477,46 @@ def _judge_unseen(t: JobTick) -> None:
         t.close_current(Outcome.INTERRUPTION, "worker vanished from the provider")
 
 
+def reconsider(t: JobTick) -> bool:
+    """Step 8: a running attempt of a job with a deadline is checked against the placement policy:
+    it stays, or the run moves (the worker is stopped so it saves; the next tick launches where the
+    policy says), or, when the deadline cannot be met, it is stopped and the job held."""
+    cur = t.current
+    if cur is None or t.run.done or t.job.spec.deadline is None:
+        return False
+    if not any(s.phase == WorkerPhase.RUNNING for r, s in t.workers.items()
+               if r.run_id == t.st.run_id and r.epoch == cur.epoch):
+        return False
+    look = _outlook(t, _available(t, _placement(t).order))
+    choice = t.policy(look.situation)
+    t.st.forecast = forecast(look, choice)
+    if choice.risk == RISK_INFEASIBLE:
+        _stop_current(t, choice.reason)
+        _hold_infeasible(t, choice)
+        return True
+    if choice.provider is not None and choice.provider != cur.provider:
+        _stop_current(t, f"{MOVING} {choice.provider}: {choice.reason}")
+        t.st.phase = Phase.PENDING
+        t.st.message = f"{MOVING} {choice.provider}: {choice.reason}"
+        return True
+    t.st.message = f"{t.st.message}; {choice.reason}"
+    return False
+
+
+def _hold_infeasible(t: JobTick, choice: Choice) -> None:
+    t.st.phase = Phase.PENDING
+    t.st.message = f"held, {choice.reason}"
+
+
 def finish(t: JobTick) -> bool:
-    """Step 7: a completed run is Succeeded; a worker that wrote its completion but does not exit
+    """Step 9: a completed run is Succeeded; a worker that wrote its completion but does not exit
     is stopped after a short grace, so it stops billing. A live attempt settles the tick."""
     if t.run.done:
         t.st.phase = Phase.SUCCEEDED
         target = t.job.spec.target_steps
         t.st.progress = Progress(step=max(t.run.durable_step, target or 0, t.st.progress.step), target=target)
         t.st.message = "run completed"
+        t.st.forecast = None
         t.st.backoff_until = None
         t.st.provider_backoff = {}
         t.st.log_tail = None
@@ -452,7 +529,7 @@ def finish(t: JobTick) -> bool:
 
 
 def hold_finished(t: JobTick) -> bool:
-    """Step 8: a Failed or Cancelled job launches nothing; a worker of it still running (its
+    """Step 10: a Failed or Cancelled job launches nothing; a worker of it still running (its
     terminate failed, or it came back) is stopped on every tick until it is gone."""
     if t.st.phase not in (Phase.FAILED, Phase.CANCELLED):
         return False
@@ -463,7 +540,7 @@ def hold_finished(t: JobTick) -> bool:
 
 
 def decide_launch(t: JobTick) -> bool:
-    """Step 9: with no live attempt, whether (guards) and where (placement) to launch the next."""
+    """Step 11: with no live attempt, whether (guards) and where (placement) to launch the next."""
     if t.job.spec.suspend:
         t.st.phase = Phase.SUSPENDED
         t.st.message = "suspended by the manifest (spec.suspend: true)"
@@ -551,24 +628,82 @@ def _backing_off(t: JobTick) -> bool:
     return False
 
 
+def _placement(t: JobTick) -> Placement:
+    t.st.provider_backoff = {p: until for p, until in t.st.provider_backoff.items() if until > t.now}
+    return place(t.job, t.desired.providers, t.st, t.now, t.observed.capacity, t.observed.allowances)
+
+
+def _available(t: JobTick, order: list[str]) -> set[str]:
+    """Providers that could take a worker of this job now: reachable, not avoided, below their
+    concurrency, and with a free slot where the provider reports its slots."""
+    return {name for name in order
+            if name not in t.observed.unreachable and name not in t.st.provider_backoff
+            and t.busy.get(name, 0) < t.desired.providers[name].spec.concurrency
+            and t.observed.free_slots.get(name, 1) > 0}
+
+
+def _launch(t: JobTick, name: str) -> None:
+    st = t.st
+    prov = t.desired.providers[name]
+    t.busy[name] = t.busy.get(name, 0) + 1
+    _reserve_allowance(t, name, prov.spec.price_per_hour)
+    reason = "first launch" if not st.attempts else f"relaunch after: {_last_detail(st)}"
+    avoid = tuple(sorted(h for p, h in t.observed.bad_hosts | bad_hosts([st], t.now) if p == name))
+    t.out.actions.append(Launch(t.job.name, st.run_id, name, reason, avoid))
+    st.phase = Phase.LAUNCHING
+    st.message = f"launching on {name}"
+
+
+def _moving_worker_still_live(t: JobTick) -> bool:
+    """After a move, the old worker saves and goes before the run starts elsewhere (a new epoch
+    started earlier would fence its final checkpoint)."""
+    last = t.st.attempts[-1] if t.st.attempts else None
+    if last is None or not last.detail.startswith(MOVING) or last.ended is None:
+        return False
+    return t.now - last.ended < MOVE_WAIT_SECONDS and bool(t.live_refs(last.epoch))
+
+
 def _place(t: JobTick) -> None:
     st = t.st
-    st.provider_backoff = {p: until for p, until in st.provider_backoff.items() if until > t.now}
-    placement = place(t.job, t.desired.providers, st, t.now, t.observed.capacity, t.observed.allowances)
-    for name in placement.order:
-        prov = t.desired.providers[name]
-        if name in t.observed.unreachable or name in st.provider_backoff:
-            continue
-        if t.busy.get(name, 0) >= prov.spec.concurrency:
-            continue
-        t.busy[name] = t.busy.get(name, 0) + 1
-        _reserve_allowance(t, name, prov.spec.price_per_hour)
-        reason = "first launch" if not st.attempts else f"relaunch after: {_last_detail(st)}"
-        avoid = tuple(sorted(h for p, h in t.observed.bad_hosts | bad_hosts([st], t.now) if p == name))
-        t.out.actions.append(Launch(t.job.name, st.run_id, name, reason, avoid))
-        st.phase = Phase.LAUNCHING
-        st.message = f"launching on {name}"
+    placement = _placement(t)
+    if _moving_worker_still_live(t):
+        st.phase = Phase.PENDING
+        st.message = f"{_last_detail(st)} (waiting for the worker to save and stop)"
         return
+    if t.job.spec.deadline is not None or t.job.spec.budget_usd is not None:
+        _place_by_policy(t, placement)
+        return
+    for name in placement.order:
+        if name in _available(t, [name]):
+            _launch(t, name)
+            return
+    _say_why_waiting(t, placement)
+
+
+def _place_by_policy(t: JobTick, placement: Placement) -> None:
+    """Jobs with a deadline or a budget: options whose projected cost breaks the budget are left
+    out, and the placement policy picks among the rest."""
+    look = _outlook(t, _available(t, placement.order), placement)
+    broke = over_budget(look)
+    if broke:
+        placement = Placement([n for n in placement.order if n not in broke], {**placement.excluded, **broke})
+        look = _outlook(t, _available(t, placement.order), placement)
+    choice = t.policy(look.situation) if placement.order else None
+    t.st.forecast = forecast(look, choice)
+    if choice is not None and choice.risk == RISK_INFEASIBLE:
+        _hold_infeasible(t, choice)
+    elif choice is not None and choice.provider is not None and choice.provider in _available(t, [choice.provider]):
+        _launch(t, choice.provider)
+        t.st.message = f"launching on {choice.provider}: {choice.reason}"
+    elif choice is not None and t.job.spec.deadline is not None:
+        t.st.phase = Phase.PENDING
+        t.st.message = choice.reason
+    else:
+        _say_why_waiting(t, placement)
+
+
+def _say_why_waiting(t: JobTick, placement: Placement) -> None:
+    st = t.st
     st.phase = Phase.PENDING
     avoided = [n for n in placement.order if n in st.provider_backoff and n not in t.observed.unreachable]
     if placement.order and len(avoided) == len(placement.order) and st.attempts:
@@ -589,7 +724,8 @@ def _reserve_allowance(t: JobTick, provider: str, price: float) -> None:
         t.observed.allowances[provider] = replace(a, remaining=a.remaining - spend)
 
 
-STEPS: tuple[Step, ...] = (fence, read_storage, adopt, stop_on_policy, judge, finish, hold_finished, decide_launch)
+STEPS: tuple[Step, ...] = (fence, read_storage, adopt, foresee, stop_on_policy, judge, reconsider, finish,
+                          hold_finished, decide_launch)
 
 
 # ---- jobs whose manifest is gone --------------------------------------------------------------

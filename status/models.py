@@ -68,6 +68,7 @@ class Attempt(Model):
     cost_usd: float = 0.0
     unseen_since: float | None = None  # first observation that did not find the worker
     host: str = ""  # the provider's machine, where it names one (per-host cool-down)
+    first_beat: float | None = None  # when we first saw this attempt's heartbeat (launch + start overhead)
 
     @property
     def open(self) -> bool:
@@ -82,6 +83,29 @@ class Progress(Model):
         if not self.target:
             return None
         return min(100.0, 100.0 * self.step / self.target)
+
+
+class ProviderForecast(Model):
+    """Finishing the run on one provider: hours of attempt time and money, at the measured rate."""
+
+    hours: float
+    cost_usd: float
+    measured: bool  # False: this provider has not run the job yet, the rate is the job's best elsewhere
+
+
+class Forecast(Model):
+    """Time and money for the rest of the run, from its measured progress (reconciler.forecast)."""
+
+    rate_steps_per_hour: float | None = None  # on the provider the run is on, or will go to
+    eta: float | None = None  # when it will finish there
+    spent_usd: float = 0.0  # closed attempts plus the live one so far
+    projected_cost_usd: float | None = None  # spent plus the rest there
+    slack_hours: float | None = None  # time to the deadline beyond what the rest needs on reliable capacity
+    risk: str = ""  # "", "on track", "at risk", "infeasible"
+    decision: str = ""  # the placement policy's reasoning, one line
+    placement: str = ""  # where the policy wants the run now ("" = wait)
+    note: str = ""  # what could not be estimated, and why
+    providers: dict[str, ProviderForecast] = Field(default_factory=dict)
 
 
 class JobStatus(Model):
@@ -103,6 +127,7 @@ class JobStatus(Model):
     provider_backoff: dict[str, float] = Field(default_factory=dict)  # provider -> until
     attempts: list[Attempt] = Field(default_factory=list)
     log_tail: str | None = None
+    forecast: Forecast | None = None
 
     @property
     def current(self) -> Attempt | None:
@@ -125,7 +150,7 @@ def from_iso(value: Any) -> float | None:
     return datetime.strptime(str(value), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
 
 
-_TIME_FIELDS = ("started", "ended", "unseen_since", "backoff_until")
+_TIME_FIELDS = ("started", "ended", "unseen_since", "backoff_until", "first_beat", "eta")
 
 
 def _times_to_iso(data: Any) -> Any:

@@ -29,12 +29,13 @@ from adapters.storage import RunFolder
 from desired.models import Provider
 from reconciler.checkpoint_policy import checkpoint_interval, estimate_mtbf
 from reconciler.clock import ManualClock
+from reconciler.deadline import PlacementPolicy
 from reconciler.loop import Reconciler, TickReport
 from reconciler.plan import CONFIRM_CANCEL_TRAILER
 from reconciler.sim.invariants import InvariantChecker
 from reconciler.sim.repo import RepoFaults, SimRepo
 from reconciler.sim.storage import PROTOCOL, drop_world, world_store
-from status.models import JobStatus, parse_status
+from status.models import JobStatus, iso, parse_status
 
 START = 1_800_000_000.0
 _ids = itertools.count(1)
@@ -50,6 +51,7 @@ class ProviderPlan:
 
     model: ProviderModel
     concurrency: int = 100
+    interruptible: bool = False  # spot-like: the placement policy treats it as unreliable
 
 
 @dataclass
@@ -63,6 +65,7 @@ class JobPlan:
     checkpoint_every: int | None = None
     stall_timeout_seconds: float = 300.0
     suspend: bool = False
+    deadline_seconds: float | None = None  # after the simulation's start
 
 
 @dataclass
@@ -89,6 +92,7 @@ class SimConfig:
     policy: str = "hint"  # "hint": the job's checkpoint_every; "young-daly": checkpoint_policy; "fixed-30m"
     prior_mtbf_seconds: float = 6 * 3600.0
     check: bool = True  # run the invariant checker after every step (off only to time the tick alone)
+    placement_policy: PlacementPolicy | None = None  # None: the product's (reconciler.deadline.choose)
 
 
 def job_manifest(job: JobPlan) -> str:
@@ -113,6 +117,8 @@ def job_manifest(job: JobPlan) -> str:
         lines.append(f"  budget_usd: {job.budget_usd}")
     if job.suspend:
         lines.append("  suspend: true")
+    if job.deadline_seconds is not None:
+        lines.append(f"  deadline: {iso(START + job.deadline_seconds)}")
     return "\n".join(lines) + "\n"
 
 
@@ -124,7 +130,8 @@ def provider_manifest(p: ProviderPlan) -> str:
         "metadata:",
         f"  name: {m.name}",
         "spec:",
-        f"  settings: {{type: sim, launch_delay_seconds: {m.launch_delay_seconds}}}",
+        f"  settings: {{type: sim, launch_delay_seconds: {m.launch_delay_seconds}, "
+        f"interruptible: {str(p.interruptible).lower()}}}",
         f"  concurrency: {p.concurrency}",
         f"  price_per_hour: {m.price_per_hour}",
         *([f"  free_quota_hours: {m.quota_seconds / 3600.0}"] if m.quota_seconds is not None else []),
@@ -185,7 +192,8 @@ class Simulation:
     # ---- wiring ---------------------------------------------------------------------------
     def _new_reconciler(self) -> Reconciler:
         repo: Any = self.repo  # StateRepo's methods, in memory
-        return Reconciler(repo, clock=self.clock, adapter_factory=self._adapter, environ={})
+        return Reconciler(repo, clock=self.clock, adapter_factory=self._adapter, environ={},
+                          placement_policy=self.config.placement_policy)
 
     def _adapter(self, provider: Provider, owner: str) -> ComputeAdapter:
         settings = provider.spec.settings

@@ -1,0 +1,196 @@
+"""The placement policy: where a run with a deadline should be now, given what was measured. Pure.
+
+The planner hands a `Situation` (the time left, the work left, and every allowed provider as an
+`Option` with its price, rate, reliability and whether it can take a worker now) to a
+`PlacementPolicy`, and launches, waits or moves as the `Choice` says. The product's policy is
+`choose`; benchmarks pass others (bench/deadline.py runs the published baselines through the same
+loop).
+
+`choose` follows Wu et al., "Can't Be Late" (NSDI'24): take cheap capacity whenever it is there,
+keep a reliable fallback in reserve, and use the fallback only as much as the deadline needs.
+Its rules, in order:
+
+1. Infeasible: not even the fastest option can finish the rest by the deadline, or no option can
+   finish it within what is left of the budget: say so and hold (nothing is spent on a run that
+   the deadline guard would fail anyway).
+2. Safety net: when the slack (time left beyond what the rest needs on the reliable fallback) no
+   longer covers the changeover to the fallback plus the losses expected on cheap capacity
+   (interruptions x (changeover + lost work), from the measured MTBF), run on the fallback to the end.
+3. Exploit: a live attempt on cheap capacity stays there while rule 2 allows it.
+4. Cheap first: free capacity (quota, credits), then spot, whenever one can take a worker now and
+   the slack covers its own expected losses.
+5. Uniform progress: with nothing cheap to run on, run on the fallback only while progress is
+   behind the straight line from the first launch to the deadline; otherwise wait for cheap
+   capacity. Once on the fallback, stay until ahead by two changeovers (hysteresis).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+RISK_OK = "on track"
+RISK_AT_RISK = "at risk"
+RISK_INFEASIBLE = "infeasible"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One allowed provider, as the policy sees it."""
+
+    provider: str
+    price: float  # $/h
+    interruptible: bool  # spot: its machines can be taken away
+    free: bool  # costs no money (a quota, credits, or price 0)
+    available: bool  # could take a worker of this job now
+    rate: float | None  # steps per second of attempt time for this job here; None: unknown
+    rate_measured: bool  # False: borrowed from the provider where the job is fastest
+    mtbf_seconds: float  # mean attempt time between interruptions or session ends
+    changeover_seconds: float  # launch to first heartbeat
+
+    def hours_for(self, steps: int, moving: bool = True) -> float | None:
+        """Attempt hours to do `steps` here, with the changeover when the run must move here."""
+        if self.rate is None:
+            return None
+        return (steps / self.rate + (self.changeover_seconds if moving else 0.0)) / 3600.0
+
+    def expected_losses_hours(self, steps: int) -> float:
+        """Hours expected to be lost to interruptions while doing `steps` here: each costs a
+        changeover and, on average, about as much again in work since the last checkpoint."""
+        hours = self.hours_for(steps, moving=False) or 0.0
+        return hours * 3600.0 / self.mtbf_seconds * 2 * self.changeover_seconds / 3600.0
+
+
+@dataclass(frozen=True)
+class Situation:
+    job: str
+    now: float
+    deadline: float | None
+    budget_left: float | None  # dollars, after what is spent
+    done_steps: int
+    target_steps: int | None
+    window_start: float  # when the job first launched (the uniform-progress line starts there)
+    current: str | None  # provider of the live attempt, None when nothing runs
+    options: tuple[Option, ...]  # allowed providers, best first (free, then cheapest)
+
+    @property
+    def remaining_steps(self) -> int | None:
+        return None if self.target_steps is None else max(0, self.target_steps - self.done_steps)
+
+
+@dataclass(frozen=True)
+class Choice:
+    provider: str | None  # where the run should be now; None: wait (or hold, when infeasible)
+    reason: str  # one line for the status
+    risk: str = ""  # RISK_OK, RISK_AT_RISK, RISK_INFEASIBLE, or "" without a deadline
+    slack_hours: float | None = None
+
+
+PlacementPolicy = Callable[[Situation], Choice]
+
+
+def _h(hours: float) -> str:
+    return f"{hours:.1f} h" if abs(hours) < 10 else f"{hours:.0f} h"
+
+
+def first_available(s: Situation, why: str) -> Choice:
+    """No deadline to plan for (or nothing measured yet): stay, else the best option that can start."""
+    if s.current is not None:
+        return Choice(s.current, f"on {s.current}: {why}")
+    for o in s.options:
+        if o.available:
+            return Choice(o.provider, f"{o.provider} is the {'free' if o.free else 'cheapest'} option that can start now"
+                          f" ({why})")
+    names = ", ".join(o.provider for o in s.options) or "no provider"
+    return Choice(None, f"waiting for capacity on {names}")
+
+
+def fallback_of(s: Situation) -> Option | None:
+    """The reliable option the deadline rests on: not interruptible, rate known, fastest then cheapest."""
+    reliable = [o for o in s.options if not o.interruptible and o.rate is not None and not o.free]
+    reliable = reliable or [o for o in s.options if not o.interruptible and o.rate is not None]
+    if not reliable:
+        return None
+    return min(reliable, key=lambda o: (o.hours_for(1_000_000) or 0.0, o.price))
+
+
+def infeasible(s: Situation, remaining: int) -> str:
+    """Why no option can finish the rest by the deadline within the budget, or ""."""
+    assert s.deadline is not None
+    left = (s.deadline - s.now) / 3600.0
+    timed = [(o.hours_for(remaining, o.provider != s.current) or 0.0, o) for o in s.options if o.rate is not None]
+    if timed and min(h for h, _ in timed) > left:
+        h, o = min(timed, key=lambda x: x[0])
+        return (f"infeasible: the rest needs at least {_h(h)} (on {o.provider}, at the measured rate) and "
+                f"{_h(max(0.0, left))} are left before the deadline; move the deadline or allow faster providers")
+    if s.budget_left is not None:
+        cost = [(h * o.price, o) for h, o in timed if h <= left]
+        if cost and min(c for c, _ in cost) > s.budget_left:
+            c, o = min(cost, key=lambda x: x[0])
+            return (f"infeasible: finishing by the deadline costs at least ${c:.2f} (on {o.provider}) and "
+                    f"${max(0.0, s.budget_left):.2f} of the budget is left; raise budget_usd or move the deadline")
+    return ""
+
+
+def choose(s: Situation) -> Choice:
+    """The product's policy (see the module's docstring)."""
+    remaining = s.remaining_steps
+    if s.deadline is None or remaining is None:
+        return first_available(s, "no deadline to plan for")
+    if not any(o.rate is not None for o in s.options):
+        return first_available(s, "rate not measured yet")
+    why_not = infeasible(s, remaining)
+    if why_not:
+        return Choice(None, why_not, RISK_INFEASIBLE)
+    left = (s.deadline - s.now) / 3600.0
+    fb = fallback_of(s)
+    if fb is None:  # nothing reliable to fall back on: cheap capacity is all there is
+        choice = first_available(s, "no reliable provider to fall back on")
+        return Choice(choice.provider, choice.reason, RISK_AT_RISK)
+    on_fb = s.current == fb.provider
+    need = fb.hours_for(remaining, moving=not on_fb) or 0.0
+    slack = left - need
+    reserve = 2 * fb.changeover_seconds / 3600.0
+    risk = RISK_OK if slack > reserve else RISK_AT_RISK
+
+    def covers(o: Option) -> tuple[bool, float]:
+        losses = o.expected_losses_hours(remaining) + (0.0 if o.provider == s.current else o.changeover_seconds / 3600)
+        return slack > reserve + losses, losses
+
+    current = next((o for o in s.options if o.provider == s.current), None)
+    if current is not None and current is not fb:
+        ok, losses = covers(current)
+        if ok:
+            return Choice(current.provider, f"on {current.provider}: {_h(slack)} of slack covers the expected "
+                          f"{_h(losses)} of losses", risk, slack)
+        return Choice(fb.provider, f"moving to {fb.provider}: {_h(slack)} of slack no longer covers the expected "
+                      f"{_h(losses)} of losses on {current.provider}", RISK_AT_RISK, slack)
+    for o in s.options:
+        if o is fb or not o.available or o.price >= fb.price:
+            continue
+        ok, losses = covers(o)
+        if ok and (not on_fb or _ahead(s, remaining, 2 * fb.changeover_seconds)):
+            return Choice(o.provider, f"on {o.provider}: {_h(slack)} of slack covers the expected {_h(losses)} "
+                          "of losses", risk, slack)
+    if slack <= reserve:
+        return Choice(fb.provider, f"on {fb.provider} to the end: {_h(slack)} of slack is all that is left",
+                      RISK_AT_RISK, slack)
+    if on_fb and not _ahead(s, remaining, 2 * fb.changeover_seconds):
+        return Choice(fb.provider, f"on {fb.provider} until ahead of a steady pace to the deadline "
+                      f"({_h(slack)} of slack)", risk, slack)
+    if not on_fb and not _ahead(s, remaining, 0.0):
+        if not fb.available:
+            return Choice(None, f"waiting for {fb.provider}: behind a steady pace to the deadline, nothing "
+                          f"can start ({_h(slack)} of slack)", risk, slack)
+        return Choice(fb.provider, f"on {fb.provider}: behind a steady pace to the deadline, nothing cheaper "
+                      f"can start ({_h(slack)} of slack)", risk, slack)
+    return Choice(None, f"waiting for cheaper capacity: ahead of a steady pace, {_h(slack)} of slack", risk, slack)
+
+
+def _ahead(s: Situation, remaining: int, lead_seconds: float) -> bool:
+    """Progress is at or ahead of the straight line from the first launch to the deadline, looked
+    at `lead_seconds` into the future."""
+    assert s.deadline is not None and s.target_steps is not None
+    span = max(1.0, s.deadline - s.window_start)
+    expected = s.target_steps * min(1.0, (s.now + lead_seconds - s.window_start) / span)
+    return s.target_steps - remaining >= expected

@@ -1,0 +1,118 @@
+"""Forecast: how fast a run progresses on each provider, and what finishing it will take. Pure.
+
+A job's rate on a provider is the durable steps its attempts there gained per second of attempt
+time, over the attempts its status keeps (the live one included). Launch, restore, checkpoints
+and work lost to interruptions all sit inside that figure, so it says how fast the run really
+moves there, not how fast the code runs. A provider the job has not run on yet borrows the job's
+best measured rate and says so. Until the run has gained durable progress over
+MIN_MEASURED_SECONDS somewhere, nothing is guessed.
+
+A provider's reliability is measured across every job's attempts on it: interruptions (and
+session ends) per hour, and the changeover (launch to first heartbeat). A provider with little
+record leans on a prior: interruptible (spot) machines one interruption per PRIOR_SPOT_MTBF.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from math import floor, log10
+from statistics import median
+
+from reconciler.checkpoint_policy import estimate_mtbf
+from status.models import Attempt, JobStatus, Outcome
+
+MIN_MEASURED_SECONDS = 900.0  # less attempt time than this on a provider measures nothing yet
+PRIOR_CHANGEOVER_SECONDS = 600.0  # launch + restore, until one is seen
+PRIOR_SPOT_MTBF_SECONDS = 6 * 3600.0
+PRIOR_RELIABLE_MTBF_SECONDS = 30 * 24 * 3600.0  # machines nobody takes away still die, rarely
+
+
+@dataclass(frozen=True)
+class Track:
+    """One job's record on one provider."""
+
+    seconds: float = 0.0  # attempt time, launch to end (or now)
+    steps: int = 0  # durable steps gained
+
+    @property
+    def rate(self) -> float | None:
+        """Steps per second of attempt time; None until enough is measured."""
+        if self.seconds < MIN_MEASURED_SECONDS or self.steps <= 0:
+            return None
+        return self.steps / self.seconds
+
+
+@dataclass(frozen=True)
+class Reliability:
+    """One provider's record across all jobs."""
+
+    mtbf_seconds: float  # mean attempt time between interruptions or session ends
+    changeover_seconds: float  # launch to first heartbeat: paid again on every move
+    measured: bool  # False: the priors alone
+
+
+def _gained(attempt: Attempt, durable_step: int) -> int:
+    end = attempt.step_end if attempt.step_end is not None else durable_step
+    return max(0, end - attempt.step_start)
+
+
+def job_tracks(st: JobStatus, durable_step: int, now: float) -> dict[str, Track]:
+    """The job's record per provider, from the attempts in its status."""
+    seconds: dict[str, float] = {}
+    steps: dict[str, int] = {}
+    for a in st.attempts:
+        if a.outcome in (Outcome.CANCELLED, Outcome.SUPERSEDED) and _gained(a, durable_step) == 0:
+            continue  # stopped by us before it did anything: says nothing about speed
+        end = a.ended if a.ended is not None else now
+        seconds[a.provider] = seconds.get(a.provider, 0.0) + max(0.0, end - a.started)
+        steps[a.provider] = steps.get(a.provider, 0) + _gained(a, durable_step)
+    return {p: Track(seconds[p], steps[p]) for p in seconds}
+
+
+def reliabilities(statuses: Iterable[JobStatus], interruptible: dict[str, bool], now: float) -> dict[str, Reliability]:
+    """Every provider in `interruptible` (name -> whether its machines can be taken away)."""
+    exposure: dict[str, float] = {}
+    ends: dict[str, int] = {}
+    changeovers: dict[str, list[float]] = {}
+    for st in statuses:
+        for a in st.attempts:
+            end = a.ended if a.ended is not None else now
+            exposure[a.provider] = exposure.get(a.provider, 0.0) + max(0.0, end - a.started)
+            if a.outcome in (Outcome.INTERRUPTION, Outcome.SESSION_END):
+                ends[a.provider] = ends.get(a.provider, 0) + 1
+            if a.first_beat is not None:
+                changeovers.setdefault(a.provider, []).append(max(0.0, a.first_beat - a.started))
+    out = {}
+    for name, spot in interruptible.items():
+        prior = PRIOR_SPOT_MTBF_SECONDS if spot else PRIOR_RELIABLE_MTBF_SECONDS
+        seen = changeovers.get(name)
+        out[name] = Reliability(
+            mtbf_seconds=estimate_mtbf(exposure.get(name, 0.0), ends.get(name, 0), prior),
+            changeover_seconds=median(seen) if seen else PRIOR_CHANGEOVER_SECONDS,
+            measured=bool(seen) or name in exposure)
+    return out
+
+
+def best_rate(tracks: dict[str, Track]) -> float | None:
+    rates = [r for r in (t.rate for t in tracks.values()) if r is not None]
+    return max(rates) if rates else None
+
+
+def open_cost(st: JobStatus, now: float, price_of: dict[str, float]) -> float:
+    """What the live attempt has cost so far, at its provider's price."""
+    cur = st.current
+    if cur is None:
+        return 0.0
+    return max(0.0, now - cur.started) / 3600.0 * price_of.get(cur.provider, 0.0)
+
+
+def round_sig(x: float, digits: int = 2) -> float:
+    """Figures written to the status are rounded, so a tick whose estimate barely moved commits nothing."""
+    if x == 0:
+        return 0.0
+    return round(x, -int(floor(log10(abs(x)))) + digits - 1)
+
+
+def round_time(t: float, grain: float = 1800.0) -> float:
+    return round(t / grain) * grain

@@ -1,0 +1,106 @@
+"""A job's outlook: the planner's view of its time and money, built from the status and what the
+tick observed. Pure. It turns measurements (reconciler.forecast) into the `Situation` a placement
+policy decides on (reconciler.deadline), and the policy's choice into the `Forecast` the status
+shows: ETA, spent and projected cost, slack, risk and the one-line reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from desired.models import Job, Provider
+from reconciler.deadline import Choice, Option, Situation
+from reconciler.forecast import Reliability, Track, best_rate, job_tracks, open_cost, round_sig, round_time
+from status.models import Forecast, JobStatus, ProviderForecast
+
+
+@dataclass(frozen=True)
+class Outlook:
+    situation: Situation
+    spent: float  # dollars, the live attempt included
+    note: str  # what could not be measured
+
+
+def is_free(provider: Provider) -> bool:
+    return provider.spec.price_per_hour == 0 or provider.spec.free_quota_hours is not None
+
+
+def build_options(order: list[str], providers: dict[str, Provider], tracks: dict[str, Track],
+                  reliability: dict[str, Reliability], available: set[str]) -> tuple[Option, ...]:
+    """Options in placement order; a provider the job has not run on borrows its best rate."""
+    borrowed = best_rate(tracks)
+    out = []
+    for name in order:
+        prov = providers[name]
+        rel = reliability.get(name) or Reliability(float("inf"), 0.0, False)
+        own = tracks[name].rate if name in tracks else None
+        out.append(Option(
+            provider=name, price=prov.spec.price_per_hour,
+            interruptible=bool(getattr(prov.spec.settings, "interruptible", False)), free=is_free(prov),
+            available=name in available, rate=own if own is not None else borrowed, rate_measured=own is not None,
+            mtbf_seconds=rel.mtbf_seconds, changeover_seconds=rel.changeover_seconds))
+    return tuple(out)
+
+
+def outlook(job: Job, st: JobStatus, durable_step: int, order: list[str], providers: dict[str, Provider],
+            reliability: dict[str, Reliability], available: set[str], now: float) -> Outlook:
+    tracks = job_tracks(st, durable_step, now)
+    options = build_options(order, providers, tracks, reliability, available)
+    spent = st.cost_usd + open_cost(st, now, {n: p.spec.price_per_hour for n, p in providers.items()})
+    budget = job.spec.budget_usd
+    cur = st.current
+    first = min((a.started for a in st.attempts), default=now)
+    situation = Situation(
+        job=job.name, now=now, deadline=job.spec.deadline.timestamp() if job.spec.deadline else None,
+        budget_left=None if budget is None else budget - spent, done_steps=durable_step,
+        target_steps=job.spec.target_steps, window_start=first, current=cur.provider if cur else None,
+        options=options)
+    note = ""
+    if job.spec.target_steps is None:
+        note = "no target_steps: the work left is unknown, so there is no ETA"
+    elif best_rate(tracks) is None:
+        note = "rate not measured yet: no durable progress over enough attempt time"
+    return Outlook(situation, spent, note)
+
+
+def over_budget(o: Outlook) -> dict[str, str]:
+    """Options whose projected cost to finish breaks the budget: provider -> why."""
+    s = o.situation
+    rest = s.remaining_steps
+    if s.budget_left is None or rest is None:
+        return {}
+    out = {}
+    for opt in s.options:
+        hours = opt.hours_for(rest, opt.provider != s.current)
+        if hours is not None and opt.price > 0 and hours * opt.price > s.budget_left:
+            left = max(0.0, s.budget_left)
+            out[opt.provider] = f"finishing there costs ${hours * opt.price:.2f} more and ${left:.2f} of the budget is left"
+    return out
+
+
+def forecast(o: Outlook, choice: Choice | None) -> Forecast:
+    """What the status shows. Figures are rounded (two significant digits, ETA to the half hour)
+    so that a tick whose estimate barely moved does not commit."""
+    s = o.situation
+    rest = s.remaining_steps
+    where = (choice.provider if choice and choice.provider else None) or s.current
+    per: dict[str, ProviderForecast] = {}
+    for opt in s.options:
+        hours = opt.hours_for(rest, opt.provider != s.current) if rest is not None else None
+        if hours is not None:
+            per[opt.provider] = ProviderForecast(hours=round_sig(hours), cost_usd=round_sig(hours * opt.price),
+                                                 measured=opt.rate_measured)
+    at = per.get(where) if where else None
+    if at is None and per:
+        at = min(per.values(), key=lambda p: p.hours)
+    there = next((x for x in s.options if x.provider == where), None)
+    return Forecast(
+        rate_steps_per_hour=round_sig(there.rate * 3600) if there is not None and there.rate else None,
+        eta=round_time(s.now + at.hours * 3600) if at is not None else None,
+        spent_usd=round_sig(o.spent),
+        projected_cost_usd=round_sig(o.spent + at.cost_usd) if at is not None else None,
+        slack_hours=round_sig(choice.slack_hours) if choice and choice.slack_hours is not None else None,
+        risk=choice.risk if choice else "",
+        decision=choice.reason if choice and s.deadline is not None else "",
+        placement=(choice.provider or "") if choice else "",
+        note=o.note, providers=per)
