@@ -99,8 +99,8 @@ def first_available(s: Situation, why: str) -> Choice:
         return Choice(s.current, f"on {s.current}: {why}")
     for o in s.options:
         if o.available:
-            return Choice(o.provider, f"{o.provider} is the {'free' if o.free else 'cheapest'} option that can start now"
-                          f" ({why})")
+            kind = "free" if o.free else "cheapest"
+            return Choice(o.provider, f"{o.provider} is the {kind} option that can start now ({why})")
     names = ", ".join(o.provider for o in s.options) or "no provider"
     return Choice(None, f"waiting for capacity on {names}")
 

@@ -74,7 +74,8 @@ def over_budget(o: Outlook) -> dict[str, str]:
         hours = opt.hours_for(rest, opt.provider != s.current)
         if hours is not None and opt.price > 0 and hours * opt.price > s.budget_left:
             left = max(0.0, s.budget_left)
-            out[opt.provider] = f"finishing there costs ${hours * opt.price:.2f} more and ${left:.2f} of the budget is left"
+            cost = hours * opt.price
+            out[opt.provider] = f"finishing there costs ${cost:.2f} more and ${left:.2f} of the budget is left"
     return out
 
 
