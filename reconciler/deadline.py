@@ -11,8 +11,8 @@ keep a reliable fallback in reserve, and use the fallback only as much as the de
 Its rules, in order:
 
 1. Infeasible: not even the fastest option can finish the rest by the deadline, or no option can
-   finish it within what is left of the budget: say so and hold (nothing is spent on a run that
-   the deadline guard would fail anyway).
+   finish it within what is left of the budget: say so at once, and go on as fast as allowed (the
+   checkpoints keep their value if the deadline moves; the deadline guard stops the run when it comes).
 2. Safety net: when the slack (time left beyond what the rest needs on the reliable fallback) no
    longer covers the changeover to the fallback plus the losses expected on cheap capacity
    (interruptions x (changeover + lost work), from the measured MTBF), run on the fallback to the end.
@@ -140,10 +140,10 @@ def choose(s: Situation) -> Choice:
     if not any(o.rate is not None for o in s.options):
         return first_available(s, "rate not measured yet")
     why_not = infeasible(s, remaining)
-    if why_not:
-        return Choice(None, why_not, RISK_INFEASIBLE)
-    left = (s.deadline - s.now) / 3600.0
     fb = fallback_of(s)
+    if why_not:
+        return _best_effort(s, fb, why_not)
+    left = (s.deadline - s.now) / 3600.0
     if fb is None:  # nothing reliable to fall back on: cheap capacity is all there is
         choice = first_available(s, "no reliable provider to fall back on")
         return Choice(choice.provider, choice.reason, RISK_AT_RISK)
@@ -185,6 +185,16 @@ def choose(s: Situation) -> Choice:
         return Choice(fb.provider, f"on {fb.provider}: behind a steady pace to the deadline, nothing cheaper "
                       f"can start ({_h(slack)} of slack)", risk, slack)
     return Choice(None, f"waiting for cheaper capacity: ahead of a steady pace, {_h(slack)} of slack", risk, slack)
+
+
+def _best_effort(s: Situation, fb: Option | None, why_not: str) -> Choice:
+    """Said at once, and the run goes on as fast as it is allowed to: its checkpoints keep their
+    value if the deadline is moved, and the deadline guard stops it when the deadline comes."""
+    fastest = [o for o in s.options if o.rate is not None and (o.available or o.provider == s.current)]
+    where = s.current if s.current is not None else (fb.provider if fb is not None and fb.available else None)
+    if where is None and fastest:
+        where = max(fastest, key=lambda o: o.rate or 0.0).provider
+    return Choice(where, f"{why_not} (running on {where or 'the first provider free'} meanwhile)", RISK_INFEASIBLE)
 
 
 def _ahead(s: Situation, remaining: int, lead_seconds: float) -> bool:

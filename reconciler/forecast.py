@@ -1,11 +1,13 @@
 """Forecast: how fast a run progresses on each provider, and what finishing it will take. Pure.
 
-A job's rate on a provider is the durable steps its attempts there gained per second of attempt
-time, over the attempts its status keeps (the live one included). Launch, restore, checkpoints
-and work lost to interruptions all sit inside that figure, so it says how fast the run really
-moves there, not how fast the code runs. A provider the job has not run on yet borrows the job's
-best measured rate and says so. Until the run has gained durable progress over
-MIN_MEASURED_SECONDS somewhere, nothing is guessed.
+A job's rate on a provider is the steps its attempts there gained per second from their first
+heartbeat to their end (or now), over the attempts its status keeps: closed attempts count their
+durable steps (work lost at an interruption is lost), the live one what its heartbeat reports
+(durable progress lags by up to a checkpoint interval, which made early estimates read half the
+true speed). Checkpoints sit inside the rate; the changeover (launch to first heartbeat) is
+measured apart and added once per move, and again per interruption expected, so ETAs include
+both. A provider the job has not run on yet borrows the job's best measured rate and says so.
+Until the run has progress over MIN_MEASURED_SECONDS somewhere, nothing is guessed.
 
 A provider's reliability is measured across every job's attempts on it: interruptions (and
 session ends) per hour, and the changeover (launch to first heartbeat). A provider with little
@@ -57,16 +59,20 @@ def _gained(attempt: Attempt, durable_step: int) -> int:
     return max(0, end - attempt.step_start)
 
 
-def job_tracks(st: JobStatus, durable_step: int, now: float) -> dict[str, Track]:
-    """The job's record per provider, from the attempts in its status."""
+def job_tracks(st: JobStatus, durable_step: int, now: float, live_step: int | None = None) -> dict[str, Track]:
+    """The job's record per provider, from the attempts in its status. `live_step`: what the live
+    attempt's heartbeat says it reached (None: its durable progress)."""
     seconds: dict[str, float] = {}
     steps: dict[str, int] = {}
     for a in st.attempts:
-        if a.outcome in (Outcome.CANCELLED, Outcome.SUPERSEDED) and _gained(a, durable_step) == 0:
+        reached = max(durable_step, live_step or 0) if a.open else durable_step
+        gained = _gained(a, reached)
+        if a.outcome in (Outcome.CANCELLED, Outcome.SUPERSEDED) and gained == 0:
             continue  # stopped by us before it did anything: says nothing about speed
         end = a.ended if a.ended is not None else now
-        seconds[a.provider] = seconds.get(a.provider, 0.0) + max(0.0, end - a.started)
-        steps[a.provider] = steps.get(a.provider, 0) + _gained(a, durable_step)
+        begin = a.first_beat if a.first_beat is not None else a.started
+        seconds[a.provider] = seconds.get(a.provider, 0.0) + max(0.0, end - min(begin, end))
+        steps[a.provider] = steps.get(a.provider, 0) + gained
     return {p: Track(seconds[p], steps[p]) for p in seconds}
 
 

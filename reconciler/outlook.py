@@ -43,8 +43,9 @@ def build_options(order: list[str], providers: dict[str, Provider], tracks: dict
 
 
 def outlook(job: Job, st: JobStatus, durable_step: int, order: list[str], providers: dict[str, Provider],
-            reliability: dict[str, Reliability], available: set[str], now: float) -> Outlook:
-    tracks = job_tracks(st, durable_step, now)
+            reliability: dict[str, Reliability], available: set[str], now: float,
+            live_step: int | None = None) -> Outlook:
+    tracks = job_tracks(st, durable_step, now, live_step)
     options = build_options(order, providers, tracks, reliability, available)
     spent = st.cost_usd + open_cost(st, now, {n: p.spec.price_per_hour for n, p in providers.items()})
     budget = job.spec.budget_usd

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from adapters.compute import Allowance, WorkerPhase, WorkerRef, WorkerState
 from desired.models import Capacity, Job, Provider
 from desired.parse import DesiredState
-from reconciler.deadline import RISK_INFEASIBLE, Choice, PlacementPolicy, choose
+from reconciler.deadline import PlacementPolicy, choose
 from reconciler.forecast import Reliability, reliabilities
 from reconciler.judge import EXIT_INTERRUPTED, classify, close, end_time, record_close
 from reconciler.ledger import WEEK, build_ledger
@@ -369,7 +369,10 @@ def _outlook(t: JobTick, available: set[str], placement: Placement | None = None
     order = list(placement.order)
     if t.current is not None and t.current.provider in t.desired.providers and t.current.provider not in order:
         order.append(t.current.provider)
-    return outlook(t.job, t.st, t.run.durable_step, order, t.desired.providers, t.reliability, available, t.now)
+    done = max(t.run.durable_step, t.st.progress.step)
+    cur = t.current
+    beat = t.run.heartbeat_step if cur is not None and t.run.heartbeat_epoch == cur.epoch else None
+    return outlook(t.job, t.st, done, order, t.desired.providers, t.reliability, available, t.now, beat)
 
 
 def stop_on_policy(t: JobTick) -> bool:
@@ -480,7 +483,7 @@ def _judge_unseen(t: JobTick) -> None:
 def reconsider(t: JobTick) -> bool:
     """Step 8: a running attempt of a job with a deadline is checked against the placement policy:
     it stays, or the run moves (the worker is stopped so it saves; the next tick launches where the
-    policy says), or, when the deadline cannot be met, it is stopped and the job held."""
+    policy says)."""
     cur = t.current
     if cur is None or t.run.done or t.job.spec.deadline is None:
         return False
@@ -490,10 +493,6 @@ def reconsider(t: JobTick) -> bool:
     look = _outlook(t, _available(t, _placement(t).order))
     choice = t.policy(look.situation)
     t.st.forecast = forecast(look, choice)
-    if choice.risk == RISK_INFEASIBLE:
-        _stop_current(t, choice.reason)
-        _hold_infeasible(t, choice)
-        return True
     if choice.provider is not None and choice.provider != cur.provider:
         _stop_current(t, f"{MOVING} {choice.provider}: {choice.reason}")
         t.st.phase = Phase.PENDING
@@ -501,11 +500,6 @@ def reconsider(t: JobTick) -> bool:
         return True
     t.st.message = f"{t.st.message}; {choice.reason}"
     return False
-
-
-def _hold_infeasible(t: JobTick, choice: Choice) -> None:
-    t.st.phase = Phase.PENDING
-    t.st.message = f"held, {choice.reason}"
 
 
 def finish(t: JobTick) -> bool:
@@ -690,9 +684,7 @@ def _place_by_policy(t: JobTick, placement: Placement) -> None:
         look = _outlook(t, _available(t, placement.order), placement)
     choice = t.policy(look.situation) if placement.order else None
     t.st.forecast = forecast(look, choice)
-    if choice is not None and choice.risk == RISK_INFEASIBLE:
-        _hold_infeasible(t, choice)
-    elif choice is not None and choice.provider is not None and choice.provider in _available(t, [choice.provider]):
+    if choice is not None and choice.provider is not None and choice.provider in _available(t, [choice.provider]):
         _launch(t, choice.provider)
         t.st.message = f"launching on {choice.provider}: {choice.reason}"
     elif choice is not None and t.job.spec.deadline is not None:
