@@ -13,12 +13,15 @@ Its rules, in order:
 1. Infeasible: not even the fastest option can finish the rest by the deadline, or no option can
    finish it within what is left of the budget: say so at once, and go on as fast as allowed (the
    checkpoints keep their value if the deadline moves; the deadline guard stops the run when it comes).
-2. Safety net: when the slack (time left beyond what the rest needs on the reliable fallback) no
-   longer covers the changeover to the fallback plus the losses expected on cheap capacity
-   (interruptions x (changeover + lost work), from the measured MTBF), run on the fallback to the end.
+2. Safety net: the slack is the time left beyond what the rest needs on the reliable fallback.
+   Cheap capacity is used while the slack covers two changeovers to the fallback plus the next
+   interruption there (the work since the last checkpoint: the worst this run has lost, else two
+   changeovers). Below that, the run goes to the fallback and stays to the end. The status also
+   says how much the rest is expected to lose on cheap capacity (interruptions from the measured
+   MTBF, each a changeover plus lost work).
 3. Exploit: a live attempt on cheap capacity stays there while rule 2 allows it.
 4. Cheap first: free capacity (quota, credits), then spot, whenever one can take a worker now and
-   the slack covers its own expected losses.
+   rule 2 allows it.
 5. Uniform progress: with nothing cheap to run on, run on the fallback only while progress is
    behind the straight line from the first launch to the deadline; otherwise wait for cheap
    capacity. Once on the fallback, stay until ahead by two changeovers (hysteresis).
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 RISK_OK = "on track"
 RISK_AT_RISK = "at risk"
 RISK_INFEASIBLE = "infeasible"
+INFEASIBLE_MARGIN = 1.1  # said only when the rest needs this much more than the time left: rates are estimates
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,7 @@ class Situation:
     window_start: float  # when the job first launched (the uniform-progress line starts there)
     current: str | None  # provider of the live attempt, None when nothing runs
     options: tuple[Option, ...]  # allowed providers, best first (free, then cheapest)
+    lost_work_seconds: float | None = None  # the most work an interruption has cost this run (None: none seen)
 
     @property
     def remaining_steps(self) -> int | None:
@@ -119,7 +124,7 @@ def infeasible(s: Situation, remaining: int) -> str:
     assert s.deadline is not None
     left = (s.deadline - s.now) / 3600.0
     timed = [(o.hours_for(remaining, o.provider != s.current) or 0.0, o) for o in s.options if o.rate is not None]
-    if timed and min(h for h, _ in timed) > left:
+    if timed and min(h for h, _ in timed) > left * INFEASIBLE_MARGIN:
         h, o = min(timed, key=lambda x: x[0])
         return (f"infeasible: the rest needs at least {_h(h)} (on {o.provider}, at the measured rate) and "
                 f"{_h(max(0.0, left))} are left before the deadline; move the deadline or allow faster providers")
@@ -153,25 +158,30 @@ def choose(s: Situation) -> Choice:
     reserve = 2 * fb.changeover_seconds / 3600.0
     risk = RISK_OK if slack > reserve else RISK_AT_RISK
 
-    def covers(o: Option) -> tuple[bool, float]:
-        losses = o.expected_losses_hours(remaining) + (0.0 if o.provider == s.current else o.changeover_seconds / 3600)
-        return slack > reserve + losses, losses
+    def covers(o: Option) -> tuple[bool, str]:
+        """Cheap capacity is worth its risk while the slack covers the next interruption there:
+        the work since the last checkpoint (the worst seen, else two changeovers) and the way in."""
+        way_in = 0.0 if o.provider == s.current else o.changeover_seconds / 3600
+        expected = o.expected_losses_hours(remaining) + way_in
+        if slack > reserve + expected:
+            return True, f"{_h(slack)} of slack covers the expected {_h(expected)} of losses"
+        lost = max(s.lost_work_seconds or 0.0, 2 * o.changeover_seconds) / 3600
+        return slack > reserve + way_in + lost, (f"{_h(slack)} of slack covers one more interruption "
+                                                f"({_h(way_in + lost)}; {_h(expected)} expected over the rest)")
 
     current = next((o for o in s.options if o.provider == s.current), None)
     if current is not None and current is not fb:
-        ok, losses = covers(current)
+        ok, why = covers(current)
         if ok:
-            return Choice(current.provider, f"on {current.provider}: {_h(slack)} of slack covers the expected "
-                          f"{_h(losses)} of losses", risk, slack)
-        return Choice(fb.provider, f"moving to {fb.provider}: {_h(slack)} of slack no longer covers the expected "
-                      f"{_h(losses)} of losses on {current.provider}", RISK_AT_RISK, slack)
+            return Choice(current.provider, f"on {current.provider}: {why}", risk, slack)
+        return Choice(fb.provider, f"moving to {fb.provider}: {_h(slack)} of slack no longer covers an interruption "
+                      f"on {current.provider}", RISK_AT_RISK, slack)
     for o in s.options:
         if o is fb or not o.available or o.price >= fb.price:
             continue
-        ok, losses = covers(o)
+        ok, why = covers(o)
         if ok and (not on_fb or _ahead(s, remaining, 2 * fb.changeover_seconds)):
-            return Choice(o.provider, f"on {o.provider}: {_h(slack)} of slack covers the expected {_h(losses)} "
-                          "of losses", risk, slack)
+            return Choice(o.provider, f"on {o.provider}: {why}", risk, slack)
     if slack <= reserve:
         return Choice(fb.provider, f"on {fb.provider} to the end: {_h(slack)} of slack is all that is left",
                       RISK_AT_RISK, slack)

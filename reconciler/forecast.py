@@ -11,7 +11,8 @@ Until the run has progress over MIN_MEASURED_SECONDS somewhere, nothing is guess
 
 A provider's reliability is measured across every job's attempts on it: interruptions (and
 session ends) per hour, and the changeover (launch to first heartbeat). A provider with little
-record leans on a prior: interruptible (spot) machines one interruption per PRIOR_SPOT_MTBF.
+record leans on a prior: interruptible (spot) machines one interruption per PRIOR_SPOT_MTBF, and a
+changeover as long as the median seen on the other providers (PRIOR_CHANGEOVER until one is seen).
 """
 
 from __future__ import annotations
@@ -89,13 +90,15 @@ def reliabilities(statuses: Iterable[JobStatus], interruptible: dict[str, bool],
                 ends[a.provider] = ends.get(a.provider, 0) + 1
             if a.first_beat is not None:
                 changeovers.setdefault(a.provider, []).append(max(0.0, a.first_beat - a.started))
+    everywhere = [x for seen in changeovers.values() for x in seen]
+    borrowed = median(everywhere) if everywhere else PRIOR_CHANGEOVER_SECONDS
     out = {}
     for name, spot in interruptible.items():
         prior = PRIOR_SPOT_MTBF_SECONDS if spot else PRIOR_RELIABLE_MTBF_SECONDS
         seen = changeovers.get(name)
         out[name] = Reliability(
             mtbf_seconds=estimate_mtbf(exposure.get(name, 0.0), ends.get(name, 0), prior),
-            changeover_seconds=median(seen) if seen else PRIOR_CHANGEOVER_SECONDS,
+            changeover_seconds=median(seen) if seen else borrowed,
             measured=bool(seen) or name in exposure)
     return out
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from desired.models import Job, Provider
 from reconciler.deadline import Choice, Option, Situation
 from reconciler.forecast import Reliability, Track, best_rate, job_tracks, open_cost, round_sig, round_time
-from status.models import Forecast, JobStatus, ProviderForecast
+from status.models import Forecast, JobStatus, Outcome, ProviderForecast
 
 
 @dataclass(frozen=True)
@@ -55,13 +55,19 @@ def outlook(job: Job, st: JobStatus, durable_step: int, order: list[str], provid
         job=job.name, now=now, deadline=job.spec.deadline.timestamp() if job.spec.deadline else None,
         budget_left=None if budget is None else budget - spent, done_steps=durable_step,
         target_steps=job.spec.target_steps, window_start=first, current=cur.provider if cur else None,
-        options=options)
+        options=options, lost_work_seconds=_worst_loss(st, best_rate(tracks)))
     note = ""
     if job.spec.target_steps is None:
         note = "no target_steps: the work left is unknown, so there is no ETA"
     elif best_rate(tracks) is None:
         note = "rate not measured yet: no durable progress over enough attempt time"
     return Outlook(situation, spent, note)
+
+
+def _worst_loss(st: JobStatus, rate: float | None) -> float | None:
+    """Seconds of work the worst interruption of this run threw away (steps since its last checkpoint)."""
+    lost = [a.steps_lost for a in st.attempts if a.outcome == Outcome.INTERRUPTION and a.steps_lost]
+    return max(lost) / rate if lost and rate else None
 
 
 def over_budget(o: Outlook) -> dict[str, str]:

@@ -137,9 +137,9 @@ def test_without_slack_the_run_goes_to_reliable_capacity() -> None:
 
 
 def test_a_run_on_spot_moves_to_reliable_capacity_when_slack_no_longer_covers_the_losses() -> None:
-    # 8 h of work left, 8.4 h to the deadline: after the 10 min changeover to on-demand, 0.2 h of
-    # slack no longer covers two changeovers plus the losses expected on spot
-    d = desired(job(deadline_in=8.4 * HOUR), providers=PROVIDERS)
+    # 8 h of work left, 8.15 h to the deadline: after the 2 min changeover to on-demand (seen on
+    # spot, borrowed), 0.12 h of slack no longer covers two changeovers plus one more interruption
+    d = desired(job(deadline_in=8.15 * HOUR), providers=PROVIDERS)
     st, seen = live_on(d, history(d, done_on("ondemand", 1, 3600, ago=HOUR)), "spot", since=NOW - HOUR,
                        durable=7200, step_start=3600)
     p = plan(d, seen, {"train": st}, NOW)
