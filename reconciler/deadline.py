@@ -157,6 +157,9 @@ def choose(s: Situation) -> Choice:
     slack = left - need
     reserve = 2 * fb.changeover_seconds / 3600.0
     risk = RISK_OK if slack > reserve else RISK_AT_RISK
+    if not any(o.price < fb.price for o in s.options):  # nothing to wait for: the fallback is the cheapest
+        choice = first_available(s, f"nothing allowed is cheaper; {_h(slack)} of slack")
+        return Choice(choice.provider, choice.reason, risk, slack)
 
     def covers(o: Option) -> tuple[bool, str]:
         """Cheap capacity is worth its risk while the slack covers the next interruption there:

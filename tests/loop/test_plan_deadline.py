@@ -158,6 +158,12 @@ def test_with_slack_and_no_cheap_capacity_it_waits_instead_of_paying_for_reliabl
     assert "waiting for cheaper capacity" in p.statuses["train"].message
 
 
+def test_a_job_whose_only_provider_is_free_runs_there_instead_of_waiting() -> None:
+    d = desired(job(deadline_in=100 * HOUR, providers="[kaggle]"), providers=PROVIDERS)
+    st = history(d, done_on("kaggle", 1, 3600, ago=60))
+    assert launched(plan(d, Observed(), {"train": st}, NOW)) == ["kaggle"]
+
+
 def test_an_infeasible_deadline_is_reported_at_once_and_the_run_goes_on_as_fast_as_allowed() -> None:
     d = desired(job(deadline_in=2 * HOUR), providers=PROVIDERS)
     st, seen = live_on(d, history(d), "ondemand", since=NOW - HOUR, durable=3600, epoch=1)
