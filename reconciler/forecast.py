@@ -6,8 +6,9 @@ durable steps (work lost at an interruption is lost), the live one what its hear
 (durable progress lags by up to a checkpoint interval, which made early estimates read half the
 true speed). Checkpoints sit inside the rate; the changeover (launch to first heartbeat) is
 measured apart and added once per move, and again per interruption expected, so ETAs include
-both. A provider the job has not run on yet borrows the job's best measured rate and says so.
-Until the run has progress over MIN_MEASURED_SECONDS somewhere, nothing is guessed.
+both. A provider's rate is pulled towards the job's rate everywhere while its own record is short,
+and a provider the job has not run on yet borrows that rate and says so. Until the run has
+progress over MIN_MEASURED_SECONDS in all, nothing is guessed.
 
 A provider's reliability is measured across every job's attempts on it: interruptions (and
 session ends) per hour, and the changeover (launch to first heartbeat). A provider with little
@@ -25,7 +26,8 @@ from statistics import median
 from reconciler.checkpoint_policy import estimate_mtbf
 from status.models import Attempt, JobStatus, Outcome
 
-MIN_MEASURED_SECONDS = 900.0  # less attempt time than this on a provider measures nothing yet
+MIN_MEASURED_SECONDS = 900.0  # less attempt time than this, all providers together, measures nothing yet
+PRIOR_WEIGHT_SECONDS = 3600.0  # a provider's own record outweighs the job's overall rate after this long
 PRIOR_CHANGEOVER_SECONDS = 600.0  # launch + restore, until one is seen
 PRIOR_SPOT_MTBF_SECONDS = 6 * 3600.0
 PRIOR_RELIABLE_MTBF_SECONDS = 30 * 24 * 3600.0  # machines nobody takes away still die, rarely
@@ -33,17 +35,31 @@ PRIOR_RELIABLE_MTBF_SECONDS = 30 * 24 * 3600.0  # machines nobody takes away sti
 
 @dataclass(frozen=True)
 class Track:
-    """One job's record on one provider."""
+    """One job's record on one provider (or, summed, everywhere)."""
 
-    seconds: float = 0.0  # attempt time, launch to end (or now)
-    steps: int = 0  # durable steps gained
+    seconds: float = 0.0  # attempt time, first heartbeat to end (or now)
+    steps: int = 0  # steps gained
 
     @property
     def rate(self) -> float | None:
-        """Steps per second of attempt time; None until enough is measured."""
+        """Steps per second; None until enough is measured."""
         if self.seconds < MIN_MEASURED_SECONDS or self.steps <= 0:
             return None
         return self.steps / self.seconds
+
+    def __add__(self, other: Track) -> Track:
+        return Track(self.seconds + other.seconds, self.steps + other.steps)
+
+
+def provider_rate(track: Track | None, job_rate: float | None) -> float | None:
+    """A provider's rate for the job, pulled towards the job's rate everywhere while its own record
+    is short (as if it had run PRIOR_WEIGHT_SECONDS at that rate): a quarter of an hour of
+    heartbeats, seen at tick granularity, read anywhere from 0.7 to 1.1 of the true speed."""
+    if job_rate is None:
+        return None
+    if track is None:
+        return job_rate
+    return (track.steps + job_rate * PRIOR_WEIGHT_SECONDS) / (track.seconds + PRIOR_WEIGHT_SECONDS)
 
 
 @dataclass(frozen=True)
@@ -103,9 +119,9 @@ def reliabilities(statuses: Iterable[JobStatus], interruptible: dict[str, bool],
     return out
 
 
-def best_rate(tracks: dict[str, Track]) -> float | None:
-    rates = [r for r in (t.rate for t in tracks.values()) if r is not None]
-    return max(rates) if rates else None
+def job_rate(tracks: dict[str, Track]) -> float | None:
+    """The job's rate over all its attempts, wherever they ran."""
+    return sum(tracks.values(), Track()).rate
 
 
 def open_cost(st: JobStatus, now: float, price_of: dict[str, float]) -> float:

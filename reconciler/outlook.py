@@ -10,7 +10,16 @@ from dataclasses import dataclass
 
 from desired.models import Job, Provider
 from reconciler.deadline import Choice, Option, Situation
-from reconciler.forecast import Reliability, Track, best_rate, job_tracks, open_cost, round_sig, round_time
+from reconciler.forecast import (
+    Reliability,
+    Track,
+    job_rate,
+    job_tracks,
+    open_cost,
+    provider_rate,
+    round_sig,
+    round_time,
+)
 from status.models import Forecast, JobStatus, Outcome, ProviderForecast
 
 
@@ -27,17 +36,18 @@ def is_free(provider: Provider) -> bool:
 
 def build_options(order: list[str], providers: dict[str, Provider], tracks: dict[str, Track],
                   reliability: dict[str, Reliability], available: set[str]) -> tuple[Option, ...]:
-    """Options in placement order; a provider the job has not run on borrows its best rate."""
-    borrowed = best_rate(tracks)
+    """Options in placement order; a provider the job has not run on borrows the job's rate."""
+    overall = job_rate(tracks)
     out = []
     for name in order:
         prov = providers[name]
         rel = reliability.get(name) or Reliability(float("inf"), 0.0, False)
-        own = tracks[name].rate if name in tracks else None
+        own = tracks.get(name)
         out.append(Option(
             provider=name, price=prov.spec.price_per_hour,
             interruptible=bool(getattr(prov.spec.settings, "interruptible", False)), free=is_free(prov),
-            available=name in available, rate=own if own is not None else borrowed, rate_measured=own is not None,
+            available=name in available, rate=provider_rate(own, overall),
+            rate_measured=own is not None and own.rate is not None,
             mtbf_seconds=rel.mtbf_seconds, changeover_seconds=rel.changeover_seconds))
     return tuple(out)
 
@@ -55,19 +65,26 @@ def outlook(job: Job, st: JobStatus, durable_step: int, order: list[str], provid
         job=job.name, now=now, deadline=job.spec.deadline.timestamp() if job.spec.deadline else None,
         budget_left=None if budget is None else budget - spent, done_steps=durable_step,
         target_steps=job.spec.target_steps, window_start=first, current=cur.provider if cur else None,
-        options=options, lost_work_seconds=_worst_loss(st, best_rate(tracks)))
+        options=options, lost_work_seconds=_worst_loss(st, job_rate(tracks), job.spec.checkpoint_every))
     note = ""
     if job.spec.target_steps is None:
         note = "no target_steps: the work left is unknown, so there is no ETA"
-    elif best_rate(tracks) is None:
+    elif job_rate(tracks) is None:
         note = "rate not measured yet: no durable progress over enough attempt time"
     return Outlook(situation, spent, note)
 
 
-def _worst_loss(st: JobStatus, rate: float | None) -> float | None:
-    """Seconds of work the worst interruption of this run threw away (steps since its last checkpoint)."""
+def _worst_loss(st: JobStatus, rate: float | None, checkpoint_every: int | None) -> float | None:
+    """Seconds the worst interruption of this run cost: the work since its last checkpoint (the
+    most seen, or the job's checkpoint interval when that is longer) plus the time until the next
+    attempt started (noticing the loss takes up to a tick)."""
+    if not rate:
+        return None
     lost = [a.steps_lost for a in st.attempts if a.outcome == Outcome.INTERRUPTION and a.steps_lost]
-    return max(lost) / rate if lost and rate else None
+    work = max([*lost, checkpoint_every or 0]) / rate
+    gaps = [b.started - a.ended for a, b in zip(st.attempts, st.attempts[1:], strict=False)
+            if a.ended is not None and a.outcome == Outcome.INTERRUPTION]
+    return work + max(gaps, default=0.0) if work or gaps else None
 
 
 def over_budget(o: Outlook) -> dict[str, str]:

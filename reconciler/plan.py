@@ -494,9 +494,10 @@ def reconsider(t: JobTick) -> bool:
     choice = t.policy(look.situation)
     t.st.forecast = forecast(look, choice)
     if choice.provider is not None and choice.provider != cur.provider:
-        _stop_current(t, f"{MOVING} {choice.provider}: {choice.reason}")
+        why = choice.reason if choice.reason.startswith(MOVING) else f"{MOVING} {choice.provider}: {choice.reason}"
+        _stop_current(t, why)
         t.st.phase = Phase.PENDING
-        t.st.message = f"{MOVING} {choice.provider}: {choice.reason}"
+        t.st.message = why
         return True
     t.st.message = f"{t.st.message}; {choice.reason}"
     return False
