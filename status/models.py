@@ -275,6 +275,9 @@ def money(x: float) -> str:
 
 
 def hours(h: float) -> str:
+    """A duration in hours, to the precision the forecast has: 14 h, 2.5 h, 40 min."""
+    if abs(h) < 1:
+        return f"{h * 60:.0f} min"
     return f"{h:.0f} h" if abs(h) >= 10 else f"{h:.1f} h".replace(".0 h", " h")
 
 

@@ -20,10 +20,13 @@ from status.models import (
     Phase,
     Progress,
     ProviderForecast,
+    hours,
     iso,
+    money,
     parse_status,
     render_index,
     render_status,
+    short_note,
 )
 from tests.conftest import StateRepoFixture
 from tests.loop.test_cli import cli
@@ -100,6 +103,13 @@ def test_status_readme_table_shows_eta_cost_and_risk() -> None:
     assert "| at risk (2.5 h short) |" in rows["late"]
     assert rows["done"].endswith("| Succeeded | 0 | 0 | 0 | 0 |  | $12 |  | run completed |")
     assert all(line.count(" | ") == header.count(" | ") for line in rows.values())
+
+
+def test_figures_are_compact() -> None:
+    assert [money(x) for x in (0, 3.2, 9.999, 11.0, 1234.5)] == ["$0.00", "$3.20", "$10.00", "$11", "$1,234"]
+    assert [hours(x) for x in (0.25, 2.0, 2.5, 14.0)] == ["15 min", "2 h", "2.5 h", "14 h"]
+    assert short_note("rate not measured yet: no durable progress") == "not measured"
+    assert short_note("no target_steps: the work left is unknown, so there is no ETA") == "no target_steps"
 
 
 def test_a_failed_job_keeps_no_eta() -> None:
