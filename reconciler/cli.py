@@ -161,8 +161,9 @@ def _read_manifests(repo: Path, paths: list[Path]) -> tuple[dict[str, bytes], li
 
 @app.command()
 def plan(repo: RepoOption = Path("."), verbose: bool = False) -> None:
-    """Show what the next tick would do, without doing it. Exit 1 when a manifest has errors (a
-    pull-request check built on it fails on a broken change); provider trouble is only a warning."""
+    """Show what the next tick would do, without doing it, and each job's projected cost and ETA
+    (or why they are unknown). Exit 1 when a manifest has errors (a pull-request check built on it
+    fails on a broken change); provider trouble is only a warning."""
     from reconciler.redaction import secret_values
     from status.redact import Redactor
 
