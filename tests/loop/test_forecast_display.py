@@ -165,7 +165,7 @@ def test_plan_shows_projected_cost_and_eta_or_why_not(state_repo: StateRepoFixtu
     at = next(i for i, x in enumerate(lines) if x.startswith("  fresh: "))
     assert lines[at + 1] == ("    forecast: $0.00 spent; cost and ETA unknown (rate not measured yet: no durable "
                              "progress over enough attempt time)")
-    assert any(x.startswith("- launch count") for x in lines)  # the existing lines stay
+    assert any(x.startswith("- launch ") for x in lines)  # the existing lines stay
 
 
 def test_a_real_tick_writes_the_new_columns_to_the_status_readme(state_repo: StateRepoFixture) -> None:
