@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -17,8 +17,10 @@ from rich.markup import escape
 from rich.table import Table
 
 if TYPE_CHECKING:
+    from desired.models import Job
     from reconciler.loop import Reconciler, TickReport
     from reconciler.redaction import RedactingFilter
+    from status.models import JobStatus
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Drive compute jobs to completion on executors that owe you nothing, GitOps-style.\n\n"
@@ -159,8 +161,9 @@ def _read_manifests(repo: Path, paths: list[Path]) -> tuple[dict[str, bytes], li
 
 @app.command()
 def plan(repo: RepoOption = Path("."), verbose: bool = False) -> None:
-    """Show what the next tick would do, without doing it. Exit 1 when a manifest has errors (a
-    pull-request check built on it fails on a broken change); provider trouble is only a warning."""
+    """Show what the next tick would do, without doing it, and each job's projected cost and ETA
+    (or why they are unknown). Exit 1 when a manifest has errors (a pull-request check built on it
+    fails on a broken change); provider trouble is only a warning."""
     from reconciler.redaction import secret_values
     from status.redact import Redactor
 
@@ -185,9 +188,27 @@ def plan(repo: RepoOption = Path("."), verbose: bool = False) -> None:
         console.print(f"- {show(a)}")
     for name, st in sorted(the_plan.statuses.items()):
         console.print(f"  {name}: {st.phase.value} — {show(st.message)}")
+        outlook = _plan_outlook(st)
+        if outlook:
+            console.print(f"    {show(outlook)}")
     if manifest_errors:
         err.print(f"{len(manifest_errors)} manifest error(s); the other jobs are planned as shown")
         raise typer.Exit(1)
+
+
+def _plan_outlook(st: JobStatus) -> str:
+    """The planned status's forecast in one line: projected cost and ETA, or why they are unknown."""
+    from status.models import money, risk_text, when
+
+    f = st.forecast
+    if st.phase.terminal or f is None:
+        return ""
+    spent = f"{money(f.spent_usd)} spent"
+    if f.projected_cost_usd is None or f.eta is None:
+        return f"forecast: {spent}; cost and ETA unknown ({f.note or 'no rate to project from'})"
+    risk = risk_text(st)
+    return (f"forecast: {money(f.projected_cost_usd)} projected ({spent}), ETA {when(f.eta)} UTC"
+            + (f", {risk}" if risk else ""))
 
 
 @app.command()
@@ -269,43 +290,125 @@ def _check_backend(storage: str) -> None:
 
 
 @app.command()
-def status(repo: RepoOption = Path("."), as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """A table of every job with its phase and progress (live progress from storage), then the
-    provider ledger of the last status commit (quota or credits left, hours and cost this period)."""
+def status(repo: RepoOption = Path("."), as_json: Annotated[bool, typer.Option("--json")] = False,
+           job_name: Annotated[str | None, typer.Option("--job", help="one job in detail: its forecast on "
+                                                         "each provider and the placement decision")] = None,
+           ) -> None:
+    """A table of every job with its phase and progress (live progress from storage), its ETA, cost
+    spent and projected, and deadline risk (the forecast of the last status commit), then the provider
+    ledger of the last status commit (quota or credits left, hours and cost this period)."""
     from reconciler.loop import read_run
 
     rec = _reconciler(repo)
     commit = rec.repo.head()
     recorded = rec.read_recorded(commit)
     desired = rec.read_desired(commit)
+    names = sorted(set(recorded) | set(desired.jobs))
+    if job_name is not None:
+        if job_name not in names:
+            raise _fail(f"no job named {job_name} (jobs: {', '.join(names) or 'none'})")
+        names = [job_name]
     rows = []
-    for name in sorted(set(recorded) | set(desired.jobs)):
+    for name in names:
         st = recorded.get(name)
         job = desired.jobs.get(name)
         run_id = st.run_id if st else (job.run_id() if job else "")
         live = read_run(desired.settings.storage, name, run_id, dict(desired.settings.storage_options))
         target = (job.spec.target_steps if job else None) or (st.progress.target if st else None)
         step = live.heartbeat_step if live.heartbeat_step is not None else (st.progress.step if st else 0)
+        deadline = job.spec.deadline.timestamp() if job and job.spec.deadline else None
         rows.append({
             "job": name, "phase": st.phase.value if st else "New", "run": run_id,
             "step": step, "durable": live.durable_step, "target": target,
             "attempts": st.total_attempts if st else 0, "interruptions": st.interruptions if st else 0,
             "failures": st.failures if st else 0, "message": st.message if st else "not reconciled yet",
+            **_forecast_fields(st, deadline),
         })
+    if job_name is not None:
+        _show_job(rows[0], recorded.get(job_name), desired.jobs.get(job_name), as_json)
+        return
     if as_json:
         console.print_json(json.dumps(rows))
         return
     ledger = _ledger_rows(rec.repo.read_file(commit, "status/providers.yaml"))
-    table = Table("job", "phase", "progress", "attempts", "interruptions", "failures", "message")
+    table = Table("job", "phase", "progress", "attempts", "interruptions", "failures", "ETA (UTC)",
+                  "spent / projected", "risk", "message")
     for r in rows:
         prog = f"{r['step']}/{r['target']} (saved {r['durable']})" if r["target"] else str(r["step"])
-        table.add_row(str(r["job"]), str(r["phase"]), prog, str(r["attempts"]), str(r["interruptions"]),
-                      str(r["failures"]), str(r["message"]))
+        st = recorded.get(str(r["job"]))
+        eta, cost, risk = _forecast_cells(st, r["deadline"])
+        table.add_row(escape(str(r["job"])), str(r["phase"]), prog, str(r["attempts"]), str(r["interruptions"]),
+                      str(r["failures"]), eta, escape(cost), escape(risk), escape(str(r["message"])))
     console.print(table)
     if ledger:
         console.print(_ledger_table(ledger))
     for e in desired.errors:
         err.print(f"[red]error:[/red] {e}")
+
+
+def _forecast_fields(st: JobStatus | None, deadline: float | None) -> dict[str, Any]:
+    """The forecast of the job's recorded status, as `status --json` gives it. A finished job has
+    none (a failed or cancelled one may still carry its last): it shows what it cost."""
+    from status.models import iso
+
+    f = st.forecast if st is not None and not st.phase.terminal else None
+    return {
+        "eta": iso(f.eta) if f else None,
+        "spent_usd": f.spent_usd if f else (st.cost_usd if st else 0.0),
+        "projected_cost_usd": f.projected_cost_usd if f else None,
+        "slack_hours": f.slack_hours if f else None,
+        "risk": f.risk if f else "",
+        "decision": f.decision if f else "",
+        "note": f.note if f else "",
+        "deadline": iso(deadline),
+    }
+
+
+def _forecast_cells(st: JobStatus | None, deadline_iso: str | None) -> tuple[str, str, str]:
+    from status.models import forecast_cells, from_iso, risk_text, when
+
+    deadline = from_iso(deadline_iso)
+    if st is None:
+        return "", "", f"due {when(deadline)}" if deadline is not None else ""
+    eta, cost, _ = forecast_cells(st)
+    return eta, cost, risk_text(st, deadline)
+
+
+def _show_job(row: dict[str, Any], st: JobStatus | None, job: Job | None, as_json: bool) -> None:
+    """`status --job NAME`: the job's forecast on each provider (hours and cost to finish there,
+    measured or borrowed from its best measured rate elsewhere) and the placement decision."""
+    from status.models import hours, money
+
+    f = st.forecast if st is not None and not st.phase.terminal else None
+    per = f.providers if f else {}
+    if as_json:
+        console.print_json(json.dumps({
+            **row, "rate_steps_per_hour": f.rate_steps_per_hour if f else None,
+            "placement": f.placement if f else "",
+            "budget_usd": job.spec.budget_usd if job else None,
+            "providers": {n: p.model_dump(mode="json") for n, p in sorted(per.items())}}))
+        return
+    eta, cost, risk = _forecast_cells(st, row["deadline"])
+    prog = f"{row['step']}/{row['target']} (saved {row['durable']})" if row["target"] else str(row["step"])
+    console.print(f"{escape(str(row['job']))}: {row['phase']} — {escape(str(row['message']))}")
+    lines = [("run", str(row["run"])), ("progress", prog)]
+    if f is not None and f.rate_steps_per_hour is not None:
+        lines.append(("rate", f"{f.rate_steps_per_hour:,.0f} steps/h"))
+    lines += [("ETA", f"{eta} UTC" if f is not None and f.eta is not None else eta),
+              ("spent / projected", cost)]
+    if job is not None and job.spec.budget_usd is not None:
+        lines.append(("budget", money(job.spec.budget_usd)))
+    lines += [("risk", risk), ("placement", f.placement if f else ""), ("decision", f.decision if f else ""),
+              ("note", f.note if f else "")]
+    for label, value in lines:
+        if value:
+            console.print(f"  {label}: {escape(value)}")
+    if per:
+        table = Table("provider", "hours to finish", "cost to finish", "rate", title="finishing on each provider")
+        for name, p in sorted(per.items(), key=lambda kv: kv[1].hours):
+            table.add_row(escape(name), hours(p.hours), money(p.cost_usd),
+                          "measured" if p.measured else "borrowed (the job's best measured rate elsewhere)")
+        console.print(table)
 
 
 def _ledger_rows(text: bytes | None) -> list[dict]:

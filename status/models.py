@@ -236,23 +236,94 @@ def render_index(statuses: list[JobStatus], errors: list[str], ledger: list[Prov
         "",
         "Written by the reconciler on every change; do not edit.",
         "",
-        "| job | phase | progress | attempts | interruptions | failures | message |",
-        "|---|---|---|---|---|---|---|",
+        "| job | phase | progress | attempts | interruptions | failures | ETA (UTC) | spent / projected | risk "
+        "| message |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for st in sorted(statuses, key=lambda s: s.job):
         pct = st.progress.percent()
         prog = f"{st.progress.step}/{st.progress.target} ({pct:.0f}%)" if pct is not None else str(
             st.progress.step)
-        msg = st.message.replace("|", "\\|").replace("\n", " ")
+        eta, cost, risk = forecast_cells(st)
+        msg = _cell(st.message)
         lines.append(
             f"| {st.job} | {st.phase.value} | {prog} | {st.total_attempts} | {st.interruptions} | "
-            f"{st.failures} | {msg} |"
+            f"{st.failures} | {eta} | {cost} | {_cell(risk)} | {msg} |"
         )
     lines += render_ledger_table(ledger or [])
     if errors:
         lines += ["", "## Manifest errors", ""]
         lines += [f"- {e}" for e in errors]
     return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+# ---- time and money, as the job table and `reconciler status` / `plan` show them ----------------
+
+
+def when(ts: float) -> str:
+    """A moment to the minute, UTC, compact: 2026-12-04 18:30."""
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M")
+
+
+def money(x: float) -> str:
+    """Dollars: cents under $10, whole dollars above (projections are rounded to two figures anyway)."""
+    return f"${x:,.0f}" if abs(x) >= 10 else f"${x:.2f}"
+
+
+def hours(h: float) -> str:
+    """A duration in hours, to the precision the forecast has: 14 h, 2.5 h, 40 min."""
+    if abs(h) < 1:
+        return f"{h * 60:.0f} min"
+    return f"{h:.0f} h" if abs(h) >= 10 else f"{h:.1f} h".replace(".0 h", " h")
+
+
+_NOTE_SHORT = {"rate not measured yet": "not measured", "no target_steps": "no target_steps"}
+
+
+def short_note(note: str) -> str:
+    """The few words before the note's colon ("rate not measured yet: ..." -> "not measured")."""
+    head = note.split(":", 1)[0].strip()
+    return _NOTE_SHORT.get(head, head[:40])
+
+
+def eta_text(st: JobStatus) -> str:
+    """When the run should finish, or why that is unknown; empty for a finished job."""
+    f = st.forecast
+    if st.phase.terminal or f is None:
+        return ""
+    if f.eta is not None:
+        return when(f.eta)
+    return short_note(f.note) if f.note else "unknown"
+
+
+def cost_text(st: JobStatus) -> str:
+    """Spent / projected: "$3.20 / $11"; a finished job shows what it cost."""
+    f = st.forecast
+    if st.phase.terminal or f is None:
+        return money(st.cost_usd) if st.cost_usd or st.phase.terminal else ""
+    return f"{money(f.spent_usd)} / {money(f.projected_cost_usd) if f.projected_cost_usd is not None else '?'}"
+
+
+def risk_text(st: JobStatus, deadline: float | None = None) -> str:
+    """"on track (14 h slack)"; with the deadline when the caller knows it (the manifest has it)."""
+    f = st.forecast
+    if st.phase.terminal or f is None or not f.risk:
+        return f"due {when(deadline)}" if deadline is not None and not st.phase.terminal else ""
+    extra = []
+    if f.slack_hours is not None:
+        extra.append(f"{hours(f.slack_hours)} slack" if f.slack_hours >= 0 else f"{hours(-f.slack_hours)} short")
+    if deadline is not None:
+        extra.append(f"due {when(deadline)}")
+    return f"{f.risk} ({', '.join(extra)})" if extra else f.risk
+
+
+def forecast_cells(st: JobStatus, deadline: float | None = None) -> tuple[str, str, str]:
+    """ETA, spent / projected, risk: the job table's three forecast cells."""
+    return eta_text(st), cost_text(st), risk_text(st, deadline)
 
 
 # ---- the provider ledger ------------------------------------------------------------------------
