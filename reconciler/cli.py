@@ -407,7 +407,7 @@ def _show_job(row: dict[str, Any], st: JobStatus | None, job: Job | None, as_jso
         table = Table("provider", "hours to finish", "cost to finish", "rate", title="finishing on each provider")
         for name, p in sorted(per.items(), key=lambda kv: kv[1].hours):
             table.add_row(escape(name), hours(p.hours), money(p.cost_usd),
-                          "measured" if p.measured else "borrowed (the job's best measured rate elsewhere)")
+                          "measured" if p.measured else "borrowed (the job's rate over all its attempts)")
         console.print(table)
 
 

@@ -70,7 +70,7 @@ def outlook(job: Job, st: JobStatus, durable_step: int, order: list[str], provid
     if job.spec.target_steps is None:
         note = "no target_steps: the work left is unknown, so there is no ETA"
     elif job_rate(tracks) is None:
-        note = "rate not measured yet: no durable progress over enough attempt time"
+        note = "rate not measured yet: less than 15 min of attempt time with progress"
     return Outlook(situation, spent, note)
 
 

@@ -687,7 +687,8 @@ def _place_by_policy(t: JobTick, placement: Placement) -> None:
     t.st.forecast = forecast(look, choice)
     if choice is not None and choice.provider is not None and choice.provider in _available(t, [choice.provider]):
         _launch(t, choice.provider)
-        t.st.message = f"launching on {choice.provider}: {choice.reason}"
+        reason = choice.reason.removeprefix(f"on {choice.provider}: ")
+        t.st.message = f"launching on {choice.provider}: {reason}"
     elif choice is not None and t.job.spec.deadline is not None:
         t.st.phase = Phase.PENDING
         t.st.message = choice.reason

@@ -89,7 +89,7 @@ def test_status_readme_table_shows_eta_cost_and_risk() -> None:
     running = JobStatus(job="count", phase=Phase.RUNNING, message="attempt 2 running on box",
                         progress=Progress(step=30, target=60), forecast=forecast())
     fresh = JobStatus(job="fresh", phase=Phase.PENDING, message="waiting | for box", forecast=Forecast(
-        note="rate not measured yet: no durable progress over enough attempt time"))
+        note="rate not measured yet: less than 15 min of attempt time with progress"))
     late = JobStatus(job="late", phase=Phase.RUNNING, forecast=forecast(risk="at risk", slack_hours=-2.5))
     done = JobStatus(job="done", phase=Phase.SUCCEEDED, cost_usd=12.34, message="run completed")
     lines = render_index([running, fresh, late, done], []).splitlines()
@@ -163,8 +163,8 @@ def test_plan_shows_projected_cost_and_eta_or_why_not(state_repo: StateRepoFixtu
     projected = float(lines[at + 1].split("forecast: $")[1].split(" ")[0])
     assert 7.2 <= projected <= 12
     at = next(i for i, x in enumerate(lines) if x.startswith("  fresh: "))
-    assert lines[at + 1] == ("    forecast: $0.00 spent; cost and ETA unknown (rate not measured yet: no durable "
-                             "progress over enough attempt time)")
+    assert lines[at + 1] == ("    forecast: $0.00 spent; cost and ETA unknown (rate not measured yet: less than "
+                             "15 min of attempt time with progress)")
     assert any(x.startswith("- launch ") for x in lines)  # the existing lines stay
 
 
