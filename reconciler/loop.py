@@ -407,8 +407,9 @@ class Reconciler:
                 except GitError as exc:
                     report.errors.append(str(exc))
             return
+        deadlines = {name: job.spec.deadline.timestamp() for name, job in desired.jobs.items() if job.spec.deadline}
         index = render_index([self._redacted(st) for st in the_plan.statuses.values()],
-                             [str(e) for e in desired.errors], ledger or [])
+                             [str(e) for e in desired.errors], ledger or [], deadlines)
         if ledger:
             files[f"{STATUS_DIR}/providers.yaml"] = self.redactor.redact(render_ledger(ledger))
         files[f"{STATUS_DIR}/README.md"] = self.redactor.redact(index)

@@ -229,7 +229,8 @@ def parse_status(text: str | bytes) -> JobStatus | None:
         return None
 
 
-def render_index(statuses: list[JobStatus], errors: list[str], ledger: list[ProviderLedger] | None = None) -> str:
+def render_index(statuses: list[JobStatus], errors: list[str], ledger: list[ProviderLedger] | None = None,
+                 deadlines: dict[str, float] | None = None) -> str:
     """`status/README.md`: one table of all jobs (and the provider ledger), for people browsing the repository."""
     lines = [
         "# Status",
@@ -244,7 +245,7 @@ def render_index(statuses: list[JobStatus], errors: list[str], ledger: list[Prov
         pct = st.progress.percent()
         prog = f"{st.progress.step}/{st.progress.target} ({pct:.0f}%)" if pct is not None else str(
             st.progress.step)
-        eta, cost, risk = forecast_cells(st)
+        eta, cost, risk = forecast_cells(st, (deadlines or {}).get(st.job))
         msg = _cell(st.message)
         lines.append(
             f"| {st.job} | {st.phase.value} | {prog} | {st.total_attempts} | {st.interruptions} | "

@@ -27,6 +27,7 @@ from status.models import (
     render_index,
     render_status,
     short_note,
+    when,
 )
 from tests.conftest import StateRepoFixture
 from tests.loop.test_cli import cli
@@ -103,6 +104,8 @@ def test_status_readme_table_shows_eta_cost_and_risk() -> None:
     assert "| at risk (2.5 h short) |" in rows["late"]
     assert rows["done"].endswith("| Succeeded | 0 | 0 | 0 | 0 |  | $12 |  | run completed |")
     assert all(line.count(" | ") == header.count(" | ") for line in rows.values())
+    due = render_index([running], [], deadlines={"count": ETA + 86400}).splitlines()[-1]
+    assert f"| on track (14 h slack, due {when(ETA + 86400)}) |" in due
 
 
 def test_figures_are_compact() -> None:
