@@ -1,0 +1,463 @@
+"""Meeting a deadline cheaply: the project's deadline-aware placement (reconciler.deadline.choose)
+against published baselines and the offline optimum, on the same spot-availability traces.
+
+One job of W hours of compute must finish by D = 1.1, 1.5 and 2 x W after the start. Providers:
+a spot pool (interruptible, $1/h) whose availability follows a trace, an on-demand pool (always
+there, $3/h), and with --free a free provider (price 0, a quota of a quarter of W, 12 h
+sessions). Every move pays a changeover: the provider's launch delay (120 s) and the worker's
+restore (60 s), both billed. The worker checkpoints every 600 s of compute at a cost of 30 s, so
+an interruption loses the work since its last checkpoint.
+
+Each run is the real `Reconciler.tick()` in simulated time (reconciler/sim), one tick every
+300 s, the invariant checker on; only the placement policy changes (`SimConfig.placement_policy`):
+
+- ours: the product's policy, reconciler.deadline.choose;
+- greedy: spot (or free) whenever there is some; on-demand only once the time left is down to the
+  work left plus a changeover, and then to the end;
+- uniform-progress: the Uniform Progress policy of Wu et al., "Can't Be Late" (NSDI'24), written
+  here from the paper's rules (see `UniformProgress`);
+- on-demand: on-demand only;
+- optimum: not simulated but computed: the cheapest schedule that knows the whole trace and
+  finishes by D (dynamic programming in one-minute steps, with the same changeover, the same
+  prices and the same work, checkpoints included; see `optimum_cost`). It is a lower bound: it
+  is never preempted and never loses work.
+
+Baselines know what a benchmark knows about the job (its step time, checkpoint cost and
+interval) and the changeover; they see everything else through the `Situation` the planner
+hands them. Where a rule says "when the time left equals the work left", they add two ticks:
+the planner asks the policy once a tick, and a move stops the worker on one tick and launches
+on the next. The planner cannot stop a running worker to wait (a policy that answers "wait"
+for a running attempt keeps it), so a policy on on-demand stays there until spot comes back.
+
+A run meets its deadline when its completion (sim.cloud.completions) is at or before start + D
+and the job is Succeeded. Cost is what the providers billed (SimCloud.spent_usd), missed runs
+included. Spot traces are synthetic by default: available and unavailable periods alternate,
+with exponential durations (means 3 h and 2 h), one trace per seed; --trace FILE replays a
+trace in the spot-traces format ({"gap_seconds": S, "data": [n0, n1, ...]}, n = instances
+available; spot is available while n >= 1) from seeded start offsets instead.
+
+    python bench/deadline.py --quick            # W = 8 h, 4 traces, about a minute on 2 cores
+    python bench/deadline.py                    # W = 24 h, 12 traces
+    python bench/deadline.py --trace trace.json # replay a trace instead of the synthetic ones
+    python bench/deadline.py --free             # add a free provider with a quota
+
+Prints a markdown table, then one line: deadline_met=M/N cost_vs_optimum=X
+cost_vs_uniform_progress=Y (M/N: ours' runs that met their deadline; X and Y: the worst over the
+deadlines of ours' mean cost against the optimum's and against Uniform Progress's). Needs numpy
+for the optimum.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import random
+import sys
+import time
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from adapters.sim import JobModel, PreemptionTrace, ProviderModel  # noqa: E402
+from reconciler.deadline import Choice, Option, PlacementPolicy, Situation  # noqa: E402
+from reconciler.sim.driver import START, JobPlan, ProviderPlan, SimConfig, Simulation  # noqa: E402
+
+TICK = 300.0  # s between ticks (and the synthetic traces' gap)
+LAUNCH = 120.0  # provider launch delay, s
+RESTORE = 60.0  # worker restore, s
+CHANGEOVER = LAUNCH + RESTORE
+CKPT_COST = 30.0
+CKPT_INTERVAL = 600.0
+STEP = 1.0  # s of compute per step
+SPOT_PRICE = 1.0
+ON_DEMAND_PRICE = 3.0
+SPOT_UP_MEAN = 3 * 3600.0  # synthetic traces: mean available period
+SPOT_DOWN_MEAN = 2 * 3600.0  # mean unavailable period
+FREE_QUOTA_FRACTION = 0.25  # --free: quota as a fraction of W
+SESSION_LIMIT = 12 * 3600.0
+DEADLINES = (1.1, 1.5, 2.0)
+POLICIES = ("ours", "greedy", "uniform-progress", "on-demand")
+UNIT = 60.0  # the optimum's time step, s
+
+
+# ---- what the baselines know about the job ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Known:
+    """The job and the loop as a benchmark knows them."""
+
+    step_seconds: float = STEP
+    checkpoint_cost: float = CKPT_COST
+    checkpoint_interval: float = CKPT_INTERVAL
+    changeover: float = CHANGEOVER
+    tick: float = TICK
+
+    def work_seconds(self, steps: int) -> float:
+        """Machine time to compute `steps` from a checkpoint, checkpoints and the final save included."""
+        compute = steps * self.step_seconds
+        return compute * (1 + self.checkpoint_cost / self.checkpoint_interval) + self.checkpoint_cost
+
+    @property
+    def margin(self) -> float:
+        """The policy is asked once a tick, and a move takes a tick more (stop, then launch)."""
+        return 2 * self.tick
+
+
+def model() -> JobModel:
+    return JobModel(step_seconds=STEP, checkpoint_cost_seconds=CKPT_COST, restart_cost_seconds=RESTORE,
+                    checkpoint_interval_seconds=CKPT_INTERVAL)
+
+
+def cheap(s: Situation) -> list[Option]:
+    """Spot, and a free provider treated like spot; free first, then cheapest (the options' order)."""
+    return [o for o in s.options if o.interruptible or o.free]
+
+
+def on_demand(s: Situation) -> Option | None:
+    return next((o for o in s.options if not o.interruptible and not o.free), None)
+
+
+# ---- baselines ----------------------------------------------------------------------------------
+
+
+class OnDemandOnly:
+    name = "on-demand"
+
+    def __init__(self, known: Known) -> None:
+        self.known = known
+
+    def __call__(self, s: Situation) -> Choice:
+        od = on_demand(s)
+        return Choice(od.provider if od else None, "on-demand only")
+
+
+class Greedy:
+    """Spot (or free) whenever it is there; on-demand once the time left is down to the work left
+    plus a changeover (and the two ticks a move takes), then on-demand to the end."""
+
+    name = "greedy"
+
+    def __init__(self, known: Known) -> None:
+        self.known = known
+        self.committed = False
+
+    def __call__(self, s: Situation) -> Choice:
+        assert s.deadline is not None and s.remaining_steps is not None
+        k = self.known
+        od = on_demand(s)
+        left = s.deadline - s.now
+        if od is not None and (self.committed or left <= k.work_seconds(s.remaining_steps) + k.changeover + k.margin):
+            self.committed = True
+            return Choice(od.provider, "greedy: on-demand to the end")
+        if s.current is not None and any(o.provider == s.current for o in cheap(s)):
+            return Choice(s.current, "greedy: staying on spot")
+        for o in cheap(s):
+            if o.available:
+                return Choice(o.provider, "greedy: spot is available")
+        return Choice(None, "greedy: waiting for spot")
+
+
+class UniformProgress:
+    """Uniform Progress (Wu et al., NSDI'24), from its rules. ep(t) = W (t - start) / (D - start)
+    is the straight line from no progress at the first launch to all of it at the deadline; d is
+    the changeover.
+
+    1. Idle and behind ep(now): on-demand, and stay to catch up (rule 3).
+    2. Spot whenever it is available, even when behind; on spot, stay until preempted.
+    3. Hysteresis: on on-demand, stay until progress >= ep(now + 2d).
+    4. Safety net: once the time left < the work left + 2d, on-demand to the end.
+    """
+
+    name = "uniform-progress"
+
+    def __init__(self, known: Known) -> None:
+        self.known = known
+        self.committed = False
+
+    def _expected(self, s: Situation, at: float) -> float:
+        assert s.deadline is not None and s.target_steps is not None
+        span = max(1.0, s.deadline - s.window_start)
+        return s.target_steps * min(1.0, max(0.0, (at - s.window_start) / span))
+
+    def __call__(self, s: Situation) -> Choice:
+        assert s.deadline is not None and s.remaining_steps is not None
+        k = self.known
+        od = on_demand(s)
+        left = s.deadline - s.now
+        work = k.work_seconds(s.remaining_steps)
+        if od is not None and (self.committed or left < work + 2 * k.changeover + k.margin):
+            self.committed = True
+            return Choice(od.provider, "uniform progress: safety net, on-demand to the end")
+        done = s.done_steps
+        on_od = od is not None and s.current == od.provider
+        if on_od and done < self._expected(s, s.now + 2 * k.changeover):
+            return Choice(s.current, "uniform progress: on on-demand until ahead of ep(t + 2d)")
+        if s.current is not None and any(o.provider == s.current for o in cheap(s)):
+            return Choice(s.current, "uniform progress: on spot until preempted")
+        for o in cheap(s):
+            if o.available:
+                return Choice(o.provider, "uniform progress: spot is available")
+        if od is not None and not on_od and done < self._expected(s, s.now):
+            return Choice(od.provider, "uniform progress: behind ep(t), on-demand")
+        return Choice(None, "uniform progress: ahead of ep(t), waiting for spot")
+
+
+BASELINES: dict[str, type[OnDemandOnly] | type[Greedy] | type[UniformProgress]] = {
+    "greedy": Greedy, "uniform-progress": UniformProgress, "on-demand": OnDemandOnly}
+
+
+def policy_for(name: str, known: Known) -> PlacementPolicy | None:
+    """None: the product's own (reconciler.deadline.choose)."""
+    return None if name == "ours" else BASELINES[name](known)
+
+
+# ---- traces -------------------------------------------------------------------------------------
+
+
+def synthetic_trace(seed: int, seconds: float, gap: float = TICK, up: float = SPOT_UP_MEAN,
+                    down: float = SPOT_DOWN_MEAN) -> PreemptionTrace:
+    """Available (1) and unavailable (0) periods in turn, exponential durations, whole gaps."""
+    rng = random.Random(seed)
+    n = int(math.ceil(seconds / gap))
+    avail = rng.random() < up / (up + down)
+    data: list[int] = []
+    while len(data) < n:
+        data += [1 if avail else 0] * max(1, round(rng.expovariate(1.0 / (up if avail else down)) / gap))
+        avail = not avail
+    return PreemptionTrace(gap, tuple(data[:n]))
+
+
+def rotated(trace: PreemptionTrace, seed: int) -> PreemptionTrace:
+    """The same trace replayed from a seeded offset."""
+    k = random.Random(seed).randrange(len(trace.data))
+    return PreemptionTrace(trace.gap_seconds, trace.data[k:] + trace.data[:k])
+
+
+def availability(trace: PreemptionTrace, units: int, unit: float = UNIT) -> list[bool]:
+    """Whether spot can hold one worker through each step of `unit` seconds from the start."""
+    return [trace.live_at(i * unit) >= 1 and trace.live_at((i + 1) * unit - 1e-6) >= 1 for i in range(units)]
+
+
+# ---- the offline optimum ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A provider as the optimum sees it."""
+
+    price: float  # $/h
+    available: Sequence[bool]  # per step
+    quota_seconds: float | None = None  # machine time it gives in all (a free quota)
+
+
+def optimum_cost(pools: Sequence[Pool], *, deadline: float, work: float, changeover: float, start: float = 0.0,
+                 unit: float = UNIT) -> float:
+    """The least cost to do `work` seconds of machine time between `start` and `deadline`
+    (seconds from the start of the trace), knowing the whole trace. Time moves in steps of
+    `unit`; the state is where the job runs (nowhere, or a pool whose changeover is done), the
+    work done (in steps) and, with a quota, the quota used. Starting on a pool (or moving to
+    another) pays `changeover` of billed time there first; leaving is free and loses nothing. A
+    pool runs only through the steps it is available. math.inf when it cannot finish."""
+    import numpy as np
+
+    horizon = int(deadline // unit)
+    first = int(math.ceil(start / unit - 1e-9))
+    need = int(math.ceil(work / unit - 1e-9))
+    d = int(math.ceil(changeover / unit - 1e-9))
+    quota_pools = [p for p in pools if p.quota_seconds is not None]
+    if len(quota_pools) > 1:
+        raise ValueError("the optimum handles one pool with a quota")
+    q_max = int((quota_pools[0].quota_seconds or 0.0) // unit) if quota_pools else 0
+    shape = (need + 1, q_max + 1)  # [work done, quota used]
+    avail = [np.asarray([bool(x) for x in p.available[:horizon]] + [False] * (horizon - len(p.available)))
+             for p in pools]
+    runs = [np.concatenate(([0], np.cumsum(a))) for a in avail]  # prefix sums: available through a span
+    best = np.full(shape, np.inf)  # anywhere (or nowhere), at the current time
+    best[0, 0] = 0.0
+    history: deque[Any] = deque([best], maxlen=d + 1)  # best at times t - d .. t
+    on = [np.full(shape, np.inf) for _ in pools]  # running on pool i, its changeover done
+    for t in range(first, horizon):
+        nxt = []
+        for i, p in enumerate(pools):
+            cost = p.price * unit / 3600.0
+            dq = 1 if p.quota_seconds is not None else 0
+            new = np.full(shape, np.inf)
+            if avail[i][t]:
+                _shift_min(new, on[i], dq, cost)
+                if len(history) == d + 1 and runs[i][t + 1] - runs[i][t - d] == d + 1:
+                    _shift_min(new, history[0], dq * (d + 1), cost * (d + 1))
+            nxt.append(new)
+        on = nxt
+        best = np.minimum.reduce([best, *on]) if on else best
+        history.append(best)
+    return float(best[need].min())
+
+
+def _shift_min(dst: Any, src: Any, dq: int, add: float) -> None:
+    """dst[w + 1, q + dq] = min(dst[w + 1, q + dq], src[w, q] + add): one step of work done."""
+    import numpy as np
+
+    q = dst.shape[1]
+    if dq >= q:
+        return
+    view = dst[1:, dq:]
+    np.minimum(view, src[:-1, :q - dq] + add, out=view)
+
+
+# ---- one run ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    hours: float  # W
+    ratio: float  # D / W
+    trace: PreemptionTrace
+    free: bool = False
+    seed: int = 0
+
+    @property
+    def deadline(self) -> float:
+        return self.ratio * self.hours * 3600.0
+
+    @property
+    def target_steps(self) -> int:
+        return int(round(self.hours * 3600.0 / STEP))
+
+
+def providers(case: Case) -> list[ProviderPlan]:
+    spot = ProviderModel("spot", launch_delay_seconds=LAUNCH, price_per_hour=SPOT_PRICE, trace=case.trace)
+    od = ProviderModel("ondemand", launch_delay_seconds=LAUNCH, price_per_hour=ON_DEMAND_PRICE)
+    plans = [ProviderPlan(spot, concurrency=1, interruptible=True), ProviderPlan(od, concurrency=1)]
+    if case.free:
+        free = ProviderModel("free", launch_delay_seconds=LAUNCH, price_per_hour=0.0,
+                             quota_seconds=FREE_QUOTA_FRACTION * case.hours * 3600.0,
+                             session_limit_seconds=SESSION_LIMIT)
+        plans.append(ProviderPlan(free, concurrency=1))
+    return plans
+
+
+def simulate(args: tuple[str, Case]) -> dict[str, Any]:
+    """One job, one trace, one deadline, one policy: the real tick in simulated time."""
+    name, case = args
+    logging.getLogger("reconciler").setLevel(logging.CRITICAL)
+    known = Known()
+    job = JobPlan("job", target_steps=case.target_steps, model=model(), max_retries=1000,
+                  deadline_seconds=case.deadline)
+    config = SimConfig(providers=providers(case), jobs=[job], seed=case.seed, tick_seconds=TICK,
+                       placement_policy=policy_for(name, known))
+    sim = Simulation(config)
+    t0 = time.perf_counter()
+    settled = sim.run_to_completion(int(case.deadline / TICK) + 40)
+    sim.checker.check_final()
+    st = sim.statuses().get("job")
+    done = [c[3] for c in sim.cloud.completions if c[0] == "job"]
+    finished = min(done) if done else None
+    succeeded = st is not None and st.phase.value == "Succeeded"
+    out = {
+        "policy": name, "ratio": case.ratio, "seed": case.seed, "settled": settled,
+        "met": succeeded and finished is not None and finished <= START + case.deadline,
+        "finish_hours": (finished - START) / 3600.0 if finished is not None else None,
+        "cost": sum(sim.cloud.spent_usd(p) for p in sim.cloud.providers),
+        "by_provider": {p: sim.cloud.spent_usd(p) for p in sim.cloud.providers},
+        "attempts": len(sim.cloud.workers), "phase": st.phase.value if st else "",
+        "message": st.message if st else "", "violations": len(sim.checker.violations),
+        "tick_exceptions": len(sim.tick_exceptions), "seconds": time.perf_counter() - t0,
+    }
+    sim.close()
+    return out
+
+
+def optimum(case: Case) -> dict[str, Any]:
+    """The offline optimum of the case: same providers, changeover, prices and work."""
+    units = int(case.deadline // UNIT) + 1
+    pools = [Pool(SPOT_PRICE, availability(case.trace, units)), Pool(ON_DEMAND_PRICE, [True] * units)]
+    if case.free:
+        pools.append(Pool(0.0, [True] * units, FREE_QUOTA_FRACTION * case.hours * 3600.0))
+    cost = optimum_cost(pools, deadline=case.deadline, work=Known().work_seconds(case.target_steps),
+                        changeover=CHANGEOVER, start=TICK)  # the first tick is the first chance to launch
+    return {"policy": "optimum", "ratio": case.ratio, "seed": case.seed, "met": math.isfinite(cost),
+            "cost": cost, "finish_hours": None}
+
+
+def run_task(task: tuple[str, Case]) -> dict[str, Any]:
+    return optimum(task[1]) if task[0] == "optimum" else simulate(task)
+
+
+# ---- the report ---------------------------------------------------------------------------------
+
+
+def summarize(results: list[dict[str, Any]], ratios: Sequence[float]) -> tuple[list[str], str]:
+    """The markdown table and the last line."""
+    lines = ["| deadline D | policy | deadlines met | mean cost ($) | cost / optimum | mean finish (h) |",
+             "|---|---|---|---|---|---|"]
+    worst_opt = worst_up = 0.0
+    met = total = 0
+    for r in ratios:
+        rows = {p: [x for x in results if x["ratio"] == r and x["policy"] == p] for p in (*POLICIES, "optimum")}
+        mean = {p: sum(x["cost"] for x in xs) / len(xs) for p, xs in rows.items() if xs}
+        for p in (*POLICIES, "optimum"):
+            xs = rows[p]
+            if not xs:
+                continue
+            finishes = [x["finish_hours"] for x in xs if x["finish_hours"] is not None]
+            ratio = mean[p] / mean["optimum"] if mean.get("optimum") else math.inf
+            lines.append(f"| {r:g} W | {p} | {sum(1 for x in xs if x['met'])}/{len(xs)} | {mean[p]:.2f} "
+                         f"| {ratio:.2f} | {sum(finishes) / len(finishes) if finishes else math.nan:.1f} |")
+        ours = rows["ours"]
+        met += sum(1 for x in ours if x["met"])
+        total += len(ours)
+        worst_opt = max(worst_opt, mean["ours"] / mean["optimum"] if mean.get("optimum") else math.inf)
+        worst_up = max(worst_up, mean["ours"] / mean["uniform-progress"] if mean.get("uniform-progress") else math.inf)
+    last = f"deadline_met={met}/{total} cost_vs_optimum={worst_opt:.2f} cost_vs_uniform_progress={worst_up:.2f}"
+    return lines, last
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="W = 8 h and 4 traces")
+    ap.add_argument("--trace", help='spot trace JSON {"gap_seconds": S, "data": [n0, n1, ...]}, replayed from '
+                                    "seeded offsets")
+    ap.add_argument("--free", action="store_true", help="add a free provider (quota W/4, 12 h sessions)")
+    ap.add_argument("--hours", type=float, help="W, hours of compute (default 8 with --quick, else 24)")
+    ap.add_argument("--traces", type=int, help="how many traces (default 4 with --quick, else 12)")
+    ap.add_argument("--processes", type=int, default=min(2, os.cpu_count() or 1))
+    a = ap.parse_args()
+    hours = a.hours or (8.0 if a.quick else 24.0)
+    n = a.traces or (4 if a.quick else 12)
+    base = PreemptionTrace.load(a.trace) if a.trace else None
+    length = max(DEADLINES) * hours * 3600.0 + 40 * TICK
+    traces = [rotated(base, seed) if base else synthetic_trace(seed, length) for seed in range(1, n + 1)]
+    cases = [Case(hours, r, tr, a.free, seed) for seed, tr in enumerate(traces, start=1) for r in DEADLINES]
+    tasks = [(p, c) for c in cases for p in (*POLICIES, "optimum")]
+    tasks.sort(key=lambda t: -t[1].ratio)  # the longest runs first
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=a.processes) as pool:
+        results = list(pool.map(run_task, tasks))
+    sims = [x for x in results if x["policy"] != "optimum"]
+    seen = [tr.live_at(t) >= 1 for tr in traces for t in range(0, int(max(DEADLINES) * hours * 3600), int(TICK))]
+    print(f"W = {hours:g} h of compute; spot ${SPOT_PRICE:g}/h (available {100 * sum(seen) / len(seen):.0f}% of the "
+          f"time over {n} {'rotations of ' + a.trace if a.trace else 'synthetic traces'}), on-demand "
+          f"${ON_DEMAND_PRICE:g}/h{', a free provider (quota W/4)' if a.free else ''}; changeover "
+          f"{CHANGEOVER:.0f} s (launch {LAUNCH:.0f} + restore {RESTORE:.0f}); checkpoints {CKPT_COST:.0f} s every "
+          f"{CKPT_INTERVAL:.0f} s; tick {TICK:.0f} s")
+    print()
+    lines, last = summarize(results, DEADLINES)
+    print("\n".join(lines))
+    print()
+    violations = sum(x["violations"] for x in sims)
+    raised = sum(x["tick_exceptions"] for x in sims)
+    unsettled = sum(1 for x in sims if not x["settled"])
+    print(f"runs: {len(sims)} simulated; invariant violations: {violations}; ticks that raised: {raised}; "
+          f"runs not settled: {unsettled}; wall time {time.perf_counter() - t0:.0f} s")
+    print(last)
+
+
+if __name__ == "__main__":
+    main()
