@@ -1,0 +1,87 @@
+"""bench/deadline.py's core: the offline optimum on traces whose answer can be worked out by hand,
+and one tiny simulated case per policy."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import pytest
+
+pytest.importorskip("numpy")  # the optimum's dynamic programming
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+
+import deadline as bench  # noqa: E402
+
+from adapters.sim import PreemptionTrace  # noqa: E402
+
+HOUR = 3600.0
+MIN = 60.0  # the optimum's step: costs below count steps of a minute
+
+
+def minutes(cost_per_hour: float, n: int) -> float:
+    return cost_per_hour * n / 60.0
+
+
+def test_spot_always_there_costs_the_work_and_one_changeover_at_the_spot_price() -> None:
+    pools = [bench.Pool(1.0, [True] * 200), bench.Pool(3.0, [True] * 200)]
+    cost = bench.optimum_cost(pools, deadline=2 * HOUR, work=HOUR, changeover=3 * MIN)
+    assert cost == pytest.approx(minutes(1.0, 60 + 3))
+
+
+def test_spot_never_there_costs_on_demand() -> None:
+    pools = [bench.Pool(1.0, [False] * 200), bench.Pool(3.0, [True] * 200)]
+    cost = bench.optimum_cost(pools, deadline=2 * HOUR, work=HOUR, changeover=3 * MIN)
+    assert cost == pytest.approx(minutes(3.0, 60 + 3))
+
+
+def test_the_optimum_waits_for_spot_when_the_deadline_allows_and_mixes_when_it_does_not() -> None:
+    late_spot = [i >= 60 for i in range(200)]  # spot from the 60th minute on
+    pools = [bench.Pool(1.0, late_spot), bench.Pool(3.0, [True] * 200)]
+    assert bench.optimum_cost(pools, deadline=3 * HOUR, work=HOUR, changeover=3 * MIN) == pytest.approx(
+        minutes(1.0, 63))
+    # By 90 minutes: spot gives at most 27 minutes of work (60..90, after its changeover), so
+    # on-demand must do the other 33, with its own changeover.
+    assert bench.optimum_cost(pools, deadline=1.5 * HOUR, work=HOUR, changeover=3 * MIN) == pytest.approx(
+        minutes(3.0, 33 + 3) + minutes(1.0, 27 + 3))
+
+
+def test_a_free_quota_is_spent_first_changeover_included() -> None:
+    pools = [bench.Pool(1.0, [False] * 200), bench.Pool(3.0, [True] * 200), bench.Pool(0.0, [True] * 200, 30 * MIN)]
+    cost = bench.optimum_cost(pools, deadline=2 * HOUR, work=HOUR, changeover=3 * MIN)
+    assert cost == pytest.approx(minutes(3.0, 33 + 3))  # free: 3 changeover + 27 work
+
+
+def test_no_schedule_finishes_in_time() -> None:
+    pools = [bench.Pool(1.0, [True] * 200), bench.Pool(3.0, [True] * 200)]
+    assert math.isinf(bench.optimum_cost(pools, deadline=HOUR, work=HOUR, changeover=3 * MIN))
+
+
+def test_a_trace_is_read_as_minutes_of_availability() -> None:
+    trace = PreemptionTrace(300.0, (1, 0, 2))
+    assert bench.availability(trace, 16) == [True] * 5 + [False] * 5 + [True] * 5 + [True]
+    synthetic = bench.synthetic_trace(3, 10 * HOUR)
+    assert len(synthetic.data) == 120 and set(synthetic.data) <= {0, 1}
+    assert synthetic == bench.synthetic_trace(3, 10 * HOUR)
+
+
+def test_every_policy_runs_through_the_real_tick_and_the_baselines_meet_a_loose_deadline() -> None:
+    # Spot for the first 40 minutes, then gone for an hour, then back: one preemption at least.
+    trace = PreemptionTrace(300.0, (1,) * 8 + (0,) * 12 + (1,) * 40)
+    case = bench.Case(hours=1.0, ratio=3.0, trace=trace, seed=1)
+    results = {name: bench.simulate((name, case)) for name in bench.POLICIES}
+    for name, r in results.items():
+        assert r["violations"] == 0 and r["tick_exceptions"] == 0 and r["settled"], (name, r)
+        assert r["cost"] >= 0
+    for name in ("greedy", "uniform-progress", "on-demand"):
+        assert results[name]["met"], (name, results[name]["message"])
+    # The simulation bills what the optimum's model counts: on-demand alone costs one changeover
+    # and the work, checkpoints included, at the on-demand price.
+    work = bench.Known().work_seconds(case.target_steps)
+    assert results["on-demand"]["cost"] == pytest.approx((work + bench.CHANGEOVER) / HOUR * bench.ON_DEMAND_PRICE,
+                                                         rel=0.01)
+    assert results["greedy"]["cost"] < results["on-demand"]["cost"]
+    best = bench.optimum(case)
+    assert best["met"] and best["cost"] <= min(r["cost"] for r in results.values() if r["met"]) + 1e-9
