@@ -97,7 +97,7 @@ class ProviderModel:
     name: str
     launch_delay_seconds: float = 60.0
     capacity: int | None = None  # most live workers at once; None = unlimited
-    quota_seconds: float | None = None  # worker-seconds it gives in all; then it refuses launches
+    quota_seconds: float | None = None  # worker-seconds it gives in all: a session ends when it runs out
     price_per_hour: float = 0.0
     credits_usd: float | None = None  # prepaid credits (Lightning-like): reported as an allowance, then refused
     mtbf_seconds: float | None = None  # mean time between preemptions of one worker (exponential)
@@ -619,6 +619,14 @@ class SimCloud:
             self.relaunch_delays.append(self.t - died)
         interval = self._interval(model, spec)
         w = SimWorker(self, p, ref, spec, model, folder, self.t, interval)
+        if p.quota_seconds is not None:
+            # The quota ends the session when it runs out, as Kaggle's weekly GPU hours do.
+            left = p.quota_seconds - self.quota_used.get(provider, 0.0) - sum(
+                x.ledger.billed_seconds for x in self.by_provider[provider].values() if x.alive)
+            if self.t + left < w.session_end_at:
+                w.session_end_at = self.t + max(0.0, left)
+                if p.tell_deadline and model.honour_deadline:
+                    w.deadline = w.session_end_at
         if self.interval_fn is not None:
             w.interval = self.interval_fn(w)
         self.workers[wid] = w
