@@ -393,6 +393,10 @@ def run_task(task: tuple[str, Case]) -> dict[str, Any]:
 # ---- the report ---------------------------------------------------------------------------------
 
 
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else (1.0 if a == 0 else math.inf)
+
+
 def summarize(results: list[dict[str, Any]], ratios: Sequence[float]) -> tuple[list[str], str]:
     """The markdown table and the last line."""
     lines = ["| deadline D | policy | deadlines met | mean cost ($) | cost / optimum | mean finish (h) |",
@@ -407,14 +411,14 @@ def summarize(results: list[dict[str, Any]], ratios: Sequence[float]) -> tuple[l
             if not xs:
                 continue
             finishes = [x["finish_hours"] for x in xs if x["finish_hours"] is not None]
-            ratio = mean[p] / mean["optimum"] if mean.get("optimum") else math.inf
+            ratio = _ratio(mean[p], mean["optimum"]) if "optimum" in mean else math.nan
             lines.append(f"| {r:g} W | {p} | {sum(1 for x in xs if x['met'])}/{len(xs)} | {mean[p]:.2f} "
                          f"| {ratio:.2f} | {sum(finishes) / len(finishes) if finishes else math.nan:.1f} |")
         ours = rows["ours"]
         met += sum(1 for x in ours if x["met"])
         total += len(ours)
-        worst_opt = max(worst_opt, mean["ours"] / mean["optimum"] if mean.get("optimum") else math.inf)
-        worst_up = max(worst_up, mean["ours"] / mean["uniform-progress"] if mean.get("uniform-progress") else math.inf)
+        worst_opt = max(worst_opt, _ratio(mean["ours"], mean["optimum"]))
+        worst_up = max(worst_up, _ratio(mean["ours"], mean["uniform-progress"]))
     last = f"deadline_met={met}/{total} cost_vs_optimum={worst_opt:.2f} cost_vs_uniform_progress={worst_up:.2f}"
     return lines, last
 
