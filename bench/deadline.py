@@ -264,13 +264,14 @@ def optimum_cost(pools: Sequence[Pool], *, deadline: float, work: float, changeo
     `unit`; the state is where the job runs (nowhere, or a pool whose changeover is done), the
     work done (in steps) and, with a quota, the quota used. Starting on a pool (or moving to
     another) pays `changeover` of billed time there first; leaving is free and loses nothing. A
-    pool runs only through the steps it is available. math.inf when it cannot finish."""
+    pool runs only through the steps it is available. Work and changeover are rounded down to
+    whole steps (a lower bound). math.inf when it cannot finish."""
     import numpy as np
 
     horizon = int(deadline // unit)
     first = int(math.ceil(start / unit - 1e-9))
-    need = int(math.ceil(work / unit - 1e-9))
-    d = int(math.ceil(changeover / unit - 1e-9))
+    need = int(work // unit + 1e-9)  # rounded down, so that the figure stays a lower bound
+    d = int(changeover // unit + 1e-9)
     quota_pools = [p for p in pools if p.quota_seconds is not None]
     if len(quota_pools) > 1:
         raise ValueError("the optimum handles one pool with a quota")
