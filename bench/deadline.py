@@ -36,8 +36,8 @@ with exponential durations (means 3 h and 2 h), one trace per seed; --trace FILE
 trace in the spot-traces format ({"gap_seconds": S, "data": [n0, n1, ...]}, n = instances
 available; spot is available while n >= 1) from seeded start offsets instead.
 
-    python bench/deadline.py --quick            # W = 8 h, 6 traces, about a minute on 2 cores
-    python bench/deadline.py                    # W = 24 h, 12 traces
+    python bench/deadline.py --quick            # W = 8 h, 6 traces, under a minute on 2 cores
+    python bench/deadline.py                    # W = 24 h, 12 traces, about 2 minutes
     python bench/deadline.py --trace trace.json # replay a trace instead of the synthetic ones
     python bench/deadline.py --free             # add a free provider with a quota
 
