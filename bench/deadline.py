@@ -471,7 +471,7 @@ def main() -> None:
     if missed:
         held = sum(1 for x in missed if x["held_infeasible"])
         print(f"ours missed {len(missed)} deadlines (the means above include what those runs spent); in {held} of "
-              "them its policy had declared the deadline infeasible and held the job (reconciler.deadline, rule 1)")
+              "them its policy had said at some tick that the deadline was infeasible (reconciler.deadline, rule 1)")
     print(f"runs: {len(sims)} simulated, {sum(x['seconds'] for x in sims) / len(sims):.1f} s each; invariant "
           f"violations: {violations}; ticks that raised: {raised}; runs not settled: {unsettled}; "
           f"wall time {time.perf_counter() - t0:.0f} s")
