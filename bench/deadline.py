@@ -66,6 +66,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from adapters.sim import JobModel, PreemptionTrace, ProviderModel  # noqa: E402
 from reconciler.deadline import RISK_INFEASIBLE, Choice, Option, PlacementPolicy, Situation  # noqa: E402
+from reconciler.plan import MOVING  # noqa: E402
 from reconciler.sim.driver import START, JobPlan, ProviderPlan, SimConfig, Simulation  # noqa: E402
 
 TICK = 300.0  # s between ticks (and the synthetic traces' gap)
@@ -356,10 +357,20 @@ def simulate(args: tuple[str, Case]) -> dict[str, Any]:
     sim = Simulation(config)
     t0 = time.perf_counter()
     settled = infeasible = False
+    moves = astray = launched = 0
+    heading: str | None = None  # where the run was moved to, until the next launch
     for _ in range(int(case.deadline / TICK) + 40):  # Simulation.run_to_completion, watching the verdict
         report = sim.step()
         st = report.statuses.get("job") if report is not None else None
         infeasible = infeasible or (st is not None and st.forecast is not None and st.forecast.risk == RISK_INFEASIBLE)
+        workers = list(sim.cloud.workers.values())
+        for w in workers[launched:]:
+            astray += heading is not None and w.provider.name != heading
+            heading = None
+        launched = len(workers)
+        if heading is None and st is not None and st.message.startswith(MOVING):
+            heading = st.message[len(MOVING):].split(":")[0].strip()
+            moves += 1
         if not sim.repo.unpushed and sim.all_settled():
             settled = True
             break
@@ -375,7 +386,7 @@ def simulate(args: tuple[str, Case]) -> dict[str, Any]:
         "cost": sum(sim.cloud.spent_usd(p) for p in sim.cloud.providers),
         "by_provider": {p: sim.cloud.spent_usd(p) for p in sim.cloud.providers},
         "attempts": len(sim.cloud.workers), "phase": st.phase.value if st else "",
-        "held_infeasible": infeasible,
+        "held_infeasible": infeasible, "moves": moves, "astray": astray,
         "message": st.message if st else "", "violations": len(sim.checker.violations),
         "tick_exceptions": len(sim.tick_exceptions), "seconds": time.perf_counter() - t0,
     }
@@ -472,6 +483,10 @@ def main() -> None:
         held = sum(1 for x in missed if x["held_infeasible"])
         print(f"ours missed {len(missed)} deadlines (the means above include what those runs spent); in {held} of "
               "them its policy had said at some tick that the deadline was infeasible (reconciler.deadline, rule 1)")
+    per = {p: [x for x in sims if x["policy"] == p] for p in POLICIES}
+    print("moves (a running worker stopped so that the run goes elsewhere), and how many of them relaunched "
+          "elsewhere than the move announced: " + "; ".join(
+              f"{p} {sum(x['moves'] for x in xs)} ({sum(x['astray'] for x in xs)})" for p, xs in per.items()))
     print(f"runs: {len(sims)} simulated, {sum(x['seconds'] for x in sims) / len(sims):.1f} s each; invariant "
           f"violations: {violations}; ticks that raised: {raised}; runs not settled: {unsettled}; "
           f"wall time {time.perf_counter() - t0:.0f} s")
