@@ -167,16 +167,22 @@ def choose(s: Situation) -> Choice:
         choice = first_available(s, f"nothing allowed is cheaper; {_h(slack)} of slack")
         return Choice(choice.provider, choice.reason, risk, slack)
 
+    # Leaving the fallback for cheap capacity is judged on the slack the run will have once it has
+    # left: the way back is a changeover again (judged on today's slack, a run flapped off the
+    # fallback and straight back to it on the next tick, paying both changeovers).
+    off_fb = left - (fb.hours_for(remaining, moving=True) or 0.0)
+
     def covers(o: Option) -> tuple[bool, str]:
         """Cheap capacity is worth its risk while the slack covers the next interruption there:
         the work since the last checkpoint (the worst seen, else two changeovers) and the way in."""
+        room = off_fb if on_fb else slack
         way_in = 0.0 if o.provider == s.current else o.changeover_seconds / 3600
         expected = o.expected_losses_hours(remaining) + way_in
-        if slack > reserve + expected:
-            return True, f"{_h(slack)} of slack covers the expected {_h(expected)} of losses"
+        if room > reserve + expected:
+            return True, f"{_h(room)} of slack covers the expected {_h(expected)} of losses"
         lost = max(s.lost_work_seconds or 0.0, 2 * o.changeover_seconds) / 3600
-        return slack > reserve + way_in + lost, (f"{_h(slack)} of slack covers one more interruption "
-                                                f"({_h(way_in + lost)}; {_h(expected)} expected over the rest)")
+        return room > reserve + way_in + lost, (f"{_h(room)} of slack covers one more interruption "
+                                               f"({_h(way_in + lost)}; {_h(expected)} expected over the rest)")
 
     current = next((o for o in s.options if o.provider == s.current), None)
     if current is not None and current is not fb:

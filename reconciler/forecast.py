@@ -1,7 +1,8 @@
 """Forecast: how fast a run progresses on each provider, and what finishing it will take. Pure.
 
 A job's rate on a provider is the steps its attempts there gained per second from their first
-heartbeat to their end (or now), over the attempts its status keeps: closed attempts count their
+heartbeat as this reconciler saw it (time and step, both taken at that tick, so the tick's delay
+does not inflate the rate) to their end (or now), over the attempts its status keeps: closed attempts count their
 durable steps (work lost at an interruption is lost), the live one what its heartbeat reports
 (durable progress lags by up to a checkpoint interval, which made early estimates read half the
 true speed). Checkpoints sit inside the rate; the changeover (launch to first heartbeat) is
@@ -73,7 +74,8 @@ class Reliability:
 
 def _gained(attempt: Attempt, durable_step: int) -> int:
     end = attempt.step_end if attempt.step_end is not None else durable_step
-    return max(0, end - attempt.step_start)
+    start = attempt.first_beat_step if attempt.first_beat_step is not None else attempt.step_start
+    return max(0, end - start)
 
 
 def job_tracks(st: JobStatus, durable_step: int, now: float, live_step: int | None = None) -> dict[str, Track]:
