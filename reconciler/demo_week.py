@@ -236,13 +236,14 @@ def render(run: WeekRun, base: WeekRun | None, console: Console, block_hours: in
         row = Text(f"{when(h0 * HOUR):<10}  ")
         row.append_text(hour_strip(run, h0, h1))
         row.append(f"  {100.0 * end.status.progress.step / target:>3.0f}%  {f'${spent:.2f}':>7}  {eta:<9}  {slack:>5}")
+        row.rstrip()
         console.print(row)
         for s in in_block:
             fc = s.status.forecast
             if fc is None or not fc.decision or _shape(fc.decision) == last_shape:
                 continue
             last_shape = _shape(fc.decision)
-            console.print(Padding(Text(f"{when(s.t)[-5:]} {fc.decision}", style="dim"), (0, 0, 0, 12)))
+            console.print(Padding(Text(f"{when(s.t)[-5:]} {fc.decision}", style="dim"), (0, 0, 0, 12), expand=False))
     console.print("[bold]The week at a glance[/bold] (job: where it ran; vast pool: [green]+[/] machines "
                   "to rent, [dim].[/] gone):")
     per_day = 24
@@ -259,6 +260,8 @@ def render(run: WeekRun, base: WeekRun | None, console: Console, block_hours: in
             pool.append(" ")
         if run.finished is not None and d * per_day * HOUR <= run.finished < (d + 1) * per_day * HOUR:
             row.append(f" finished {when(run.finished)[-5:]}", style="bold")
+        row.rstrip()
+        pool.rstrip()
         console.print(row)
         console.print(pool)
     by = hours_of(run)
