@@ -214,7 +214,7 @@ def render(run: WeekRun, base: WeekRun | None, console: Console, block_hours: in
     slack as the job's status forecast said at the block's end), the policy's reasoning under it
     when it changed, then the week at a glance; returns the summary line."""
     week = run.week
-    console.print(f"[bold]{JOB}[/bold]: {week.job_hours:g} h of training, due {when(run.deadline)}. "
+    console.print(f"[bold]{JOB}[/bold]: {week.job_hours:g} h of training from {when(0)}, due {when(run.deadline)}. "
                   "One character per hour: [bold cyan]K[/] kaggle, [bold magenta]L[/] lightning, "
                   "[bold green]V[/] vast, [bold red]O[/] on-demand, [dim].[/] idle.")
     console.print(Text(f"{'block':<10}  {'hours':<{block_hours}}  {'done':>4}  {'spent':>7}  {'ETA':<9}  "
