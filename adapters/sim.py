@@ -607,6 +607,11 @@ class SimCloud:
         model = self.job_model(spec.job)
         env = dict(spec.env)
         session_end = self.t + p.launch_delay_seconds + p.session_limit_seconds if p.session_limit_seconds else None
+        if p.quota_seconds is not None:  # the session also ends when the quota runs out (billed from launch)
+            used = self.quota_used.get(provider, 0.0) + sum(
+                w.ledger.billed_seconds for w in self.live.values() if w.provider.name == provider)
+            quota_end = self.t + max(0.0, p.quota_seconds - used)
+            session_end = quota_end if session_end is None else min(session_end, quota_end)
         deadline = worker_deadline(spec, session_end if p.tell_deadline else None)
         if deadline is not None:
             env["RECONCILER_DEADLINE"] = str(deadline)
@@ -619,14 +624,13 @@ class SimCloud:
             self.relaunch_delays.append(self.t - died)
         interval = self._interval(model, spec)
         w = SimWorker(self, p, ref, spec, model, folder, self.t, interval)
-        if p.quota_seconds is not None:
-            # The quota ends the session when it runs out, as Kaggle's weekly GPU hours do.
-            left = p.quota_seconds - self.quota_used.get(provider, 0.0) - sum(
-                x.ledger.billed_seconds for x in self.by_provider[provider].values() if x.alive)
-            if self.t + left < w.session_end_at:
-                w.session_end_at = self.t + max(0.0, left)
-                if p.tell_deadline and model.honour_deadline:
-                    w.deadline = w.session_end_at
+        if p.credits_usd is not None and p.price_per_hour > 0:
+            # Credits that run out mid-job take the machine away unannounced, as Lightning's do.
+            w.preempt_at = min(w.preempt_at, self.t + self.credits_left(provider) / p.price_per_hour * 3600.0)
+        if session_end is not None and session_end < w.session_end_at:
+            w.session_end_at = session_end
+            if p.tell_deadline and model.honour_deadline:
+                w.deadline = session_end
         if self.interval_fn is not None:
             w.interval = self.interval_fn(w)
         self.workers[wid] = w

@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -448,6 +449,11 @@ def schema() -> None:
     console.print_json(json.dumps(doc))
 
 
+class DemoScenario(StrEnum):
+    CHAOS = "chaos"
+    WEEK = "week"
+
+
 @app.command()
 def demo(
     directory: Annotated[Path, typer.Option("--dir", help="where the demo state repository goes")] = Path(
@@ -455,11 +461,21 @@ def demo(
     chaos: Annotated[bool, typer.Option(help="kill the worker with SIGKILL at random moments")] = True,
     seed: Annotated[int | None, typer.Option(help="seed of the chaos")] = None,
     steps: Annotated[int, typer.Option(help="training steps of the demo job")] = 400,
+    scenario: Annotated[DemoScenario, typer.Option(
+        help="chaos: a real PyTorch job on this machine, its worker killed at random; week: a 60 h job due in "
+             "five days on simulated free, credit, spot and on-demand providers (the real planner and loop, in "
+             "seconds)")] = DemoScenario.CHAOS,
 ) -> None:
-    """Run a small PyTorch training job to completion on this machine while chaos kills its worker."""
+    """Run a small PyTorch training job to completion on this machine while chaos kills its worker
+    (or, with --scenario week, a week of placement decisions in simulated time)."""
+    if scenario is DemoScenario.WEEK:  # no log lines: the simulated week is told by its table
+        from reconciler.demo_week import Week, run_week_demo
+
+        raise typer.Exit(run_week_demo(console, week=Week() if seed is None else Week(seed=seed)))
     from reconciler.demo import run_demo
 
     _setup_logging(False)
+
     code = run_demo(directory, chaos=chaos, seed=seed, steps=steps, console=console)
     raise typer.Exit(code)
 

@@ -64,6 +64,22 @@ def test_a_trace_drop_preempts_the_excess_and_the_loop_finishes_the_jobs(
     assert sim.checker.violations == []
 
 
+def test_a_free_quota_ends_the_session_that_spends_it(make_sim: Callable[..., Simulation]) -> None:
+    """A notebook whose quota runs out mid-session stops there, told in advance like a session
+    limit (it was only checked at launch: a 12 h session started with 1 h left ran 12 h)."""
+    notebook = ProviderModel("notebook", launch_delay_seconds=60.0, quota_seconds=3600.0,
+                             session_limit_seconds=12 * 3600.0)
+    sim = make_sim(small_config(jobs=1, target=4 * 3600, providers=[ProviderPlan(notebook, concurrency=1)]))
+    sim.config.tick_seconds = 300.0
+    sim.run(30)  # 2.5 h: the quota allows one
+    workers = list(sim.cloud.workers.values())
+    assert workers[0].ledger.end_reason == "interrupted"  # it saved and left before the quota ran out
+    assert sum(w.ledger.billed_seconds for w in workers) <= 3600.0 + 1.0
+    assert all(not w.alive for w in workers)
+    assert sim.cloud.allowance("notebook").remaining <= 0.001  # type: ignore[union-attr]
+    assert sim.checker.violations == []
+
+
 def test_the_memory_repo_rebases_local_status_on_a_person_s_push() -> None:
     repo = SimRepo({"desired/a.yaml": b"a"}, RepoFaults(push_reject_rate=1.0))
     repo.commit_status({"status/a.yaml": "x"}, "status")
