@@ -163,7 +163,7 @@ def choose(s: Situation) -> Choice:
     slack = left - need
     reserve = 2 * fb.changeover_seconds / 3600.0
     risk = RISK_OK if slack > reserve else RISK_AT_RISK
-    if not any(o.price < fb.price for o in s.options):  # nothing to wait for: the fallback is the cheapest
+    if not any(o.price < fb.price or o.free for o in s.options if o is not fb):  # nothing cheaper to wait for
         choice = first_available(s, f"nothing allowed is cheaper; {_h(slack)} of slack")
         return Choice(choice.provider, choice.reason, risk, slack)
 
@@ -191,8 +191,8 @@ def choose(s: Situation) -> Choice:
             return Choice(current.provider, f"on {current.provider}: {why}", risk, slack)
         return Choice(fb.provider, f"moving to {fb.provider}: {_h(slack)} of slack no longer covers an interruption "
                       f"on {current.provider}", RISK_AT_RISK, slack)
-    for o in s.options:
-        if o is fb or not o.available or o.price >= fb.price:
+    for o in sorted(s.options, key=lambda o: not o.free):  # free first (quota, credits), then in order
+        if o is fb or not o.available or (o.price >= fb.price and not o.free):
             continue
         ok, why = covers(o)
         if ok:

@@ -30,12 +30,15 @@ class Outlook:
     note: str  # what could not be measured
 
 
-def is_free(provider: Provider) -> bool:
-    return provider.spec.price_per_hour == 0 or provider.spec.free_quota_hours is not None
+def is_free(provider: Provider, prepaid: bool = False) -> bool:
+    """Capacity that costs no new money: a price of 0, a free quota (Kaggle's weekly hours), or
+    credits the provider holds (Lightning's), which are spent first while the slack allows."""
+    return provider.spec.price_per_hour == 0 or provider.spec.free_quota_hours is not None or prepaid
 
 
 def build_options(order: list[str], providers: dict[str, Provider], tracks: dict[str, Track],
-                  reliability: dict[str, Reliability], available: set[str]) -> tuple[Option, ...]:
+                  reliability: dict[str, Reliability], available: set[str],
+                  prepaid: frozenset[str] = frozenset()) -> tuple[Option, ...]:
     """Options in placement order; a provider the job has not run on borrows the job's rate."""
     overall = job_rate(tracks)
     out = []
@@ -45,7 +48,8 @@ def build_options(order: list[str], providers: dict[str, Provider], tracks: dict
         own = tracks.get(name)
         out.append(Option(
             provider=name, price=prov.spec.price_per_hour,
-            interruptible=bool(getattr(prov.spec.settings, "interruptible", False)), free=is_free(prov),
+            interruptible=bool(getattr(prov.spec.settings, "interruptible", False)),
+            free=is_free(prov, name in prepaid),
             available=name in available, rate=provider_rate(own, overall),
             rate_measured=own is not None and own.rate is not None,
             mtbf_seconds=rel.mtbf_seconds, changeover_seconds=rel.changeover_seconds))
@@ -54,9 +58,9 @@ def build_options(order: list[str], providers: dict[str, Provider], tracks: dict
 
 def outlook(job: Job, st: JobStatus, durable_step: int, order: list[str], providers: dict[str, Provider],
             reliability: dict[str, Reliability], available: set[str], now: float,
-            live_step: int | None = None) -> Outlook:
+            live_step: int | None = None, prepaid: frozenset[str] = frozenset()) -> Outlook:
     tracks = job_tracks(st, durable_step, now, live_step)
-    options = build_options(order, providers, tracks, reliability, available)
+    options = build_options(order, providers, tracks, reliability, available, prepaid)
     spent = st.cost_usd + open_cost(st, now, {n: p.spec.price_per_hour for n, p in providers.items()})
     budget = job.spec.budget_usd
     cur = st.current
