@@ -168,9 +168,10 @@ def choose(s: Situation) -> Choice:
         return Choice(choice.provider, choice.reason, risk, slack)
 
     # Leaving the fallback for cheap capacity is judged on the slack the run will have once it has
-    # left: the way back is a changeover again (judged on today's slack, a run flapped off the
-    # fallback and straight back to it on the next tick, paying both changeovers).
-    off_fb = left - (fb.hours_for(remaining, moving=True) or 0.0)
+    # left: the way back is a changeover again, and stopping the worker costs what an interruption
+    # costs (judged on today's slack, runs flapped off the fallback and straight back to it).
+    stop_cost = max(s.lost_work_seconds or 0.0, 2 * fb.changeover_seconds) / 3600
+    off_fb = left - (fb.hours_for(remaining, moving=True) or 0.0) - stop_cost
 
     def covers(o: Option) -> tuple[bool, str]:
         """Cheap capacity is worth its risk while the slack covers the next interruption there:

@@ -1,8 +1,9 @@
 """Forecast: how fast a run progresses on each provider, and what finishing it will take. Pure.
 
-A job's rate on a provider is the steps its attempts there gained per second from their first
-heartbeat as this reconciler saw it (time and step, both taken at that tick, so the tick's delay
-does not inflate the rate) to their end (or now), over the attempts its status keeps: closed attempts count their
+A job's rate on a provider is the steps its attempts there gained per second from the first
+heartbeat the reconciler saw (the step it reported, at the worker's time of it kept between the
+launch and that tick: pairing it with the tick's time inflated rates by up to a fifth) to their
+end (or now), over the attempts its status keeps: closed attempts count their
 durable steps (work lost at an interruption is lost), the live one what its heartbeat reports
 (durable progress lags by up to a checkpoint interval, which made early estimates read half the
 true speed). Checkpoints sit inside the rate; the changeover (launch to first heartbeat) is

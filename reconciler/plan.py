@@ -357,7 +357,10 @@ def foresee(t: JobTick) -> bool:
     the job's forecast is brought up to date from its measured progress."""
     cur = t.current
     if cur is not None and cur.first_beat is None and t.run.heartbeat_epoch == cur.epoch:
-        t.st.attempts[-1] = t.current = cur.model_copy(update={"first_beat": t.now,
+        # The worker's own time of that beat, kept between the launch and now (a skewed clock can
+        # move it by no more than a tick): noticing it at the tick would add the tick to every changeover.
+        beat = min(t.now, max(cur.started, t.run.heartbeat_time if t.run.heartbeat_time is not None else t.now))
+        t.st.attempts[-1] = t.current = cur.model_copy(update={"first_beat": beat,
                                                                 "first_beat_step": t.run.heartbeat_step})
     if not t.st.phase.terminal or t.current is not None:
         t.st.forecast = forecast(_outlook(t, set()), None)

@@ -68,7 +68,7 @@ class Attempt(Model):
     cost_usd: float = 0.0
     unseen_since: float | None = None  # first observation that did not find the worker
     host: str = ""  # the provider's machine, where it names one (per-host cool-down)
-    first_beat: float | None = None  # when we first saw this attempt's heartbeat (launch + start overhead)
+    first_beat: float | None = None  # the first heartbeat we saw, by the worker's clock kept within [started, now]
     first_beat_step: int | None = None  # the step that heartbeat reported: rates count from here
 
     @property
