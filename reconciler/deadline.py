@@ -55,6 +55,7 @@ class Option:
     rate_measured: bool  # False: borrowed from the provider where the job is fastest
     mtbf_seconds: float  # mean attempt time between interruptions or session ends
     changeover_seconds: float  # launch to first heartbeat
+    hours_left: float | None = None  # attempt hours its quota or credits can still carry (None: no limit)
 
     def hours_for(self, steps: int, moving: bool = True) -> float | None:
         """Attempt hours to do `steps` here, with the changeover when the run must move here."""

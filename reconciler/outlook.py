@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from adapters.compute import Allowance
 from desired.models import Job, Provider
-from reconciler.deadline import Choice, Option, Situation
+from reconciler.deadline import Choice, Option, Situation, fallback_of
 from reconciler.forecast import (
     Reliability,
     Track,
@@ -36,11 +37,22 @@ def is_free(provider: Provider, prepaid: bool = False) -> bool:
     return provider.spec.price_per_hour == 0 or provider.spec.free_quota_hours is not None or prepaid
 
 
+def hours_left(provider: Provider, allowance: Allowance | None, gpus: int) -> float | None:
+    """Attempt hours the provider's own allowance can still carry for this job, or None (no limit)."""
+    if allowance is None or (not allowance.applies_to_cpu and gpus == 0):
+        return None
+    if allowance.unit == "credits":
+        price = provider.spec.price_per_hour
+        return max(0.0, allowance.remaining - allowance.minimum) / price if price > 0 else None
+    return max(0.0, allowance.remaining)
+
+
 def build_options(order: list[str], providers: dict[str, Provider], tracks: dict[str, Track],
                   reliability: dict[str, Reliability], available: set[str],
-                  prepaid: frozenset[str] = frozenset()) -> tuple[Option, ...]:
+                  allowances: dict[str, Allowance] | None = None, gpus: int = 0) -> tuple[Option, ...]:
     """Options in placement order; a provider the job has not run on borrows the job's rate."""
     overall = job_rate(tracks)
+    allowances = allowances or {}
     out = []
     for name in order:
         prov = providers[name]
@@ -49,18 +61,19 @@ def build_options(order: list[str], providers: dict[str, Provider], tracks: dict
         out.append(Option(
             provider=name, price=prov.spec.price_per_hour,
             interruptible=bool(getattr(prov.spec.settings, "interruptible", False)),
-            free=is_free(prov, name in prepaid),
+            free=is_free(prov, getattr(allowances.get(name), "unit", "") == "credits"),
             available=name in available, rate=provider_rate(own, overall),
             rate_measured=own is not None and own.rate is not None,
-            mtbf_seconds=rel.mtbf_seconds, changeover_seconds=rel.changeover_seconds))
+            mtbf_seconds=rel.mtbf_seconds, changeover_seconds=rel.changeover_seconds,
+            hours_left=hours_left(prov, allowances.get(name), gpus)))
     return tuple(out)
 
 
 def outlook(job: Job, st: JobStatus, durable_step: int, order: list[str], providers: dict[str, Provider],
             reliability: dict[str, Reliability], available: set[str], now: float,
-            live_step: int | None = None, prepaid: frozenset[str] = frozenset()) -> Outlook:
+            live_step: int | None = None, allowances: dict[str, Allowance] | None = None) -> Outlook:
     tracks = job_tracks(st, durable_step, now, live_step)
-    options = build_options(order, providers, tracks, reliability, available, prepaid)
+    options = build_options(order, providers, tracks, reliability, available, allowances, job.spec.resources.gpus)
     spent = st.cost_usd + open_cost(st, now, {n: p.spec.price_per_hour for n, p in providers.items()})
     budget = job.spec.budget_usd
     cur = st.current
@@ -123,6 +136,8 @@ def forecast(o: Outlook, choice: Choice | None) -> Forecast:
     if at is None and per:
         at = min(per.values(), key=lambda p: p.hours)
     there = next((x for x in s.options if x.provider == where), None)
+    if at is not None and there is not None and rest is not None:
+        at = _within_allowance(s, there, rest, at)
     return Forecast(
         rate_steps_per_hour=round_sig(there.rate * 3600) if there is not None and there.rate else None,
         eta=round_time(s.now + at.hours * 3600) if at is not None else None,
@@ -133,3 +148,16 @@ def forecast(o: Outlook, choice: Choice | None) -> Forecast:
         decision=choice.reason if choice and s.deadline is not None else "",
         placement=(choice.provider or "") if choice else "",
         note=o.note, providers=per)
+
+
+def _within_allowance(s: Situation, there: Option, rest: int, whole: ProviderForecast) -> ProviderForecast:
+    """Finishing where the run is going, as far as that provider's quota or credits carry it, and
+    the rest on the fallback (an ETA that assumed 60 h on a 30 h quota was a day early)."""
+    fb = fallback_of(s)
+    if there.hours_left is None or there.rate is None or whole.hours <= there.hours_left or fb is None \
+            or fb is there:
+        return whole
+    done_there = int(there.hours_left * 3600 * there.rate)
+    after = fb.hours_for(max(0, rest - done_there)) or 0.0
+    return ProviderForecast(hours=there.hours_left + after, cost_usd=there.hours_left * there.price + after * fb.price,
+                            measured=whole.measured)

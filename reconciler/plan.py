@@ -376,8 +376,8 @@ def _outlook(t: JobTick, available: set[str], placement: Placement | None = None
     done = max(t.run.durable_step, t.st.progress.step)
     cur = t.current
     beat = t.run.heartbeat_step if cur is not None and t.run.heartbeat_epoch == cur.epoch else None
-    prepaid = frozenset(n for n, a in t.observed.allowances.items() if a.unit == "credits")
-    return outlook(t.job, t.st, done, order, t.desired.providers, t.reliability, available, t.now, beat, prepaid)
+    return outlook(t.job, t.st, done, order, t.desired.providers, t.reliability, available, t.now, beat,
+                   t.observed.allowances)
 
 
 def stop_on_policy(t: JobTick) -> bool:

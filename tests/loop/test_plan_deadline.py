@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from adapters.compute import WorkerPhase, WorkerRef, WorkerState
+from adapters.compute import Allowance, WorkerPhase, WorkerRef, WorkerState
 from reconciler.plan import Launch, Observed, RunObservation, Terminate, plan
 from status.models import Attempt, JobStatus, Outcome, Phase
 from tests.loop.test_plan import NOW, desired
@@ -126,6 +126,19 @@ def test_free_quota_is_spent_before_paid_capacity_while_slack_allows() -> None:
     assert launched(p) == ["kaggle"]
     fc = p.statuses["train"].forecast
     assert fc is not None and fc.risk == "on track" and "slack covers" in fc.decision
+
+
+def test_the_eta_counts_only_the_hours_a_quota_can_still_carry() -> None:
+    d = desired(job(deadline_in=48 * HOUR), providers=PROVIDERS)
+    st = history(d, done_on("ondemand", 1, 3600, ago=60))
+    quota = Allowance("free hours", remaining=2.0)
+    p = plan(d, Observed(allowances={"kaggle": quota}), {"train": st}, NOW)
+    assert launched(p) == ["kaggle"]
+    fc = p.statuses["train"].forecast
+    assert fc is not None and fc.eta is not None and fc.projected_cost_usd is not None
+    # 2 h on kaggle's quota, the other 7 h (and a changeover) on the on-demand fallback at $1/h
+    assert fc.eta == pytest.approx(NOW + 9.2 * HOUR, abs=1800)
+    assert fc.projected_cost_usd == pytest.approx(7.2, abs=0.2)
 
 
 def test_without_slack_the_run_goes_to_reliable_capacity() -> None:
