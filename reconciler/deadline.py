@@ -24,11 +24,10 @@ Its rules, in order:
    rule 2 allows it.
 5. Uniform progress: with nothing cheap to run on, go to the fallback only while progress is
    behind the straight line from the first launch to the deadline; otherwise wait for cheap
-   capacity. A run on the fallback leaves it as soon as cheap capacity can start and rule 2 allows
-   it. (The paper's hysteresis, stay on the fallback until ahead of the line by two changeovers,
-   made the benchmark's runs dearer once rule 2 counted the cost of the next interruption; with
-   rates estimated from under an hour of heartbeats, it had guarded against flapping that the
-   pooled rate estimate of reconciler.forecast now prevents.)
+   capacity. A run on the fallback leaves it when cheap capacity can start, rule 2 allows it on
+   the slack the run will have once it has left (the way back, and stopping the worker, cost a
+   changeover and an interruption), and progress is ahead of the line by two changeovers (the
+   paper's hysteresis). Without the last two, runs flapped off the fallback and straight back.
 """
 
 from __future__ import annotations
@@ -197,7 +196,7 @@ def choose(s: Situation) -> Choice:
         if o is fb or not o.available or (o.price >= fb.price and not o.free):
             continue
         ok, why = covers(o)
-        if ok:
+        if ok and (not on_fb or _ahead(s, remaining, 2 * fb.changeover_seconds)):
             return Choice(o.provider, f"on {o.provider}: {why}", risk, slack)
     if slack <= reserve:
         return Choice(fb.provider, f"on {fb.provider} to the end: {_h(slack)} of slack is all that is left",
@@ -224,9 +223,10 @@ def _best_effort(s: Situation, fb: Option | None, why_not: str) -> Choice:
     return Choice(where, f"{why_not} (running on {where or 'the first provider free'} meanwhile)", RISK_INFEASIBLE)
 
 
-def _ahead(s: Situation, remaining: int) -> bool:
-    """Progress is at or ahead of the straight line from the first launch to the deadline."""
+def _ahead(s: Situation, remaining: int, lead_seconds: float = 0.0) -> bool:
+    """Progress is at or ahead of the straight line from the first launch to the deadline, looked
+    at `lead_seconds` ahead."""
     assert s.deadline is not None and s.target_steps is not None
     span = max(1.0, s.deadline - s.window_start)
-    expected = s.target_steps * min(1.0, (s.now - s.window_start) / span)
+    expected = s.target_steps * min(1.0, (s.now + lead_seconds - s.window_start) / span)
     return s.target_steps - remaining >= expected
