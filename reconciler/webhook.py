@@ -196,6 +196,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.wake()
         self._finish(delivery, answer)
 
+    def handle_expect_100(self) -> bool:
+        """A client asking `Expect: 100-continue` for an oversized body is refused before it sends it."""
+        if self.command == "POST" and isinstance(answer := self._length(), Answer):
+            self._finish(identify({k.lower(): v for k, v in self.headers.items()}), answer)
+            return False
+        return super().handle_expect_100()
+
     def do_GET(self) -> None:  # noqa: N802
         self._finish(None, Answer(405, "webhooks are POSTed"))
 

@@ -139,6 +139,14 @@ def test_a_10_mb_body_is_refused_413_before_it_is_read(hook: Hook) -> None:
     assert size > MAX_BODY and hook.woken == 0
 
 
+def test_a_client_that_asks_before_sending_10_mb_gets_413_instead_of_100_continue(hook: Hook) -> None:
+    with socket.create_connection(hook.address, timeout=10) as s:
+        s.sendall(b"POST / HTTP/1.1\r\nHost: hook\r\nX-GitHub-Event: push\r\nExpect: 100-continue\r\n"
+                  b"Content-Length: 10485760\r\n\r\n")
+        assert s.recv(4096).decode().startswith("HTTP/1.1 413")
+    assert hook.woken == 0
+
+
 def test_a_body_without_content_length_is_411(hook: Hook) -> None:
     body = push()
     head = "".join(f"{k}: {v}\r\n" for k, v in github(body).items())
