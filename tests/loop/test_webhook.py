@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from reconciler.webhook import MAX_BODY, SECRET_ENV, Seen, WebhookServer, is_loopback, parse_listen
+from reconciler.webhook import MAX_BODY, SECRET_ENV, Seen, WebhookError, WebhookServer, is_loopback, parse_listen
 from tests.conftest import StateRepoFixture
 from tests.loop.test_daemon import commit, daemon, phase_of, wait_for
 from tests.loop.test_loop_local import counter, job
@@ -126,6 +126,16 @@ def test_a_push_to_another_branch_is_ignored_with_202(hook: Hook) -> None:
     assert hook.woken == 0
 
 
+def test_a_push_when_our_branch_cannot_be_told_still_ticks() -> None:
+    """On a detached HEAD the tick itself says what is wrong; the webhook must not hide it."""
+    h = Hook(branch=None)
+    try:
+        body = push("refs/heads/anything")
+        assert h.post(body, github(body)).status_code == 202 and h.woken == 1
+    finally:
+        h.server.stop()
+
+
 def test_a_10_mb_body_is_refused_413_before_it_is_read(hook: Hook) -> None:
     """Only the headers and 64 KB of the body are sent: the answer comes without the rest."""
     size = 10 * 1024 * 1024
@@ -206,6 +216,13 @@ def test_listen_addresses() -> None:
             parse_listen(bad)
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("example.com")
+
+
+def test_a_port_in_use_or_an_empty_secret_is_one_sentence(hook: Hook) -> None:
+    with pytest.raises(WebhookError, match=f"cannot listen on 127.0.0.1:{hook.address[1]}"):
+        WebhookServer("127.0.0.1", hook.address[1], secret=SECRET, wake=lambda: None, branch=lambda: "main").start()
+    with pytest.raises(WebhookError, match=SECRET_ENV):
+        WebhookServer("127.0.0.1", 0, secret="", wake=lambda: None, branch=lambda: "main")
 
 
 # ---- the daemon --------------------------------------------------------------------------------------
