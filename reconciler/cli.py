@@ -219,6 +219,9 @@ def run(
     until_done: Annotated[bool, typer.Option(help="exit when every job is terminal (0 if all succeeded)")] = False,
     tick_seconds: Annotated[float | None, typer.Option(help="override the interval of reconciler.yaml")] = None,
     watch: Annotated[bool, typer.Option(help="tick at once when desired/ changes")] = True,
+    listen: Annotated[str | None, typer.Option(
+        metavar="HOST:PORT", help="accept push webhooks (GitHub, GitLab, Gitea) here and tick at once on a push to "
+                                  "the reconciled branch; :PORT is loopback; needs RECONCILER_WEBHOOK_SECRET")] = None,
     verbose: bool = False,
 ) -> None:
     """Reconcile: launch and relaunch workers until every job is done, committing status to git.
@@ -228,8 +231,10 @@ def run(
     from adapters.leader import Election
     from reconciler.daemon import Daemon
     from reconciler.loop import AlreadyRunning
+    from reconciler.webhook import SECRET_ENV, WebhookError
 
     _setup_logging(verbose)
+    address = _listen_address(listen, once)
     rec = _reconciler(repo)
     _check_storage(rec)
     rec.election = Election(tick_seconds, clone=str(rec.repo.path))
@@ -242,14 +247,36 @@ def run(
         if once:
             _run_once(rec, show)
             return
-        daemon = Daemon(rec, tick_seconds=tick_seconds, until_done=until_done, on_tick=show, watch=watch)
+        daemon = Daemon(rec, tick_seconds=tick_seconds, until_done=until_done, on_tick=show, watch=watch,
+                        listen=address, webhook_secret=os.environ.get(SECRET_ENV, ""))
         final = daemon.run()
-    except AlreadyRunning as exc:
+    except (AlreadyRunning, WebhookError) as exc:
         raise _fail(str(exc)) from exc
     if until_done and final is not None and final.standby is None:
         failed = [n for n, s in final.statuses.items() if s.phase.value != "Succeeded"]
         if failed:
             raise _fail(f"not all jobs succeeded: {', '.join(sorted(failed))}")
+
+
+def _listen_address(listen: str | None, once: bool) -> tuple[str, int] | None:
+    """Checks `--listen` before anything starts: its form, the secret it needs, and who can reach it."""
+    from reconciler.webhook import SECRET_ENV, is_loopback, missing_secret, parse_listen
+
+    if listen is None:
+        return None
+    if once:
+        raise _fail("--listen serves the daemon; `run --once` does one tick and exits", 2)
+    try:
+        host, port = parse_listen(listen)
+    except ValueError as exc:
+        raise _fail(f"--listen: {exc}", 2) from exc
+    if not os.environ.get(SECRET_ENV):
+        raise _fail(missing_secret())
+    if not is_loopback(host):
+        logging.getLogger("reconciler").warning(
+            "webhook: listening on %s, reachable from other machines; requests are signed but not encrypted, "
+            "so put TLS in front (a reverse proxy)", host)
+    return host, port
 
 
 def _run_once(rec: Reconciler, show: Callable[[TickReport], None]) -> None:

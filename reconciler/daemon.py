@@ -1,14 +1,16 @@
 """`reconciler run`: ticks on an interval (APScheduler, one at a time, coalesced) and at once when
-`desired/` changes in a local repository or a worker writes its completion record (watchfiles).
+`desired/` changes in a local repository or a worker writes its completion record (watchfiles), or
+a push webhook for the reconciled branch arrives (`listen`, reconciler.webhook).
 
 Stopping the daemon never stops workers; the next start adopts them.
 
-Threads. Ticks run one at a time on a daemon thread of their own ("tick"); the scheduler and the
-watcher only wake it. The main thread does nothing but wait in short timed waits, so a SIGTERM or
-SIGINT is always heard at once (a wait without a timeout can hold a signal back), and its handler
-only sets a flag (it takes no lock, so it cannot deadlock with the code it interrupts). On a stop
-the running tick gets `stop_grace` seconds to finish; after that it is abandoned with the process:
-every tick is level-triggered and each of its writes is atomic, so the next start carries on.
+Threads. Ticks run one at a time on a daemon thread of their own ("tick"); the scheduler, the
+watcher and the webhook server only wake it (`trigger`, from any thread). The main thread does
+nothing but wait in short timed waits, so a SIGTERM or SIGINT is always heard at once (a wait
+without a timeout can hold a signal back), and its handler only sets a flag (it takes no lock, so
+it cannot deadlock with the code it interrupts). On a stop the running tick gets `stop_grace`
+seconds to finish; after that it is abandoned with the process: every tick
+is level-triggered and each of its writes is atomic, so the next start carries on.
 
 Settings are re-read every tick: a changed `tick_seconds` reschedules the interval, a changed
 `storage` moves the watcher, and the rest (remote, identity, storage) the tick itself reads anew.
@@ -30,6 +32,7 @@ from adapters.gitrepo import StateRepo
 from desired.models import Settings
 from desired.parse import parse_settings
 from reconciler.loop import Reconciler, TickReport
+from reconciler.webhook import WebhookServer
 
 log = logging.getLogger("reconciler")
 
@@ -39,7 +42,7 @@ POLL_SECONDS = 0.2  # how long the main thread waits at a time
 class Daemon:
     def __init__(self, reconciler: Reconciler, *, tick_seconds: float | None = None, until_done: bool = False,
                  on_tick: Callable[[TickReport], None] | None = None, watch: bool = True,
-                 stop_grace: float = 5.0) -> None:
+                 stop_grace: float = 5.0, listen: tuple[str, int] | None = None, webhook_secret: str = "") -> None:
         self.rec = reconciler
         self.until_done = until_done
         self.on_tick = on_tick
@@ -56,6 +59,9 @@ class Daemon:
         self._seen_desired: str | None = None
         self._watch_root: Path | None = None
         self._watch_stop: threading.Event | None = None
+        self.webhook = None if listen is None else WebhookServer(
+            *listen, secret=webhook_secret, wake=self.trigger, branch=self._branch)
+        self.webhook_address: tuple[str, int] | None = None  # bound once running (port 0 picks one)
         self._scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(1),
                                                          "lease": ThreadPoolExecutor(1)})
 
@@ -102,8 +108,16 @@ class Daemon:
             log.warning("cannot renew the leader lease: %s; the next tick tries again", exc)
 
     def trigger(self) -> None:
-        """Run a tick now (coalesced with any pending one)."""
+        """Run a tick now (coalesced with any pending one). Safe from any thread: it only sets an event."""
         self._wake.set()
+
+    def _branch(self) -> str | None:
+        """The branch this clone reconciles, for the webhook thread (with a repository object of its
+        own: GitPython objects are not thread-safe); None when HEAD is detached."""
+        try:
+            return StateRepo(self.rec.repo.path).branch()
+        except Exception:
+            return None
 
     # ---- settings, re-read every tick -------------------------------------------------------------
     def _settings(self, report: TickReport | None) -> Settings:
@@ -171,6 +185,8 @@ class Daemon:
         self.rec.acquire_lock()
         previous = self._install_handlers()
         try:
+            if self.webhook is not None:  # after the lock: a second daemon on this clone fails on that first
+                self.webhook_address = self.webhook.start()
             self.interval = None
             self._scheduler.add_job(self._wake.set, "interval", seconds=self.tick_seconds or 30.0, id="tick",
                                     max_instances=1, coalesce=True, misfire_grace_time=None)
@@ -193,6 +209,8 @@ class Daemon:
         self.stop_event.set()
         if self._watch_stop is not None:
             self._watch_stop.set()
+        if self.webhook is not None:
+            self.webhook.stop()
         if self._scheduler.running:
             self._scheduler.shutdown(wait=False)
         if not self._ticking.acquire(timeout=self.stop_grace):
