@@ -18,7 +18,7 @@ from desired.models import ExitCodeRule, Job
 from status.models import Attempt, JobStatus, Outcome
 
 if TYPE_CHECKING:
-    from reconciler.plan import RunObservation
+    from reconciler.tick import RunObservation
 
 EXIT_INTERRUPTED = 75  # worker checkpointed and left because it was told to (EX_TEMPFAIL)
 CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL", "SIGSYS", "SIGTRAP"})

@@ -1,0 +1,266 @@
+"""Launching: where and when a job's next attempt goes, and whether a live one should move.
+Pure. The planner's last steps (reconciler.plan runs them in order): `foresee` brings the job's
+forecast up to date, `reconsider` asks the placement policy whether a running attempt of a job
+with a deadline should stay or move, and `decide_launch` runs the launch guards, the back-off and
+then placement: plain cheapest-first for most jobs, the placement policy (reconciler.deadline)
+for jobs with a deadline or a budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+
+from adapters.compute import WorkerPhase
+from desired.models import Job
+from reconciler.outlook import Outlook, forecast, outlook, over_budget
+from reconciler.placement import Placement, place
+from reconciler.tick import JobTick, Launch, MoveRunData, fail, last_detail, stop_current
+from status.models import JobStatus, Outcome, Phase, iso
+
+HOST_COOLDOWN_SECONDS = 6 * 3600.0  # a machine that lost a worker of ours is avoided this long
+MOVING = "moving to"  # detail of an attempt the placement policy stopped to move the run
+MOVE_WAIT_SECONDS = 600.0  # after a move, the next launch waits this long for the old worker to save and go
+
+
+def bad_hosts(statuses: Iterable[JobStatus], now: float) -> frozenset[tuple[str, str]]:
+    """Machines where an attempt of ours was interrupted in the last HOST_COOLDOWN_SECONDS (a Vast.ai
+    host that lost its network, say): the next launches on that provider avoid them, whatever the job."""
+    return frozenset(
+        (a.provider, a.host) for st in statuses for a in st.attempts
+        if a.host and a.outcome == Outcome.INTERRUPTION and a.ended is not None
+        and now - a.ended < HOST_COOLDOWN_SECONDS)
+
+
+def foresee(t: JobTick) -> bool:
+    """Step 5: the first heartbeat of the live attempt is noted (the changeover a move costs), and
+    the job's forecast is brought up to date from its measured progress."""
+    cur = t.current
+    if cur is not None and cur.first_beat is None and t.run.heartbeat_epoch == cur.epoch:
+        # The worker's own time of that beat, kept between the launch and now (a skewed clock can
+        # move it by no more than a tick): noticing it at the tick would add the tick to every changeover.
+        beat = min(t.now, max(cur.started, t.run.heartbeat_time if t.run.heartbeat_time is not None else t.now))
+        t.st.attempts[-1] = t.current = cur.model_copy(update={"first_beat": beat,
+                                                                "first_beat_step": t.run.heartbeat_step})
+    if not t.st.phase.terminal or t.current is not None:
+        t.st.forecast = forecast(_outlook(t, set()), None)
+    return False
+
+
+def _outlook(t: JobTick, available: set[str], placement: Placement | None = None) -> Outlook:
+    placement = placement or place(t.job, t.desired.providers, t.st, t.now, t.observed.capacity,
+                                   t.observed.allowances)
+    order = list(placement.order)
+    if t.current is not None and t.current.provider in t.desired.providers and t.current.provider not in order:
+        order.append(t.current.provider)
+    done = max(t.run.durable_step, t.st.progress.step)
+    cur = t.current
+    beat = t.run.heartbeat_step if cur is not None and t.run.heartbeat_epoch == cur.epoch else None
+    return outlook(t.job, t.st, done, order, t.desired.providers, t.reliability, available, t.now, beat,
+                   t.observed.allowances)
+
+
+def reconsider(t: JobTick) -> bool:
+    """Step 8: a running attempt of a job with a deadline is checked against the placement policy:
+    it stays, or the run moves (the worker is stopped so it saves; the next tick launches where the
+    policy says)."""
+    cur = t.current
+    if cur is None or t.run.done or t.job.spec.deadline is None:
+        return False
+    if not any(s.phase == WorkerPhase.RUNNING for r, s in t.workers.items()
+               if r.run_id == t.st.run_id and r.epoch == cur.epoch):
+        return False
+    look = _outlook(t, _available(t, _placement(t).order))
+    choice = t.policy(look.situation)
+    t.st.forecast = forecast(look, choice)
+    if choice.provider is not None and choice.provider != cur.provider:
+        why = choice.reason if choice.reason.startswith(MOVING) else f"{MOVING} {choice.provider}: {choice.reason}"
+        stop_current(t, why)
+        t.st.phase = Phase.PENDING
+        t.st.message = why
+        return True
+    t.st.message = f"{t.st.message}; {choice.reason}"
+    return False
+
+
+def decide_launch(t: JobTick) -> bool:
+    """Step 11: with no live attempt, whether (guards) and where (placement) to launch the next."""
+    if t.job.spec.suspend:
+        t.st.phase = Phase.SUSPENDED
+        t.st.message = "suspended by the manifest (spec.suspend: true)"
+        return True
+    for guard in GUARDS:
+        reason = guard(t)
+        if reason:
+            fail(t.st, reason)
+            return True
+    if _backing_off(t):
+        return True
+    if t.st.storage != t.desired.settings.storage:
+        # A changed `storage:` moves the run between attempts, never under a live worker.
+        t.out.actions.append(MoveRunData(t.job.name, t.st.run_id, t.st.storage, t.desired.settings.storage))
+        t.st.phase = Phase.PENDING
+        t.st.message = f"moving the run's data from {t.st.storage} to {t.desired.settings.storage}"
+        return True
+    _place(t)
+    return True
+
+
+def _guard_config(t: JobTick) -> str:
+    missing = [p for p in t.job.spec.placement.providers if p not in t.desired.providers]
+    if missing and len(missing) == len(t.job.spec.placement.providers):
+        return f"config error: no provider named {', '.join(missing)} is defined"
+    return ""
+
+
+def _guard_retries(t: JobTick) -> str:
+    r = t.job.spec.retry
+    if t.st.failures > r.max_retries:
+        return (f"failed {t.st.failures} times, more than the retry budget of {r.max_retries}; "
+                f"last: {last_detail(t.st)}")
+    return ""
+
+
+def _guard_crash_loop(t: JobTick) -> str:
+    limit = t.job.spec.retry.max_unproductive_attempts
+    if t.st.unproductive >= limit:
+        return (f"crash loop: {t.st.unproductive} attempts in a row ended without a new checkpoint "
+                f"(limit retry.max_unproductive_attempts={limit}); last: {last_detail(t.st)}")
+    return ""
+
+
+def _guard_budget(t: JobTick) -> str:
+    budget = t.job.spec.budget_usd
+    if budget is not None and t.st.cost_usd >= budget:
+        return f"policy: cost budget of ${budget:g} spent (${t.st.cost_usd:g})"
+    return ""
+
+
+def _guard_deadline(t: JobTick) -> str:
+    deadline = t.job.spec.deadline
+    if deadline is not None and t.now >= deadline.timestamp():
+        return f"policy: deadline {deadline.isoformat()} passed"
+    return ""
+
+
+GUARDS: tuple[Callable[[JobTick], str], ...] = (
+    _guard_config, _guard_retries, _guard_crash_loop, _guard_budget, _guard_deadline)
+
+
+def _backing_off(t: JobTick) -> bool:
+    """Charged failures back off exponentially, and so do free ends without progress from the
+    second in a row (one early preemption relaunches at once; a loop of them slows down)."""
+    st, last = t.st, (t.st.attempts[-1] if t.st.attempts else None)
+    strikes = max(st.failures if last is not None and last.outcome is not None and last.outcome.charged else 0,
+                  st.unproductive - 1)
+    if last is not None and last.ended is not None and strikes > 0:
+        if st.backoff_until is None or st.backoff_until < last.ended:
+            st.backoff_until = last.ended + _backoff(t.job, strikes)
+    if st.backoff_until is not None and t.now < st.backoff_until:
+        st.phase = Phase.BACKOFF
+        why = f"{st.failures} failure(s)" if st.failures else f"{st.unproductive} attempt(s) without progress"
+        st.message = f"backing off after {why}: {last_detail(st)}"
+        return True
+    st.backoff_until = None
+    return False
+
+
+def _placement(t: JobTick) -> Placement:
+    t.st.provider_backoff = {p: until for p, until in t.st.provider_backoff.items() if until > t.now}
+    return place(t.job, t.desired.providers, t.st, t.now, t.observed.capacity, t.observed.allowances)
+
+
+def _available(t: JobTick, order: list[str]) -> set[str]:
+    """Providers that could take a worker of this job now: reachable, not avoided, below their
+    concurrency, and with a free slot where the provider reports its slots."""
+    return {name for name in order
+            if name not in t.observed.unreachable and name not in t.st.provider_backoff
+            and t.busy.get(name, 0) < t.desired.providers[name].spec.concurrency
+            and t.observed.free_slots.get(name, 1) > 0}
+
+
+def _launch(t: JobTick, name: str) -> None:
+    st = t.st
+    prov = t.desired.providers[name]
+    t.busy[name] = t.busy.get(name, 0) + 1
+    _reserve_allowance(t, name, prov.spec.price_per_hour)
+    reason = "first launch" if not st.attempts else f"relaunch after: {last_detail(st)}"
+    avoid = tuple(sorted(h for p, h in t.observed.bad_hosts | bad_hosts([st], t.now) if p == name))
+    t.out.actions.append(Launch(t.job.name, st.run_id, name, reason, avoid))
+    st.phase = Phase.LAUNCHING
+    st.message = f"launching on {name}"
+
+
+def _moving_worker_still_live(t: JobTick) -> bool:
+    """After a move, the old worker saves and goes before the run starts elsewhere (a new epoch
+    started earlier would fence its final checkpoint)."""
+    last = t.st.attempts[-1] if t.st.attempts else None
+    if last is None or not last.detail.startswith(MOVING) or last.ended is None:
+        return False
+    return t.now - last.ended < MOVE_WAIT_SECONDS and bool(t.live_refs(last.epoch))
+
+
+def _place(t: JobTick) -> None:
+    st = t.st
+    placement = _placement(t)
+    if _moving_worker_still_live(t):
+        st.phase = Phase.PENDING
+        st.message = f"{last_detail(st)} (waiting for the worker to save and stop)"
+        return
+    if t.job.spec.deadline is not None or t.job.spec.budget_usd is not None:
+        _place_by_policy(t, placement)
+        return
+    for name in placement.order:
+        if name in _available(t, [name]):
+            _launch(t, name)
+            return
+    _say_why_waiting(t, placement)
+
+
+def _place_by_policy(t: JobTick, placement: Placement) -> None:
+    """Jobs with a deadline or a budget: options whose projected cost breaks the budget are left
+    out, and the placement policy picks among the rest."""
+    look = _outlook(t, _available(t, placement.order), placement)
+    broke = over_budget(look)
+    if broke:
+        placement = Placement([n for n in placement.order if n not in broke], {**placement.excluded, **broke})
+        look = _outlook(t, _available(t, placement.order), placement)
+    choice = t.policy(look.situation) if placement.order else None
+    t.st.forecast = forecast(look, choice)
+    if choice is not None and choice.provider is not None and choice.provider in _available(t, [choice.provider]):
+        _launch(t, choice.provider)
+        reason = choice.reason.removeprefix(f"on {choice.provider}: ")
+        t.st.message = f"launching on {choice.provider}: {reason}"
+    elif choice is not None and t.job.spec.deadline is not None:
+        t.st.phase = Phase.PENDING
+        t.st.message = choice.reason
+    else:
+        _say_why_waiting(t, placement)
+
+
+def _say_why_waiting(t: JobTick, placement: Placement) -> None:
+    st = t.st
+    st.phase = Phase.PENDING
+    avoided = [n for n in placement.order if n in st.provider_backoff and n not in t.observed.unreachable]
+    if placement.order and len(avoided) == len(placement.order) and st.attempts:
+        until = f"{(iso(max(st.provider_backoff[n] for n in avoided)) or '')[11:16]} UTC"
+        st.message = f"waiting: {', '.join(avoided)} avoided until {until} after: {last_detail(st)}"
+    elif placement.order:
+        st.message = f"waiting for capacity on {', '.join(placement.order)}"
+    else:
+        st.message = f"no allowed provider can take this job: {placement.why_nowhere() or 'none defined'}"
+
+
+def _reserve_allowance(t: JobTick, provider: str, price: float) -> None:
+    """A launch draws on the provider's allowance before its API says so: the next job placed in
+    this tick sees what is left (a session's minimum of quota, or an hour of credits)."""
+    a = t.observed.allowances.get(provider)
+    if a is not None and (a.applies_to_cpu or t.job.spec.resources.gpus > 0):
+        spend = price if a.unit == "credits" else a.minimum
+        t.observed.allowances[provider] = replace(a, remaining=a.remaining - spend)
+
+
+def _backoff(job: Job, strikes: int) -> float:
+    r = job.spec.retry
+    return min(r.backoff_max_seconds, r.backoff_seconds * (2 ** max(0, strikes - 1)))
+
