@@ -1,0 +1,184 @@
+"""`reconciler plan --base REF`: what merging a change would do, judged from git alone, as a
+pull-request check sees it (a real repository, the CLI as a subprocess)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import yaml
+
+from desired.models import Job
+from status.models import Attempt, Forecast, JobStatus, Phase, Progress, render_status
+from tests.conftest import StateRepoFixture
+from tests.loop.test_cli import cli
+
+# Settings and a provider nobody can reach: a plan that asked storage or a provider would fail or hang.
+UNREACHABLE_SETTINGS = ("storage: s3://no-such-bucket/runs\n"
+                        "storage_options: {endpoint_url: 'http://127.0.0.1:9'}\n")
+UNREACHABLE_PROVIDER = """\
+apiVersion: reconciler.dev/v1
+kind: Provider
+metadata: {name: far}
+spec:
+  settings:
+    type: ssh
+    hosts: [{name: gone, address: 192.0.2.1}]
+    connect_timeout_seconds: 30
+"""
+
+
+def manifest(name: str, command: str = "train.py", **spec: object) -> str:
+    return yaml.safe_dump({"apiVersion": "reconciler.dev/v1", "kind": "Job", "metadata": {"name": name},
+                           "spec": {"command": ["python", command], "target_steps": 100000, **spec}})
+
+
+def run_id(text: str) -> str:
+    return Job.model_validate(yaml.safe_load(text)).run_id()
+
+
+def record(repo: StateRepoFixture, name: str, phase: Phase, step: int, **extra: object) -> None:
+    """A status file as the reconciler would have committed it for the job's current manifest."""
+    text = (repo.path / "desired" / f"{name}.yaml").read_text()
+    st = JobStatus(job=name, phase=phase, run_id=run_id(text), manifest=f"desired/{name}.yaml",
+                   progress=Progress(step=step, target=100000), **extra)  # type: ignore[arg-type]
+    repo.write(f"status/{name}.yaml", render_status(st))
+
+
+def live(provider: str) -> list[Attempt]:
+    return [Attempt(epoch=1, provider=provider, worker="w1", started=time.time() - 3600)]
+
+
+def base_repo(repo: StateRepoFixture, jobs: int = 4) -> str:
+    """`jobs` running jobs, one succeeded, a train job at step 41000 on vast; returns the base commit."""
+    repo.write("reconciler.yaml", UNREACHABLE_SETTINGS)
+    repo.write("desired/far.yaml", UNREACHABLE_PROVIDER)
+    for i in range(jobs):
+        repo.write(f"desired/job{i}.yaml", manifest(f"job{i}"))
+    repo.write("desired/train.yaml", manifest("train", budget_usd=20))
+    repo.write("desired/done.yaml", manifest("done"))
+    repo.commit("jobs")
+    forecast = Forecast(spent_usd=3.2, projected_cost_usd=12, eta=1798761600.0, risk="on track")
+    record(repo, "train", Phase.RUNNING, 41000, attempts=live("vast"), forecast=forecast, cost_usd=3.2)
+    record(repo, "done", Phase.SUCCEEDED, 100000, cost_usd=7.5)
+    for i in range(jobs):
+        record(repo, f"job{i}", Phase.RUNNING, 500)
+    return repo.commit("reconciler: status")
+
+
+def plan(repo: StateRepoFixture, base: str, *args: str, code: int = 0) -> str:
+    res = cli("plan", "--repo", str(repo.path), "--base", base, *args, check=False)
+    assert res.returncode == code, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr
+    return res.stdout + res.stderr
+
+
+def test_a_one_job_change_lists_only_that_job_and_asks_no_provider(state_repo: StateRepoFixture) -> None:
+    base = base_repo(state_repo, jobs=6)
+    state_repo.write("desired/job3.yaml", manifest("job3", budget_usd=40))
+    state_repo.commit("job3 gets a budget")
+    started = time.monotonic()
+    out = plan(state_repo, base)
+    assert time.monotonic() - started < 20  # the SSH host and the S3 endpoint were never tried
+    assert "- job3: in place: applied in place (budget_usd)" in out
+    assert "step 500 of 100000" in out and "spec.budget_usd: (unset) -> 40" in out
+    assert "7 jobs unchanged" in out and "no actions" not in out
+    assert "providers and run storage were not asked" in out
+    for other in ("job0", "job5", "train", "done"):
+        assert f"- {other}:" not in out
+
+
+def test_a_command_change_is_a_restart_that_names_the_lost_progress(state_repo: StateRepoFixture) -> None:
+    base = base_repo(state_repo)
+    state_repo.write("desired/train.yaml", manifest("train", "train2.py", budget_usd=20))
+    state_repo.commit("new training script")
+    out = plan(state_repo, base)
+    assert "- train: restart from zero" in out
+    assert "step 41000 of 100000 (41%) is thrown away" in out
+    assert "the live worker on vast is stopped" in out
+    assert "projected: unknown until measured" in out
+    assert plan(state_repo, base, "--fail-on", "restart", code=2).count("failing on --fail-on restart: train") == 1
+    plan(state_repo, base, "--fail-on", "cancel")  # no cancel: the check passes
+
+
+def test_the_in_place_change_keeps_the_recorded_forecast(state_repo: StateRepoFixture) -> None:
+    base = base_repo(state_repo)
+    state_repo.write("desired/train.yaml", manifest("train", budget_usd=40))
+    state_repo.commit("more budget")
+    out = plan(state_repo, base)
+    assert "- train: in place: applied in place (budget_usd): the run keeps step 41000 of 100000 (41%)" in out
+    assert "projected: $12 ($3.20 spent), ETA 2027-01-01 00:00 UTC, on track" in out
+
+
+def test_a_deleted_manifest_is_a_cancel_that_keeps_the_progress(state_repo: StateRepoFixture) -> None:
+    base = base_repo(state_repo)
+    state_repo.remove("desired/train.yaml")
+    state_repo.commit("drop train")
+    out = plan(state_repo, base, "--fail-on", "restart,cancel", code=2)
+    assert "- train: cancel: cancelled; the live worker on vast is stopped" in out
+    assert "step 41000 of 100000 (41%) stays in storage, and restoring the manifest resumes it" in out
+
+
+def test_a_succeeded_job_is_never_proposed_again(state_repo: StateRepoFixture) -> None:
+    base = base_repo(state_repo)
+    state_repo.write("desired/job1.yaml", manifest("job1", suspend=True))
+    state_repo.commit("suspend job1")
+    out = plan(state_repo, base)
+    assert "- job1: suspend: suspended" in out and "done" not in out.split("\n", 3)[3]
+    state_repo.write("desired/done.yaml", manifest("done", budget_usd=1))
+    state_repo.remove("desired/job0.yaml")
+    state_repo.commit("touch the finished job")
+    out = plan(state_repo, base)
+    assert "- done: in place: budget_usd: the run already succeeded: nothing to apply, nothing re-runs" in out
+    assert "restart" not in out and "new run" not in out
+
+
+def test_a_broken_manifest_exits_1_naming_the_file(state_repo: StateRepoFixture) -> None:
+    base = base_repo(state_repo)
+    state_repo.write("desired/job2.yaml", manifest("job2", colour="blue"))
+    state_repo.write("desired/extra.yaml", manifest("extra"))
+    state_repo.commit("a typo")
+    out = plan(state_repo, base, code=1)
+    assert "desired/job2.yaml" in out and "colour" in out
+    assert "- job2: held (manifest error)" in out and "never cancelled" in out
+    assert "- extra: new run: a new run from zero" in out
+
+
+def test_a_bad_ref_is_one_sentence(state_repo: StateRepoFixture) -> None:
+    base_repo(state_repo)
+    out = plan(state_repo, "origin/nope", code=1)
+    assert "'origin/nope' is not a commit" in out
+
+
+def test_markdown_folds_each_job_into_details(state_repo: StateRepoFixture) -> None:
+    base = base_repo(state_repo)
+    state_repo.write("desired/train.yaml", manifest("train", "train2.py", budget_usd=20))
+    state_repo.write("desired/job0.yaml", manifest("job0", deadline="2027-02-01T00:00:00Z"))
+    state_repo.commit("two changes")
+    out = plan(state_repo, base, "--format", "markdown")
+    assert "| job | change | what it means | projected cost / ETA |" in out
+    assert "| `train` | **restart from zero** |" in out
+    assert out.count("<details>") == 2 and out.count("</details>") == 2
+    assert '- spec.command: ["python", "train.py"]' in out and '+ spec.command: ["python", "train2.py"]' in out
+    assert "+ spec.deadline:" in out
+
+
+def test_json_has_the_documented_keys(state_repo: StateRepoFixture) -> None:
+    base = base_repo(state_repo)
+    state_repo.write("desired/train.yaml", manifest("train", "train2.py", budget_usd=20))
+    state_repo.remove("desired/job0.yaml")
+    state_repo.commit("restart and cancel")
+    doc = json.loads(plan(state_repo, base, "--format", "json", "--fail-on", "cancel", code=2).split("\nfailing")[0])
+    assert {"base", "head", "judged_from", "not_checked", "jobs", "unchanged", "errors", "notes", "fail_on",
+            "failed_on", "exit_code"} <= set(doc)
+    assert doc["failed_on"] == ["job0"] and doc["exit_code"] == 2 and doc["unchanged"] == 4
+    train = next(j for j in doc["jobs"] if j["job"] == "train")
+    assert train["change"] == "restart" and train["step"] == 41000 and train["phase_at_base"] == "Running"
+    assert {"field": "spec.command", "base": ["python", "train.py"], "head": ["python", "train2.py"]} \
+        in train["fields"]
+    assert {j["change"] for j in doc["jobs"]} == {"restart", "cancel"}
+
+
+def test_options_of_a_review_need_base(state_repo: StateRepoFixture) -> None:
+    res = cli("plan", "--repo", str(state_repo.path), "--format", "json", check=False)
+    assert res.returncode == 2 and "pass --base REF" in res.stderr
