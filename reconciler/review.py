@@ -15,8 +15,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from desired.models import Job
-from desired.parse import DesiredState, ManifestError
+from desired.models import Job, default_local_provider
+from desired.parse import SETTINGS_FILE, DesiredState, ManifestError
 from reconciler.plan import CONFIRM_CANCEL_TRAILER
 from status.models import JobStatus, Phase, iso, money, when
 
@@ -102,6 +102,9 @@ def review(base: DesiredState, head: DesiredState, recorded: dict[str, JobStatus
     hold = _mass_cancel(out, recorded, cancel_confirmed)
     if hold:
         out.notes.append(hold)
+    if any(e.file == SETTINGS_FILE for e in head.errors):
+        out.notes.append(f"{SETTINGS_FILE} has errors at the head: the reconciler holds every job as it is "
+                         "(nothing launched or stopped) until they are fixed")
     out.notes.extend(_provider_notes(base, head))
     if base.settings.storage != head.settings.storage:
         out.notes.append(f"storage changes from {base.settings.storage} to {head.settings.storage}: each run's "
@@ -285,7 +288,8 @@ def _provider_notes(base: DesiredState, head: DesiredState) -> list[str]:
     for name in sorted(set(base.providers) | set(head.providers)):
         old, new = base.providers.get(name), head.providers.get(name)
         if old is None:
-            notes.append(f"provider {name} is added")
+            default = " (the default when no provider is declared)" if new == default_local_provider() else ""
+            notes.append(f"provider {name}{default} is added")
         elif new is None:
             notes.append(f"provider {name} is removed (workers still on it are stopped through its last definition)")
         elif old != new:

@@ -9,6 +9,8 @@ import time
 import yaml
 
 from desired.models import Job
+from desired.parse import DesiredState, parse_desired
+from reconciler.review import Review, review
 from status.models import Attempt, Forecast, JobStatus, Phase, Progress, render_status
 from tests.conftest import StateRepoFixture
 from tests.loop.test_cli import cli
@@ -182,3 +184,56 @@ def test_json_has_the_documented_keys(state_repo: StateRepoFixture) -> None:
 def test_options_of_a_review_need_base(state_repo: StateRepoFixture) -> None:
     res = cli("plan", "--repo", str(state_repo.path), "--format", "json", check=False)
     assert res.returncode == 2 and "pass --base REF" in res.stderr
+
+
+# ---- the classifier alone (reconciler.review is pure: desired states and statuses in) -----------
+
+def judge(base: dict[str, str], head: dict[str, str], statuses: list[JobStatus], settings: str = "") -> Review:
+    def state(files: dict[str, str]) -> DesiredState:
+        return parse_desired({f"desired/{n}.yaml": t for n, t in files.items()}, settings or None)
+    return review(state(base), state(head), {s.job: s for s in statuses}, base_commit="b" * 40,
+                  head_commit="h" * 40)
+
+
+def status_of(name: str, text: str, phase: Phase, step: int = 0) -> JobStatus:
+    return JobStatus(job=name, phase=phase, run_id=run_id(text), manifest=f"desired/{name}.yaml",
+                     progress=Progress(step=step, target=100000))
+
+
+def test_a_restored_manifest_resumes_its_cancelled_run() -> None:
+    text = manifest("a")
+    r = judge({}, {"a": text}, [status_of("a", text, Phase.CANCELLED, 30000)])
+    assert [(c.job, c.change) for c in r.changes] == [("a", "restore")]
+    assert "resumes from step 30000 of 100000 (30%)" in r.changes[0].meaning
+    other = judge({}, {"a": manifest("a", "other.py")}, [status_of("a", text, Phase.CANCELLED, 30000)])
+    assert other.changes[0].change == "new" and "is not resumed" in other.changes[0].meaning
+
+
+def test_resume_and_a_suspended_job_s_other_changes() -> None:
+    text = manifest("a", suspend=True)
+    r = judge({"a": text}, {"a": manifest("a", budget_usd=5)}, [status_of("a", text, Phase.SUSPENDED, 100)])
+    assert r.changes[0].change == "resume"
+    assert r.changes[0].meaning == "resumes from step 100 of 100000 (<1%); also applied in place: budget_usd"
+
+
+def test_cancelling_most_active_jobs_is_said_to_be_held() -> None:
+    texts = {n: manifest(n) for n in ("a", "b", "c")}
+    statuses = [status_of(n, t, Phase.RUNNING, 10) for n, t in texts.items()]
+    r = judge(texts, {"a": texts["a"]}, statuses)
+    assert [c.change for c in r.changes] == ["cancel", "cancel"]
+    assert any("held by the reconciler" in n and "Reconciler-Confirm: cancel" in n for n in r.notes)
+    assert not any("held" in n for n in judge(texts, {"a": texts["a"], "b": texts["b"]}, statuses).notes)
+
+
+def test_provider_and_settings_changes_are_notes() -> None:
+    r = judge({"far": UNREACHABLE_PROVIDER}, {}, [], settings="tick_seconds: -1\n")
+    assert "provider far is removed (workers still on it are stopped through its last definition)" in r.notes
+    assert "provider local (the default when no provider is declared) is added" in r.notes
+    assert any("reconciler.yaml has errors at the head" in n for n in r.notes)
+    assert r.exit_code(set()) == 1
+
+
+def test_a_removed_finished_job_is_not_a_cancel() -> None:
+    text = manifest("a")
+    r = judge({"a": text}, {}, [status_of("a", text, Phase.SUCCEEDED, 100000)])
+    assert r.changes[0].change == "removed" and r.exit_code({"cancel", "restart"}) == 0
