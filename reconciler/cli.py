@@ -29,7 +29,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Drive compute jobs to completion on executors that owe you nothing, GitOps-style.\n\n"
                        "Exit codes: 0 ok; 1 an error a user can fix (a manifest error from validate or plan, "
                        "a missing dependency, another daemon holds the repository, not all jobs succeeded "
-                       "with --until-done); 2 a usage error; 130 interrupted.")
+                       "with --until-done); 2 a usage error, or a change `plan --base --fail-on` names; "
+                       "130 interrupted.")
 console = Console()
 err = Console(stderr=True)
 

@@ -270,7 +270,8 @@ def _recorded_outlook(c: JobChange, st: JobStatus | None) -> None:
         c.outlook = f"{money(f.spent_usd)} spent; unknown ({f.note or 'no rate to project from'})"
         return
     risk = f", {f.risk}" if f.risk else ""
-    c.outlook = f"{money(f.projected_cost_usd)} ({money(f.spent_usd)} spent), ETA {when(f.eta)} UTC{risk}"
+    before = " before this change" if c.fields else ""  # a new budget, deadline or placement may move it
+    c.outlook = f"{money(f.projected_cost_usd)} ({money(f.spent_usd)} spent), ETA {when(f.eta)} UTC{risk}{before}"
 
 
 def _mass_cancel(out: Review, recorded: dict[str, JobStatus], confirmed: bool) -> str:

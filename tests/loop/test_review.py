@@ -109,7 +109,7 @@ def test_the_in_place_change_keeps_the_recorded_forecast(state_repo: StateRepoFi
     state_repo.commit("more budget")
     out = plan(state_repo, base)
     assert "- train: in place: applied in place (budget_usd): the run keeps step 41000 of 100000 (41%)" in out
-    assert "projected: $12 ($3.20 spent), ETA 2027-01-01 00:00 UTC, on track" in out
+    assert "projected: $12 ($3.20 spent), ETA 2027-01-01 00:00 UTC, on track before this change" in out
 
 
 def test_a_deleted_manifest_is_a_cancel_that_keeps_the_progress(state_repo: StateRepoFixture) -> None:
