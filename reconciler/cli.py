@@ -254,7 +254,8 @@ def _plan_review(repo: Path, base: str, head: str, output: PlanFormat, fail_on: 
     wanted = {w.strip() for w in fail_on.split(",") if w.strip()}
     unknown = sorted(wanted - set(FAIL_ON_CHOICES))
     if unknown:
-        raise _fail(f"--fail-on takes {' and '.join(FAIL_ON_CHOICES)}, not {', '.join(unknown)}")
+        raise _fail(f"--fail-on takes {', '.join(FAIL_ON_CHOICES)} or both (comma-separated), "
+                    f"not {', '.join(unknown)}")
     the_review = _review_refs(repo, base, head)
     if output is PlanFormat.JSON:
         typer.echo(json.dumps(render_json(the_review, wanted), indent=2))
@@ -288,8 +289,25 @@ def _review_refs(repo: Path, base: str, head: str) -> Review:
         if st is not None and path == f"{STATUS_DIR}/{st.job}.yaml":
             recorded[st.job] = st
     confirmed = any(CONFIRM_CANCEL_TRAILER in m for m in _messages(state, *commits))
-    return review(sides[0], sides[1], recorded, base_commit=commits[0], head_commit=commits[1],
-                  cancel_confirmed=confirmed)
+    fork = _merge_base(state, *commits)
+    at_fork = parse_desired(state.read_files(fork, DESIRED_DIR), state.read_settings(fork)) if fork else None
+    the_review = review(sides[0], sides[1], recorded, base_commit=commits[0], head_commit=commits[1],
+                        cancel_confirmed=confirmed, fork=at_fork)
+    if fork:
+        the_review.notes.append(f"{base} has moved on since {head} branched off at {fork[:12]}: only the jobs "
+                                "the head changes since then are judged (a check on the merge commit is exact)")
+    return the_review
+
+
+def _merge_base(state: StateRepo, base: str, head: str) -> str | None:
+    """Where the head branched off, when the base has commits the head lacks; else None."""
+    import git
+
+    try:
+        fork: str = state.repo.git.merge_base(base, head).strip()
+    except git.GitCommandError:
+        return None  # unrelated histories: compare the two commits as they are
+    return fork if fork and fork != base else None
 
 
 def _resolve(state: StateRepo, ref: str) -> str:

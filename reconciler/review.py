@@ -11,7 +11,9 @@ manifest did not change is never proposed for anything.
 
 from __future__ import annotations
 
+import html
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,12 +90,17 @@ class Review:
 
 
 def review(base: DesiredState, head: DesiredState, recorded: dict[str, JobStatus], *,
-           base_commit: str, head_commit: str, cancel_confirmed: bool = False) -> Review:
+           base_commit: str, head_commit: str, cancel_confirmed: bool = False,
+           fork: DesiredState | None = None) -> Review:
     """Every job that differs between `base` and `head`, classified as the planner would act on it.
-    `cancel_confirmed`: a commit between them carries the planner's confirm-cancel trailer."""
+    `cancel_confirmed`: a commit between them carries the planner's confirm-cancel trailer.
+    `fork`: the desired state at their merge base when `base` has moved on since the head branched
+    off; a job the head left as it was there keeps the base's version in the merge, so it is not
+    listed (else every job added on the base since would read as a cancel)."""
     out = Review(base=base_commit, head=head_commit, errors=list(head.errors))
     for name in sorted(set(base.jobs) | set(head.jobs)):
-        change = _classify(name, base, head, recorded.get(name))
+        untouched = fork is not None and fork.jobs.get(name) == head.jobs.get(name)
+        change = None if untouched else _classify(name, base, head, recorded.get(name))
         if change is None:
             out.unchanged += 1
         else:
@@ -105,8 +112,8 @@ def review(base: DesiredState, head: DesiredState, recorded: dict[str, JobStatus
     if any(e.file == SETTINGS_FILE for e in head.errors):
         out.notes.append(f"{SETTINGS_FILE} has errors at the head: the reconciler holds every job as it is "
                          "(nothing launched or stopped) until they are fixed")
-    out.notes.extend(_provider_notes(base, head))
-    if base.settings.storage != head.settings.storage:
+    out.notes.extend(_provider_notes(base, head, fork))
+    if base.settings.storage != head.settings.storage and (fork or base).settings.storage != head.settings.storage:
         out.notes.append(f"storage changes from {base.settings.storage} to {head.settings.storage}: each run's "
                          "data is copied there (and verified) before its next attempt")
     return out
@@ -284,10 +291,12 @@ def _mass_cancel(out: Review, recorded: dict[str, JobStatus], confirmed: bool) -
             f"carries the trailer '{CONFIRM_CANCEL_TRAILER}'")
 
 
-def _provider_notes(base: DesiredState, head: DesiredState) -> list[str]:
+def _provider_notes(base: DesiredState, head: DesiredState, fork: DesiredState | None) -> list[str]:
     notes = []
     for name in sorted(set(base.providers) | set(head.providers)):
         old, new = base.providers.get(name), head.providers.get(name)
+        if fork is not None and fork.providers.get(name) == new:
+            continue  # the head did not touch it: the merge keeps the base's
         if old is None:
             default = " (the default when no provider is declared)" if new == default_local_provider() else ""
             notes.append(f"provider {name}{default} is added")
@@ -368,16 +377,23 @@ def render_markdown(r: Review) -> str:
             lines.append(f"| `{c.job}` | {kind} | {_cell(c.meaning)} | {_cell(c.outlook)} |")
         lines.append("")
     for c in r.changes:
-        lines += [f"<details><summary><code>{c.job}</code>: {KINDS[c.change]} ({c.file or 'no file'})</summary>",
-                  "", "```diff"]
-        for f in c.fields:
-            if f.base is not None:
-                lines.append(f"- {f.field}: {value_text(f.base)}")
-            if f.head is not None:
-                lines.append(f"+ {f.field}: {value_text(f.head)}")
-        lines += ["```", "", "</details>", ""]
+        lines += _details(c)
     lines += [f"- {_cell(n)}" for n in r.notes]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _details(c: JobChange) -> list[str]:
+    """The job's changed fields as a diff, folded; the fence outgrows any backticks in a value."""
+    body = []
+    for f in c.fields:
+        if f.base is not None:
+            body.append(f"- {f.field}: {value_text(f.base)}")
+        if f.head is not None:
+            body.append(f"+ {f.field}: {value_text(f.head)}")
+    fence = "`" * max([3, *(len(run) + 1 for line in body for run in re.findall("`+", line))])
+    file = html.escape(c.file or "no file")
+    return [f"<details><summary><code>{c.job}</code>: {KINDS[c.change]} ({file})</summary>", "",
+            f"{fence}diff", *body, fence, "", "</details>", ""]
 
 
 def render_json(r: Review, fail_on: set[str]) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import yaml
 
 from desired.models import Job
 from desired.parse import DesiredState, parse_desired
-from reconciler.review import Review, review
+from reconciler.review import Review, render_markdown, review
 from status.models import Attempt, Forecast, JobStatus, Phase, Progress, render_status
 from tests.conftest import StateRepoFixture
 from tests.loop.test_cli import cli
@@ -237,3 +237,24 @@ def test_a_removed_finished_job_is_not_a_cancel() -> None:
     text = manifest("a")
     r = judge({"a": text}, {}, [status_of("a", text, Phase.SUCCEEDED, 100000)])
     assert r.changes[0].change == "removed" and r.exit_code({"cancel", "restart"}) == 0
+
+
+def test_a_value_with_backticks_does_not_break_the_comment() -> None:
+    r = judge({"a": manifest("a")}, {"a": manifest("a", env={"NOTE": "```x````"})}, [])
+    md = render_markdown(r)
+    assert "`````diff\n" in md and "\n`````\n" in md
+
+
+def test_a_base_that_moved_on_is_not_read_as_the_head_undoing_it(state_repo: StateRepoFixture) -> None:
+    """A branch made before a job was added on main does not cancel that job when it merges."""
+    base_repo(state_repo)
+    state_repo.git("checkout", "-q", "-b", "feature")
+    state_repo.write("desired/job1.yaml", manifest("job1", budget_usd=9))
+    state_repo.commit("job1 budget")
+    state_repo.git("checkout", "-q", "main")
+    state_repo.write("desired/later.yaml", manifest("later"))
+    state_repo.write("desired/job2.yaml", manifest("job2", budget_usd=3))
+    state_repo.commit("a job added on main after the branch")
+    out = plan(state_repo, "main", "--head", "feature", "--fail-on", "cancel")
+    assert "- job1: in place" in out and "later" not in out.split("- job1")[1] and "job2:" not in out
+    assert "main has moved on since feature branched off" in out and "6 jobs unchanged" in out
