@@ -130,7 +130,11 @@ def _classify(name: str, base: DesiredState, head: DesiredState, st: JobStatus |
         return None  # a manifest moved to another file is the same job, the same run
     fields = diff_fields(old, new)
     c = _base_change(name, head.job_files.get(name, ""), st, fields)
-    if old.run_id() != new.run_id():
+    if st is not None and old.run_id() != new.run_id() == st.run_id and not st.phase.terminal:
+        c.change = "restore"  # the status never left this run (the base's change was not acted on yet)
+        c.meaning = f"run {st.run_id} is the one recorded at the base: it goes on from {_progress(st)}, no restart"
+        _recorded_outlook(c, st)
+    elif old.run_id() != new.run_id():
         _restart(c, old, new, st)
     elif old.spec.suspend != new.spec.suspend:
         _suspend(c, new.spec.suspend, st)

@@ -258,3 +258,10 @@ def test_a_base_that_moved_on_is_not_read_as_the_head_undoing_it(state_repo: Sta
     out = plan(state_repo, "main", "--head", "feature", "--fail-on", "cancel")
     assert "- job1: in place" in out and "later" not in out.split("- job1")[1] and "job2:" not in out
     assert "main has moved on since feature branched off" in out and "6 jobs unchanged" in out
+
+
+def test_going_back_to_the_recorded_run_is_no_restart() -> None:
+    """The base changed the command but the reconciler had not acted on it: the head's revert loses nothing."""
+    acted = manifest("a")
+    r = judge({"a": manifest("a", "typo.py")}, {"a": acted}, [status_of("a", acted, Phase.RUNNING, 5000)])
+    assert r.changes[0].change == "restore" and "goes on from step 5000 of 100000 (5%)" in r.changes[0].meaning
