@@ -18,16 +18,19 @@ from rich.markup import escape
 from rich.table import Table
 
 if TYPE_CHECKING:
+    from adapters.gitrepo import StateRepo
     from desired.models import Job
     from reconciler.loop import Reconciler, TickReport
     from reconciler.redaction import RedactingFilter
+    from reconciler.review import Review
     from status.models import JobStatus
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Drive compute jobs to completion on executors that owe you nothing, GitOps-style.\n\n"
                        "Exit codes: 0 ok; 1 an error a user can fix (a manifest error from validate or plan, "
                        "a missing dependency, another daemon holds the repository, not all jobs succeeded "
-                       "with --until-done); 2 a usage error; 130 interrupted.")
+                       "with --until-done); 2 a usage error, or a change `plan --base --fail-on` names; "
+                       "130 interrupted.")
 console = Console()
 err = Console(stderr=True)
 
@@ -160,11 +163,40 @@ def _read_manifests(repo: Path, paths: list[Path]) -> tuple[dict[str, bytes], li
     return files, errors
 
 
+class PlanFormat(StrEnum):
+    TEXT = "text"
+    MARKDOWN = "markdown"
+    JSON = "json"
+
+
 @app.command()
-def plan(repo: RepoOption = Path("."), verbose: bool = False) -> None:
+def plan(
+    repo: RepoOption = Path("."),
+    verbose: bool = False,
+    base: Annotated[str | None, typer.Option(
+        help="review a change: what merging HEAD (or --head) into this ref would do, job by job, from git "
+             "alone (no provider or storage access)")] = None,
+    head: Annotated[str, typer.Option(help="with --base: the ref to review")] = "HEAD",
+    output: Annotated[PlanFormat, typer.Option("--format", help="with --base: text, markdown (one pull-request "
+                                                                "comment) or json")] = PlanFormat.TEXT,
+    fail_on: Annotated[str, typer.Option(help="with --base: exit 2 when a change is one of these "
+                                              "(comma-separated: restart, cancel)")] = "",
+) -> None:
     """Show what the next tick would do, without doing it, and each job's projected cost and ETA
     (or why they are unknown). Exit 1 when a manifest has errors (a pull-request check built on it
-    fails on a broken change); provider trouble is only a warning."""
+    fails on a broken change); provider trouble is only a warning.
+
+    With --base REF: review a change instead. Each job whose manifest differs between REF and --head
+    is listed as a new run, a restart from zero (progress thrown away), an in-place change, a suspend
+    or resume, or a cancel, with its projected cost and ETA from the status recorded in git at REF.
+    Providers and run storage are not asked, so it runs in CI without credentials. Exit codes: 0 ok;
+    1 manifest errors at --head or a ref that does not resolve; 2 a change that --fail-on names (or
+    a usage error)."""
+    if base is not None:
+        _plan_review(repo, base, head, output, fail_on)
+        return
+    if head != "HEAD" or output is not PlanFormat.TEXT or fail_on:
+        raise _fail("--head, --format and --fail-on review a change: pass --base REF too", 2)
     from reconciler.redaction import secret_values
     from status.redact import Redactor
 
@@ -210,6 +242,95 @@ def _plan_outlook(st: JobStatus) -> str:
     risk = risk_text(st)
     return (f"forecast: {money(f.projected_cost_usd)} projected ({spent}), ETA {when(f.eta)} UTC"
             + (f", {risk}" if risk else ""))
+
+
+FAIL_ON_CHOICES = ("restart", "cancel")
+
+
+def _plan_review(repo: Path, base: str, head: str, output: PlanFormat, fail_on: str) -> None:
+    """`plan --base`: the review of a change, from git alone (reconciler.review)."""
+    from reconciler.review import render_json, render_markdown, render_text
+
+    wanted = {w.strip() for w in fail_on.split(",") if w.strip()}
+    unknown = sorted(wanted - set(FAIL_ON_CHOICES))
+    if unknown:
+        raise _fail(f"--fail-on takes {', '.join(FAIL_ON_CHOICES)} or both (comma-separated), "
+                    f"not {', '.join(unknown)}")
+    the_review = _review_refs(repo, base, head)
+    if output is PlanFormat.JSON:
+        typer.echo(json.dumps(render_json(the_review, wanted), indent=2))
+    elif output is PlanFormat.MARKDOWN:
+        typer.echo(render_markdown(the_review), nl=False)
+    else:
+        typer.echo(render_text(the_review))
+    code = the_review.exit_code(wanted)
+    if code == 2:
+        err.print(f"failing on --fail-on {','.join(sorted(wanted))}: {', '.join(the_review.matches(wanted))}")
+    raise typer.Exit(code)
+
+
+def _review_refs(repo: Path, base: str, head: str) -> Review:
+    """Reads both commits' desired state and the base's recorded statuses; a bad ref is one sentence."""
+    from adapters.gitrepo import DESIRED_DIR, STATUS_DIR, GitError, StateRepo
+    from desired.parse import parse_desired
+    from reconciler.plan import CONFIRM_CANCEL_TRAILER
+    from reconciler.review import review
+    from status.models import parse_status
+
+    try:
+        state = StateRepo(repo)
+    except GitError as exc:
+        raise _fail(str(exc)) from exc
+    commits = [_resolve(state, ref) for ref in (base, head)]
+    sides = [parse_desired(state.read_files(c, DESIRED_DIR), state.read_settings(c)) for c in commits]
+    recorded = {}
+    for path, blob in state.read_files(commits[0], STATUS_DIR).items():
+        st = parse_status(blob) if path.endswith(".yaml") else None
+        if st is not None and path == f"{STATUS_DIR}/{st.job}.yaml":
+            recorded[st.job] = st
+    confirmed = any(CONFIRM_CANCEL_TRAILER in m for m in _messages(state, *commits))
+    fork = _merge_base(state, *commits)
+    at_fork = parse_desired(state.read_files(fork, DESIRED_DIR), state.read_settings(fork)) if fork else None
+    the_review = review(sides[0], sides[1], recorded, base_commit=commits[0], head_commit=commits[1],
+                        cancel_confirmed=confirmed, fork=at_fork)
+    if fork:
+        the_review.notes.append(f"{base} has moved on since {head} branched off at {fork[:12]}: only the jobs "
+                                "the head changes since then are judged (a check on the merge commit is exact)")
+    return the_review
+
+
+def _merge_base(state: StateRepo, base: str, head: str) -> str | None:
+    """Where the head branched off, when the base has commits the head lacks; else None."""
+    import git
+
+    try:
+        fork: str = state.repo.git.merge_base(base, head).strip()
+    except git.GitCommandError:
+        return None  # unrelated histories: compare the two commits as they are
+    return fork if fork and fork != base else None
+
+
+def _resolve(state: StateRepo, ref: str) -> str:
+    import git
+
+    try:
+        out: str = state.repo.git.rev_parse("--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}")
+    except git.GitCommandError:
+        out = ""
+    if not out.strip():
+        raise _fail(f"{ref!r} is not a commit in {state.path}; in CI, fetch it first (git fetch origin {ref})")
+    return out.strip()
+
+
+def _messages(state: StateRepo, base: str, head: str) -> list[str]:
+    """Messages of the commits the change brings (base..head)."""
+    import git
+
+    try:
+        out: str = state.repo.git.log("--format=%B%x00", f"{base}..{head}")
+    except git.GitCommandError:
+        return []
+    return out.split("\x00")
 
 
 @app.command()
