@@ -89,10 +89,16 @@ class Situation:
 
 @dataclass(frozen=True)
 class Choice:
-    provider: str | None  # where the run should be now; None: wait (or hold, when infeasible)
-    reason: str  # one line for the status
+    provider: str | None  # where the run should be now; None: wait
+    reason: str  # one line for the status: "headline: figures", e.g. "on spot: 14 h of slack covers ..."
     risk: str = ""  # RISK_OK, RISK_AT_RISK, RISK_INFEASIBLE, or "" without a deadline
     slack_hours: float | None = None
+
+    @property
+    def headline(self) -> str:
+        """The reason without its figures, which move every tick: what the job's message may carry
+        (a message that changed every tick committed every tick)."""
+        return self.reason.split(":", 1)[0]
 
 
 PlacementPolicy = Callable[[Situation], Choice]
@@ -202,7 +208,7 @@ def choose(s: Situation) -> Choice:
         return Choice(fb.provider, f"on {fb.provider} to the end: {_h(slack)} of slack is all that is left",
                       RISK_AT_RISK, slack)
     if on_fb:
-        return Choice(fb.provider, f"on {fb.provider} until cheaper capacity can start ({_h(slack)} of slack)",
+        return Choice(fb.provider, f"on {fb.provider} until cheaper capacity can start: {_h(slack)} of slack",
                       risk, slack)
     if not _ahead(s, remaining):
         if not fb.available:

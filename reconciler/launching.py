@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from adapters.compute import WorkerPhase
 from desired.models import Job
+from reconciler.deadline import RISK_INFEASIBLE
 from reconciler.outlook import Outlook, forecast, outlook, over_budget
 from reconciler.placement import Placement, place
 from reconciler.tick import JobTick, Launch, MoveRunData, fail, last_detail, stop_current
@@ -20,6 +21,7 @@ from status.models import JobStatus, Outcome, Phase, iso
 
 HOST_COOLDOWN_SECONDS = 6 * 3600.0  # a machine that lost a worker of ours is avoided this long
 MOVING = "moving to"  # detail of an attempt the placement policy stopped to move the run
+INFEASIBLE_NOTE = "the deadline cannot be met at the measured rate (the forecast's decision says why)"
 MOVE_WAIT_SECONDS = 600.0  # after a move, the next launch waits this long for the old worker to save and go
 
 
@@ -79,7 +81,10 @@ def reconsider(t: JobTick) -> bool:
         t.st.phase = Phase.PENDING
         t.st.message = why
         return True
-    t.st.message = f"{t.st.message}; {choice.reason}"
+    # The reasoning, with its figures, is the forecast's `decision`; the message only says when the
+    # deadline cannot be met (its figures would change it, and commit it, every tick).
+    if choice.risk == RISK_INFEASIBLE:
+        t.st.message = f"{t.st.message}; {INFEASIBLE_NOTE}"
     return False
 
 
@@ -231,9 +236,12 @@ def _place_by_policy(t: JobTick, placement: Placement) -> None:
         _launch(t, choice.provider)
         reason = choice.reason.removeprefix(f"on {choice.provider}: ")
         t.st.message = f"launching on {choice.provider}: {reason}"
+    elif choice is not None and choice.provider is not None:
+        t.st.phase = Phase.PENDING
+        t.st.message = f"waiting for {choice.provider}, where the placement policy wants the run: it cannot take it now"
     elif choice is not None and t.job.spec.deadline is not None:
         t.st.phase = Phase.PENDING
-        t.st.message = choice.reason
+        t.st.message = f"{choice.headline} (the forecast's decision says why)"
     else:
         _say_why_waiting(t, placement)
 

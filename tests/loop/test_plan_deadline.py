@@ -106,6 +106,20 @@ def test_a_run_whose_rate_halves_moves_its_eta() -> None:
     assert later.rate_steps_per_hour == pytest.approx(5400 * 3600 / 7080, rel=0.02)
 
 
+def test_a_forecast_whose_figures_moved_does_not_change_the_status_alone() -> None:
+    """Figures move every tick; a status that changed only in them would commit every tick."""
+    d = desired(job(deadline_in=15 * HOUR, providers="[spot, ondemand]"), providers=PROVIDERS)
+    st, seen = live_on(d, history(d), "spot", since=NOW - HOUR, durable=3600, epoch=1)
+    first = plan(d, seen, {"train": st}, NOW).statuses["train"]
+    assert first.forecast is not None and first.forecast.decision.startswith("on spot: ")
+    # half an hour later, at half the speed: the slack and ETA moved, the progress is in the same tenth
+    _, seen = live_on(d, history(d), "spot", since=NOW - HOUR, durable=4500, epoch=1)
+    later = plan(d, seen, {"train": first}, NOW + 1800).statuses["train"]
+    fresh = plan(d, seen, {"train": first.model_copy(update={"forecast": None})}, NOW + 1800).statuses["train"]
+    assert fresh.forecast is not None and fresh.forecast.decision != first.forecast.decision
+    assert later == first
+
+
 def test_the_forecast_shows_spent_and_projected_cost() -> None:
     d = desired(job(), providers=PROVIDERS)
     st = history(d, done_on("ondemand", 2, 7200, ago=60))
@@ -184,9 +198,10 @@ def test_an_infeasible_deadline_is_reported_at_once_and_the_run_goes_on_as_fast_
     p = plan(d, seen, {"train": st}, NOW)
     st2 = p.statuses["train"]
     assert not stopped(p) and not launched(p)
-    assert st2.phase == Phase.RUNNING and "infeasible: the rest needs at least 8.7 h" in st2.message
-    assert "2.0 h are left before the deadline" in st2.message
+    assert st2.phase == Phase.RUNNING and "the deadline cannot be met at the measured rate" in st2.message
     assert st2.forecast is not None and st2.forecast.risk == "infeasible"
+    assert "infeasible: the rest needs at least 8.7 h" in st2.forecast.decision
+    assert "2.0 h are left before the deadline" in st2.forecast.decision
 
 
 def test_an_infeasible_budget_is_reported_before_anything_is_launched() -> None:
