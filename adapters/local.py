@@ -124,14 +124,19 @@ def _mtime(path: Path) -> float | None:
         return None
 
 
+def workers_root(settings: LocalSettings | None = None) -> Path:
+    """The folder that holds one folder per worker (the daemon watches it for exit records)."""
+    settings = settings or LocalSettings()
+    return Path(os.path.expanduser(settings.workdir or os.environ.get(
+        "RECONCILER_LOCAL_WORKDIR", DEFAULT_WORKDIR))) / "workers"
+
+
 class LocalAdapter:
     def __init__(self, name: str, settings: LocalSettings | None = None, *, owner: str = ANY_OWNER) -> None:
         self.name = name
         self.owner = check_owner(owner)
         self.foreign_workers = 0
-        settings = settings or LocalSettings()
-        self.root = Path(os.path.expanduser(settings.workdir or os.environ.get(
-            "RECONCILER_LOCAL_WORKDIR", DEFAULT_WORKDIR))) / "workers"
+        self.root = workers_root(settings)
         self._capacity: Capacity | None = None
 
     # ---- helpers ---------------------------------------------------------------------------

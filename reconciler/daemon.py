@@ -1,6 +1,7 @@
 """`reconciler run`: ticks on an interval (APScheduler, one at a time, coalesced) and at once when
-`desired/` changes in a local repository or a worker writes its completion record (watchfiles), or
-a push webhook for the reconciled branch arrives (`listen`, reconciler.webhook).
+`desired/` changes in a local repository, a worker writes its completion record, or a local
+worker's supervisor writes its exit record (a SIGKILL relaunches at once: watchfiles), or a push
+webhook for the reconciled branch arrives (`listen`, reconciler.webhook).
 
 Stopping the daemon never stops workers; the next start adopts them.
 
@@ -29,7 +30,8 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from adapters.gitrepo import StateRepo
-from desired.models import Settings
+from adapters.local import workers_root
+from desired.models import LocalSettings, Settings
 from desired.parse import parse_settings
 from reconciler.loop import Reconciler, TickReport
 from reconciler.webhook import WebhookServer
@@ -37,6 +39,7 @@ from reconciler.webhook import WebhookServer
 log = logging.getLogger("reconciler")
 
 POLL_SECONDS = 0.2  # how long the main thread waits at a time
+ENDINGS = ("done.json", "exit_code")  # a run completed (storage), a local worker ended (its supervisor)
 
 
 class Daemon:
@@ -57,7 +60,8 @@ class Daemon:
         self._wake = threading.Event()
         self._ticking = threading.Lock()  # held by a running tick; the stop takes it to know none runs
         self._seen_desired: str | None = None
-        self._watch_root: Path | None = None
+        self._watch_roots: tuple[Path, ...] = ()
+        self._local_roots: tuple[Path, ...] = ()
         self._watch_stop: threading.Event | None = None
         self.webhook = None if listen is None else WebhookServer(
             *listen, secret=webhook_secret, wake=self.trigger, branch=self._branch)
@@ -138,8 +142,19 @@ class Daemon:
         if self.watch:
             storage = self.rec.storage_override or settings.storage
             root = Path(storage[len("file://"):]).expanduser() if storage.startswith("file://") else None
-            if root != self._watch_root or self._watch_stop is None:
-                self._start_watch(root)
+            roots = tuple(r for r in (root, *self._local_worker_roots(report)) if r is not None and r.exists())
+            if roots != self._watch_roots or self._watch_stop is None:
+                self._start_watch(roots)
+
+    def _local_worker_roots(self, report: TickReport | None) -> tuple[Path, ...]:
+        """Where local providers' supervisors write exit records: a worker that dies there (a
+        SIGKILL, an OOM) starts a tick at once instead of waiting up to a whole interval."""
+        desired = report.desired if report is not None else None
+        if desired is None:
+            return self._local_roots
+        self._local_roots = tuple(sorted({workers_root(p.spec.settings) for p in desired.providers.values()
+                                          if isinstance(p.spec.settings, LocalSettings)}))
+        return self._local_roots
 
     # ---- watching the repository and local storage -------------------------------------------------
     def _desired_id(self, repo: StateRepo | None = None) -> str:
@@ -152,28 +167,28 @@ class Daemon:
         except Exception:
             return ""
 
-    def _start_watch(self, root: Path | None) -> None:
+    def _start_watch(self, roots: tuple[Path, ...]) -> None:
         if self._watch_stop is not None:
             self._watch_stop.set()
-        self._watch_root = root
+        self._watch_roots = roots
         self._watch_stop = threading.Event()
-        threading.Thread(target=self._watch, args=(root, self._watch_stop), daemon=True, name="watch").start()
+        threading.Thread(target=self._watch, args=(roots, self._watch_stop), daemon=True, name="watch").start()
 
-    def _watch(self, storage_root: Path | None, stop: threading.Event) -> None:
+    def _watch(self, roots: tuple[Path, ...], stop: threading.Event) -> None:
+        """Local storage (completion records), local workers' folders (exit records) and the
+        repository's refs (a commit to desired/)."""
         import watchfiles
 
         own_repo = StateRepo(self.rec.repo.path)
-        paths = [Path(own_repo.repo.git_dir)]
-        if storage_root is not None and storage_root.exists():
-            paths.append(storage_root)
+        paths = [Path(own_repo.repo.git_dir), *(r for r in roots if r.exists())]
 
         def interesting(_change: object, path: str) -> bool:
             name = Path(path).name
-            return name == "done.json" or "/refs/heads" in path or name in ("HEAD", "packed-refs")
+            return name in ENDINGS or "/refs/heads" in path or name in ("HEAD", "packed-refs")
 
         for changes in watchfiles.watch(*paths, watch_filter=interesting, stop_event=stop,
                                         debounce=300, rust_timeout=1000, yield_on_timeout=False):
-            if any(Path(p).name == "done.json" for _c, p in changes):
+            if any(Path(p).name in ENDINGS for _c, p in changes):
                 self.trigger()
             elif self._desired_id(own_repo) != self._seen_desired:  # our own status commits do not count
                 log.info("desired state changed; ticking now")

@@ -145,3 +145,24 @@ def test_two_daemons_on_two_clones_elect_one_and_the_survivor_adopts_the_worker(
             p.send_signal(signal.SIGTERM)
         for p in procs.values():
             p.wait(timeout=30)
+
+
+def test_a_local_worker_killed_is_relaunched_at_once_not_at_the_next_tick(
+        state_repo: StateRepoFixture, tmp_path: Path, local_workdir: Path) -> None:
+    """An hourly tick: only the exit record its supervisor writes can bring the relaunch soon."""
+    state_repo.write("reconciler.yaml", f"storage: file://{state_repo.storage}\ntick_seconds: 3600\n")
+    state_repo.write("desired/count.yaml", job("count", counter(0.2)))
+    state_repo.commit("count, ticking hourly")
+    proc = daemon(state_repo.path, tmp_path / "daemon.log")
+    try:
+        wait_for("a worker", lambda: len(live_workers(local_workdir)) == 1, timeout=30)
+        first = live_workers(local_workdir)[0]
+        wait_for("a checkpoint", lambda: any((state_repo.storage).rglob("COMMIT.json")), timeout=30)
+        pid = int((local_workdir / "workers" / first / "child.pid").read_text())
+        os.kill(pid, signal.SIGKILL)
+        killed = time.time()
+        wait_for("the relaunch", lambda: any(w != first for w in live_workers(local_workdir)), timeout=30)
+        assert time.time() - killed < 15
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
