@@ -121,6 +121,16 @@ def cheap(s: Situation) -> list[Option]:
     return [o for o in s.options if o.interruptible or o.free]
 
 
+def take_cheap(s: Situation, who: str) -> Choice | None:
+    """Both baselines' exploitation rule: stay on spot until preempted, else take spot when it is there."""
+    if s.current is not None and any(o.provider == s.current for o in cheap(s)):
+        return Choice(s.current, f"{who}: on spot until preempted")
+    for o in cheap(s):
+        if o.available:
+            return Choice(o.provider, f"{who}: spot is available")
+    return None
+
+
 def on_demand(s: Situation) -> Option | None:
     return next((o for o in s.options if not o.interruptible and not o.free), None)
 
@@ -157,12 +167,7 @@ class Greedy:
         if od is not None and (self.committed or left <= k.work_seconds(s.remaining_steps) + k.changeover + k.margin):
             self.committed = True
             return Choice(od.provider, "greedy: on-demand to the end")
-        if s.current is not None and any(o.provider == s.current for o in cheap(s)):
-            return Choice(s.current, "greedy: staying on spot")
-        for o in cheap(s):
-            if o.available:
-                return Choice(o.provider, "greedy: spot is available")
-        return Choice(None, "greedy: waiting for spot")
+        return take_cheap(s, "greedy") or Choice(None, "greedy: waiting for spot")
 
 
 class UniformProgress:
@@ -200,11 +205,9 @@ class UniformProgress:
         on_od = od is not None and s.current == od.provider
         if on_od and done < self._expected(s, s.now + 2 * k.changeover):
             return Choice(s.current, "uniform progress: on on-demand until ahead of ep(t + 2d)")
-        if s.current is not None and any(o.provider == s.current for o in cheap(s)):
-            return Choice(s.current, "uniform progress: on spot until preempted")
-        for o in cheap(s):
-            if o.available:
-                return Choice(o.provider, "uniform progress: spot is available")
+        taken = take_cheap(s, "uniform progress")
+        if taken is not None:
+            return taken
         if od is not None and not on_od and done < self._expected(s, s.now):
             return Choice(od.provider, "uniform progress: behind ep(t), on-demand")
         return Choice(None, "uniform progress: ahead of ep(t), waiting for spot")

@@ -271,26 +271,22 @@ def _plan_review(repo: Path, base: str, head: str, output: PlanFormat, fail_on: 
 
 def _review_refs(repo: Path, base: str, head: str) -> Review:
     """Reads both commits' desired state and the base's recorded statuses; a bad ref is one sentence."""
-    from adapters.gitrepo import DESIRED_DIR, STATUS_DIR, GitError, StateRepo
-    from desired.parse import parse_desired
+    from adapters.gitrepo import GitError
+    from reconciler.loop import Reconciler
     from reconciler.plan import CONFIRM_CANCEL_TRAILER
     from reconciler.review import review
-    from status.models import parse_status
 
     try:
-        state = StateRepo(repo)
+        reader = Reconciler(repo, environ={})  # reads git the way a tick does; asks no provider
     except GitError as exc:
         raise _fail(str(exc)) from exc
+    state = reader.repo
     commits = [_resolve(state, ref) for ref in (base, head)]
-    sides = [parse_desired(state.read_files(c, DESIRED_DIR), state.read_settings(c)) for c in commits]
-    recorded = {}
-    for path, blob in state.read_files(commits[0], STATUS_DIR).items():
-        st = parse_status(blob) if path.endswith(".yaml") else None
-        if st is not None and path == f"{STATUS_DIR}/{st.job}.yaml":
-            recorded[st.job] = st
+    sides = [reader.read_desired(c, cache=False) for c in commits]
+    recorded = reader.read_recorded(commits[0])
     confirmed = any(CONFIRM_CANCEL_TRAILER in m for m in _messages(state, *commits))
     fork = _merge_base(state, *commits)
-    at_fork = parse_desired(state.read_files(fork, DESIRED_DIR), state.read_settings(fork)) if fork else None
+    at_fork = reader.read_desired(fork, cache=False) if fork else None
     the_review = review(sides[0], sides[1], recorded, base_commit=commits[0], head_commit=commits[1],
                         cancel_confirmed=confirmed, fork=at_fork)
     if fork:

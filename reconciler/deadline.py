@@ -35,6 +35,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from status.models import hours as _h
+
 RISK_OK = "on track"
 RISK_AT_RISK = "at risk"
 RISK_INFEASIBLE = "infeasible"
@@ -102,12 +104,6 @@ class Choice:
 
 
 PlacementPolicy = Callable[[Situation], Choice]
-
-
-def _h(hours: float) -> str:
-    if abs(hours) < 1:
-        return f"{hours * 60:.0f} min"
-    return f"{hours:.1f} h" if abs(hours) < 10 else f"{hours:.0f} h"
 
 
 def first_available(s: Situation, why: str) -> Choice:

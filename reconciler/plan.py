@@ -21,7 +21,7 @@ from adapters.compute import Allowance, WorkerPhase, WorkerRef, WorkerState
 from desired.models import Job
 from desired.parse import DesiredState
 from reconciler.deadline import PlacementPolicy, choose
-from reconciler.forecast import Reliability, reliabilities
+from reconciler.forecast import Reliability, open_cost, reliabilities
 from reconciler.judge import EXIT_INTERRUPTED, classify, close, end_time, record_close
 from reconciler.launching import (
     HOST_COOLDOWN_SECONDS,
@@ -225,7 +225,7 @@ def stop_on_policy(t: JobTick) -> bool:
         fail(t.st, f"policy: deadline {spec.deadline.isoformat()} reached; the worker was asked to save and stop")
         return True
     price = t.price(t.current.provider)
-    spent = t.st.cost_usd + max(0.0, t.now - t.current.started) / 3600.0 * price
+    spent = t.st.cost_usd + open_cost(t.st, t.now, {t.current.provider: price})
     if spec.budget_usd is not None and price > 0 and spent >= spec.budget_usd:
         stop_current(t, "policy: cost budget spent")
         fail(t.st, f"policy: cost budget of ${spec.budget_usd:g} spent (${t.st.cost_usd:g})")

@@ -20,7 +20,7 @@ from typing import Any
 from desired.models import Job, default_local_provider
 from desired.parse import SETTINGS_FILE, DesiredState, ManifestError
 from reconciler.plan import CONFIRM_CANCEL_TRAILER
-from status.models import JobStatus, Phase, iso, money, when
+from status.models import JobStatus, Phase, cell, iso, money, when
 
 # Fields whose digest is the run id (desired.models.Job.run_id): a change there is a new run.
 IDENTITY_FIELDS = ("spec.command", "spec.code", "spec.env", "spec.secrets")
@@ -363,26 +363,22 @@ def _summary(r: Review) -> str:
     return f"{', '.join(parts)}; {r.unchanged} job{'' if r.unchanged == 1 else 's'} unchanged{errors}"
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
 def render_markdown(r: Review) -> str:
     """One pull-request comment: a summary table, then the changed fields of each job folded away."""
     lines = ["### reconciler plan", "", f"{_summary(r)}.", "",
              f"_{r.judged_from[0].upper()}{r.judged_from[1:]} (not checked: {'; '.join(NOT_CHECKED)})._", ""]
     if r.errors:
         lines += ["**Manifest errors** (the check fails):", ""]
-        lines += [f"- `{e.file}`: {_cell(str(e).removeprefix(e.file + ': '))}" for e in r.errors] + [""]
+        lines += [f"- `{e.file}`: {cell(str(e).removeprefix(e.file + ': '))}" for e in r.errors] + [""]
     if r.changes:
         lines += ["| job | change | what it means | projected cost / ETA |", "|---|---|---|---|"]
         for c in r.changes:
             kind = f"**{KINDS[c.change]}**" if c.change in ("restart", "cancel") else KINDS[c.change]
-            lines.append(f"| `{c.job}` | {kind} | {_cell(c.meaning)} | {_cell(c.outlook)} |")
+            lines.append(f"| `{c.job}` | {kind} | {cell(c.meaning)} | {cell(c.outlook)} |")
         lines.append("")
     for c in r.changes:
         lines += _details(c)
-    lines += [f"- {_cell(n)}" for n in r.notes]
+    lines += [f"- {cell(n)}" for n in r.notes]
     return "\n".join(lines).rstrip() + "\n"
 
 

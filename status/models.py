@@ -247,10 +247,10 @@ def render_index(statuses: list[JobStatus], errors: list[str], ledger: list[Prov
         prog = f"{st.progress.step}/{st.progress.target} ({pct:.0f}%)" if pct is not None else str(
             st.progress.step)
         eta, cost, risk = forecast_cells(st, (deadlines or {}).get(st.job))
-        msg = _cell(st.message)
+        msg = cell(st.message)
         lines.append(
             f"| {st.job} | {st.phase.value} | {prog} | {st.total_attempts} | {st.interruptions} | "
-            f"{st.failures} | {eta} | {cost} | {_cell(risk)} | {msg} |"
+            f"{st.failures} | {eta} | {cost} | {cell(risk)} | {msg} |"
         )
     lines += render_ledger_table(ledger or [])
     if errors:
@@ -259,7 +259,8 @@ def render_index(statuses: list[JobStatus], errors: list[str], ledger: list[Prov
     return "\n".join(lines) + "\n"
 
 
-def _cell(text: str) -> str:
+def cell(text: str) -> str:
+    """Text fit for one markdown table cell."""
     return text.replace("|", "\\|").replace("\n", " ")
 
 

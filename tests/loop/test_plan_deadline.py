@@ -201,7 +201,7 @@ def test_an_infeasible_deadline_is_reported_at_once_and_the_run_goes_on_as_fast_
     assert st2.phase == Phase.RUNNING and "the deadline cannot be met at the measured rate" in st2.message
     assert st2.forecast is not None and st2.forecast.risk == "infeasible"
     assert "infeasible: the rest needs at least 8.7 h" in st2.forecast.decision
-    assert "2.0 h are left before the deadline" in st2.forecast.decision
+    assert "2 h are left before the deadline" in st2.forecast.decision
 
 
 def test_an_infeasible_budget_is_reported_before_anything_is_launched() -> None:
