@@ -80,6 +80,22 @@ def test_a_free_quota_ends_the_session_that_spends_it(make_sim: Callable[..., Si
     assert sim.checker.violations == []
 
 
+def test_prepaid_credits_end_the_worker_that_spends_them(make_sim: Callable[..., Simulation]) -> None:
+    """Credits that run out take the machine away unannounced, as Lightning's do; then launches
+    there are refused, and the allowance the adapter reports reads empty."""
+    credits = ProviderModel("credits", launch_delay_seconds=60.0, price_per_hour=2.0, credits_usd=3.0)
+    sim = make_sim(small_config(jobs=1, target=4 * 3600, providers=[ProviderPlan(credits, concurrency=1)]))
+    sim.config.tick_seconds = 300.0
+    sim.run(36)  # 3 h: $3 buy 1.5 h (the planner starts nothing that credits cannot carry an hour)
+    workers = list(sim.cloud.workers.values())
+    assert workers[0].ledger.end_reason == "preempted"
+    assert sim.cloud.spent_usd("credits") <= 3.0 + 1e-6
+    assert all(not w.alive for w in workers)
+    allowance = sim.cloud.allowance("credits")
+    assert allowance is not None and allowance.unit == "credits" and allowance.remaining <= 1e-6
+    assert sim.checker.violations == []
+
+
 def test_the_memory_repo_rebases_local_status_on_a_person_s_push() -> None:
     repo = SimRepo({"desired/a.yaml": b"a"}, RepoFaults(push_reject_rate=1.0))
     repo.commit_status({"status/a.yaml": "x"}, "status")
