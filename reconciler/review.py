@@ -21,6 +21,7 @@ from desired.models import Job, default_local_provider
 from desired.parse import SETTINGS_FILE, DesiredState, ManifestError
 from reconciler.plan import CONFIRM_CANCEL_TRAILER
 from status.models import JobStatus, Phase, cell, iso, money, when
+from status.redact import without_credentials
 
 # Fields whose digest is the run id (desired.models.Job.run_id): a change there is a new run.
 IDENTITY_FIELDS = ("spec.command", "spec.code", "spec.env", "spec.secrets")
@@ -114,7 +115,8 @@ def review(base: DesiredState, head: DesiredState, recorded: dict[str, JobStatus
                          "(nothing launched or stopped) until they are fixed")
     out.notes.extend(_provider_notes(base, head, fork))
     if base.settings.storage != head.settings.storage and (fork or base).settings.storage != head.settings.storage:
-        out.notes.append(f"storage changes from {base.settings.storage} to {head.settings.storage}: each run's "
+        old, new = without_credentials(base.settings.storage), without_credentials(head.settings.storage)
+        out.notes.append(f"storage changes from {old} to {new}: each run's "
                          "data is copied there (and verified) before its next attempt")
     return out
 

@@ -37,6 +37,18 @@ def _b64_forms(raw: bytes) -> set[str]:
     return forms | {f.replace("+", "-").replace("/", "_") for f in forms}
 
 
+def without_credentials(url: str) -> str:
+    """A URL with any user:password@ part masked (s3://KEY:SECRET@bucket/runs -> s3://***@bucket/runs),
+    for text that may be read by others, such as a pull-request comment."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, path = rest.partition("/")
+    if "@" not in authority:
+        return url
+    return f"{scheme}://{MASK}@{authority.rsplit('@', 1)[1]}{slash}{path}"
+
+
 def forms_of(value: str) -> set[str]:
     """Every form of one secret value that is redacted: as-is, each of its lines (a key file
     printed line by line), escaped as in JSON or a quoted YAML string, URL-encoded, base64."""

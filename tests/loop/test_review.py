@@ -265,3 +265,15 @@ def test_going_back_to_the_recorded_run_is_no_restart() -> None:
     acted = manifest("a")
     r = judge({"a": manifest("a", "typo.py")}, {"a": acted}, [status_of("a", acted, Phase.RUNNING, 5000)])
     assert r.changes[0].change == "restore" and "goes on from step 5000 of 100000 (5%)" in r.changes[0].meaning
+
+
+def test_a_storage_change_never_shows_credentials_written_in_its_url(state_repo: StateRepoFixture) -> None:
+    """A pull-request comment is read by everyone who can see the PR."""
+    base = base_repo(state_repo, jobs=1)
+    state_repo.write("reconciler.yaml", UNREACHABLE_SETTINGS.replace(
+        "s3://no-such-bucket/runs", "s3://AKIAEXAMPLEKEY:wJalrSECRETexample@other-bucket/runs"))
+    state_repo.commit("move storage")
+    for fmt in ("text", "markdown", "json"):
+        out = plan(state_repo, base, "--format", fmt)
+        assert "storage changes from s3://no-such-bucket/runs to s3://***@other-bucket/runs" in out, out
+        assert "wJalrSECRETexample" not in out and "AKIAEXAMPLEKEY" not in out
