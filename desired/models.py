@@ -11,7 +11,7 @@ import hashlib
 import json
 import re
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -420,8 +420,8 @@ class Provider(Strict):
         return self.metadata.name
 
 
-NOTIFY_EVENTS = ("succeeded", "failed", "deadline-at-risk", "budget-nearly-spent", "repeated-preemptions")
 NotifyEvent = Literal["succeeded", "failed", "deadline-at-risk", "budget-nearly-spent", "repeated-preemptions"]
+NOTIFY_EVENTS: tuple[NotifyEvent, ...] = get_args(NotifyEvent)
 
 
 class NotifyTarget(Strict):

@@ -57,6 +57,7 @@ class TickReport:
     statuses: dict[str, JobStatus] = field(default_factory=dict)
     desired: DesiredState | None = None
     standby: Leadership | None = None  # another daemon leads: this tick did nothing
+    seconds: float = 0.0  # how long the tick took (measured by the daemon)
 
     @property
     def all_terminal(self) -> bool:
