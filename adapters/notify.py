@@ -16,6 +16,7 @@ import queue
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+from urllib.parse import parse_qs, urlsplit
 
 log = logging.getLogger("reconciler")
 
@@ -89,10 +90,11 @@ class Notifier:
             self._report(item.url_env, f"the URL in {item.url_env} is not one apprise understands; see "
                                        "https://github.com/caronc/apprise/wiki for the URL of each service")
             return
+        asked = parse_qs(urlsplit(url).query)
         for plugin in sender:
-            if "cto" not in url:
+            if "cto" not in asked:
                 plugin.socket_connect_timeout = self.timeout
-            if "rto" not in url:
+            if "rto" not in asked:
                 plugin.socket_read_timeout = self.timeout
         if sender.notify(body=item.body, title=item.title):
             self.sent += 1

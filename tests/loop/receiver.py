@@ -16,7 +16,7 @@ class Receiver:
         self.mode = mode
         self.received: list[dict[str, Any]] = []
         self.paths: list[str] = []
-        self.arrived = threading.Event()
+        self.arrived = threading.Event()  # a request came in (set before a hang)
         self._released = threading.Event()
         owner = self
 
@@ -24,10 +24,10 @@ class Receiver:
             def do_POST(self) -> None:  # noqa: N802 - http.server's naming
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 owner.paths.append(self.path)
+                owner.arrived.set()
                 if owner.mode == "hang":
                     owner._released.wait(120)
                 owner.received.append(json.loads(body or b"{}"))
-                owner.arrived.set()
                 code = 500 if owner.mode == "error" else 200
                 self.send_response(code)
                 self.send_header("Content-Length", "0")
