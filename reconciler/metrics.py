@@ -4,13 +4,14 @@ Nothing deep in the loop touches a metric: after each tick the daemon hands its 
 `Metrics.record`, which keeps the report's statuses for the collector (the per-job gauges are
 built from them at scrape time), observes the tick's duration and counts its errors by class and
 the attempts that started or ended since the previous report. Counters count from the daemon's
-start, as Prometheus counters do; the first report only sets the baseline.
+start, as Prometheus counters do: attempts that started or ended before it are not counted.
 """
 
 from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from wsgiref.simple_server import WSGIServer
 
@@ -40,11 +41,12 @@ def error_class(message: str) -> str:
 class Metrics(Collector):
     """The reconciler's metrics in a registry of their own (so that tests can make several)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, since: float | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self.since = time.time() if since is None else since  # attempts before this are not counted
         self._lock = threading.Lock()
         self._statuses: dict[str, JobStatus] = {}
-        self._attempts: dict[tuple[str, str, int], bool] | None = None  # (job, run, epoch) -> ended
+        self._attempts: dict[tuple[str, str, int], bool] = {}  # (job, run, epoch) -> ended
         self.tick_seconds = Histogram("reconciler_tick_duration_seconds", "Time one tick took",
                                       buckets=TICK_BUCKETS, registry=self.registry)
         self.errors = Counter("reconciler_errors", "Errors reported by ticks, by class", ["class"],
@@ -70,16 +72,16 @@ class Metrics(Collector):
         self._count_attempts(report.statuses.values())
 
     def _count_attempts(self, statuses: Iterable[JobStatus]) -> None:
-        first = self._attempts is None
-        seen = {} if self._attempts is None else self._attempts
+        """Counts each attempt once when it starts and once when it ends, if that happened while
+        this process was watching (an attempt adopted from an earlier daemon counts only its end)."""
         now: dict[tuple[str, str, int], bool] = {}
         for st in statuses:
             for att in st.attempts:
                 key = (st.job, st.run_id, att.epoch)
                 ended = not att.open
-                if not first and key not in seen:
+                if key not in self._attempts and att.started >= self.since:
                     self.started.labels(att.provider).inc()
-                if not first and ended and not seen.get(key, False):
+                if ended and not self._attempts.get(key, False) and (att.ended or 0) >= self.since:
                     self.ended.labels(att.provider, att.outcome.value if att.outcome else "unknown").inc()
                 now[key] = ended
         self._attempts = now
