@@ -78,8 +78,11 @@ class Notifier:
                 self._report(item.url_env, f"unexpected {type(exc).__name__}")
 
     def _send(self, item: Outgoing) -> None:
-        import apprise
-
+        try:
+            import apprise
+        except ImportError:
+            self._report(item.url_env, "notifications need apprise: pip install 'reconciler[notify]'")
+            return
         url = self.environ.get(item.url_env, "")
         if not url:
             self._report(item.url_env, f"the environment variable {item.url_env} is not set in the reconciler's "

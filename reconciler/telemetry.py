@@ -42,8 +42,10 @@ def telemetry(rec: Reconciler, metrics_at: tuple[str, int] | None,
     server = None
     record: Callable[[TickReport], None] | None = None
     if metrics_at is not None:
-        from reconciler.metrics import Metrics, serve
-
+        try:
+            from reconciler.metrics import Metrics, serve
+        except ImportError as exc:
+            raise TelemetryError("--metrics needs prometheus_client: pip install 'reconciler[metrics]'") from exc
         metrics = Metrics()
         try:
             server, port = serve(metrics, *metrics_at)

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 from desired.models import Notifications, NotifyTarget
 from desired.parse import parse_settings
 from reconciler.notices import events, messages
@@ -92,3 +95,12 @@ def test_notification_settings_name_a_variable_and_known_events_or_say_which_fie
     assert errors and errors[0].field == "notifications.targets.0.events.0"
     _, errors = parse_settings(b"notifications:\n  budget_fraction: 1.5\n")
     assert errors and errors[0].field == "notifications.budget_fraction"
+
+
+def test_the_readmes_notification_settings_are_valid() -> None:
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = re.search(r"```\n# reconciler.yaml\n(notifications:.*?)```", text, re.S)
+    assert block is not None
+    settings, errors = parse_settings(block.group(1).encode())
+    assert not errors
+    assert [t.url_env for t in settings.notifications.targets] == ["SLACK_WEBHOOK_URL", "ONCALL_WEBHOOK_URL"]
