@@ -67,9 +67,10 @@ class Metrics(Collector):
         self.last_tick.set_to_current_time()
         for message in report.errors:
             self.errors.labels(error_class(message)).inc()
-        with self._lock:
-            self._statuses = dict(report.statuses)
-        self._count_attempts(report.statuses.values())
+        if report.statuses or not report.errors:  # a tick held by broken settings keeps the last view
+            with self._lock:
+                self._statuses = dict(report.statuses)
+            self._count_attempts(report.statuses.values())
 
     def _count_attempts(self, statuses: Iterable[JobStatus]) -> None:
         """Counts each attempt once when it starts and once when it ends, if that happened while
