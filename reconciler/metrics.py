@@ -16,9 +16,10 @@ from collections.abc import Iterable, Iterator
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from adapters.notify import Notifier
 from reconciler.loop import TickReport
 from status.models import JobStatus, Phase
 
@@ -41,8 +42,10 @@ def error_class(message: str) -> str:
 class Metrics(Collector):
     """The reconciler's metrics in a registry of their own (so that tests can make several)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None, since: float | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, since: float | None = None,
+                 notifier: Notifier | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self.notifier = notifier
         self.since = time.time() if since is None else since  # attempts before this are not counted
         self._lock = threading.Lock()
         self._statuses: dict[str, JobStatus] = {}
@@ -122,6 +125,12 @@ class Metrics(Collector):
             for (provider, outcome), n in sorted(kept.items()):
                 recent.add_metric([st.job, provider, outcome], n)
         yield from (phase, steps, target, ratio, cost, attempts, interruptions, recent)
+        if self.notifier is not None:
+            notes = CounterMetricFamily("reconciler_notifications", "Notifications sent since the daemon started, "
+                                        "by result", labels=["result"])
+            notes.add_metric(["delivered"], self.notifier.sent)
+            notes.add_metric(["failed"], self.notifier.failed)
+            yield notes
 
 
 def serve(metrics: Metrics, host: str, port: int) -> tuple[WSGIServer, int]:

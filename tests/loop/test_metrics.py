@@ -15,11 +15,13 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from adapters.notify import Notifier
 from reconciler.loop import Reconciler, TickReport
 from reconciler.metrics import Metrics, error_class, serve
 from tests.conftest import StateRepoFixture
+from tests.loop.receiver import Receiver
 from tests.loop.test_loop_local import counter, job, phase
-from tests.loop.test_notify import SDK
+from tests.loop.test_notify import SDK, notifying
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -51,13 +53,17 @@ def test_error_lines_are_classed_by_what_failed() -> None:
 
 def test_the_endpoint_shows_each_jobs_phase_progress_cost_and_attempts_from_the_real_loop(
         state_repo: StateRepoFixture) -> None:
+    receiver = Receiver()
+    notifying(state_repo)
     state_repo.write("desired/count.yaml", job("count", counter(0.02), SDK))
     state_repo.write("desired/broken.yaml", "apiVersion: reconciler.dev/v1\nkind: Job\nmetadata: {name: broken}\n")
     state_repo.commit("count, and a manifest with an error")
-    metrics = Metrics()
+    environ = {**os.environ, "HOOK_URL": receiver.url("t0ken-for-metrics")}
+    rec = Reconciler(state_repo.path, environ=environ)
+    rec.notifier = Notifier(environ)
+    metrics = Metrics(notifier=rec.notifier)
     server, port = serve(metrics, "127.0.0.1", 0)
     try:
-        rec = Reconciler(state_repo.path)
         mid: Samples = {}
         ticks = 0
         deadline = time.time() + 60
@@ -73,10 +79,12 @@ def test_the_endpoint_shows_each_jobs_phase_progress_cost_and_attempts_from_the_
                 break
             assert time.time() < deadline, report.statuses
             time.sleep(0.2)
+        assert rec.notifier.close(10)
         done = scrape(port)
     finally:
         server.shutdown()
         server.server_close()
+        receiver.close()
     assert value(mid, "reconciler_job_phase", job="count", phase="Succeeded") == 0
     assert value(done, "reconciler_job_phase", job="count", phase="Succeeded") == 1
     assert value(done, "reconciler_job_phase", job="count", phase="Running") == 0
@@ -94,6 +102,8 @@ def test_the_endpoint_shows_each_jobs_phase_progress_cost_and_attempts_from_the_
     assert (value(done, "reconciler_errors_total", **{"class": "manifest"}) or 0) == ticks  # one per tick
     assert value(done, "reconciler_errors_total", **{"class": "git"}) == 0
     assert (value(done, "reconciler_last_tick_timestamp_seconds") or 0) > time.time() - 60
+    assert value(done, "reconciler_notifications_total", result="delivered") == 1
+    assert value(done, "reconciler_notifications_total", result="failed") == 0
 
 
 def free_port() -> int:
@@ -123,6 +133,7 @@ def test_run_with_metrics_serves_the_daemons_jobs_on_loopback(state_repo: StateR
             except OSError:
                 samples = {}
         assert (value(samples, "reconciler_tick_duration_seconds_count") or 0) >= 1
+        assert value(samples, "reconciler_notifications_total", result="delivered") == 0
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
