@@ -46,7 +46,7 @@ def telemetry(rec: Reconciler, metrics_at: tuple[str, int] | None,
             from reconciler.metrics import Metrics, serve
         except ImportError as exc:
             raise TelemetryError("--metrics needs prometheus_client: pip install 'reconciler[metrics]'") from exc
-        metrics = Metrics(notifier=rec.notifier)
+        metrics = Metrics(notifier=rec.notifier, since=rec.clock.now())
         try:
             server, port = serve(metrics, *metrics_at)
         except OSError as exc:

@@ -55,6 +55,7 @@ def test_a_notification_reaches_the_receiver_when_a_job_succeeds_and_when_one_fa
     assert rec.notifier.close(10)
     assert sorted(receiver.titles()) == ["reconciler: count succeeded", "reconciler: crash failed"]
     assert all(p == f"/hooks/{TOKEN}" for p in receiver.paths)
+    assert rec.redactor.redact(f"posting to {receiver.url(TOKEN)}") == "posting to ***"  # a secret like any
     failed = next(m for m in receiver.received if "crash" in m["title"])
     assert "retry budget" in failed["message"]
     for _ in range(3):  # later ticks change nothing: nothing more is sent
