@@ -11,7 +11,7 @@ import hashlib
 import json
 import re
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -420,6 +420,41 @@ class Provider(Strict):
         return self.metadata.name
 
 
+NotifyEvent = Literal["succeeded", "failed", "deadline-at-risk", "budget-nearly-spent", "repeated-preemptions"]
+NOTIFY_EVENTS: tuple[NotifyEvent, ...] = get_args(NotifyEvent)
+
+
+class NotifyTarget(Strict):
+    """One place to send notifications: an apprise URL (Slack, Discord, Telegram, e-mail, a JSON
+    webhook...) held in an environment variable, since such URLs carry tokens and git keeps
+    everything it is given."""
+
+    url_env: str = Field(description="name of the environment variable of the reconciler that holds "
+                                     "the apprise URL (e.g. SLACK_WEBHOOK_URL)")
+    events: list[NotifyEvent] = Field(default_factory=lambda: list(NOTIFY_EVENTS),
+                                      description="the events sent here; unset = all of them")
+    jobs: list[Name] = Field(default_factory=list, description="only these jobs; empty = every job")
+
+    @field_validator("url_env")
+    @classmethod
+    def _env_name(cls, v: str) -> str:
+        if not ENV_NAME.fullmatch(v):
+            raise ValueError(f"{v!r} is not a valid environment variable name")
+        return v
+
+
+class Notifications(Strict):
+    """Who hears about what: targets, and the thresholds of the warning events."""
+
+    targets: list[NotifyTarget] = Field(default_factory=list)
+    budget_fraction: float = Field(
+        default=0.8, gt=0, le=1,
+        description="budget-nearly-spent fires when a job's spending first reaches this share of budget_usd")
+    preemptions: int = Field(
+        default=3, ge=1,
+        description="repeated-preemptions fires when this many attempts in a row ended in an interruption")
+
+
 class Settings(Strict):
     """Reconciler settings, from `reconciler.yaml` at the repository root; all have safe defaults."""
 
@@ -434,6 +469,9 @@ class Settings(Strict):
         description="this state repository's identity, put on every worker it launches (made by "
                     "`reconciler init`; unset = derived from the repository's first commit)",
     )
+    notifications: Notifications = Field(
+        default_factory=Notifications,
+        description="where to send notifications of job events (see the README's Notifications)")
 
     @field_validator("storage", "commit_name", "commit_email", "remote")
     @classmethod

@@ -339,6 +339,8 @@ def run(
     listen: Annotated[str | None, typer.Option(
         metavar="HOST:PORT", help="accept push webhooks (GitHub, GitLab, Gitea) here and tick at once on a push to "
                                   "the reconciled branch; :PORT is loopback; needs RECONCILER_WEBHOOK_SECRET")] = None,
+    metrics: Annotated[str | None, typer.Option(
+        metavar="HOST:PORT", help="serve Prometheus metrics here (/metrics); :PORT is loopback")] = None,
     verbose: bool = False,
 ) -> None:
     """Reconcile: launch and relaunch workers until every job is done, committing status to git.
@@ -348,10 +350,15 @@ def run(
     from adapters.leader import Election
     from reconciler.daemon import Daemon
     from reconciler.loop import AlreadyRunning
+    from reconciler.telemetry import TelemetryError, metrics_address, telemetry
     from reconciler.webhook import SECRET_ENV, WebhookError
 
     _setup_logging(verbose)
     address = _listen_address(listen, once)
+    try:
+        metrics_at = metrics_address(metrics, once)
+    except TelemetryError as exc:
+        raise _fail(str(exc), 2) from exc
     rec = _reconciler(repo)
     _check_storage(rec)
     rec.election = Election(tick_seconds, clone=str(rec.repo.path))
@@ -361,13 +368,14 @@ def run(
             logging.getLogger("reconciler").info("%s", line)
 
     try:
-        if once:
-            _run_once(rec, show)
-            return
-        daemon = Daemon(rec, tick_seconds=tick_seconds, until_done=until_done, on_tick=show, watch=watch,
-                        listen=address, webhook_secret=os.environ.get(SECRET_ENV, ""))
-        final = daemon.run()
-    except (AlreadyRunning, WebhookError) as exc:
+        with telemetry(rec, metrics_at, show) as on_tick:
+            if once:
+                _run_once(rec, on_tick)
+                return
+            daemon = Daemon(rec, tick_seconds=tick_seconds, until_done=until_done, on_tick=on_tick, watch=watch,
+                            listen=address, webhook_secret=os.environ.get(SECRET_ENV, ""))
+            final = daemon.run()
+    except (AlreadyRunning, WebhookError, TelemetryError) as exc:
         raise _fail(str(exc)) from exc
     if until_done and final is not None and final.standby is None:
         failed = [n for n, s in final.statuses.items() if s.phase.value != "Succeeded"]

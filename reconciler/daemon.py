@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -83,8 +84,10 @@ class Daemon:
 
     def _tick(self) -> None:
         report: TickReport | None = None
+        started = time.monotonic()
         try:
             report = self.rec.tick()
+            report.seconds = time.monotonic() - started
         except Exception as exc:  # one bad tick must not end the daemon
             log.error("tick failed: %s; the next tick tries again", exc)
             log.debug("tick failure detail", exc_info=True)

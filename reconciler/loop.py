@@ -19,6 +19,7 @@ from typing import IO
 from adapters.compute import Allowance, ComputeAdapter, ProviderConfigError, WorkerPhase, WorkerRef
 from adapters.gitrepo import DESIRED_DIR, STATUS_DIR, GitError, StateRepo
 from adapters.leader import Election, Leadership
+from adapters.notify import Notifier
 from adapters.registry import make_adapter
 from adapters.storage import RunFolder, StorageError
 from desired.models import Capacity, Provider, Settings
@@ -27,6 +28,7 @@ from reconciler.clock import Clock, SystemClock
 from reconciler.deadline import PlacementPolicy, choose
 from reconciler.execute import execute, store_options
 from reconciler.ledger import build_ledger
+from reconciler.notices import events, messages
 from reconciler.plan import CONFIRM_CANCEL_TRAILER, Observed, Plan, RunObservation, apply_results, plan
 from reconciler.redaction import secret_values
 from status.models import JobStatus, ProviderLedger, parse_status, render_index, render_ledger, render_status
@@ -55,6 +57,7 @@ class TickReport:
     statuses: dict[str, JobStatus] = field(default_factory=dict)
     desired: DesiredState | None = None
     standby: Leadership | None = None  # another daemon leads: this tick did nothing
+    seconds: float = 0.0  # how long the tick took (measured by the daemon)
 
     @property
     def all_terminal(self) -> bool:
@@ -91,6 +94,8 @@ class Reconciler:
         self.redactor = Redactor(self._secret_values)
         # Set by the daemon and `run --once`: act only while holding the leader lease in storage.
         self.election: Election | None = None
+        # Set by `reconciler run`: sends the events of each committed status change (reconciler.notices).
+        self.notifier: Notifier | None = None
 
     # ---- one daemon per repository ---------------------------------------------------------------
     def acquire_lock(self) -> None:
@@ -375,6 +380,7 @@ class Reconciler:
         apply_results(the_plan, result.launches, now, durable, result.moves)
         ledger = build_ledger(desired.providers, the_plan.statuses.values(), desired.jobs, observed.allowances, now)
         self._commit(the_plan, recorded, desired, commit, report, ledger)
+        self._notify(recorded, desired, report)
         for err in report.errors:
             log.warning("%s", err)
         return report
@@ -424,6 +430,15 @@ class Reconciler:
             self._push_pending = True
             report.errors.append(str(exc))
 
+
+    def _notify(self, recorded: dict[str, JobStatus], desired: DesiredState, report: TickReport) -> None:
+        """Hands the events of the status this tick committed to the notifier (it never waits for it)."""
+        rules = desired.settings.notifications
+        if self.notifier is None or report.status_commit is None or not rules.targets:
+            return
+        budgets = {name: job.spec.budget_usd for name, job in desired.jobs.items()}
+        for msg in messages(events(recorded, report.statuses, budgets, rules), rules):
+            self.notifier.submit(msg.url_env, self.redactor.redact(msg.title), self.redactor.redact(msg.body))
 
     def _learn_secrets(self, desired: DesiredState) -> None:
         """The values to mask: those named by the manifests, as the daemon's environment holds them."""

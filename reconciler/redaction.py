@@ -1,9 +1,10 @@
 """Which secret values the reconciler must never write: to git, status, its logs or `plan`.
 
 The values are taken from the daemon's environment, by name: every job's and provider's
-`secrets:`, well-known credential variables, and any variable whose name says it holds a
-credential (..._TOKEN, ..._SECRET, ..._PASSWORD, ..._API_KEY). The masking itself is
-status.redact (pure); this module does the looking up, and filters the daemon's log records.
+`secrets:`, the variables holding notification URLs (`url_env`), well-known credential variables,
+and any variable whose name says it holds a credential (..._TOKEN, ..._SECRET, ..._PASSWORD,
+..._API_KEY). The masking itself is status.redact (pure); this module does the looking up, and
+filters the daemon's log records.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ def secret_values(desired: DesiredState | None, environ: Mapping[str, str]) -> f
     if desired is not None:
         names.update(s for job in desired.jobs.values() for s in job.spec.secrets)
         names.update(s for provider in desired.providers.values() for s in provider.spec.secrets)
+        names.update(t.url_env for t in desired.settings.notifications.targets)  # URLs carry tokens
     return frozenset(environ[n] for n in names if environ.get(n))
 
 

@@ -1,0 +1,109 @@
+"""Which notification events a tick brought about, from the statuses before and after it (pure).
+
+An event is a transition between two recorded statuses: the status at the commit the tick read,
+and the status the tick committed. Because the reconciler derives events only from what it has
+just committed, a restarted daemon (which reads the committed status as its "before") never finds
+the same transition again: no event is sent twice. The price is at-most-once delivery: a daemon
+killed between its status commit and the send loses that message; DESIGN.md prefers a missed
+message to a flood of repeats after every restart.
+
+Events:
+- succeeded / failed: the phase became Succeeded / Failed;
+- deadline-at-risk: the forecast's risk became "at risk" or "infeasible";
+- budget-nearly-spent: spending first reached `budget_fraction` of the job's `budget_usd`;
+- repeated-preemptions: the attempts ending in an interruption, in a row, reached `preemptions`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from desired.models import Notifications, NotifyTarget
+from status.models import JobStatus, Outcome, Phase
+
+AT_RISK = ("at risk", "infeasible")
+
+
+@dataclass(frozen=True)
+class Event:
+    job: str
+    kind: str  # one of desired.models.NOTIFY_EVENTS
+    run_id: str
+    text: str  # one line for people
+
+    @property
+    def title(self) -> str:
+        return f"reconciler: {self.job} {self.kind.replace('-', ' ')}"
+
+
+@dataclass(frozen=True)
+class Message:
+    url_env: str  # the target, by the name of the variable holding its URL
+    title: str
+    body: str
+
+
+def spent(st: JobStatus) -> float:
+    """Money spent on the job so far: closed attempts, plus the live one when the forecast knows it."""
+    live = st.forecast.spent_usd if st.forecast is not None else 0.0
+    return max(st.cost_usd, live)
+
+
+def preempted_in_a_row(st: JobStatus) -> int:
+    """Attempts that ended in an interruption, counted back from the newest closed one."""
+    count = 0
+    for att in reversed(st.attempts):
+        if att.open:
+            continue
+        if att.outcome != Outcome.INTERRUPTION:
+            break
+        count += 1
+    return count
+
+
+def events(before: Mapping[str, JobStatus], after: Mapping[str, JobStatus],
+           budgets: Mapping[str, float | None], rules: Notifications) -> list[Event]:
+    """The events of one tick, job by job in name order; `budgets` is each job's budget_usd."""
+    out: list[Event] = []
+    for name in sorted(after):
+        out.extend(job_events(before.get(name), after[name], budgets.get(name), rules))
+    return out
+
+
+def job_events(old: JobStatus | None, new: JobStatus, budget: float | None, rules: Notifications) -> list[Event]:
+    found: list[Event] = []
+
+    def add(kind: str, text: str) -> None:
+        found.append(Event(new.job, kind, new.run_id, text))
+
+    old_phase = old.phase if old is not None else None
+    if new.phase == Phase.SUCCEEDED and old_phase != Phase.SUCCEEDED:
+        add("succeeded", f"{new.job} succeeded at step {new.progress.step} after {new.total_attempts} "
+                         f"attempt(s), ${spent(new):.2f} spent")
+    if new.phase == Phase.FAILED and old_phase != Phase.FAILED:
+        add("failed", f"{new.job} failed: {new.message}")
+    risk = new.forecast.risk if new.forecast is not None else ""
+    old_risk = old.forecast.risk if old is not None and old.forecast is not None else ""
+    if risk in AT_RISK and old_risk not in AT_RISK and not new.phase.terminal:
+        add("deadline-at-risk", f"{new.job}: deadline {risk}" + (f" ({new.forecast.decision})"
+                                                                if new.forecast and new.forecast.decision else ""))
+    if budget:
+        line = rules.budget_fraction * budget
+        if spent(new) >= line > (spent(old) if old is not None else 0.0):
+            add("budget-nearly-spent", f"{new.job} has spent ${spent(new):.2f} of its ${budget:.2f} budget "
+                                       f"({100 * spent(new) / budget:.0f} %)")
+    streak = preempted_in_a_row(new)
+    if streak >= rules.preemptions > (preempted_in_a_row(old) if old is not None else 0):
+        provider = next((a.provider for a in reversed(new.attempts) if not a.open), "?")
+        add("repeated-preemptions", f"{new.job} was interrupted {streak} times in a row (last on {provider})")
+    return found
+
+
+def wants(target: NotifyTarget, event: Event) -> bool:
+    return event.kind in target.events and (not target.jobs or event.job in target.jobs)
+
+
+def messages(found: list[Event], rules: Notifications) -> list[Message]:
+    """One message per event and target that asked for it."""
+    return [Message(t.url_env, e.title, e.text) for e in found for t in rules.targets if wants(t, e)]

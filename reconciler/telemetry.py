@@ -1,0 +1,75 @@
+"""What `reconciler run` adds around its ticks for people and monitoring: notifications of job
+events (reconciler.notices decides, adapters.notify sends) and the Prometheus endpoint
+(reconciler.metrics). The CLI only passes its options here."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from adapters.notify import Notifier
+from reconciler.loop import Reconciler, TickReport
+from reconciler.webhook import is_loopback, parse_listen
+
+log = logging.getLogger("reconciler")
+
+class TelemetryError(Exception):
+    """A bad --metrics value or an address the endpoint cannot bind: one sentence for the user."""
+
+
+DRAIN_SECONDS = 5.0  # at exit, messages still queued get this long to go out
+
+
+def metrics_address(value: str | None, once: bool) -> tuple[str, int] | None:
+    """`--metrics HOST:PORT` (or :PORT, loopback), checked before anything starts."""
+    if value is None:
+        return None
+    if once:
+        raise TelemetryError("--metrics serves the daemon; `run --once` does one tick and exits")
+    try:
+        return parse_listen(value)
+    except ValueError as exc:
+        raise TelemetryError(f"--metrics: {exc}") from exc
+
+
+@contextmanager
+def telemetry(rec: Reconciler, metrics_at: tuple[str, int] | None,
+              show: Callable[[TickReport], None]) -> Iterator[Callable[[TickReport], None]]:
+    """Gives the reconciler its notifier and starts the metrics endpoint; yields the callback for
+    each tick's report. On the way out, queued notifications get DRAIN_SECONDS to be sent."""
+    rec.notifier = Notifier(rec.environ)
+    server = None
+    record: Callable[[TickReport], None] | None = None
+    if metrics_at is not None:
+        try:
+            from reconciler.metrics import Metrics, serve
+        except ImportError as exc:
+            raise TelemetryError("--metrics needs prometheus_client: pip install 'reconciler[metrics]'") from exc
+        metrics = Metrics(notifier=rec.notifier, since=rec.clock.now())
+        try:
+            server, port = serve(metrics, *metrics_at)
+        except OSError as exc:
+            raise TelemetryError(f"--metrics: cannot listen on {metrics_at[0]}:{metrics_at[1]} "
+                                 f"({exc.strerror or exc}); choose another port") from exc
+        record = metrics.record
+        where = f"{metrics_at[0]}:{port}"
+        if is_loopback(metrics_at[0]):
+            log.info("metrics: http://%s/metrics", where)
+        else:
+            log.warning("metrics: serving %s to other machines, without authentication: job names, phases and "
+                        "costs are readable by anyone who can reach it", where)
+
+    def on_tick(report: TickReport) -> None:
+        show(report)
+        if record is not None:
+            record(report)
+
+    try:
+        yield on_tick
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if not rec.notifier.close(DRAIN_SECONDS):
+            log.warning("notifications still queued after %gs were not sent", DRAIN_SECONDS)
