@@ -1,4 +1,4 @@
-"""The command line: init, validate, plan, run, status, schema, demo, exec."""
+"""The command line: init, validate, plan, run, status, schema, demo, exec, serve."""
 
 from __future__ import annotations
 
@@ -635,6 +635,11 @@ def exec(ctx: typer.Context) -> None:  # noqa: A001 - the command's name is `exe
     if not args:
         raise _fail("nothing to run: use `reconciler exec -- CMD ARGS...`", 2)
     raise typer.Exit(exec_main(args))
+
+
+from reconciler.web.command import serve as _serve  # noqa: E402 - the status page (reconciler/web)
+
+app.command(name="serve")(_serve)
 
 
 def main() -> None:
