@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hmac
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -146,10 +146,12 @@ def check_bind(host: str, token: str | None) -> None:
 
 
 def serve(repo: str | Path, host: str, port: int, *, token: str | None, refresh_seconds: int = 10,
-          commit_url: str | None = None) -> None:
-    """Runs the page until interrupted (uvicorn)."""
+          commit_url: str | None = None, on_ready: Callable[[], None] | None = None) -> None:
+    """Runs the page until interrupted (uvicorn); `on_ready` once the repository has been opened."""
     import uvicorn
 
     check_bind(host, token)
     app = create_app(repo, token=token, refresh_seconds=refresh_seconds, commit_url=commit_url)
+    if on_ready is not None:
+        on_ready()
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

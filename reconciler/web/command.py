@@ -14,7 +14,7 @@ err = Console(stderr=True)
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(f"[red]error:[/red] {escape(message)}")
+    err.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -49,8 +49,12 @@ def serve(
         raise _fail(str(exc)) from exc
     from adapters.gitrepo import GitError
 
-    err.print(f"status page for {repo.resolve()} on http://{host}:{port}/" + (" (token required)" if token else ""))
+    def ready() -> None:
+        where = f"[{host}]" if ":" in host else host
+        err.print(f"status page for {repo.resolve()}: http://{where}:{port}/" + (" (token required)" if token else ""),
+                  soft_wrap=True, markup=False)
+
     try:
-        run_server(repo, host, port, token=token, refresh_seconds=refresh, commit_url=commit_url)
+        run_server(repo, host, port, token=token, refresh_seconds=refresh, commit_url=commit_url, on_ready=ready)
     except GitError as exc:
         raise _fail(str(exc)) from exc

@@ -36,6 +36,7 @@ TRAIN_ATTEMPTS: list[tuple[str, Outcome | None, int, int]] = [
 ]
 TARGET = 5000
 RUN_ID = "r7f3a9c01"
+REMOTE = "git@github.com:example/state.git"  # never contacted: the page only derives commit links from it
 
 
 def manifest(name: str, target: int, secrets: list[str] | None = None) -> str:
@@ -79,6 +80,7 @@ def build(root: Path) -> Scenario:
     start = float(int(time.time() - 14 * HOUR))
     sc = Scenario(path, storage, start)
     sc.git("init", "-q", "-b", "main")
+    sc.git("remote", "add", "origin", REMOTE)
     (path / "reconciler.yaml").write_text(f"storage: file://{storage}\ntick_seconds: 5\n")
     (path / "desired").mkdir()
     (path / "desired" / "train.yaml").write_text(manifest("train", TARGET, [CANARY_ENV]))
