@@ -18,12 +18,15 @@ from urllib.parse import quote
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.gzip import GZipMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from adapters.gitrepo import GitError
 from reconciler.web import views
 from reconciler.web.data import PageData, Snapshot
 
@@ -67,6 +70,10 @@ def create_app(repo: str | Path, *, token: str | None = None, refresh_seconds: i
                commit_url: str | None = None, environ: Mapping[str, str] | None = None) -> ASGIApp:
     """The page for the state repository at `repo`. With a token, every request must carry it."""
     data = PageData(repo, environ=environ)
+    try:
+        data.snapshot()  # read every status once now, so that the first visitor does not wait for it
+    except GitError:
+        pass  # no commit yet: each request says so until there is one
     commit_url = commit_url or views.commit_url_template(data.remote_url())
     env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(default=True),
                       trim_blocks=True, lstrip_blocks=True)
@@ -96,8 +103,14 @@ def create_app(repo: str | Path, *, token: str | None = None, refresh_seconds: i
         Route("/healthz", lambda request: PlainTextResponse("ok")),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
-    app: ASGIApp = Starlette(routes=routes)
+    app: ASGIApp = Starlette(routes=routes, middleware=[Middleware(GZipMiddleware, minimum_size=2000)],
+                             exception_handlers={GitError: _unreadable})
     return TokenGate(app, token) if token else app
+
+
+async def _unreadable(request: Request, exc: Exception) -> Response:
+    """The repository cannot be read now (no commit yet, a damaged clone): its sentence, not a traceback."""
+    return PlainTextResponse(str(exc), status_code=503, headers=_HEADERS)
 
 
 # Read-only pages: nothing may frame them, and the page loads nothing from elsewhere.

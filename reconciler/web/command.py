@@ -38,7 +38,8 @@ def serve(
     if commit_url is not None and "{sha}" not in commit_url:
         raise _fail("--commit-url must contain {sha}, where the commit id goes", 2)
     try:
-        from reconciler.web.app import TOKEN_ENV, check_bind, serve as run_server
+        from reconciler.web.app import TOKEN_ENV, check_bind
+        from reconciler.web.app import serve as run_server
     except ImportError as exc:
         raise _fail(f"the status page needs its web extra ({exc.name} is missing): "
                     "pip install 'reconciler[web]'") from exc

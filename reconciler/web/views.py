@@ -152,9 +152,10 @@ def timeline(attempts: list[Attempt], now: float) -> Timeline:
 
 def _attempt_title(a: Attempt, gained: int) -> str:
     ended = when(a.ended) if a.ended is not None else "running"
+    end_step = a.step_end if a.step_end is not None else "?"
     parts = [f"attempt e{a.epoch} on {a.provider} ({a.worker})", f"{when(a.started)} → {ended}",
-             a.outcome.value if a.outcome else "running", f"steps {a.step_start}→{a.step_end if a.step_end is not None else '?'}"
-             f" (+{gained}, lost {a.steps_lost})"]
+             a.outcome.value if a.outcome else "running",
+             f"steps {a.step_start}→{end_step} (+{gained}, lost {a.steps_lost})"]
     if a.cost_usd:
         parts.append(f"${a.cost_usd:.2f}")
     if a.exit_code is not None:

@@ -29,10 +29,11 @@ HOUR = 3600.0
 # provider, outcome, steps gained, steps lost (None outcome: the attempt still running)
 TRAIN_ATTEMPTS: list[tuple[str, Outcome | None, int, int]] = [
     ("local", Outcome.INTERRUPTION, 300, 40), ("vast", Outcome.SESSION_END, 250, 0),
-    ("vast", Outcome.STALLED, 0, 30), ("runpod", Outcome.JOB_ERROR, 100, 20), ("local", Outcome.INTERRUPTION, 200, 10),
-    ("runpod", Outcome.INTERRUPTION, 150, 50), ("vast", Outcome.JOB_ERROR, 0, 0), ("local", Outcome.SESSION_END, 400, 0),
-    ("runpod", Outcome.STALLED, 50, 25), ("vast", Outcome.INTERRUPTION, 300, 60), ("local", Outcome.INTERRUPTION, 250, 0),
-    ("runpod", Outcome.CANCELLED, 0, 0), ("vast", None, 0, 0),
+    ("vast", Outcome.STALLED, 0, 30), ("runpod", Outcome.JOB_ERROR, 100, 20),
+    ("local", Outcome.INTERRUPTION, 200, 10), ("runpod", Outcome.INTERRUPTION, 150, 50),
+    ("vast", Outcome.JOB_ERROR, 0, 0), ("local", Outcome.SESSION_END, 400, 0),
+    ("runpod", Outcome.STALLED, 50, 25), ("vast", Outcome.INTERRUPTION, 300, 60),
+    ("local", Outcome.INTERRUPTION, 250, 0), ("runpod", Outcome.CANCELLED, 0, 0), ("vast", None, 0, 0),
 ]
 TARGET = 5000
 RUN_ID = "r7f3a9c01"
@@ -139,7 +140,7 @@ def _one_per_phase(sc: Scenario) -> None:
                                    progress=Progress(step=100, target=100), cost_usd=1.25,
                                    attempts=[att(1, Outcome.SUCCEEDED, "vast")], message="done"),
         "failed-job": JobStatus(job="failed-job", phase=Phase.FAILED, run_id="r4", failures=3, total_attempts=3,
-                                attempts=[att(1, Outcome.JOB_ERROR), att(2, Outcome.JOB_ERROR), att(3, Outcome.JOB_ERROR)],
+                                attempts=[att(e, Outcome.JOB_ERROR) for e in (1, 2, 3)],
                                 message=f"retry budget spent; token {CANARY_FORMS[1]}",
                                 log_tail=f"Traceback (most recent call last):\n  File \"train.py\", line 3\n"
                                          f"ValueError: bad batch (key={CANARY})\n"),

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from reconciler.web.views import OUTCOME_CLASS
 from status.models import MAX_ATTEMPTS_KEPT, JobStatus, Phase
 from tests.web.conftest import Server, start_server, stop_server
-from tests.web.scenario import (CANARY_FORMS, HTML_JOB, HTML_MESSAGE, TARGET, TRAIN_ATTEMPTS, Scenario, build)
-from reconciler.web.views import OUTCOME_CLASS
+from tests.web.scenario import CANARY_FORMS, HTML_JOB, HTML_MESSAGE, TARGET, TRAIN_ATTEMPTS, Scenario, build
 
 # The page's colours (style.css), as the browser computes them, per outcome class.
 FILL = {"running": "rgb(47, 129, 247)", "succeeded": "rgb(26, 127, 55)", "interrupted": "rgb(212, 167, 44)",

@@ -101,8 +101,10 @@ def _attempt(epoch: int, provider: str, started: float, outcome: Outcome | None)
 
 
 def test_the_timeline_keeps_every_attempt_of_the_history_with_its_latest_record() -> None:
-    old = JobStatus(job="j", run_id="r", attempts=[_attempt(1, "a", 0, Outcome.INTERRUPTION), _attempt(2, "b", 100, None)])
-    new = JobStatus(job="j", run_id="r", attempts=[_attempt(2, "b", 100, Outcome.JOB_ERROR), _attempt(3, "a", 200, None)])
+    old = JobStatus(job="j", run_id="r",
+                    attempts=[_attempt(1, "a", 0, Outcome.INTERRUPTION), _attempt(2, "b", 100, None)])
+    new = JobStatus(job="j", run_id="r",
+                    attempts=[_attempt(2, "b", 100, Outcome.JOB_ERROR), _attempt(3, "a", 200, None)])
     attempts = merge_attempts([old, new])
     assert [(a.epoch, a.outcome) for a in attempts] == [(1, Outcome.INTERRUPTION), (2, Outcome.JOB_ERROR), (3, None)]
     tl = timeline(attempts, now=300)
