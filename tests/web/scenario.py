@@ -74,8 +74,9 @@ class Scenario:
         return sha
 
 
-def build(root: Path) -> Scenario:
-    """The repository: settings, manifests (`train` names the canary secret), then status history."""
+def build(root: Path, hostile: bool = True) -> Scenario:
+    """The repository: settings, manifests (`train` names the canary secret), then status history.
+    Without `hostile`, no HTML job and no canary in messages (for the README's screenshots)."""
     path, storage = root / "state", root / "runs"
     path.mkdir(parents=True)
     start = float(int(time.time() - 14 * HOUR))
@@ -89,7 +90,7 @@ def build(root: Path) -> Scenario:
     sc.git("add", "-A", when=start - 60)
     sc.git("commit", "-q", "-m", "jobs", when=start - 60)
     _train_history(sc)
-    _one_per_phase(sc)
+    _one_per_phase(sc, hostile)
     _storage(sc)
     return sc
 
@@ -124,7 +125,7 @@ def _train_history(sc: Scenario) -> None:
     sc.put(st, "train: forecast", when=time.time() - 120)
 
 
-def _one_per_phase(sc: Scenario) -> None:
+def _one_per_phase(sc: Scenario, hostile: bool) -> None:
     now = time.time() - 600
     def att(epoch: int, outcome: Outcome | None, provider: str = "local") -> Attempt:
         return Attempt(epoch=epoch, provider=provider, worker=f"w{epoch}", started=now - 3 * HOUR + epoch * 600,
@@ -148,6 +149,10 @@ def _one_per_phase(sc: Scenario) -> None:
         "cancelled-job": JobStatus(job="cancelled-job", phase=Phase.CANCELLED, run_id="r6", message="manifest deleted"),
         HTML_JOB: JobStatus(job=HTML_JOB, phase=Phase.PENDING, message=HTML_MESSAGE),
     }
+    if not hostile:
+        del phases[HTML_JOB]
+        phases["failed-job"].message = "retry budget spent: 3 failures in a row"
+        phases["failed-job"].log_tail = "Traceback (most recent call last):\n  File \"train.py\", line 3\nValueError: bad batch\n"
     for st in phases.values():
         sc.put(st, f"{st.job}: {st.phase.value}", when=now)
 
