@@ -152,7 +152,8 @@ def _one_per_phase(sc: Scenario, hostile: bool) -> None:
     if not hostile:
         del phases[HTML_JOB]
         phases["failed-job"].message = "retry budget spent: 3 failures in a row"
-        phases["failed-job"].log_tail = "Traceback (most recent call last):\n  File \"train.py\", line 3\nValueError: bad batch\n"
+        phases["failed-job"].log_tail = ("Traceback (most recent call last):\n  File \"train.py\", line 3\n"
+                                         "ValueError: bad batch\n")
     for st in phases.values():
         sc.put(st, f"{st.job}: {st.phase.value}", when=now)
 
