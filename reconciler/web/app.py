@@ -88,7 +88,8 @@ def create_app(repo: str | Path, *, token: str | None = None, refresh_seconds: i
     def overview(request: Request) -> Response:
         snap = data.snapshot()
         rows = [_row(data, snap, name) for name in snap.names]
-        return render(snap, "overview.html", rows=rows, counts=views.phase_counts(rows), errors=snap.desired.errors)
+        return render(snap, "overview.html", rows=rows, counts=views.phase_counts(rows),
+                      errors=[snap.redactor.redact(str(e)) for e in snap.desired.errors])
 
     def job_page(request: Request) -> Response:
         name = request.path_params["name"]
@@ -146,7 +147,7 @@ def _job_context(data: PageData, snap: Snapshot, name: str, commit_url: str | No
     storage_log = "" if log_tail else data.attempt_log(snap, name)
     return {"name": name, "st": st, "row": _row(data, snap, name), "timeline": views.timeline(attempts, now),
             "attempts": list(reversed(attempts)), "chart": chart, "commits": commits, "log_tail": log_tail,
-            "storage_log": storage_log, "job": snap.desired.jobs.get(name), "outcome_class": views.outcome_class}
+            "storage_log": storage_log, "outcome_class": views.outcome_class}
 
 
 def check_bind(host: str, token: str | None) -> None:

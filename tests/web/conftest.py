@@ -78,7 +78,7 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
 
 @pytest.fixture(scope="module")
 def server(scenario: Scenario) -> Iterator[Server]:
-    srv = start_server(scenario.path, "--refresh", "1")
+    srv = start_server(scenario.path, "--refresh", "300")  # no reload while a test reads the page
     yield srv
     stop_server(srv)
 

@@ -87,6 +87,8 @@ def build(root: Path, hostile: bool = True) -> Scenario:
     (path / "desired").mkdir()
     (path / "desired" / "train.yaml").write_text(manifest("train", TARGET, [CANARY_ENV]))
     (path / "desired" / "new-job.yaml").write_text(manifest("new-job", 100))
+    if hostile:
+        (path / "desired" / "broken.yaml").write_text("apiVersion: reconciler.dev/v1\nkind: Job\nmetadata: {}\n")
     sc.git("add", "-A", when=start - 60)
     sc.git("commit", "-q", "-m", "jobs", when=start - 60)
     _train_history(sc)

@@ -42,6 +42,7 @@ def test_overview_shows_every_job_with_phase_progress_eta_and_cost(server: Serve
     assert train[8].startswith("on track")
     bar = page.locator('#jobs tr[data-job="train"] progress')
     assert float(bar.get_attribute("value")) == pytest.approx(100 * (durable + 95) / TARGET, abs=0.1)
+    assert "desired/broken.yaml" in page.locator(".errors").inner_text()  # manifest errors under the table
     assert got["succeeded-job"][2] == "100/100"
     assert page.locator('#jobs tr[data-job="succeeded-job"] progress').get_attribute("value") == "100.0"
 

@@ -112,3 +112,11 @@ def test_the_timeline_keeps_every_attempt_of_the_history_with_its_latest_record(
     assert [b.cls for b in tl.bars] == ["interrupted", "failed", "running"]
     assert tl.bars[0].y == tl.bars[2].y != tl.bars[1].y
     assert tl.bars[0].x < tl.bars[1].x < tl.bars[2].x
+
+
+def test_the_page_s_layout_module_does_no_io() -> None:
+    from tests.test_architecture import IO_MODULES, imported_modules
+
+    views = ROOT / "reconciler" / "web" / "views.py"
+    bad = {m for m in imported_modules(views) if m in IO_MODULES or m.split(".")[0] in IO_MODULES}
+    assert not bad, f"reconciler/web/views.py imports {sorted(bad)}"
