@@ -4,6 +4,7 @@ without one, and the page's own pieces (links to commits, timeline layout) as pl
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -120,3 +121,32 @@ def test_the_page_s_layout_module_does_no_io() -> None:
     views = ROOT / "reconciler" / "web" / "views.py"
     bad = {m for m in imported_modules(views) if m in IO_MODULES or m.split(".")[0] in IO_MODULES}
     assert not bad, f"reconciler/web/views.py imports {sorted(bad)}"
+
+
+def test_a_job_not_reconciled_yet_has_a_page_and_an_unknown_one_is_404(server) -> None:
+    res = httpx.get(server.url + "/job/new-job")
+    assert res.status_code == 200
+    assert "No attempt yet." in res.text and "not reconciled yet" in res.text
+    missing = httpx.get(server.url + "/job/nope")
+    assert missing.status_code == 404 and missing.text == "no job named nope"
+
+
+def test_the_page_loads_nothing_from_elsewhere(server) -> None:
+    res = httpx.get(server.url + "/job/train")
+    assert "default-src 'self'" in res.headers["content-security-policy"]
+    assert not re.search(r'(src|href)="(https?:)?//(?!github\.com/example/state/commit/)', res.text)
+    css = httpx.get(server.url + "/static/style.css")
+    assert css.status_code == 200 and "url(" not in css.text
+
+
+def test_history_lists_a_file_s_commits_newest_first(scenario: Scenario) -> None:
+    from adapters.gitrepo import StateRepo
+
+    repo = StateRepo(scenario.path)
+    entries = repo.history("status/train.yaml", limit=5)
+    assert [sha for sha, _, _ in entries] == list(reversed(scenario.commits["train"]))[:5]
+    assert entries[0][2] == "train: forecast"
+    assert entries[0][1] >= entries[-1][1]
+    assert repo.history("status/none.yaml") == []
+    assert repo.remote_url() == "git@github.com:example/state.git"
+    assert repo.remote_url("upstream") is None
