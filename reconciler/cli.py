@@ -339,6 +339,8 @@ def run(
     listen: Annotated[str | None, typer.Option(
         metavar="HOST:PORT", help="accept push webhooks (GitHub, GitLab, Gitea) here and tick at once on a push to "
                                   "the reconciled branch; :PORT is loopback; needs RECONCILER_WEBHOOK_SECRET")] = None,
+    serve_at: Annotated[str | None, typer.Option("--serve", metavar="HOST:PORT", help="serve the status page "
+                                                 "too (as `reconciler serve` does)")] = None,
     verbose: bool = False,
 ) -> None:
     """Reconcile: launch and relaunch workers until every job is done, committing status to git.
@@ -355,6 +357,9 @@ def run(
     rec = _reconciler(repo)
     _check_storage(rec)
     rec.election = Election(tick_seconds, clone=str(rec.repo.path))
+    if serve_at is not None and not once:
+        from reconciler.web.command import start_beside_daemon
+        start_beside_daemon(repo, serve_at)
 
     def show(report: TickReport) -> None:
         for line in report.changed:

@@ -10,6 +10,7 @@ same page without it, so that the token does not stay in the address bar or the 
 from __future__ import annotations
 
 import hmac
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -157,6 +158,18 @@ def check_bind(host: str, token: str | None) -> None:
     if not is_loopback(host) and not token:
         raise ValueError(f"serving on {host} makes the page reachable from other machines: set {TOKEN_ENV} "
                          "to a long random token first (or bind to 127.0.0.1)")
+
+
+def serve_in_background(repo: str | Path, host: str, port: int, *, token: str | None) -> threading.Thread:
+    """The page beside the daemon (`reconciler run --serve`): a thread that ends with the process."""
+    import uvicorn
+
+    check_bind(host, token)
+    app = create_app(repo, token=token)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, name="status-page", daemon=True)
+    thread.start()
+    return thread
 
 
 def serve(repo: str | Path, host: str, port: int, *, token: str | None, refresh_seconds: int = 10,

@@ -18,6 +18,29 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
+def start_beside_daemon(repo: Path, listen: str) -> None:
+    """`reconciler run --serve HOST:PORT`: the same checks as `serve`, then the page in a thread."""
+    from adapters.gitrepo import GitError
+    from reconciler.webhook import parse_listen
+
+    try:
+        host, port = parse_listen(listen)
+    except ValueError as exc:
+        raise _fail(f"--serve: {exc}", 2) from exc
+    try:
+        from reconciler.web.app import TOKEN_ENV, serve_in_background
+    except ImportError as exc:
+        raise _fail(f"--serve needs the web extra ({exc.name} is missing): pip install 'reconciler[web]'") from exc
+    token = os.environ.get(TOKEN_ENV) or None
+    try:
+        serve_in_background(repo, host, port, token=token)
+    except (ValueError, GitError) as exc:
+        raise _fail(str(exc)) from exc
+    where = f"[{host}]" if ":" in host else host
+    err.print(f"status page: http://{where}:{port}/" + (" (token required)" if token else ""), soft_wrap=True,
+              markup=False)
+
+
 def serve(
     repo: Annotated[Path, typer.Option("--repo", "-r", help="the state repository (a git checkout)")] = Path("."),
     listen: Annotated[str, typer.Option(metavar="HOST:PORT", help="where to serve; :PORT is loopback; any other "
