@@ -150,3 +150,14 @@ def test_history_lists_a_file_s_commits_newest_first(scenario: Scenario) -> None
     assert repo.history("status/none.yaml") == []
     assert repo.remote_url() == "git@github.com:example/state.git"
     assert repo.remote_url("upstream") is None
+
+
+def test_a_repository_without_commits_is_served_with_its_one_sentence(tmp_path: Path) -> None:
+    subprocess.run(["git", "init", "-q", str(tmp_path / "empty")], check=True)
+    server = start_server(tmp_path / "empty")
+    try:
+        res = httpx.get(server.url + "/")
+        assert res.status_code == 503
+        assert "has no commits yet" in res.text and "Traceback" not in res.text
+    finally:
+        stop_server(server)
