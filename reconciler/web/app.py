@@ -138,8 +138,9 @@ def _job_context(data: PageData, snap: Snapshot, name: str, commit_url: str | No
     stored = data.checkpoints(snap, name)
     marks = {step: t for t, step in rises}
     marks.update({step: t for t, step in stored})
+    end = max(t for t, _ in points) if points and st is not None and st.phase.terminal else now
     chart = views.progress_chart(points, [(t, s) for s, t in marks.items()], snap.target(name),
-                                 (live.time, live.step) if live else None, now)
+                                 (live.time, live.step) if live else None, end)
     commits = [{"sha": v.sha, "short": v.sha[:10], "time": views.when(v.time), "subject": v.subject,
                 "url": commit_url.format(sha=v.sha) if commit_url else None,
                 "phase": v.status.phase.value if v.status else "removed",

@@ -129,7 +129,8 @@ def timeline(attempts: list[Attempt], now: float) -> Timeline:
     if not attempts:
         return tl
     t0 = min(a.started for a in attempts)
-    t1 = max([now, *(a.ended or now for a in attempts)])
+    ends = [a.ended if a.ended is not None else now for a in attempts]
+    t1 = now if any(a.ended is None for a in attempts) else max(ends)  # a finished job ends at its last attempt
     span = max(t1 - t0, 1.0)
 
     def x(t: float) -> float:
@@ -207,11 +208,12 @@ class Chart:
 def progress_chart(points: list[tuple[float, int]], checkpoints: list[tuple[float, int]], target: int | None,
                    live: tuple[float, int] | None, now: float) -> Chart:
     """Durable step over time (from the status history), checkpoints marked where they were saved,
-    and the live heartbeat as a dot. Points are (time, step)."""
+    and the live heartbeat as a dot. Points are (time, step); the chart runs to `now` (pass the last
+    commit's time for a finished job)."""
     chart = Chart(CHART_WIDTH, CHART_HEIGHT)
     times = [t for t, _ in points] + [t for t, _ in checkpoints] + ([live[0]] if live else [])
-    if not times:
-        return chart
+    if not times or not (live or checkpoints or any(s for _, s in points)):
+        return chart  # nothing but zeros: no chart
     chart.empty = False
     t0, t1 = min(times), max([now, *times])
     span = max(t1 - t0, 1.0)

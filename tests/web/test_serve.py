@@ -161,3 +161,10 @@ def test_a_repository_without_commits_is_served_with_its_one_sentence(tmp_path: 
         assert "has no commits yet" in res.text and "Traceback" not in res.text
     finally:
         stop_server(server)
+
+
+def test_a_finished_job_s_timeline_ends_with_its_last_attempt() -> None:
+    attempts = [_attempt(1, "a", 0, Outcome.JOB_ERROR), _attempt(2, "a", 100, Outcome.SUCCEEDED)]
+    tl = timeline(attempts, now=10_000)
+    last = tl.bars[-1]
+    assert last.x + last.width == pytest.approx(tl.width - 10, abs=1)  # the plot's right edge, not `now`
