@@ -106,6 +106,28 @@ class StateRepo:
                 break
         return messages
 
+    def history(self, path: str, limit: int = 100, commit: str = "HEAD") -> list[tuple[str, float, str]]:
+        """The newest `limit` commits up to `commit` that changed `path`, newest first: (id, commit
+        time, subject). The status page reads a job's audit trail with it."""
+        try:
+            out: str = self.repo.git.log(f"-{int(limit)}", "--format=%H%x00%ct%x00%s", commit, "--", path)
+        except git.GitCommandError:
+            return []
+        entries = []
+        for line in out.splitlines():
+            sha, _, rest = line.partition("\x00")
+            stamp, _, subject = rest.partition("\x00")
+            if sha and stamp.isdigit():
+                entries.append((sha, float(stamp), subject))
+        return entries
+
+    def remote_url(self, name: str = "origin") -> str | None:
+        """The URL of a remote, or None when the clone has none by that name."""
+        try:
+            return str(self.repo.remote(name).url)
+        except (ValueError, git.GitCommandError):
+            return None
+
     # ---- writing ----------------------------------------------------------------------------
     def commit_status(self, files: dict[str, str | None], message: str) -> str | None:
         """Writes `status/` files (None deletes) and commits only them. Returns the new commit,

@@ -1,4 +1,4 @@
-"""The command line: init, validate, plan, run, status, schema, demo, exec."""
+"""The command line: init, validate, plan, run, status, schema, demo, exec, serve."""
 
 from __future__ import annotations
 
@@ -341,6 +341,8 @@ def run(
                                   "the reconciled branch; :PORT is loopback; needs RECONCILER_WEBHOOK_SECRET")] = None,
     metrics: Annotated[str | None, typer.Option(
         metavar="HOST:PORT", help="serve Prometheus metrics here (/metrics); :PORT is loopback")] = None,
+    serve_at: Annotated[str | None, typer.Option("--serve", metavar="HOST:PORT", help="serve the status page "
+                                                 "too (as `reconciler serve` does)")] = None,
     verbose: bool = False,
 ) -> None:
     """Reconcile: launch and relaunch workers until every job is done, committing status to git.
@@ -362,6 +364,9 @@ def run(
     rec = _reconciler(repo)
     _check_storage(rec)
     rec.election = Election(tick_seconds, clone=str(rec.repo.path))
+    if serve_at is not None and not once:
+        from reconciler.web.command import start_beside_daemon
+        start_beside_daemon(repo, serve_at)
 
     def show(report: TickReport) -> None:
         for line in report.changed:
@@ -643,6 +648,11 @@ def exec(ctx: typer.Context) -> None:  # noqa: A001 - the command's name is `exe
     if not args:
         raise _fail("nothing to run: use `reconciler exec -- CMD ARGS...`", 2)
     raise typer.Exit(exec_main(args))
+
+
+from reconciler.web.command import serve as _serve  # noqa: E402 - the status page (reconciler/web)
+
+app.command(name="serve")(_serve)
 
 
 def main() -> None:

@@ -1,0 +1,185 @@
+"""The status page's web application: Starlette routes rendering Jinja2 templates (autoescaped),
+its own small stylesheet, and a token check for anyone who is not on this machine.
+
+`reconciler serve` binds to 127.0.0.1 by default. Bound to any other address it needs a token in
+RECONCILER_WEB_TOKEN and refuses to start without one; a request then carries it as
+`Authorization: Bearer TOKEN`, or once as `?token=TOKEN` (which sets a cookie and redirects to the
+same page without it, so that the token does not stay in the address bar or the refresh).
+"""
+
+from __future__ import annotations
+
+import hmac
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.gzip import GZipMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from adapters.gitrepo import GitError
+from reconciler.web import views
+from reconciler.web.data import PageData, Snapshot
+
+HERE = Path(__file__).parent
+TOKEN_ENV = "RECONCILER_WEB_TOKEN"
+COOKIE = "reconciler_token"
+
+
+class TokenGate:
+    """Lets a request through only with the token (header, cookie, or once in the query)."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.token = token.encode()
+
+    def _matches(self, candidate: str | None) -> bool:
+        return candidate is not None and hmac.compare_digest(candidate.encode(), self.token)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        auth = request.headers.get("authorization", "")
+        bearer = auth[7:] if auth.lower().startswith("bearer ") else None
+        if self._matches(bearer) or self._matches(request.cookies.get(COOKIE)):
+            await self.app(scope, receive, send)
+            return
+        response: Response
+        if self._matches(request.query_params.get("token")):
+            target = request.url.remove_query_params("token")
+            response = RedirectResponse(target.path + (f"?{target.query}" if target.query else ""), status_code=303)
+            response.set_cookie(COOKIE, self.token.decode(), httponly=True, samesite="strict")
+        else:
+            response = PlainTextResponse("a token is required: send Authorization: Bearer <token> or open "
+                                         "the page once with ?token=<token>", status_code=401)
+        await response(scope, receive, send)
+
+
+def create_app(repo: str | Path, *, token: str | None = None, refresh_seconds: int = 10,
+               commit_url: str | None = None, environ: Mapping[str, str] | None = None) -> ASGIApp:
+    """The page for the state repository at `repo`. With a token, every request must carry it."""
+    data = PageData(repo, environ=environ)
+    try:
+        data.snapshot()  # read every status once now, so that the first visitor does not wait for it
+    except GitError:
+        pass  # no commit yet: each request says so until there is one
+    commit_url = commit_url or views.commit_url_template(data.remote_url())
+    env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(default=True),
+                      trim_blocks=True, lstrip_blocks=True)
+    env.filters["urlpart"] = lambda s: quote(str(s), safe="")
+    env.filters["when"] = views.when
+    env.globals.update(refresh=refresh_seconds, legend=views.OUTCOME_LEGEND)
+
+    def render(snap: Snapshot, template: str, **context: Any) -> HTMLResponse:
+        html = env.get_template(template).render(head=snap.head, **context)
+        return HTMLResponse(snap.redactor.redact(html), headers=_HEADERS)
+
+    def overview(request: Request) -> Response:
+        snap = data.snapshot()
+        rows = [_row(data, snap, name) for name in snap.names]
+        return render(snap, "overview.html", rows=rows, counts=views.phase_counts(rows),
+                      errors=[snap.redactor.redact(str(e)) for e in snap.desired.errors])
+
+    def job_page(request: Request) -> Response:
+        name = request.path_params["name"]
+        snap = data.snapshot()
+        if name not in snap.names:
+            return PlainTextResponse(f"no job named {name}", status_code=404, headers=_HEADERS)
+        return render(snap, "job.html", **_job_context(data, snap, name, commit_url))
+
+    routes = [
+        Route("/", overview),
+        Route("/job/{name:str}", job_page),
+        Route("/healthz", lambda request: PlainTextResponse("ok")),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    app: ASGIApp = Starlette(routes=routes, middleware=[Middleware(GZipMiddleware, minimum_size=2000)],
+                             exception_handlers={GitError: _unreadable})
+    return TokenGate(app, token) if token else app
+
+
+async def _unreadable(request: Request, exc: Exception) -> Response:
+    """The repository cannot be read now (no commit yet, a damaged clone): its sentence, not a traceback."""
+    return PlainTextResponse(str(exc), status_code=503, headers=_HEADERS)
+
+
+# Read-only pages: nothing may frame them, and the page loads nothing from elsewhere.
+_HEADERS = {"Content-Security-Policy": "default-src 'self'; style-src 'self'; img-src 'self' data:; "
+                                       "frame-ancestors 'none'",
+            "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"}
+
+
+def _row(data: PageData, snap: Snapshot, name: str) -> views.Row:
+    live = data.live(snap, name)
+    return views.overview_row(name, snap.statuses.get(name), snap.target(name), live.step if live else None,
+                              snap.deadline(name))
+
+
+def _job_context(data: PageData, snap: Snapshot, name: str, commit_url: str | None) -> dict[str, Any]:
+    now = time.time()
+    st = snap.statuses.get(name)
+    history = data.history(snap, name)
+    recorded = [(v.time, v.status) for v in reversed(history) if v.status is not None]
+    attempts = views.merge_attempts([s for _, s in recorded] + ([st] if st else []))
+    live = data.live(snap, name)
+    points, rises = views.durable_points(recorded)
+    stored = data.checkpoints(snap, name)
+    marks = {step: t for t, step in rises}
+    marks.update({step: t for t, step in stored})
+    end = max(t for t, _ in points) if points and st is not None and st.phase.terminal else now
+    chart = views.progress_chart(points, [(t, s) for s, t in marks.items()], snap.target(name),
+                                 (live.time, live.step) if live else None, end)
+    commits = [{"sha": v.sha, "short": v.sha[:10], "time": views.when(v.time), "subject": v.subject,
+                "url": commit_url.format(sha=v.sha) if commit_url else None,
+                "phase": v.status.phase.value if v.status else "removed",
+                "step": v.status.progress.step if v.status else None} for v in history]
+    log_tail = st.log_tail if st and st.log_tail else ""
+    storage_log = "" if log_tail else data.attempt_log(snap, name)
+    return {"name": name, "st": st, "row": _row(data, snap, name), "timeline": views.timeline(attempts, now),
+            "attempts": list(reversed(attempts)), "chart": chart, "commits": commits, "log_tail": log_tail,
+            "storage_log": storage_log, "outcome_class": views.outcome_class}
+
+
+def check_bind(host: str, token: str | None) -> None:
+    """Refuses, in one sentence, to serve beyond this machine without a token."""
+    from reconciler.webhook import is_loopback
+
+    if not is_loopback(host) and not token:
+        raise ValueError(f"serving on {host} makes the page reachable from other machines: set {TOKEN_ENV} "
+                         "to a long random token first (or bind to 127.0.0.1)")
+
+
+def serve_in_background(repo: str | Path, host: str, port: int, *, token: str | None) -> threading.Thread:
+    """The page beside the daemon (`reconciler run --serve`): a thread that ends with the process."""
+    import uvicorn
+
+    check_bind(host, token)
+    app = create_app(repo, token=token)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, name="status-page", daemon=True)
+    thread.start()
+    return thread
+
+
+def serve(repo: str | Path, host: str, port: int, *, token: str | None, refresh_seconds: int = 10,
+          commit_url: str | None = None, on_ready: Callable[[], None] | None = None) -> None:
+    """Runs the page until interrupted (uvicorn); `on_ready` once the repository has been opened."""
+    import uvicorn
+
+    check_bind(host, token)
+    app = create_app(repo, token=token, refresh_seconds=refresh_seconds, commit_url=commit_url)
+    if on_ready is not None:
+        on_ready()
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

@@ -1,0 +1,152 @@
+"""What the status page reads: the statuses recorded in git at HEAD (as the loop reads them), each
+job's status history (`git log -- status/<job>.yaml`), and the live heartbeat from run storage.
+
+Statuses in git were redacted when written; everything is masked again here with the secrets the
+manifests name (as the daemon's environment holds them), because what comes from storage (a
+heartbeat, an attempt's log) never went through the loop's redaction.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from adapters.gitrepo import STATUS_DIR
+from adapters.storage import Progress, RunFolder, StorageError
+from desired.parse import DesiredState
+from reconciler.loop import Reconciler
+from reconciler.redaction import secret_values
+from status.models import JobStatus, parse_status
+from status.redact import Redactor, redact_data
+
+HISTORY_LIMIT = 100  # status commits read for one job's page (the chart and the commit list)
+
+
+@dataclass
+class Snapshot:
+    """Everything at one commit of the state repository."""
+
+    head: str
+    desired: DesiredState
+    statuses: dict[str, JobStatus]  # redacted
+    redactor: Redactor
+    names: list[str] = field(default_factory=list)  # recorded or desired, sorted
+
+    def target(self, name: str) -> int | None:
+        job = self.desired.jobs.get(name)
+        st = self.statuses.get(name)
+        return (job.spec.target_steps if job else None) or (st.progress.target if st else None)
+
+    def deadline(self, name: str) -> float | None:
+        job = self.desired.jobs.get(name)
+        return job.spec.deadline.timestamp() if job and job.spec.deadline else None
+
+
+@dataclass(frozen=True)
+class Version:
+    """One status commit of a job."""
+
+    sha: str
+    time: float
+    subject: str
+    status: JobStatus | None  # None: the commit deleted or damaged the file
+
+
+class PageData:
+    """Reads for the page, safe to call from several request threads (one at a time on the repository)."""
+
+    def __init__(self, repo: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> None:
+        self.environ = os.environ if environ is None else environ
+        self.rec = Reconciler(Path(repo), environ=self.environ)
+        self._lock = threading.Lock()
+        self._snapshot: Snapshot | None = None
+        self._versions: dict[tuple[str, str], JobStatus | None] = {}
+
+    # ---- the whole repository at HEAD ------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        """The statuses at HEAD, parsed and redacted once per commit."""
+        with self._lock:
+            head = self.rec.repo.head()
+            if self._snapshot is not None and self._snapshot.head == head:
+                return self._snapshot
+            desired = self.rec.read_desired(head)
+            redactor = Redactor(secret_values(desired, self.environ))
+            statuses = {n: redacted(redactor, st) for n, st in self.rec.read_recorded(head).items()}
+            names = sorted(set(statuses) | set(desired.jobs))
+            self._snapshot = Snapshot(head, desired, statuses, redactor, names)
+            return self._snapshot
+
+    def live(self, snap: Snapshot, name: str) -> Progress | None:
+        """The worker's last heartbeat for the job's current run; None when there is none or storage
+        cannot be read (the page then shows the durable progress of the status)."""
+        st = snap.statuses.get(name)
+        job = snap.desired.jobs.get(name)
+        run_id = st.run_id if st else (job.run_id() if job else "")
+        if not run_id or (st is not None and st.phase.terminal):
+            return None
+        storage = (st.storage if st and st.storage else "") or snap.desired.settings.storage
+        try:
+            folder = RunFolder.for_run(storage, name, run_id, dict(snap.desired.settings.storage_options))
+            return folder.progress()
+        except (StorageError, OSError, ValueError):
+            return None
+
+    def attempt_log(self, snap: Snapshot, name: str) -> str:
+        """The current attempt's log copy in run storage (written where the provider has no log API),
+        redacted; '' when there is none."""
+        st = snap.statuses.get(name)
+        if st is None or st.current is None or not st.run_id:
+            return ""
+        storage = st.storage or snap.desired.settings.storage
+        try:
+            folder = RunFolder.for_run(storage, name, st.run_id, dict(snap.desired.settings.storage_options))
+            text = folder.attempt_log(st.current.epoch)
+        except (StorageError, OSError, ValueError):
+            return ""
+        return snap.redactor.redact(text[-8000:])
+
+    def checkpoints(self, snap: Snapshot, name: str) -> list[tuple[float, int]]:
+        """(time, step) of the committed checkpoints still in storage (collection keeps the newest few)."""
+        st = snap.statuses.get(name)
+        if st is None or not st.run_id:
+            return []
+        storage = st.storage or snap.desired.settings.storage
+        out = []
+        try:
+            folder = RunFolder.for_run(storage, name, st.run_id, dict(snap.desired.settings.storage_options))
+            for ckpt in folder.committed_checkpoints()[:50]:  # newest first
+                stamp = folder.read_commit(ckpt).get("time")
+                if isinstance(stamp, int | float):
+                    out.append((float(stamp), ckpt.step))
+        except (StorageError, OSError, ValueError):
+            return out
+        return out
+
+    # ---- one job's history -----------------------------------------------------------------------
+    def history(self, snap: Snapshot, name: str, limit: int = HISTORY_LIMIT) -> list[Version]:
+        """The job's status commits up to HEAD, newest first, each with the status it recorded."""
+        path = f"{STATUS_DIR}/{name}.yaml"
+        with self._lock:
+            entries = self.rec.repo.history(path, limit, snap.head)
+            versions = []
+            for sha, stamp, subject in entries:
+                key = (sha, path)
+                if key not in self._versions:
+                    st = parse_status(self.rec.repo.read_file(sha, path) or b"")
+                    self._versions[key] = redacted(snap.redactor, st) if st is not None else None
+                versions.append(Version(sha, stamp, snap.redactor.redact(subject), self._versions[key]))
+        return versions
+
+    def remote_url(self) -> str | None:
+        with self._lock:
+            return self.rec.repo.remote_url()
+
+
+def redacted(redactor: Redactor, st: JobStatus) -> JobStatus:
+    """A copy with every secret value masked (the same masking the loop applies before it writes)."""
+    if not redactor:
+        return st
+    return JobStatus.model_validate(redact_data(redactor, st.model_dump()))

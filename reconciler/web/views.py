@@ -1,0 +1,279 @@
+"""What the status page shows, computed from statuses: the overview's rows, the attempt timeline
+and the progress chart as shapes in SVG coordinates. Pure: data in, data out (the templates draw).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from status.models import Attempt, JobStatus, Outcome, Phase, cost_text, eta_text, risk_text, when
+
+# How an attempt ended, as the page colours it (DESIGN.md §5 classes, folded into five colours).
+OUTCOME_CLASS = {
+    Outcome.SUCCEEDED: "succeeded",
+    Outcome.INTERRUPTION: "interrupted",
+    Outcome.SESSION_END: "interrupted",
+    Outcome.STALLED: "stalled",
+    Outcome.JOB_ERROR: "failed",
+    Outcome.CANCELLED: "cancelled",
+    Outcome.SUPERSEDED: "cancelled",
+}
+OUTCOME_LEGEND = ("running", "succeeded", "interrupted", "stalled", "failed", "cancelled")
+
+
+def outcome_class(outcome: Outcome | None) -> str:
+    return "running" if outcome is None else OUTCOME_CLASS[outcome]
+
+
+# ---- the overview --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    job: str
+    phase: str
+    percent: float | None  # of the target, None when the job has no target
+    progress: str  # "1200/5000 (saved 1000)"
+    attempts: int
+    interruptions: int
+    failures: int
+    eta: str
+    cost: str
+    risk: str
+    message: str
+
+
+def overview_row(name: str, st: JobStatus | None, target: int | None, live_step: int | None,
+                 deadline: float | None) -> Row:
+    """One line of the overview. `live_step` is the worker's last heartbeat, when storage has one."""
+    if st is None:
+        return Row(name, "New", 0.0 if target else None, f"0/{target}" if target else "0", 0, 0, 0, "", "", "",
+                   "not reconciled yet")
+    target = target or st.progress.target
+    durable = st.progress.step
+    step = max(durable, live_step) if live_step is not None and not st.phase.terminal else durable
+    percent = min(100.0, 100.0 * step / target) if target else None
+    if st.phase == Phase.SUCCEEDED and target:
+        percent = 100.0
+    saved = f" (saved {durable})" if step != durable else ""
+    progress = f"{step}/{target}{saved}" if target else f"{step}{saved}"
+    return Row(name, st.phase.value, percent, progress, st.total_attempts, st.interruptions, st.failures,
+               eta_text(st), cost_text(st), risk_text(st, deadline), st.message)
+
+
+def phase_counts(rows: list[Row]) -> list[tuple[str, int]]:
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.phase] = counts.get(r.phase, 0) + 1
+    order = [p.value for p in Phase] + ["New"]
+    return sorted(counts.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order))
+
+
+# ---- the attempt timeline ------------------------------------------------------------------------
+
+LANE_HEIGHT = 34
+LABEL_WIDTH = 120
+PLOT_WIDTH = 760
+AXIS_HEIGHT = 22
+
+
+@dataclass(frozen=True)
+class Bar:
+    x: float
+    y: float
+    width: float
+    height: float
+    cls: str  # running, succeeded, interrupted, stalled, failed, cancelled
+    provider: str
+    epoch: int
+    outcome: str  # the recorded outcome ("" while running)
+    label: str  # steps gained and lost, drawn on the bar when it fits
+    title: str  # the tooltip: everything about the attempt
+
+
+@dataclass(frozen=True)
+class Tick:
+    x: float
+    text: str
+
+
+@dataclass
+class Timeline:
+    width: int
+    height: int
+    lanes: list[tuple[str, float]] = field(default_factory=list)  # provider, y of the lane's middle
+    bars: list[Bar] = field(default_factory=list)
+    ticks: list[Tick] = field(default_factory=list)
+
+
+def merge_attempts(versions: list[JobStatus]) -> list[Attempt]:
+    """Every attempt the status history mentions, oldest first: a status keeps only its last few
+    attempts, so the page reads them from every recorded version (the newest record of each wins)."""
+    seen: dict[tuple[str, int, float], Attempt] = {}
+    for st in versions:  # oldest to newest
+        for a in st.attempts:
+            seen[(st.run_id, a.epoch, a.started)] = a
+    return sorted(seen.values(), key=lambda a: (a.started, a.epoch))
+
+
+def timeline(attempts: list[Attempt], now: float) -> Timeline:
+    """One lane per provider (in order of first use), one bar per attempt from its start to its end."""
+    providers: list[str] = []
+    for a in attempts:
+        if a.provider not in providers:
+            providers.append(a.provider)
+    height = AXIS_HEIGHT + LANE_HEIGHT * max(1, len(providers)) + 6
+    tl = Timeline(width=LABEL_WIDTH + PLOT_WIDTH + 10, height=height)
+    if not attempts:
+        return tl
+    t0 = min(a.started for a in attempts)
+    ends = [a.ended if a.ended is not None else now for a in attempts]
+    t1 = now if any(a.ended is None for a in attempts) else max(ends)  # a finished job ends at its last attempt
+    span = max(t1 - t0, 1.0)
+
+    def x(t: float) -> float:
+        return round(LABEL_WIDTH + PLOT_WIDTH * (t - t0) / span, 1)
+
+    tl.lanes = [(p, AXIS_HEIGHT + LANE_HEIGHT * i + LANE_HEIGHT / 2) for i, p in enumerate(providers)]
+    for a in attempts:
+        lane = providers.index(a.provider)
+        end = a.ended if a.ended is not None else now
+        left = x(a.started)
+        gained = max(0, (a.step_end if a.step_end is not None else a.step_start) - a.step_start)
+        label = (f"+{gained}" + (f" −{a.steps_lost}" if a.steps_lost else "")) if gained or a.steps_lost else ""
+        tl.bars.append(Bar(x=left, y=AXIS_HEIGHT + LANE_HEIGHT * lane + 5, width=max(3.0, round(x(end) - left, 1)),
+                           height=LANE_HEIGHT - 10, cls=outcome_class(a.outcome), provider=a.provider,
+                           epoch=a.epoch, outcome=a.outcome.value if a.outcome else "", label=label,
+                           title=_attempt_title(a, gained)))
+    tl.ticks = [Tick(x(t), text) for t, text in time_ticks(t0, t1)]
+    return tl
+
+
+def _attempt_title(a: Attempt, gained: int) -> str:
+    ended = when(a.ended) if a.ended is not None else "running"
+    end_step = a.step_end if a.step_end is not None else "?"
+    parts = [f"attempt e{a.epoch} on {a.provider} ({a.worker})", f"{when(a.started)} → {ended}",
+             a.outcome.value if a.outcome else "running",
+             f"steps {a.step_start}→{end_step} (+{gained}, lost {a.steps_lost})"]
+    if a.cost_usd:
+        parts.append(f"${a.cost_usd:.2f}")
+    if a.exit_code is not None:
+        parts.append(f"exit {a.exit_code}")
+    if a.detail:
+        parts.append(a.detail)
+    return "\n".join(parts)
+
+
+def time_ticks(t0: float, t1: float, most: int = 6) -> list[tuple[float, str]]:
+    """Round moments between t0 and t1 to label an axis: minutes, hours or days as the span needs."""
+    span = max(t1 - t0, 1.0)
+    steps = [60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 2 * 86400, 7 * 86400]
+    step = next((s for s in steps if span / s <= most), steps[-1])
+    first = (int(t0) // step + 1) * step
+    fmt = "%H:%M" if step < 86400 else "%m-%d"
+    out = []
+    t = first
+    while t <= t1:
+        dt = datetime.fromtimestamp(t, UTC)
+        text = dt.strftime("%m-%d") if step < 86400 and dt.hour == 0 and dt.minute == 0 else dt.strftime(fmt)
+        out.append((float(t), text))
+        t += step
+    return out
+
+
+# ---- progress over time --------------------------------------------------------------------------
+
+CHART_WIDTH = 880
+CHART_HEIGHT = 220
+MARGIN_LEFT = 64
+MARGIN_BOTTOM = 24
+MARGIN_TOP = 10
+
+
+@dataclass
+class Chart:
+    width: int
+    height: int
+    line: str = ""  # SVG polyline points: durable progress (a step function)
+    checkpoints: list[tuple[float, float, str]] = field(default_factory=list)  # x, y, tooltip
+    live: tuple[float, float, str] | None = None  # the last heartbeat
+    target_y: float | None = None
+    y_ticks: list[Tick] = field(default_factory=list)  # x holds the y coordinate here
+    x_ticks: list[Tick] = field(default_factory=list)
+    empty: bool = True
+
+
+def progress_chart(points: list[tuple[float, int]], checkpoints: list[tuple[float, int]], target: int | None,
+                   live: tuple[float, int] | None, now: float) -> Chart:
+    """Durable step over time (from the status history), checkpoints marked where they were saved,
+    and the live heartbeat as a dot. Points are (time, step); the chart runs to `now` (pass the last
+    commit's time for a finished job)."""
+    chart = Chart(CHART_WIDTH, CHART_HEIGHT)
+    times = [t for t, _ in points] + [t for t, _ in checkpoints] + ([live[0]] if live else [])
+    if not times or not (live or checkpoints or any(s for _, s in points)):
+        return chart  # nothing but zeros: no chart
+    chart.empty = False
+    t0, t1 = min(times), max([now, *times])
+    span = max(t1 - t0, 1.0)
+    top = max([1, target or 0, *(s for _, s in points), *(s for _, s in checkpoints), *([live[1]] if live else [])])
+    plot_w, plot_h = CHART_WIDTH - MARGIN_LEFT - 10, CHART_HEIGHT - MARGIN_TOP - MARGIN_BOTTOM
+
+    def xy(t: float, s: float) -> tuple[float, float]:
+        return (round(MARGIN_LEFT + plot_w * (t - t0) / span, 1), round(MARGIN_TOP + plot_h * (1 - s / top), 1))
+
+    coords: list[tuple[float, float]] = []
+    for t, s in sorted(points):
+        if coords:
+            coords.append((xy(t, 0)[0], coords[-1][1]))  # hold the previous step until this commit
+        coords.append(xy(t, s))
+    if coords:
+        coords.append((xy(now, 0)[0], coords[-1][1]))
+    chart.line = " ".join(f"{cx},{cy}" for cx, cy in coords)
+    chart.checkpoints = [(*xy(t, s), f"checkpoint at step {s}, {when(t)}") for t, s in sorted(checkpoints)]
+    if live:
+        chart.live = (*xy(*live), f"last heartbeat: step {live[1]}, {when(live[0])}")
+    if target:
+        chart.target_y = xy(t0, target)[1]
+    chart.y_ticks = [Tick(xy(t0, v)[1], f"{v:,}") for v in _round_ticks(top)]
+    chart.x_ticks = [Tick(xy(t, 0)[0], text) for t, text in time_ticks(t0, t1)]
+    return chart
+
+
+def _round_ticks(top: int) -> list[int]:
+    for step in (1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 2500, 5000, 10_000, 20_000, 50_000,
+                 100_000, 250_000, 500_000, 1_000_000, 10_000_000, 100_000_000):
+        if top / step <= 5:
+            return list(range(0, top + 1, step))
+    return [0, top]
+
+
+def durable_points(versions: list[tuple[float, JobStatus]]) -> tuple[list[tuple[float, int]], list[tuple[float, int]]]:
+    """From the status history (commit time, status), oldest first: the durable step at each commit,
+    and the commits where it rose (a new checkpoint had been saved by then)."""
+    points: list[tuple[float, int]] = []
+    rises: list[tuple[float, int]] = []
+    last: tuple[str, int] | None = None
+    for t, st in versions:
+        points.append((t, st.progress.step))
+        if st.progress.step > 0 and (last is None or last[0] != st.run_id or st.progress.step > last[1]):
+            rises.append((t, st.progress.step))
+        last = (st.run_id, st.progress.step)
+    return points, rises
+
+
+# ---- links to commits ----------------------------------------------------------------------------
+
+_REMOTE = re.compile(r"^(?:https?://(?:[^@/]+@)?|ssh://(?:[^@/]+@)?|[^@/]+@)(?P<host>[^/:]+)(?::\d+)?[:/]"
+                     r"(?P<path>[^\s]+?)(?:\.git)?/?$")
+_COMMIT_PATH = {"github.com": "{base}/commit/{sha}", "codeberg.org": "{base}/commit/{sha}",
+                "gitlab.com": "{base}/-/commit/{sha}", "bitbucket.org": "{base}/commits/{sha}"}
+
+
+def commit_url_template(remote_url: str | None) -> str | None:
+    """`https://github.com/o/r/commit/{sha}` for a remote on a forge whose web URLs we know, else None."""
+    m = _REMOTE.match(remote_url or "")
+    if not m or m["host"] not in _COMMIT_PATH:
+        return None
+    return _COMMIT_PATH[m["host"]].format(base=f"https://{m['host']}/{m['path']}", sha="{sha}")

@@ -1,0 +1,45 @@
+"""`reconciler run --serve`: the real daemon with the local provider, its status page beside it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+from tests.conftest import StateRepoFixture
+from tests.web.conftest import ROOT, free_port
+
+
+def test_run_with_serve_shows_the_daemon_s_job_on_the_page(state_repo: StateRepoFixture, tmp_path: Path) -> None:
+    state_repo.write("desired/sleeper.yaml", yaml.safe_dump({
+        "apiVersion": "reconciler.dev/v1", "kind": "Job", "metadata": {"name": "sleeper"},
+        "spec": {"command": [sys.executable, "-c", "import time; time.sleep(60)"], "target_steps": 10}}))
+    state_repo.commit("sleeper")
+    port = free_port()
+    log = tmp_path / "daemon.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "reconciler", "run", "--repo", str(state_repo.path),
+                                 "--serve", f"127.0.0.1:{port}"], stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "300"})
+    try:
+        deadline, text = time.time() + 60, ""
+        while time.time() < deadline:
+            try:
+                text = httpx.get(f"http://127.0.0.1:{port}/", timeout=2).text
+                if 'data-job="sleeper"' in text and ("p-running" in text or "p-launching" in text):
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        else:
+            raise AssertionError(f"the page never showed the job launched: {text[-500:]}\n{log.read_text()}")
+        assert f"status page: http://127.0.0.1:{port}/" in log.read_text()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
