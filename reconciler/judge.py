@@ -111,17 +111,26 @@ def end_time(attempt: Attempt, now: float, *candidates: float | None) -> float:
     return now
 
 
+def steps_lost(attempt: Attempt, run: RunObservation) -> int:
+    """The steps the next attempt will compute again: the highest step this attempt finished (its
+    heartbeat, or the worker's per-step mark when that is further) minus the durable step, the
+    one the next attempt restores from. The heartbeat alone (every 10 s) misses the steps after it.
+    """
+    if run.heartbeat_epoch != attempt.epoch:
+        return 0
+    reached = max(run.heartbeat_step or 0, run.reached_step or 0)
+    return max(0, reached - run.durable_step)
+
+
 def close(attempt: Attempt, outcome: Outcome, now: float, run: RunObservation, detail: str = "",
           exit_code: int | None = None, price_per_hour: float = 0.0, ended: float | None = None,
           billed: float | None = None) -> Attempt:
     """The attempt, ended at `ended` (default now) and billed up to then: the provider's own bill
     when it reports one (`billed`), else the provider's price over the attempt's time."""
     end = now if ended is None else end_time(attempt, now, ended)
-    heartbeat = run.heartbeat_step if run.heartbeat_epoch == attempt.epoch else None
     lost = 0
     if outcome in (Outcome.INTERRUPTION, Outcome.SESSION_END, Outcome.STALLED, Outcome.JOB_ERROR):
-        if heartbeat is not None:
-            lost = max(0, heartbeat - run.durable_step)
+        lost = steps_lost(attempt, run)
     hours = max(0.0, end - attempt.started) / 3600.0
     return attempt.model_copy(update={
         "ended": end,

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from adapters.storage import CheckpointName, CorruptCheckpoint, Fenced, RunFolder, StorageError
+from adapters.storage import LEASE_LOG, CheckpointName, CorruptCheckpoint, Fenced, RunFolder, StorageError
 from reconciler.worker import snapshot
 
 log = logging.getLogger("reconciler.worker")
@@ -314,6 +314,7 @@ class Run:
         self._heartbeat(step, metrics, force=False)
 
     def _heartbeat(self, step: int, metrics: dict[str, Any], force: bool) -> None:
+        self._mark(step)
         now = time.monotonic()
         if not force and now - self._last_beat < self.heartbeat_interval:
             return
@@ -332,6 +333,13 @@ class Run:
             raise self._superseded(exc) from None
         if not force:
             self._check_stop_request()
+
+    def _mark(self, step: int) -> None:
+        """The cheap per-step record of how far this attempt got (see RunFolder.mark_reached)."""
+        try:
+            self.folder.mark_reached(self.epoch, step)
+        except OSError as exc:
+            log.debug("could not record the step reached: %s", exc)
 
     def complete(self, step: int, **metrics: float) -> None:
         """Mark the run done: waits for the pending upload, then creates done.json once (fenced)."""
@@ -362,6 +370,7 @@ class Run:
             self._upload = None
         if self._upload_error is not None:
             log.error("the last checkpoint upload failed: %s", self._upload_error)
+        self.folder.close_marks()
         for sig, handler in self._old_handlers.items():
             try:
                 signal.signal(sig, handler)
@@ -449,6 +458,7 @@ def open_run(
             f"lease at {folder.url('lease.json')} is at epoch {current} but this worker was given epoch "
             f"{epoch}: the launcher must bump the lease before starting the worker"
         )
+    _tidy(folder, epoch)
     return Run(
         folder,
         run_id,
@@ -462,6 +472,19 @@ def open_run(
         keep=keep,
         install_signal_handlers=install_signal_handlers,
     )
+
+
+def _tidy(folder: RunFolder, epoch: int) -> None:
+    """What killed attempts left behind: temp files of interrupted atomic writes, and the step
+    marks of attempts the reconciler has already judged (the previous epoch's is kept for it)."""
+    try:
+        removed = folder.remove_stale_temp_files("", LEASE_LOG)
+        folder.forget_reached(before_epoch=epoch - 1)
+    except (StorageError, OSError) as exc:
+        log.debug("could not tidy the run folder: %s", exc)
+        return
+    if removed:
+        log.info("removed temporary files left by a killed writer: %s", ", ".join(removed))
 
 
 __all__ = [
