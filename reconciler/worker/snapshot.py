@@ -31,6 +31,7 @@ ALIGN = 64
 META = "meta.pkl"
 DEFAULT_SHARD_BYTES = 16 << 20  # small enough to verify in parallel on few cores
 RNG_KEY = "__rng__"
+RNG_RANKS_KEY = "__rng_ranks__"  # under torchrun: every rank's RNG states, in rank order
 
 
 def shard_bytes() -> int:
