@@ -89,6 +89,12 @@ def _evidence_verdict(attempt: Attempt, state: WorkerState, run: RunObservation,
             return Verdict(Outcome.INTERRUPTION, f"interrupted: {word}, after a new checkpoint")
         return Verdict(Outcome.JOB_ERROR, f"{word} before any new checkpoint; without the provider's word that "
                                           "it was preempted, this counts as a failure")
+    if _stopped_by_sdk(attempt, state, run):
+        # The SDK wrote its last beat after the final checkpoint and then exited 75, but torchrun
+        # reports any rank's failing exit as 1: the beat is the evidence of a clean stop.
+        return Verdict(Outcome.SESSION_END if run.heartbeat_stopping == "deadline" else Outcome.INTERRUPTION,
+                       f"every rank checkpointed and stopped ({run.heartbeat_stopping}); the launcher "
+                       f"exited with code {state.exit_code}")
     if state.exit_code == EXIT_INTERRUPTED and run.heartbeat_epoch == attempt.epoch \
             and run.heartbeat_stopping == "deadline":
         # The SDK saw RECONCILER_DEADLINE (the provider's session end, or the job's own deadline,
@@ -100,6 +106,12 @@ def _evidence_verdict(attempt: Attempt, state: WorkerState, run: RunObservation,
     if state.exit_code == 0:
         return Verdict(Outcome.JOB_ERROR, "exited 0 without writing its completion record (done.json)")
     return Verdict(Outcome.JOB_ERROR, f"exited with code {state.exit_code}")
+
+
+def _stopped_by_sdk(attempt: Attempt, state: WorkerState, run: RunObservation) -> bool:
+    """Exited 1 (torchrun's code for any failed rank) right after this attempt's SDK wrote its
+    stopping beat, which it writes only once the final checkpoint is committed."""
+    return state.exit_code == 1 and run.heartbeat_epoch == attempt.epoch and run.heartbeat_stopping is not None
 
 
 def end_time(attempt: Attempt, now: float, *candidates: float | None) -> float:

@@ -26,8 +26,8 @@ from typing import Any
 import torch
 
 from adapters.storage import LEASE_LOG, CheckpointName, CorruptCheckpoint, Fenced, RunFolder, StorageError
-from reconciler.worker import sharded as dcp_format
 from reconciler.worker import dist, snapshot
+from reconciler.worker import sharded as dcp_format
 from reconciler.worker.dist import Group
 
 log = logging.getLogger("reconciler.worker")

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from adapters.storage import COMMIT_FILE, RunFolder
-from tests.worker.harness import Store, assert_same, join, join_ranks, load, run_ranks, start_ranks
+from tests.worker.harness import Store, assert_same, join_ranks, load, run_ranks, start_ranks
 
 STEPS = 12
 EVERY = 4

@@ -76,13 +76,14 @@ def test_steps_lost_are_the_steps_the_next_attempt_recomputes(tmp_path: Path) ->
     epoch = folder.bump_lease()
     started = time.time()
     # Killed after finishing step 13: its only heartbeat was step 1, its last checkpoint step 10 (or 5).
-    assert attempt(store.env(folder, epoch, **slow_beats), {"steps": 20, "seed": 1, "die_at": 13, "log": str(log)}) == -9
+    cfg = {"steps": 20, "seed": 1, "log": str(log)}
+    assert attempt(store.env(folder, epoch, **slow_beats), {**cfg, "die_at": 13}) == -9
     seen = read_run(str(tmp_path), "job", run_id, {})
     assert seen.heartbeat_step == 1, "the heartbeat alone never saw the steps after step 1"
     first = Attempt(epoch=epoch, provider="local", worker="w", started=started)
     closed = close(first, Outcome.INTERRUPTION, time.time(), seen)
     # The next attempt: what it restores from and what it then computes again.
-    assert attempt(store.env(folder, folder.bump_lease(), **slow_beats), {"steps": 20, "seed": 1, "log": str(log)}) == 0
+    assert attempt(store.env(folder, folder.bump_lease(), **slow_beats), cfg) == 0
     restored = _notes(log, "restored")[-1]
     assert restored == seen.durable_step and restored in (5, 10)  # save(10) may still be uploading
     assert closed.steps_lost == 13 - restored
