@@ -80,12 +80,18 @@ def env_world() -> tuple[int, int]:
 
 
 def from_env() -> Group:
-    """This process's group: initialises torch.distributed when the launcher started several ranks."""
+    """This process's group: the script's own process group when it initialised one (with
+    `torch.multiprocessing.spawn`, say), else one initialised from the launcher's environment."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        if dist.get_world_size() == 1:
+            return Group()
+        if "WORLD_SIZE" not in os.environ:
+            return Group(dist.get_rank(), dist.get_world_size(), _own_group())
     rank, world = env_world()
     if world == 1:
         return Group()
-    import torch.distributed as dist
-
     if not dist.is_available():
         raise RuntimeError(f"WORLD_SIZE={world} but this torch build has no torch.distributed")
     if not dist.is_initialized():
@@ -96,5 +102,10 @@ def from_env() -> Group:
             f"torch.distributed has rank {dist.get_rank()} of {dist.get_world_size()} but the environment "
             f"says RANK={rank} WORLD_SIZE={world}: initialise the process group from the launcher's environment"
         )
-    pg = dist.new_group(backend="gloo", timeout=COORDINATION_TIMEOUT)
-    return Group(rank, world, pg)
+    return Group(rank, world, _own_group())
+
+
+def _own_group() -> Any:
+    """A gloo group over all ranks for the SDK's small CPU collectives (a collective call: every
+    rank creates it, in open_run)."""
+    return torch.distributed.new_group(backend="gloo", timeout=COORDINATION_TIMEOUT)

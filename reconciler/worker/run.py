@@ -617,7 +617,7 @@ def _tidy(folder: RunFolder, epoch: int) -> None:
     """What killed attempts left behind: temp files of interrupted atomic writes, and the step
     marks of attempts the reconciler has already judged (the previous epoch's is kept for it)."""
     try:
-        removed = folder.remove_stale_temp_files("", LEASE_LOG)
+        removed = folder.remove_stale_temp_files("", LEASE_LOG, "logs")
         folder.forget_reached(before_epoch=epoch - 1)
     except (StorageError, OSError) as exc:
         log.debug("could not tidy the run folder: %s", exc)

@@ -146,3 +146,14 @@ def test_ddp_under_torchrun_completes_with_one_commit_per_checkpoint(tmp_path: P
     assert committed == [f"{8:012d}-e1", f"{12:012d}-e1"]
     assert folder.done()["step"] == STEPS and folder.progress().step == STEPS
     assert [notes(tmp_path / "tr.log", r, "completed") for r in (0, 1)] == [[STEPS], [STEPS]]
+
+
+def test_a_process_group_the_script_initialised_itself_is_used(ranks_store: Store, tmp_path: Path) -> None:
+    # As under torch.multiprocessing.spawn: no RANK/WORLD_SIZE in the environment, only the group.
+    folder = ranks_store.folder()
+    log = tmp_path / "own.log"
+    cfg = {"mode": "ddp", "steps": STEPS, "seed": 3, "log": str(log), "own_group": True}
+    assert run_ranks(ranks_store.env(folder, folder.bump_lease(), **QUIET), cfg, 2) == [0, 0]
+    committed = sorted(n for n, files in checkpoint_dirs(folder).items() if COMMIT_FILE in files)
+    assert committed == [f"{8:012d}-e1", f"{12:012d}-e1"]
+    assert folder.done()["step"] == STEPS

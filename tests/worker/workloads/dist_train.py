@@ -4,7 +4,8 @@ gloo on CPU. Every rank writes its notes to `<log>.<rank>`.
 cfg keys: mode ("ddp": a DistributedDataParallel model and optimizer, the same on every rank;
 "sharded": a DTensor sharded over the ranks plus a replicated tensor, saved through
 torch.distributed.checkpoint), steps, seed, out (the final state, written by rank 0), log,
-sleep (seconds per step), die_at (step after which this rank SIGKILLs itself).
+sleep (seconds per step), die_at (step after which this rank SIGKILLs itself), own_group (the
+script initialises torch.distributed itself, as under torch.multiprocessing.spawn).
 
 Both modes are deterministic and independent of the RNG streams, so a resumed run must end
 bit-identical to an uninterrupted one; the sharded one also to one run on another world size.
@@ -73,6 +74,10 @@ def _final(state: dict[str, Any]) -> dict[str, Any]:
 def main(cfg: dict[str, Any]) -> None:
     torch.set_num_threads(1)
     steps, seed, mode = int(cfg["steps"]), int(cfg.get("seed", 0)), cfg.get("mode", "ddp")
+    if cfg.get("own_group"):  # the script initialises torch.distributed itself, without RANK/WORLD_SIZE
+        rank, world = int(os.environ.pop("RANK")), int(os.environ.pop("WORLD_SIZE"))
+        address = f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        torch.distributed.init_process_group("gloo", init_method=address, rank=rank, world_size=world)
     with open_run(sharded=mode == "sharded") as run:
         rank, world = run.group.rank, run.group.world
         if mode == "ddp":
