@@ -6,6 +6,7 @@ last heartbeat are counted as lost: exactly the steps the next attempt computes 
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -87,3 +88,31 @@ def test_steps_lost_are_the_steps_the_next_attempt_recomputes(tmp_path: Path) ->
     restored = _notes(log, "restored")[-1]
     assert restored == seen.durable_step and restored in (5, 10)  # save(10) may still be uploading
     assert closed.steps_lost == 13 - restored
+
+
+def test_only_temp_files_of_dead_or_long_gone_writers_are_removed(tmp_path: Path) -> None:
+    from adapters.store import _HOST, STALE_TEMP_SECONDS
+
+    folder = RunFolder(str(tmp_path))
+    gone_pid = _reaped_pid()
+    files = {
+        f"progress.json.tmp-{_HOST}-{os.getpid()}-aaaa": True,  # this process: being written
+        f"progress.json.tmp-{_HOST}-{gone_pid}-bbbb": False,  # this host, writer gone
+        "stop.json.tmp-otherhost-12-cccc": True,  # another host, recent: may be in flight
+        "lease.json.tmp-otherhost-13-dddd": False,  # another host, long ago
+    }
+    for name in files:
+        (tmp_path / name).write_bytes(b"x")
+    old = time.time() - STALE_TEMP_SECONDS - 60
+    os.utime(tmp_path / "lease.json.tmp-otherhost-13-dddd", (old, old))
+    removed = folder.remove_stale_temp_files()
+    assert sorted(removed) == sorted(n for n, kept in files.items() if not kept)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(n for n, kept in files.items() if kept)
+
+
+def _reaped_pid() -> int:
+    import subprocess
+
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
