@@ -19,7 +19,11 @@ from typing import Any
 
 import pytest
 
+from adapters.compute import WorkerPhase, WorkerState
 from adapters.storage import COMMIT_FILE, RunFolder
+from reconciler.judge import classify
+from reconciler.loop import read_run
+from status.models import Attempt, Outcome
 from tests.worker.harness import Store, assert_same, join_ranks, load, run_ranks, start_ranks
 
 STEPS = 12
@@ -131,21 +135,51 @@ def test_a_stop_notice_on_one_rank_stops_all_ranks_at_the_same_step(
     assert_same(sharded_on_two, load(str(out)), "state saved by 4 ranks on a stop, resumed on 2")
 
 
-def test_ddp_under_torchrun_completes_with_one_commit_per_checkpoint(tmp_path: Path) -> None:
-    store = Store("file", str(tmp_path / "runs"))
-    folder = store.folder()
-    env = {**os.environ, **store.env(folder, folder.bump_lease(), **QUIET), "GLOO_SOCKET_IFNAME": "lo",
+def test_ddp_under_torchrun_stops_on_sigterm_and_the_reconciler_counts_it_as_an_interruption(
+        ranks_store: Store, tmp_path: Path) -> None:
+    folder = ranks_store.folder()
+    epoch = folder.bump_lease()
+    env = {**os.environ, **ranks_store.env(folder, epoch, **QUIET), "GLOO_SOCKET_IFNAME": "lo",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
     script = Path(__file__).parent / "workloads" / "dist_train.py"
-    cfg = {"mode": "ddp", "steps": STEPS, "seed": 3, "log": str(tmp_path / "tr.log")}
-    proc = subprocess.run(
+    log = tmp_path / "tr.log"
+    cfg = {"mode": "ddp", "steps": STEPS, "seed": 3, "log": str(log)}
+    proc = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
-         json.dumps(cfg)], env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    committed = sorted(n for n, files in checkpoint_dirs(folder).items() if COMMIT_FILE in files)
-    assert committed == [f"{8:012d}-e1", f"{12:012d}-e1"]
-    assert folder.done()["step"] == STEPS and folder.progress().step == STEPS
-    assert [notes(tmp_path / "tr.log", r, "completed") for r in (0, 1)] == [[STEPS], [STEPS]]
+         json.dumps({**cfg, "sleep": 0.2})], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not notes(log, 1, "step") or notes(log, 1, "step")[-1] < 2:
+        assert time.monotonic() < deadline and proc.poll() is None, "the ranks never got going"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)  # what a provider's stop does to the launcher
+    output, _ = proc.communicate(timeout=120)
+    # torchrun turns the ranks' 75 into 1; the SDK's stopping beat tells the reconciler what it was.
+    assert proc.returncode == 1, output[-3000:]
+    stopped = [notes(log, r, "stopped") for r in (0, 1)]
+    assert stopped[0] == stopped[1] and len(stopped[0]) == 1, stopped
+    step = stopped[0][0]
+    assert folder.durable_step() == step < STEPS
+    seen = read_run(ranks_store.base, "job", folder.uri.rsplit("/", 1)[-1], {})
+    assert seen.heartbeat_stopping == "signal"
+    verdict = classify(desired_job(), Attempt(epoch=epoch, provider="p", worker="w", started=0.0),
+                       WorkerState(WorkerPhase.EXITED, 1), seen)
+    assert verdict is not None and verdict.outcome == Outcome.INTERRUPTION
+    # The next attempt (same world size) finishes the run; every save committed once.
+    assert run_ranks(ranks_store.env(folder, folder.bump_lease(), **QUIET), cfg, 2) == [0, 0]
+    assert [notes(log, r, "restored")[-1] for r in (0, 1)] == [step, step]
+    committed = {n for n, files in checkpoint_dirs(folder).items() if COMMIT_FILE in files}
+    assert {f"{8:012d}-e2", f"{12:012d}-e2"} <= committed
+    assert folder.done()["step"] == STEPS
+
+
+def desired_job() -> Any:
+    from desired.parse import parse_desired
+
+    manifest = "apiVersion: reconciler.dev/v1\nkind: Job\nmetadata: {name: job}\n" \
+               "spec: {command: [python, train.py], target_steps: 12}\n"
+    state = parse_desired({"desired/job.yaml": manifest})
+    assert not state.errors, state.errors
+    return state.jobs["job"]
 
 
 def test_a_process_group_the_script_initialised_itself_is_used(ranks_store: Store, tmp_path: Path) -> None:
