@@ -136,6 +136,16 @@ class Run:
             for sig in STOP_SIGNALS:
                 self._old_handlers[sig] = signal.signal(sig, self._on_signal)
 
+    @property
+    def rank(self) -> int:
+        """This process's rank under torchrun (0 in a single process)."""
+        return self.group.rank
+
+    @property
+    def world_size(self) -> int:
+        """How many ranks this attempt has (1 in a single process)."""
+        return self.group.world
+
     # ---- stopping --------------------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if not self._noticed():

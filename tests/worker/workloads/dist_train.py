@@ -79,7 +79,7 @@ def main(cfg: dict[str, Any]) -> None:
         address = f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
         torch.distributed.init_process_group("gloo", init_method=address, rank=rank, world_size=world)
     with open_run(sharded=mode == "sharded") as run:
-        rank, world = run.group.rank, run.group.world
+        rank, world = run.rank, run.world_size
         if mode == "ddp":
             ddp, opt, state = _ddp_state(seed)
         else:
