@@ -4,6 +4,7 @@ Layout of one run (DESIGN.md §3)::
 
     <storage>/<job>/<run-id>/lease.json                      the lease: epoch, acknowledged checkpoints, done
     <storage>/<job>/<run-id>/progress.json                   heartbeat of the live attempt
+    <storage>/<job>/<run-id>/reached-e<epoch>                 the highest step an attempt finished (local disk)
     <storage>/<job>/<run-id>/checkpoints/<step>-e<epoch>/... payload, then COMMIT.json (written last)
     <storage>/<job>/<run-id>/done.json                       completion record, created once
     <storage>/<job>/<run-id>/stop.json                       the reconciler's stop request (epoch, reason)
@@ -57,6 +58,8 @@ CHECKPOINT_DIR = re.compile(r"^(?P<step>\d+)-e(?P<epoch>\d+)$")
 COMMIT_FILE = "COMMIT.json"
 LEASE_FILE = "lease.json"
 STOP_FILE = "stop.json"
+REACHED_FILE = "reached-e{epoch}"
+REACHED_NAME = re.compile(r"^reached-e(?P<epoch>\d+)$")
 LEASE_LOG = ".lease"
 # How many acknowledged checkpoint names the lease remembers (collection keeps far fewer).
 LEASE_REMEMBERS = 32
@@ -79,6 +82,7 @@ class Progress:
     time: float
     metrics: dict[str, float]
     stopping: str | None = None  # the worker's last beat before a stop: "deadline", "signal" or "request"
+    reached: int | None = None  # the highest step this epoch is known to have passed (>= step)
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,10 @@ class CheckpointName:
 
 class RunFolder(StoreFolder):
     """One run's folder: its lease, heartbeat, stop request, attempt logs, completion and checkpoints."""
+
+    def __init__(self, uri: str, storage_options: dict[str, Any] | None = None) -> None:
+        super().__init__(uri, storage_options)
+        self._reached_fds: dict[int, int] = {}
 
     @classmethod
     def for_run(cls, storage: str, job: str, run_id: str, storage_options: dict[str, Any] | None = None) -> RunFolder:
@@ -249,9 +257,54 @@ class RunFolder(StoreFolder):
                 time=float(data.get("time", 0.0)),
                 metrics={k: float(v) for k, v in (data.get("metrics") or {}).items()},
                 stopping=str(data["stopping"]) if data.get("stopping") else None,
+                reached=max(int(data.get("step", 0)), self.reached(int(data.get("epoch", 0))) or 0),
             )
         except (TypeError, ValueError):
             return None
+
+    # ---- the step reached, between heartbeats ------------------------------------------------------------
+    def mark_reached(self, epoch: int, step: int) -> None:
+        """Record cheaply that attempt `epoch` finished `step`: on local disk an in-place write of a
+        few bytes into `reached-e<epoch>` (no fsync, no rename: it survives the process being
+        killed, and a kill leaves nothing half-written behind), so the steps a killed attempt did
+        after its last heartbeat are counted as lost. Other stores rely on the heartbeat alone
+        (one request per step would cost more than it tells). Not fenced: each epoch has its own file.
+        """
+        if self.kind != "local":
+            return
+        fd = self._reached_fds.get(epoch)
+        if fd is None:
+            fd = os.open(self.path(REACHED_FILE.format(epoch=int(epoch))), os.O_WRONLY | os.O_CREAT, 0o644)
+            self._reached_fds[epoch] = fd
+        os.pwrite(fd, f"{int(step):019d}\n".encode(), 0)
+
+    def reached(self, epoch: int) -> int | None:
+        """What `mark_reached` last recorded for `epoch`, or None."""
+        if self.kind != "local":
+            return None
+        blob = self.read_bytes(REACHED_FILE.format(epoch=int(epoch)))
+        try:
+            return int(blob) if blob else None
+        except ValueError:
+            return None
+
+    def forget_reached(self, before_epoch: int) -> None:
+        """Delete the marks of epochs older than `before_epoch` (the reconciler has judged them)."""
+        if self.kind != "local":
+            return
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return
+        for n in names:
+            m = REACHED_NAME.match(n)
+            if m and int(m["epoch"]) < before_epoch:
+                self.delete(n)
+
+    def close_marks(self) -> None:
+        for fd in self._reached_fds.values():
+            os.close(fd)
+        self._reached_fds = {}
 
     # ---- stop requests ------------------------------------------------------------------------------------
     def request_stop(self, epoch: int, reason: str) -> None:

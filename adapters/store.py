@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -190,7 +191,7 @@ class StoreFolder:
 
     def _local_atomic_write(self, path: str, data: bytes | memoryview) -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp = _temp_name(path)
         try:
             with open(tmp, "wb") as fh:
                 fh.write(data)
@@ -264,7 +265,7 @@ class StoreFolder:
     def _local_create_exclusive(self, path: str, data: bytes) -> bool:
         directory = os.path.dirname(path)
         os.makedirs(directory, exist_ok=True)
-        tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp = _temp_name(path)
         try:
             with open(tmp, "wb") as fh:
                 fh.write(data)
@@ -495,6 +496,32 @@ class StoreFolder:
                 raise CorruptCheckpoint(f"{self.url(name)} is missing") from exc
             raise StorageError(f"cannot read {self.url(name)}: {exc}") from exc
 
+    def remove_stale_temp_files(self, *folders: str) -> list[str]:
+        """Delete temporary files that a killed writer left behind in `folders` (the folder itself
+        when none are named): local disk only, where atomic writes go through `<name>.tmp-*`.
+
+        A temp file is stale when its writer was on this host and is no longer running, or when
+        it is older than STALE_TEMP_SECONDS (a writer on another host sharing the disk). Returns
+        the names removed.
+        """
+        if self.kind != "local":
+            return []
+        removed = []
+        for folder in folders or ("",):
+            top = self.path(folder) if folder else self.root
+            try:
+                names = os.listdir(top)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for n in names:
+                if ".tmp-" in n and _temp_is_stale(os.path.join(top, n)):
+                    try:
+                        os.unlink(os.path.join(top, n))
+                        removed.append(f"{folder}/{n}" if folder else n)
+                    except FileNotFoundError:
+                        pass
+        return removed
+
     # ---- conditional-write probe ----------------------------------------------------------------------
     def check_conditional_writes(self) -> None:
         """Refuse a store that ignores conditional writes (probed once per store and process)."""
@@ -571,6 +598,38 @@ class StoreFolder:
     def write_json(self, name: str, data: dict[str, Any]) -> None:
         """Write whole-file: readers see the old or the new version, never a mix."""
         self.write_bytes(name, json.dumps(data, sort_keys=True).encode())
+
+
+STALE_TEMP_SECONDS = 600.0
+_HOST = socket.gethostname().replace("-", "_")
+
+
+def _temp_name(path: str) -> str:
+    """`<path>.tmp-<host>-<pid>-<random>`: who wrote it, so a later attempt can tell a dead
+    writer's leftover from a file being written right now."""
+    return f"{path}.tmp-{_HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _temp_is_stale(path: str) -> bool:
+    parts = path.rsplit(".tmp-", 1)[-1].split("-")
+    if len(parts) == 3 and parts[0] == _HOST and parts[1].isdigit():
+        return not _pid_alive(int(parts[1]))
+    try:
+        return time.time() - os.path.getmtime(path) > STALE_TEMP_SECONDS
+    except FileNotFoundError:
+        return False
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _fsync_dir(path: str) -> None:

@@ -89,6 +89,12 @@ def _evidence_verdict(attempt: Attempt, state: WorkerState, run: RunObservation,
             return Verdict(Outcome.INTERRUPTION, f"interrupted: {word}, after a new checkpoint")
         return Verdict(Outcome.JOB_ERROR, f"{word} before any new checkpoint; without the provider's word that "
                                           "it was preempted, this counts as a failure")
+    if _stopped_by_sdk(attempt, state, run):
+        # The SDK wrote its last beat after the final checkpoint and then exited 75, but torchrun
+        # reports any rank's failing exit as 1: the beat is the evidence of a clean stop.
+        return Verdict(Outcome.SESSION_END if run.heartbeat_stopping == "deadline" else Outcome.INTERRUPTION,
+                       f"every rank checkpointed and stopped ({run.heartbeat_stopping}); the launcher "
+                       f"exited with code {state.exit_code}")
     if state.exit_code == EXIT_INTERRUPTED and run.heartbeat_epoch == attempt.epoch \
             and run.heartbeat_stopping == "deadline":
         # The SDK saw RECONCILER_DEADLINE (the provider's session end, or the job's own deadline,
@@ -102,6 +108,12 @@ def _evidence_verdict(attempt: Attempt, state: WorkerState, run: RunObservation,
     return Verdict(Outcome.JOB_ERROR, f"exited with code {state.exit_code}")
 
 
+def _stopped_by_sdk(attempt: Attempt, state: WorkerState, run: RunObservation) -> bool:
+    """Exited 1 (torchrun's code for any failed rank) right after this attempt's SDK wrote its
+    stopping beat, which it writes only once the final checkpoint is committed."""
+    return state.exit_code == 1 and run.heartbeat_epoch == attempt.epoch and run.heartbeat_stopping is not None
+
+
 def end_time(attempt: Attempt, now: float, *candidates: float | None) -> float:
     """When the attempt really ended: the first known of `candidates` (the provider's end time,
     the completion record, the last heartbeat), kept between its start and now; else now."""
@@ -111,17 +123,26 @@ def end_time(attempt: Attempt, now: float, *candidates: float | None) -> float:
     return now
 
 
+def steps_lost(attempt: Attempt, run: RunObservation) -> int:
+    """The steps the next attempt will compute again: the highest step this attempt finished (its
+    heartbeat, or the worker's per-step mark when that is further) minus the durable step, the
+    one the next attempt restores from. The heartbeat alone (every 10 s) misses the steps after it.
+    """
+    if run.heartbeat_epoch != attempt.epoch:
+        return 0
+    reached = max(run.heartbeat_step or 0, run.reached_step or 0)
+    return max(0, reached - run.durable_step)
+
+
 def close(attempt: Attempt, outcome: Outcome, now: float, run: RunObservation, detail: str = "",
           exit_code: int | None = None, price_per_hour: float = 0.0, ended: float | None = None,
           billed: float | None = None) -> Attempt:
     """The attempt, ended at `ended` (default now) and billed up to then: the provider's own bill
     when it reports one (`billed`), else the provider's price over the attempt's time."""
     end = now if ended is None else end_time(attempt, now, ended)
-    heartbeat = run.heartbeat_step if run.heartbeat_epoch == attempt.epoch else None
     lost = 0
     if outcome in (Outcome.INTERRUPTION, Outcome.SESSION_END, Outcome.STALLED, Outcome.JOB_ERROR):
-        if heartbeat is not None:
-            lost = max(0, heartbeat - run.durable_step)
+        lost = steps_lost(attempt, run)
     hours = max(0.0, end - attempt.started) / 3600.0
     return attempt.model_copy(update={
         "ended": end,

@@ -474,6 +474,7 @@ def read_run(storage: str, job: str, run_id: str, options: dict[str, str]) -> Ru
             heartbeat_epoch=progress.epoch if progress else None,
             heartbeat_time=progress.time if progress else None,
             heartbeat_stopping=progress.stopping if progress else None,
+            reached_step=progress.reached if progress else None,
             done=done is not None,
             done_time=_number(done.get("time")) if done else None,
         )

@@ -30,6 +30,9 @@ class RunObservation:
     heartbeat_epoch: int | None = None
     heartbeat_time: float | None = None
     heartbeat_stopping: str | None = None  # the SDK's last beat said why it stops: deadline, signal, request
+    # The highest step the heartbeat's epoch finished, from the heartbeat and the worker's cheap
+    # per-step mark (reached-e<epoch>): what a killed attempt did after its last heartbeat.
+    reached_step: int | None = None
     done: bool = False
     done_time: float | None = None  # the worker's clock when it wrote the completion record
     error: str | None = None  # storage could not be read

@@ -25,8 +25,10 @@ from typing import Any
 
 import torch
 
-from adapters.storage import CheckpointName, CorruptCheckpoint, Fenced, RunFolder, StorageError
-from reconciler.worker import snapshot
+from adapters.storage import LEASE_LOG, CheckpointName, CorruptCheckpoint, Fenced, RunFolder, StorageError
+from reconciler.worker import dist, snapshot
+from reconciler.worker import sharded as dcp_format
+from reconciler.worker.dist import Group
 
 log = logging.getLogger("reconciler.worker")
 
@@ -94,8 +96,14 @@ class Run:
         heartbeat_interval: float = 10.0,
         keep: int = 2,
         install_signal_handlers: bool = True,
+        group: Group | None = None,
+        sharded: bool = False,
     ) -> None:
         self.folder = folder
+        self.group = group or Group()
+        self.sharded = sharded
+        self._peer_stop = False  # another rank got a stop notice (agreed at the step's collective)
+        self._agreed: tuple[int, bool, bool] | None = None  # (step, stop, due) of the last agreement
         self.run_id = run_id
         self.epoch = epoch
         self.deadline = deadline
@@ -128,6 +136,16 @@ class Run:
             for sig in STOP_SIGNALS:
                 self._old_handlers[sig] = signal.signal(sig, self._on_signal)
 
+    @property
+    def rank(self) -> int:
+        """This process's rank under torchrun (0 in a single process)."""
+        return self.group.rank
+
+    @property
+    def world_size(self) -> int:
+        """How many ranks this attempt has (1 in a single process)."""
+        return self.group.world
+
     # ---- stopping --------------------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if not self._noticed():
@@ -135,8 +153,31 @@ class Run:
         self.stop_signal = signum
 
     def _noticed(self) -> bool:
-        """A stop notice came (signal or stop request); its grace period runs from `_stop_at`."""
-        return self.stop_signal is not None or self.stop_reason is not None
+        """A stop notice came (signal, stop request, or another rank's notice); its grace period
+        runs from `_stop_at`."""
+        return self.stop_signal is not None or self.stop_reason is not None or self._peer_stop
+
+    def _agree(self, step: int) -> tuple[bool, bool]:
+        """(stop now, checkpoint due by time) as every rank sees it at `step`: one small collective
+        per step under torchrun (cached for the step), so that all ranks stop, and checkpoint, at
+        the same step. A stop notice on any rank becomes a notice on all of them."""
+        stop = self.stop_requested
+        due = time.monotonic() - self._last_save_time >= self.checkpoint_seconds
+        if not self.group.distributed:
+            return stop, due
+        if self._agreed is not None and self._agreed[0] == step:
+            return self._agreed[1], self._agreed[2]
+        any_stop, any_due, high, neg_low = self.group.max([int(stop), int(due), int(step), -int(step)])
+        if high != -neg_low:
+            raise RuntimeError(
+                f"the ranks are at different steps ({-neg_low} to {high}) in should_checkpoint/exit_if_stopping: "
+                "call them once per step, with the same step, on every rank"
+            )
+        if any_stop and not stop:
+            self._peer_stop = True
+            self._stop_at = time.monotonic()
+        self._agreed = (step, bool(any_stop), bool(any_due))
+        return self._agreed[1], self._agreed[2]
 
     def _check_stop_request(self) -> None:
         """Read stop.json (one small read, at heartbeat cadence). A storage error is not a stop:
@@ -179,8 +220,9 @@ class Run:
         """When a stop was requested: checkpoint `step` (unless saved already), wait for it, exit 75.
 
         Call it once per step, after the step's work. It returns normally when no stop is pending.
+        Under torchrun every rank calls it with the same step; a notice on any rank stops all.
         """
-        if not self.stop_requested:
+        if not self._agree(step)[0]:
             return
         reason = self._stop_description()
         log.warning("stopping at step %d (%s): final checkpoint, then exit %d", step, reason, EXIT_INTERRUPTED)
@@ -195,7 +237,7 @@ class Run:
                 sys.stderr.flush()
                 os._exit(EXIT_INTERRUPTED)
         self.wait()
-        self._stopping = "signal" if self.stop_signal else (
+        self._stopping = "signal" if self.stop_signal or self._peer_stop else (
             "request" if self.stop_reason else "deadline")  # read by the reconciler: which kind of end
         self._heartbeat(step, {}, force=True)
         self.close()
@@ -206,6 +248,8 @@ class Run:
             return f"signal {signal.Signals(self.stop_signal).name}"
         if self.stop_reason is not None:
             return f"stop requested by the reconciler: {self.stop_reason}"
+        if self._peer_stop:
+            return "a stop notice on another rank"
         return "deadline near"
 
     # ---- restore -----------------------------------------------------------------------------------------
@@ -214,55 +258,101 @@ class Run:
 
         Every file is verified against the commit record before anything is loaded; a corrupt or
         incomplete checkpoint is withdrawn and the one before it is used. RNG states are restored
-        too. Plain values can be read afterwards from `run.restored[name]`.
+        too. Plain values can be read afterwards from `run.restored[name]`. Under torchrun every
+        rank calls it and every rank loads the same checkpoint (rank 0 chooses it).
         """
-        for name, obj in objects.items():
-            snapshot.restorable(name, obj)
-        try:
-            candidates = self.folder.accepted_checkpoints()
-        except Fenced as exc:
-            raise self._superseded(exc) from None
+        if not self.sharded:
+            for name, obj in objects.items():
+                snapshot.restorable(name, obj)
+        candidates = self._on_main(self.folder.accepted_checkpoints)
         for ckpt in candidates:
             try:
-                meta = snapshot.read(self.folder, ckpt, self._pool)
+                loaded = self._read(ckpt)
+                problem = None
             except CorruptCheckpoint as exc:
-                log.warning("checkpoint %s is unusable (%s); falling back to the one before", ckpt.dirname, exc)
-                try:
-                    self.folder.discard_checkpoint(self.epoch, ckpt)
-                except Fenced as fenced:
-                    raise self._superseded(fenced) from None
+                loaded, problem = None, str(exc)
+            if self.group.max([int(problem is not None)])[0]:
+                log.warning("checkpoint %s is unusable (%s); falling back to the one before",
+                            ckpt.dirname, problem or "a file another rank read is damaged")
+                self._on_main(lambda c=ckpt: self.folder.discard_checkpoint(self.epoch, c))
                 continue
-            saved = meta["objects"]
-            missing = [n for n in objects if n not in saved]
-            if missing:
-                raise KeyError(
-                    f"checkpoint {self.folder.url('checkpoints/' + ckpt.dirname)} has no "
-                    f"{', '.join(missing)}: it holds {', '.join(sorted(saved))}"
-                )
-            for name, obj in objects.items():
-                snapshot.apply(name, obj, saved[name])
-            self.restored = dict(saved)
-            snapshot.set_rng_state(meta[snapshot.RNG_KEY])
+            step = self._apply(ckpt, loaded, objects)
             self._restored_from = self._last_committed = ckpt.dirname
-            self._last_saved_step = int(meta["step"])
+            self._last_saved_step = step
             self._last_save_time = time.monotonic()
-            log.info("restored step %d from %s", meta["step"], self.folder.url("checkpoints/" + ckpt.dirname))
-            return int(meta["step"])
+            log.info("restored step %d from %s", step, self.folder.url("checkpoints/" + ckpt.dirname))
+            return step
         return 0
+
+    def _read(self, ckpt: CheckpointName) -> dict[str, Any]:
+        """Read and verify this rank's part of a checkpoint (all of it unless sharded)."""
+        if not self.sharded:
+            return snapshot.read(self.folder, ckpt, self._pool)
+        record = self.folder.read_commit(ckpt)
+        if not dcp_format.is_sharded(record):
+            raise CorruptCheckpoint(f"{ckpt.dirname} is not a sharded checkpoint but this run saves sharded state")
+        problem = dcp_format.verify(self.folder, ckpt, record, self.group)
+        if problem:
+            raise CorruptCheckpoint(problem)
+        return record
+
+    def _apply(self, ckpt: CheckpointName, loaded: Any, objects: dict[str, Any]) -> int:
+        if self.sharded:
+            dcp_format.load(self.folder, ckpt, objects, self.group)
+            return int(loaded["step"])
+        saved = loaded["objects"]
+        missing = [n for n in objects if n not in saved]
+        if missing:
+            raise KeyError(
+                f"checkpoint {self.folder.url('checkpoints/' + ckpt.dirname)} has no "
+                f"{', '.join(missing)}: it holds {', '.join(sorted(saved))}"
+            )
+        for name, obj in objects.items():
+            snapshot.apply(name, obj, saved[name])
+        self.restored = dict(saved)
+        per_rank = loaded.get(snapshot.RNG_RANKS_KEY)
+        if per_rank is not None and len(per_rank) == self.group.world:
+            snapshot.set_rng_state(per_rank[self.group.rank])
+        elif self.group.main:
+            snapshot.set_rng_state(loaded[snapshot.RNG_KEY])
+        else:
+            log.warning("checkpoint %s was saved by another number of ranks: this rank's RNG state is not restored",
+                        ckpt.dirname)
+        return int(loaded["step"])
+
+    def _on_main(self, action: Any) -> Any:
+        """Run `action` on rank 0 only and hand its result (or its failure) to every rank."""
+        result: Any = None
+        err: BaseException | None = None
+        if self.group.main:
+            try:
+                result = action()
+            except StorageError as exc:
+                err = exc
+        self._raise_shared(err)
+        return self.group.broadcast(result)
 
     # ---- save --------------------------------------------------------------------------------------------
     def should_checkpoint(self, step: int) -> bool:
-        """True every `checkpoint_every` steps (else every `checkpoint_seconds`), and when stopping."""
-        if self.stop_requested:
+        """True every `checkpoint_every` steps (else every `checkpoint_seconds`), and when stopping.
+        Under torchrun the answer is the same on every rank (see `_agree`)."""
+        stop, due = self._agree(step)
+        if stop:
             return True
         if self.checkpoint_every:
             return step % self.checkpoint_every == 0
-        return time.monotonic() - self._last_save_time >= self.checkpoint_seconds
+        return due
 
     def save(self, step: int, **objects: Any) -> None:
         """Checkpoint `objects` at `step`. Blocks only while the state is copied to host memory
         (and, if the previous save is still uploading, until that one is done); the upload and
         commit run in the background. A failed upload is raised by the next save/wait/complete.
+
+        Under torchrun every rank calls it. Replicated state (DDP): rank 0 writes the one
+        checkpoint (with every rank's RNG state) and the others go on; the next save, `wait` or
+        `complete` is a barrier on which all ranks learn how the write ended. Sharded state
+        (`open_run(sharded=True)`): every rank writes its part through torch.distributed.checkpoint
+        and the call returns once rank 0 has committed the whole.
         """
         self._check_open()
         self.wait()
@@ -271,34 +361,73 @@ class Run:
         if not objects:
             raise ValueError("save() needs the objects to checkpoint, e.g. run.save(step, model=model)")
         started = time.monotonic()
-        snap = snapshot.capture(step, objects, self._buffers)
-        self._buffers = snap.sections
+        if self.sharded:
+            self._save_sharded(step, objects, started)
+            return
+        rngs = self.group.gather(snapshot.rng_state()) if self.group.distributed else None
         self._last_saved_step = step
         self._last_save_time = started
+        if not self.group.main:
+            return
+        snap = snapshot.capture(step, objects, self._buffers)
+        if rngs is not None:
+            snap.meta[snapshot.RNG_RANKS_KEY] = rngs
+        self._buffers = snap.sections
         self._upload = threading.Thread(target=self._write, args=(snap, started), name="reconciler-upload")
         self._upload.start()
+
+    def _save_sharded(self, step: int, objects: dict[str, Any], started: float) -> None:
+        err: BaseException | None = None
+        try:
+            ckpt = dcp_format.write(self.folder, self.epoch, step, objects, self.group, self._last_committed)
+            if ckpt is not None:
+                self._after_commit(ckpt)
+        except (StorageError, OSError) as exc:
+            err = exc
+        self._raise_shared(err)
+        self._last_saved_step = step
+        self._last_save_time = started
+        self._save_seconds = time.monotonic() - started
 
     def _write(self, snap: snapshot.Snapshot, started: float) -> None:
         try:
             ckpt = snapshot.write(self.folder, self.epoch, snap, self._last_committed, self._pool)
             self._save_seconds = time.monotonic() - started  # copy + upload + commit: what a final save costs
-            self._last_committed = ckpt.dirname
-            protect = frozenset([self._restored_from]) if self._restored_from else frozenset()
-            try:
-                self.folder.collect(self.epoch, keep=self.keep, protect=protect)
-            except StorageError as exc:
-                if isinstance(exc, Fenced):
-                    raise
-                log.warning("could not collect old checkpoints: %s", exc)
+            self._after_commit(ckpt)
         except BaseException as exc:  # kept and raised in the training thread
             self._upload_error = exc
 
+    def _after_commit(self, ckpt: CheckpointName) -> None:
+        """Rank 0, once a checkpoint is committed: remember it, collect the old ones."""
+        self._last_committed = ckpt.dirname
+        protect = frozenset([self._restored_from]) if self._restored_from else frozenset()
+        try:
+            self.folder.collect(self.epoch, keep=self.keep, protect=protect)
+        except StorageError as exc:
+            if isinstance(exc, Fenced):
+                raise
+            log.warning("could not collect old checkpoints: %s", exc)
+
     def wait(self) -> None:
-        """Wait for the pending upload; raise its error if it failed (Superseded when fenced)."""
+        """Wait for the pending upload; raise its error if it failed (Superseded when fenced).
+        Under torchrun all ranks call it together and all raise when rank 0's upload failed."""
         if self._upload is not None:
             self._upload.join()
             self._upload = None
         err, self._upload_error = self._upload_error, None
+        self._raise_shared(err)
+
+    def _raise_shared(self, err: BaseException | None) -> None:
+        """Raise `err` (Superseded when fenced); under torchrun a collective, so that every rank
+        raises when any rank failed (a Superseded everywhere when rank 0 was fenced)."""
+        if self.group.distributed:
+            code = 0 if err is None else 2 if isinstance(err, Fenced) else 1
+            worst = self.group.max([code])[0]
+            if err is None and worst == 2:
+                err = Fenced(f"rank 0 found the lease at {self.folder.url('lease.json')} moved past epoch {self.epoch}")
+            elif err is None and worst == 1:
+                err = StorageError(f"another rank of run {self.run_id} could not write or read the run folder "
+                                   f"{self.folder.uri}: see its log")
         if err is None:
             return
         if isinstance(err, Fenced):
@@ -314,6 +443,9 @@ class Run:
         self._heartbeat(step, metrics, force=False)
 
     def _heartbeat(self, step: int, metrics: dict[str, Any], force: bool) -> None:
+        if not self.group.main:
+            return  # rank 0 reports for all: the ranks agree on the step (see _agree)
+        self._mark(step)
         now = time.monotonic()
         if not force and now - self._last_beat < self.heartbeat_interval:
             return
@@ -333,21 +465,33 @@ class Run:
         if not force:
             self._check_stop_request()
 
+    def _mark(self, step: int) -> None:
+        """The cheap per-step record of how far this attempt got (see RunFolder.mark_reached)."""
+        try:
+            self.folder.mark_reached(self.epoch, step)
+        except OSError as exc:
+            log.debug("could not record the step reached: %s", exc)
+
     def complete(self, step: int, **metrics: float) -> None:
         """Mark the run done: waits for the pending upload, then creates done.json once (fenced)."""
         self._check_open()
         self.wait()
-        self._heartbeat(step, metrics, force=True)
-        record = {
-            "step": int(step),
-            "run_id": self.run_id,
-            "time": time.time(),
-            "metrics": {k: float(v) for k, v in metrics.items()},
-        }
-        try:
-            self.folder.mark_done(self.epoch, record)
-        except Fenced as exc:
-            raise self._superseded(exc) from None
+        err: BaseException | None = None
+        if self.group.main:
+            try:
+                self._heartbeat(step, metrics, force=True)
+                record = {
+                    "step": int(step),
+                    "run_id": self.run_id,
+                    "time": time.time(),
+                    "metrics": {k: float(v) for k, v in metrics.items()},
+                }
+                self.folder.mark_done(self.epoch, record)
+            except Superseded:
+                err = Fenced(f"run {self.run_id} epoch {self.epoch} was replaced before it completed")
+            except StorageError as exc:
+                err = exc
+        self._raise_shared(err)
         self._completed = True
         self.close()
 
@@ -362,6 +506,7 @@ class Run:
             self._upload = None
         if self._upload_error is not None:
             log.error("the last checkpoint upload failed: %s", self._upload_error)
+        self.folder.close_marks()
         for sig, handler in self._old_handlers.items():
             try:
                 signal.signal(sig, handler)
@@ -408,6 +553,7 @@ def open_run(
     keep: int = 2,
     storage_options: dict[str, Any] | None = None,
     install_signal_handlers: bool = True,
+    sharded: bool = False,
 ) -> Run:
     """Open this attempt's run from the environment (arguments override it).
 
@@ -416,6 +562,11 @@ def open_run(
     RECONCILER_GRACE (seconds, default 30: the time a stop notice gives, and the least margin
     kept before the deadline) and RECONCILER_HEARTBEAT_INTERVAL (seconds, default 10).
     Without an epoch (a script started by hand) it takes the lease itself by bumping it.
+
+    Under torchrun (RANK and WORLD_SIZE set) every rank calls it; it initialises
+    torch.distributed from the environment unless the script did, and rank 0 alone takes care of
+    the lease, heartbeats, commits and completion. `sharded=True` saves through
+    torch.distributed.checkpoint, every rank its own part (FSDP, DTensor): see `save`.
     """
     env = os.environ
     uri = uri or env.get("RECONCILER_RUN_URI")
@@ -439,9 +590,13 @@ def open_run(
     if heartbeat_interval is None:
         heartbeat_interval = _env_float("RECONCILER_HEARTBEAT_INTERVAL", env.get("RECONCILER_HEARTBEAT_INTERVAL"))
     folder.check_conditional_writes()
+    if sharded:
+        dcp_format.check_folder(folder)
+    group = dist.from_env()
     if epoch is None:
-        epoch = folder.bump_lease(holder=f"worker:{socket.gethostname()}:{os.getpid()}")
-    current = folder.lease_epoch()
+        epoch = group.broadcast(
+            folder.bump_lease(holder=f"worker:{socket.gethostname()}:{os.getpid()}") if group.main else None)
+    current = group.broadcast(folder.lease_epoch() if group.main else None)
     if current > epoch:
         raise Superseded(f"lease at {folder.url('lease.json')} is at epoch {current}; this attempt has {epoch}")
     if current < epoch:
@@ -449,6 +604,8 @@ def open_run(
             f"lease at {folder.url('lease.json')} is at epoch {current} but this worker was given epoch "
             f"{epoch}: the launcher must bump the lease before starting the worker"
         )
+    if group.main:
+        _tidy(folder, epoch)
     return Run(
         folder,
         run_id,
@@ -461,7 +618,22 @@ def open_run(
         heartbeat_interval=10.0 if heartbeat_interval is None else heartbeat_interval,
         keep=keep,
         install_signal_handlers=install_signal_handlers,
+        group=group,
+        sharded=sharded,
     )
+
+
+def _tidy(folder: RunFolder, epoch: int) -> None:
+    """What killed attempts left behind: temp files of interrupted atomic writes, and the step
+    marks of attempts the reconciler has already judged (the previous epoch's is kept for it)."""
+    try:
+        removed = folder.remove_stale_temp_files("", LEASE_LOG, "logs")
+        folder.forget_reached(before_epoch=epoch - 1)
+    except (StorageError, OSError) as exc:
+        log.debug("could not tidy the run folder: %s", exc)
+        return
+    if removed:
+        log.info("removed temporary files left by a killed writer: %s", ", ".join(removed))
 
 
 __all__ = [

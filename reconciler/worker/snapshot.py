@@ -31,6 +31,7 @@ ALIGN = 64
 META = "meta.pkl"
 DEFAULT_SHARD_BYTES = 16 << 20  # small enough to verify in parallel on few cores
 RNG_KEY = "__rng__"
+RNG_RANKS_KEY = "__rng_ranks__"  # under torchrun: every rank's RNG states, in rank order
 
 
 def shard_bytes() -> int:
@@ -189,6 +190,7 @@ def capture(step: int, objects: dict[str, Any], reuse: dict[str, torch.Tensor]) 
         if buf is None or buf.numel() != offset:
             pin = any(t.is_cuda for t in tensors)
             buf = torch.empty(offset, dtype=torch.uint8, pin_memory=pin)
+            _zero_padding(buf, refs)
         for t, ref in zip(tensors, refs, strict=True):
             if ref.nbytes:
                 dst = buf[ref.offset : ref.offset + ref.nbytes].view(t.dtype).view(t.shape)
@@ -208,8 +210,20 @@ def capture(step: int, objects: dict[str, Any], reuse: dict[str, torch.Tensor]) 
             list(io_pool().map(lambda job: job[0].copy_(job[1]), jobs))
     if cuda_seen:
         torch.cuda.synchronize()
-    meta = {"format": FORMAT, "step": step, "objects": skeleton, RNG_KEY: rng_state(), "time": time.time()}
+    # No clock in the payload: the same state saved twice gives the same bytes (the commit record
+    # says when it was written).
+    meta = {"format": FORMAT, "step": step, "objects": skeleton, RNG_KEY: rng_state()}
     return Snapshot(step, meta, sections)
+
+
+def _zero_padding(buf: torch.Tensor, refs: list[TensorRef]) -> None:
+    """Zero the alignment slack after each tensor of a new buffer: it is written out with the
+    tensors, and uninitialised memory there would make files differ for the same state (and
+    could carry stale bytes of this process into storage). Reused buffers keep their zeros."""
+    for ref in refs:
+        end = (ref.offset + ref.nbytes + ALIGN - 1) // ALIGN * ALIGN
+        if end > ref.offset + ref.nbytes:
+            buf[ref.offset + ref.nbytes : end].zero_()
 
 
 def _shards(name: str, buf: torch.Tensor) -> list[tuple[str, memoryview]]:

@@ -157,6 +157,20 @@ def test_an_exit_75_after_the_sdk_saw_its_deadline_is_a_session_end(stopping: st
     assert p.statuses["train"].attempts[0].outcome == outcome
 
 
+@pytest.mark.parametrize(("stopping", "outcome"), [("deadline", Outcome.SESSION_END), ("signal", Outcome.INTERRUPTION),
+                                                   ("request", Outcome.INTERRUPTION), (None, Outcome.JOB_ERROR)])
+def test_torchruns_exit_1_after_the_sdks_stopping_beat_is_a_clean_stop(stopping: str | None, outcome: Outcome) -> None:
+    # torchrun exits 1 when its ranks exit 75; without the SDK's stopping beat, 1 stays a failure.
+    d = desired(job_yaml())
+    run_id = d.jobs["train"].run_id()
+    ref, _ = running("train", run_id, 1)
+    run = RunObservation(lease_epoch=1, durable_step=40, heartbeat_step=40, heartbeat_epoch=1,
+                         heartbeat_stopping=stopping)
+    p = plan(d, Observed(workers={ref: WorkerState(WorkerPhase.EXITED, 1, "COMPLETED")},
+                         runs={("train", run_id): run}), {"train": with_attempt(d)}, NOW)
+    assert p.statuses["train"].attempts[0].outcome == outcome
+
+
 @pytest.mark.parametrize(("hours_ago", "avoided"), [(1, ("501",)), (7, ())])
 def test_a_machine_that_lost_a_worker_lately_is_avoided_by_every_job_on_that_provider(
         hours_ago: float, avoided: tuple[str, ...]) -> None:

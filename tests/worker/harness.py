@@ -5,7 +5,9 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.connection
 import os
+import socket
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +31,9 @@ PRELOAD = [
     "botocore",
     "reconciler.worker",
     "tests.worker.workloads.train",
+    "tests.worker.workloads.dist_train",
+    "torch.distributed.checkpoint",
+    "torch.distributed.tensor",
 ]
 
 
@@ -131,6 +136,60 @@ def assert_same(a: Any, b: Any, where: str = "state") -> None:
             assert_same(x, y, f"{where}[{i}]")
     else:
         assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def _rank_child(env: dict[str, str], cfg: dict[str, Any]) -> None:
+    os.environ.update(env)
+    from tests.worker.workloads.dist_train import main
+
+    main(cfg)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_ranks(env: dict[str, str], cfg: dict[str, Any], world: int,
+                rank_env: dict[int, dict[str, Any]] | None = None) -> list[Any]:
+    """Start `world` ranks of the distributed workload as torchrun would: one process per rank,
+    RANK/LOCAL_RANK/WORLD_SIZE and a rendezvous on 127.0.0.1 in each one's environment."""
+    common = {**env, "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+              "GLOO_SOCKET_IFNAME": "lo"}
+    procs = []
+    for rank in range(world):
+        extra = {k: str(v) for k, v in (rank_env or {}).get(rank, {}).items()}
+        procs.append(spawn(_rank_child, {**common, "RANK": str(rank), "LOCAL_RANK": str(rank), **extra}, cfg))
+    return procs
+
+
+def join_ranks(procs: list[Any], timeout: float = 120) -> list[int]:
+    """Wait for every rank; once one dies by a signal, end the others as torchrun does. Exit codes."""
+    deadline = time.monotonic() + timeout
+    codes: dict[int, int] = {}
+    while len(codes) < len(procs):
+        if time.monotonic() > deadline:
+            for p in procs:
+                p.kill()
+            raise AssertionError(f"ranks did not finish within {timeout}s (exit codes so far: {codes})")
+        for i, p in enumerate(procs):
+            if i not in codes:
+                code = join(p, 0.05)
+                if code is not None:
+                    codes[i] = code
+        if any(c < 0 for c in codes.values()):
+            for i, p in enumerate(procs):
+                if i not in codes:
+                    p.kill()
+                    code = join(p, 30)
+                    codes[i] = -9 if code is None else code
+    return [codes[i] for i in range(len(procs))]
+
+
+def run_ranks(env: dict[str, str], cfg: dict[str, Any], world: int,
+              rank_env: dict[int, dict[str, Any]] | None = None, timeout: float = 120) -> list[int]:
+    return join_ranks(start_ranks(env, cfg, world, rank_env), timeout)
 
 
 def load(path: str) -> Any:

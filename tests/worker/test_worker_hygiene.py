@@ -1,0 +1,118 @@
+"""What a checkpoint and a killed attempt leave in the run folder: the same state gives the same
+bytes (no uninitialised alignment slack written out), a kill in the middle of a heartbeat leaves no
+temporary file behind once the next attempt starts, and the steps a killed attempt did after its
+last heartbeat are counted as lost: exactly the steps the next attempt computes again.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from adapters.storage import RunFolder
+from reconciler.judge import close
+from reconciler.loop import read_run
+from reconciler.worker import open_run
+from status.models import Attempt, Outcome
+from tests.worker.harness import Store, attempt
+
+
+def _payload(folder: RunFolder) -> dict[str, bytes]:
+    (ckpt,) = folder.accepted_checkpoints()
+    base = Path(folder.path("checkpoints", ckpt.dirname))
+    return {p.name: p.read_bytes() for p in sorted(base.iterdir()) if p.name != "COMMIT.json"}
+
+
+def _save_once(uri: str, state: dict[str, torch.Tensor]) -> RunFolder:
+    with open_run(uri=uri, install_signal_handlers=False) as run:
+        run.save(7, state=state)
+        run.wait()
+        return run.folder
+
+
+def test_the_same_state_saved_twice_gives_identical_files(tmp_path: Path) -> None:
+    # Odd sizes: every tensor is followed by alignment slack in the packed buffer.
+    state = {"a": torch.arange(3, dtype=torch.float32), "b": torch.ones(5, 7, dtype=torch.float16)}
+    first = _payload(_save_once(str(tmp_path / "one"), state))
+    # Leave garbage where the allocator will find it for the second run's fresh buffer.
+    junk = torch.full((4096,), 0xA5, dtype=torch.uint8)
+    del junk
+    second = _payload(_save_once(str(tmp_path / "two"), state))
+    assert first.keys() == second.keys() and any(n.endswith(".bin") for n in first)
+    for name in first:
+        assert first[name] == second[name], f"{name} differs between two saves of the same state"
+    shard = first["state.0000.bin"]
+    assert shard[12:64] == bytes(52), "the slack after a 12-byte tensor must be zeros"
+    assert shard[-(64 - 70 % 64):] == bytes(64 - 70 % 64), "the file must not end in uninitialised bytes"
+
+
+def test_a_kill_inside_a_heartbeat_leaves_no_temp_file_after_the_next_start(tmp_path: Path) -> None:
+    store = Store("file", str(tmp_path))
+    folder = store.folder()
+    # Write points before the first heartbeat's rename: the write's own, then the one after the
+    # temporary file is complete and just before it replaces progress.json.
+    env = store.env(folder, folder.bump_lease(), RECONCILER_FAULT_KILL_AT=2, RECONCILER_CHECKPOINT_EVERY=5)
+    assert attempt(env, {"steps": 10, "seed": 1}) == -9
+    root = Path(folder.path())
+    left = [p.name for p in root.iterdir() if ".tmp-" in p.name]
+    assert left and left[0].startswith("progress.json.tmp-"), f"the kill should land mid-write: {left}"
+    env = store.env(folder, folder.bump_lease(), RECONCILER_CHECKPOINT_EVERY=5)
+    assert attempt(env, {"steps": 10, "seed": 1}) == 0
+    assert not [p.name for p in root.rglob("*") if ".tmp-" in p.name]
+
+
+def _notes(log: Path, word: str) -> list[int]:
+    return [int(line.split()[1]) for line in log.read_text().splitlines() if line.startswith(word + " ")]
+
+
+def test_steps_lost_are_the_steps_the_next_attempt_recomputes(tmp_path: Path) -> None:
+    store = Store("file", str(tmp_path))
+    folder = store.folder()
+    run_id = folder.uri.rsplit("/", 1)[-1]
+    log = tmp_path / "train.log"
+    slow_beats = {"RECONCILER_CHECKPOINT_EVERY": 5, "RECONCILER_HEARTBEAT_INTERVAL": 1000}
+    epoch = folder.bump_lease()
+    started = time.time()
+    # Killed after finishing step 13: its only heartbeat was step 1, its last checkpoint step 10 (or 5).
+    cfg = {"steps": 20, "seed": 1, "log": str(log)}
+    assert attempt(store.env(folder, epoch, **slow_beats), {**cfg, "die_at": 13}) == -9
+    seen = read_run(str(tmp_path), "job", run_id, {})
+    assert seen.heartbeat_step == 1, "the heartbeat alone never saw the steps after step 1"
+    first = Attempt(epoch=epoch, provider="local", worker="w", started=started)
+    closed = close(first, Outcome.INTERRUPTION, time.time(), seen)
+    # The next attempt: what it restores from and what it then computes again.
+    assert attempt(store.env(folder, folder.bump_lease(), **slow_beats), cfg) == 0
+    restored = _notes(log, "restored")[-1]
+    assert restored == seen.durable_step and restored in (5, 10)  # save(10) may still be uploading
+    assert closed.steps_lost == 13 - restored
+
+
+def test_only_temp_files_of_dead_or_long_gone_writers_are_removed(tmp_path: Path) -> None:
+    from adapters.store import _HOST, STALE_TEMP_SECONDS
+
+    folder = RunFolder(str(tmp_path))
+    gone_pid = _reaped_pid()
+    files = {
+        f"progress.json.tmp-{_HOST}-{os.getpid()}-aaaa": True,  # this process: being written
+        f"progress.json.tmp-{_HOST}-{gone_pid}-bbbb": False,  # this host, writer gone
+        "stop.json.tmp-otherhost-12-cccc": True,  # another host, recent: may be in flight
+        "lease.json.tmp-otherhost-13-dddd": False,  # another host, long ago
+    }
+    for name in files:
+        (tmp_path / name).write_bytes(b"x")
+    old = time.time() - STALE_TEMP_SECONDS - 60
+    os.utime(tmp_path / "lease.json.tmp-otherhost-13-dddd", (old, old))
+    removed = folder.remove_stale_temp_files()
+    assert sorted(removed) == sorted(n for n, kept in files.items() if not kept)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(n for n, kept in files.items() if kept)
+
+
+def _reaped_pid() -> int:
+    import subprocess
+
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
