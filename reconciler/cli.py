@@ -654,6 +654,9 @@ from reconciler.web.command import serve as _serve  # noqa: E402 - the status pa
 
 app.command(name="serve")(_serve)
 
+# Commands kept in modules of their own register themselves on `app` when imported.
+from reconciler import cli_logs  # noqa: E402,F401
+
 
 def main() -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
