@@ -16,7 +16,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from reconciler.cli import RepoOption, _fail, _reconciler, app, console, err
+from reconciler.cli import RepoOption, _fail, _reconciler, app, console
 
 if TYPE_CHECKING:
     from reconciler.loop import Reconciler

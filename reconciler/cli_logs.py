@@ -28,7 +28,8 @@ def logs(
     """Show a worker's log, read through its provider (a local or SSH worker's folder, Slurm's output
     file, a hosted provider's log API, or the copy the worker wrote to the run folder where the
     provider has none). Secret values are masked."""
-    from reconciler.logs import LogError, follow as follow_log, locate
+    from reconciler.logs import LogError, locate
+    from reconciler.logs import follow as follow_log
 
     if tail < 0 or poll <= 0:
         raise _fail("--tail must be 0 or more and --poll more than 0", 2)

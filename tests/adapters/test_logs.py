@@ -34,13 +34,13 @@ print("late" + " line", flush=True)
 """
 
 
-def launch_worker(kit: Kit, adapter: ComputeAdapter, trigger: Path) -> tuple[LaunchSpec, WorkerRef]:
-    spec = kit.spec(secret=CANARY)
+def launch_worker(the_kit: Kit, adapter: ComputeAdapter, trigger: Path) -> tuple[LaunchSpec, WorkerRef]:
+    spec = the_kit.spec(secret=CANARY)
     spec = replace(spec, command=[sys.executable, "-u", "-c", WORKER, str(trigger)])
-    return spec, kit.launch(adapter, spec)
+    return spec, the_kit.launch(adapter, spec)
 
 
-def source_for(kit: Kit, adapter: ComputeAdapter, spec: LaunchSpec, ref: WorkerRef) -> LogSource:
+def source_for(adapter: ComputeAdapter, spec: LaunchSpec, ref: WorkerRef) -> LogSource:
     folder = RunFolder(spec.env["RECONCILER_RUN_URI"]) if "RECONCILER_RUN_URI" in spec.env else None
     attempt = Attempt(epoch=ref.epoch, provider=ref.provider, worker=ref.id, started=time.time())
     return LogSource(ref=ref, number=1, attempt=attempt, adapter=adapter, folder=folder,
@@ -54,25 +54,25 @@ def wait_file(path: Path, timeout: float = 60) -> None:
         time.sleep(0.1)
 
 
-def test_a_finished_workers_log_is_read_with_the_secret_masked(kit: Kit) -> None:
+def test_a_finished_workers_log_is_read_with_the_secret_masked(kit: Kit) -> None:  # noqa: F811 - the contract suite's fixture
     adapter = kit.make()
     trigger = kit.tmp / "go"
     trigger.touch()  # the worker runs straight through
     spec, ref = launch_worker(kit, adapter, trigger)
     wait_state(adapter, ref, ended, timeout=60)
-    source = source_for(kit, kit.make(), spec, ref)  # a fresh adapter, as a new `reconciler logs` process has
+    source = source_for(kit.make(), spec, ref)  # a fresh adapter, as a new `reconciler logs` process has
     text = source.read(100)
     assert "early line" in text and "late line" in text
     assert "secret is ***" in text and CANARY not in text
     assert source.read(1).strip().splitlines()[-1:] != ["early line"]  # --tail: only the end
 
 
-def test_follow_prints_a_line_written_after_it_started_and_stops_when_the_worker_ends(kit: Kit) -> None:
+def test_follow_prints_a_line_written_after_it_started_and_stops_when_the_worker_ends(kit: Kit) -> None:  # noqa: F811 - the contract suite's fixture
     adapter = kit.make()
     trigger = kit.tmp / "go"
     spec, ref = launch_worker(kit, adapter, trigger)
     wait_file(Path(str(trigger) + ".started"))
-    source = source_for(kit, kit.make(), spec, ref)
+    source = source_for(kit.make(), spec, ref)
     printed: list[str] = []
     polls = threading.Event()
 

@@ -22,7 +22,6 @@ from tests.loop.test_cli_logs import SECRET, printing_job
 from tests.loop.test_loop_local import WORKLOAD, job, tick_until
 
 
-
 def counter(step_seconds: float) -> list[str]:
     """The loop tests' counter workload, run as `python -c` so that the worker imports the package
     from its working directory, wherever the package is installed."""
