@@ -149,8 +149,9 @@ def _earlier_definition(rec: Reconciler, provider: str, st: JobStatus) -> Provid
 
 
 def new_lines(seen: list[str], now: list[str]) -> list[str]:
-    """The lines of `now` after what `seen` already showed: both are tails of one growing log, so
-    the longest end of `seen` that starts `now` marks where the new part begins."""
+    """The lines of `now` after what `seen` already showed: both are tails of one growing log read
+    with the same window, so the longest end of `seen` that starts `now` marks where the new part
+    begins (a log that repeats whole windows of identical lines may be misjudged)."""
     if not seen:
         return now
     for k in range(min(len(seen), len(now)), 0, -1):
@@ -163,10 +164,9 @@ def follow(source: LogSource, tail: int, emit: Callable[[str], None], *, poll: f
            sleep: Callable[[float], None] = time.sleep) -> None:
     """Emits the last `tail` lines, then each new line as it appears, until the worker has ended
     (one last read after that). KeyboardInterrupt is the caller's to catch."""
-    text = source.read(tail)
-    seen = text.splitlines()
-    if text:
-        emit(text if text.endswith("\n") else text + "\n")
+    seen = source.read(FOLLOW_TAIL).splitlines()  # every read asks for the same window: see new_lines
+    if seen[-tail:] and tail > 0:
+        emit("\n".join(seen[-tail:]) + "\n")
     while True:
         alive = source.running()
         lines = source.read(FOLLOW_TAIL).splitlines()

@@ -5,10 +5,13 @@ provider that is not there."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 
 import yaml
 
+from reconciler.logs import new_lines
 from reconciler.loop import Reconciler
 from status.models import Attempt, JobStatus, Outcome, Phase, render_status
 from tests.adapters.conftest import free_port
@@ -76,3 +79,33 @@ def record(state_repo: StateRepoFixture, name: str, provider: str, worker: str =
     st = JobStatus(job=name, phase=Phase.FAILED, run_id="r-1", attempts=[att], total_attempts=1)
     state_repo.write(f"status/{name}.yaml", render_status(st))
     state_repo.commit(f"status of {name}")
+
+
+def test_follow_prints_new_lines_and_ctrl_c_stops_it_cleanly(state_repo: StateRepoFixture) -> None:
+    code = ("import time\nfor i in range(600):\n    print('tick', i, flush=True)\n    time.sleep(0.2)\n")
+    state_repo.write("desired/ticker.yaml", job("ticker", [sys.executable, "-c", code]))
+    state_repo.commit("add ticker")
+    tick_until(Reconciler(state_repo.path), lambda r: r.statuses["ticker"].phase is Phase.RUNNING)
+    proc = subprocess.Popen([sys.executable, "-m", "reconciler", "logs", "ticker", "-f", "--tail", "1", "--poll",
+                             "0.3", "--repo", str(state_repo.path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout is not None
+        seen = [proc.stdout.readline() for _ in range(8)]  # more lines than --tail: they came while following
+        numbers = [int(line.split()[1]) for line in seen]
+        assert numbers == list(range(numbers[0], numbers[0] + 8)), seen  # each once, in order
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in stderr, stderr
+
+
+def test_new_lines_finds_where_a_sliding_window_moved_on() -> None:
+    log = [f"l{i}" for i in range(10)]
+    assert new_lines([], log[:3]) == log[:3]
+    assert new_lines(log[:3], log[:5]) == log[3:5]  # the log grew within the window
+    assert new_lines(log[2:6], log[5:9]) == log[6:9]  # the window slid on by three lines
+    assert new_lines(log[2:6], log[2:6]) == []  # nothing new
+    assert new_lines(log[0:2], log[5:9]) == log[5:9]  # moved on by more than a window: all of it
