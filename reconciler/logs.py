@@ -19,15 +19,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import git
+
 from adapters.compute import ComputeAdapter, ProviderConfigError, WorkerPhase, WorkerRef
+from adapters.gitrepo import STATUS_DIR
 from adapters.storage import RunFolder, StorageError
 from desired.models import Provider
 from reconciler.execute import store_options
 from reconciler.loop import Reconciler
 from reconciler.redaction import secret_values
-from status.models import Attempt, JobStatus
+from status.models import Attempt, JobStatus, parse_status
 from status.redact import Redactor
 
+HISTORY_DEPTH = 200  # status commits searched for the run of an older attempt
 FOLLOW_TAIL = 2000  # lines asked for on each poll of --follow (new lines are found by overlap)
 LIVE = (WorkerPhase.PENDING, WorkerPhase.RUNNING)
 
@@ -104,11 +108,12 @@ def locate(rec: Reconciler, job: str, attempt: int | None = None) -> LogSource:
             raise LogError(f"job {job} has no attempts yet (no status recorded)")
         raise LogError(f"no job named {job} (jobs: {', '.join(known) or 'none'})")
     number, att = pick_attempt(st, attempt)
-    ref = WorkerRef(provider=att.provider, id=att.worker, job=job, run_id=st.run_id, epoch=att.epoch)
+    run_id = st.run_id if att is st.attempts[-1] else _run_of(rec, st, att)
+    ref = WorkerRef(provider=att.provider, id=att.worker, job=job, run_id=run_id, epoch=att.epoch)
     redactor = Redactor(secret_values(desired, rec.environ))
     store = st.storage or desired.settings.storage
     try:
-        folder: RunFolder | None = RunFolder.for_run(store, job, st.run_id, store_options(store, desired.settings))
+        folder: RunFolder | None = RunFolder.for_run(store, job, run_id, store_options(store, desired.settings))
     except (StorageError, OSError, ValueError):
         folder = None
     provider = desired.providers.get(att.provider) or _earlier_definition(rec, att.provider, st)
@@ -139,6 +144,23 @@ def pick_attempt(st: JobStatus, attempt: int | None) -> tuple[int, Attempt]:
         kept = f"{numbers[0]}" if len(numbers) == 1 else f"{numbers[0]} to {numbers[-1]}"
         raise LogError(f"job {st.job} has no attempt {attempt} (its status keeps attempt {kept})")
     return attempt, st.attempts[numbers.index(attempt)]
+
+
+def _run_of(rec: Reconciler, st: JobStatus, att: Attempt, depth: int = HISTORY_DEPTH) -> str:
+    """The run an older attempt belonged to: a changed command starts a new run, whose status keeps
+    the old run's attempts, so it is the run of the newest recorded status in which it was open."""
+    path = f"{STATUS_DIR}/{st.job}.yaml"
+    try:
+        commits = rec.repo.repo.git.log(f"-{depth}", "--format=%H", "--", path).split()
+    except git.GitCommandError:
+        return st.run_id
+    for commit in commits:
+        blob = rec.repo.read_file(commit, path)
+        then = parse_status(blob) if blob else None
+        if then is not None and any(a.worker == att.worker and a.epoch == att.epoch and a.open
+                                    for a in then.attempts):
+            return then.run_id
+    return st.run_id
 
 
 def _earlier_definition(rec: Reconciler, provider: str, st: JobStatus) -> Provider | None:

@@ -11,7 +11,7 @@ import sys
 
 import yaml
 
-from reconciler.logs import new_lines
+from reconciler.logs import locate, new_lines
 from reconciler.loop import Reconciler
 from status.models import Attempt, JobStatus, Outcome, Phase, render_status
 from tests.adapters.conftest import free_port
@@ -109,3 +109,21 @@ def test_new_lines_finds_where_a_sliding_window_moved_on() -> None:
     assert new_lines(log[2:6], log[5:9]) == log[6:9]  # the window slid on by three lines
     assert new_lines(log[2:6], log[2:6]) == []  # nothing new
     assert new_lines(log[0:2], log[5:9]) == log[5:9]  # moved on by more than a window: all of it
+
+
+def test_an_attempt_of_an_earlier_run_is_read_from_that_runs_worker(state_repo: StateRepoFixture) -> None:
+    def says(word: str) -> str:
+        code = f"print('run', {word!r}, flush=True); from reconciler.worker import open_run; open_run().complete(1)"
+        return job("twice", [sys.executable, "-c", code], "target_steps: 1")
+
+    state_repo.write("desired/twice.yaml", says("one"))
+    state_repo.commit("first run")
+    rec = Reconciler(state_repo.path)
+    first = tick_until(rec, lambda r: r.statuses["twice"].phase is Phase.SUCCEEDED).statuses["twice"].run_id
+    state_repo.write("desired/twice.yaml", says("two"))
+    state_repo.commit("a changed command: a new run")
+    tick_until(rec, lambda r: r.statuses["twice"].run_id != first and r.statuses["twice"].phase is Phase.SUCCEEDED)
+    assert "run two" in cli("logs", "twice", "--repo", str(state_repo.path)).stdout
+    older = cli("logs", "twice", "--attempt", "1", "--repo", str(state_repo.path)).stdout
+    assert "run one" in older and "run two" not in older
+    assert locate(Reconciler(state_repo.path), "twice", 1).ref.run_id == first  # where Slurm and storage look
