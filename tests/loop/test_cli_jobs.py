@@ -168,3 +168,10 @@ def test_every_schema_field_has_a_description() -> None:
                 if not prop.get("description"):
                     missing.append(f"{name}.{field}")
     assert not missing, f"fields without a description: {', '.join(sorted(set(missing)))}"
+
+
+def test_run_once_prints_the_start_up_line(state_repo: StateRepoFixture) -> None:
+    res = cli("run", "--once", "--repo", str(state_repo.path))
+    said = " ".join(res.stderr.split())
+    assert f"reconciling {state_repo.path}, branch main; storage file://{state_repo.storage}" in said, said
+    assert "providers: local (local); 0 job(s); tick every 0.5s" in said
