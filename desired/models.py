@@ -472,7 +472,7 @@ class NotifyTarget(Strict):
 class Notifications(Strict):
     """Who hears about what: targets, and the thresholds of the warning events."""
 
-    targets: list[NotifyTarget] = Field(default_factory=list)
+    targets: list[NotifyTarget] = Field(default_factory=list, description="where notices go, and for which events")
     budget_fraction: float = Field(
         default=0.8, gt=0, le=1,
         description="budget-nearly-spent fires when a job's spending first reaches this share of budget_usd")
