@@ -1,4 +1,5 @@
-"""The command line: init, validate, plan, run, status, schema, demo, exec, serve."""
+"""The command line: init, validate, plan, run, status, schema, demo, exec (describe, suspend, resume,
+cancel and --version are in cli_jobs, logs in cli_logs)."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ import sys
 
 import yaml
 
+from adapters.storage import RunFolder
 from reconciler.logs import locate, new_lines
 from reconciler.loop import Reconciler
 from status.models import Attempt, JobStatus, Outcome, Phase, render_status
@@ -127,3 +128,12 @@ def test_an_attempt_of_an_earlier_run_is_read_from_that_runs_worker(state_repo: 
     older = cli("logs", "twice", "--attempt", "1", "--repo", str(state_repo.path)).stdout
     assert "run one" in older and "run two" not in older
     assert locate(Reconciler(state_repo.path), "twice", 1).ref.run_id == first  # where Slurm and storage look
+
+
+def test_a_gone_providers_attempt_is_read_from_the_copy_in_the_run_folder(state_repo: StateRepoFixture) -> None:
+    """What a hosted bootstrap leaves in the run folder (logs/e<epoch>.log) outlives its provider."""
+    record(state_repo, "orphan", "vanished")
+    folder = RunFolder.for_run(state_repo.storage.as_uri(), "orphan", "r-1")
+    folder.write_attempt_log(1, f"from the bootstrap\ntoken {SECRET}\n")
+    res = cli("logs", "orphan", "--repo", str(state_repo.path), env={"API_TOKEN": SECRET})
+    assert res.stdout == "from the bootstrap\ntoken ***\n"
