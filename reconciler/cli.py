@@ -1,4 +1,4 @@
-"""The command line: init, validate, plan, run, status, schema, demo, exec (describe, suspend, resume,
+"""The command line: init, validate, plan, run, status, schema, demo, exec, serve (describe, suspend, resume,
 cancel and --version are in cli_jobs, logs in cli_logs)."""
 
 from __future__ import annotations
