@@ -495,8 +495,8 @@ class SshAdapter:
             return ""
         try:
             return self._agent_at(where[0], "logs", where[1], str(int(tail)))
-        except HostUnreachable:
-            return ""
+        except HostUnreachable as exc:  # "no lines" and "cannot ask" are different answers
+            raise ProviderUnavailable(str(exc)) from exc
 
     def free_slots(self) -> int | None:
         """Free worker places on the hosts that answered last time; None before the first observation."""

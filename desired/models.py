@@ -64,8 +64,10 @@ class Strict(BaseModel):
 
 
 class Metadata(Strict):
-    name: Name
-    labels: dict[str, str] = Field(default_factory=dict)
+    name: Name = Field(
+        description="the object's name: a lowercase DNS label (it becomes paths, labels and file names)")
+    labels: dict[str, str] = Field(default_factory=dict,
+        description="free-form key/value labels for people and tools; the reconciler ignores them")
 
     @field_validator("name")
     @classmethod
@@ -76,8 +78,10 @@ class Metadata(Strict):
 class Placement(Strict):
     """Where a run may go: providers in order of preference (empty = any), and a price cap."""
 
-    providers: list[Name] = Field(default_factory=list)
-    max_price_per_hour: float | None = Field(default=None, ge=0)
+    providers: list[Name] = Field(default_factory=list,
+        description="providers the run may use, in order of preference; empty = any")
+    max_price_per_hour: float | None = Field(default=None, ge=0,
+        description="never place the run where it costs more than this, $/h")
     interruptible: bool = Field(
         default=True, description="false: never on machines that can be taken away (a hosted provider with "
                                   "`interruptible: true`); define an on-demand provider for such jobs")
@@ -93,16 +97,18 @@ class ExitCodeRule(Strict):
     podFailurePolicy): `fail` = Failed at once, `count` = a job error charged to the retry
     budget, `ignore` = a free interruption (the crash-loop guard still applies)."""
 
-    codes: list[int] = Field(min_length=1)
-    action: Literal["fail", "count", "ignore"]
+    codes: list[int] = Field(min_length=1, description="the exit codes this rule applies to")
+    action: Literal["fail", "count", "ignore"] = Field(
+        description="fail: Failed at once; count: a job error, charged to the retry budget; ignore: free")
 
 
 class Retry(Strict):
     """Budget for the job's own failures. Interruptions never count against it."""
 
     max_retries: int = Field(default=3, ge=0, description="relaunches after job errors before Failed")
-    backoff_seconds: float = Field(default=10.0, ge=0)
-    backoff_max_seconds: float = Field(default=600.0, ge=0)
+    backoff_seconds: float = Field(default=10.0, ge=0,
+        description="wait before the first relaunch after a job error (doubles each time)")
+    backoff_max_seconds: float = Field(default=600.0, ge=0, description="the longest wait between relaunches")
     max_unproductive_attempts: int = Field(
         default=5, ge=1,
         description="attempts in a row that end without a new durable checkpoint before the job fails "
@@ -114,10 +120,10 @@ class Retry(Strict):
 class Resources(Strict):
     """What a job needs; it is placed only where a provider (or one of its hosts) offers it."""
 
-    cpus: int = Field(default=1, ge=1)
-    memory_gb: float | None = Field(default=None, gt=0)
-    gpus: int = Field(default=0, ge=0)
-    gpu_model: str | None = None
+    cpus: int = Field(default=1, ge=1, description="CPU cores the job needs")
+    memory_gb: float | None = Field(default=None, gt=0, description="memory the job needs, GB")
+    gpus: int = Field(default=0, ge=0, description="GPUs the job needs")
+    gpu_model: str | None = Field(default=None, description="GPU model the job needs, e.g. A100 (case-insensitive)")
     gpu_memory_gb: float | None = Field(default=None, gt=0, description="memory of each GPU, at least")
     cuda: float | None = Field(default=None, gt=0, description="highest CUDA version the driver must support, "
                                                                "at least (e.g. 12.1)")
@@ -126,9 +132,9 @@ class Resources(Strict):
 class Capacity(Strict):
     """What a provider, or one SSH host, offers. A field left out is unknown and not checked."""
 
-    cpus: int | None = Field(default=None, ge=1)
-    memory_gb: float | None = Field(default=None, gt=0)
-    gpus: int | None = Field(default=None, ge=0)
+    cpus: int | None = Field(default=None, ge=1, description="CPU cores offered; unset = unknown")
+    memory_gb: float | None = Field(default=None, gt=0, description="memory offered, GB; unset = unknown")
+    gpus: int | None = Field(default=None, ge=0, description="GPUs offered; unset = unknown")
     gpu_models: list[str] = Field(default_factory=list, description="GPU models offered, e.g. [A100, rtx4090]")
 
     def shortfall(self, need: Resources) -> str | None:
@@ -156,25 +162,32 @@ class Code(Strict):
 
 class JobSpec(Strict):
     command: list[str] = Field(min_length=1, description="argv of the worker; no shell is involved")
-    code: Code = Field(default_factory=Code)
-    env: dict[str, str] = Field(default_factory=dict)
+    code: Code = Field(default_factory=Code, description="where the job's code comes from (part of the run identity)")
+    env: dict[str, str] = Field(default_factory=dict,
+        description="environment variables for the worker (never credentials: name those under `secrets`)")
     secrets: list[str] = Field(
         default_factory=list,
         description="names of environment variables whose values the reconciler passes to the worker",
     )
-    resources: Resources = Field(default_factory=Resources)
+    resources: Resources = Field(default_factory=Resources,
+        description="what one worker needs; the job is placed only where it fits")
     target_steps: int | None = Field(default=None, ge=1, description="completion target, for progress")
     checkpoint_every: int | None = Field(default=None, ge=1, description="checkpoint interval hint, steps")
-    placement: Placement = Field(default_factory=Placement)
-    retry: Retry = Field(default_factory=Retry)
-    budget_usd: float | None = Field(default=None, ge=0)
-    deadline: datetime | None = None
+    placement: Placement = Field(default_factory=Placement,
+        description="which providers may run it, in which order, and the price cap")
+    retry: Retry = Field(default_factory=Retry,
+        description="how many job errors are retried, and how long to back off")
+    budget_usd: float | None = Field(default=None, ge=0,
+        description="the most the run may cost over all its attempts; nothing starts beyond it")
+    deadline: datetime | None = Field(default=None,
+        description="when the run should be done (ISO 8601); placement favours meeting it")
     stall_timeout_seconds: float | None = Field(
         default=None, gt=0,
         description="heartbeat age after which a running worker is stalled; unset = 300 s, and a worker "
                     "that has never heartbeated (not instrumented) is judged by its provider's state alone",
     )
-    suspend: bool = False
+    suspend: bool = Field(default=False,
+        description="true: stop the worker after a final checkpoint and start none until false again")
 
     @field_validator("env")
     @classmethod
@@ -201,10 +214,11 @@ class JobSpec(Strict):
 
 
 class Job(Strict):
-    apiVersion: Literal["reconciler.dev/v1"] = "reconciler.dev/v1"
-    kind: Literal["Job"]
-    metadata: Metadata
-    spec: JobSpec
+    apiVersion: Literal["reconciler.dev/v1"] = Field(default="reconciler.dev/v1",
+        description="manifest format version")
+    kind: Literal["Job"] = Field(description="Job: one run to drive to completion")
+    metadata: Metadata = Field(description="the job's name and labels")
+    spec: JobSpec = Field(description="what to run and how")
 
     @property
     def name(self) -> str:
@@ -227,18 +241,20 @@ class Job(Strict):
 
 
 class LocalSettings(Strict):
-    type: Literal["local"] = "local"
+    type: Literal["local"] = Field(default="local",
+        description="local: worker processes on the reconciler's own machine")
     workdir: str | None = Field(default=None, description="where worker folders live; default ~/.reconciler")
 
 
 class SshHost(Strict):
-    name: Name
-    address: str = Field(min_length=1)
-    port: int = Field(default=22, ge=1, le=65535)
-    user: str = Field(default="root", pattern=r"^[a-z_][a-z0-9_-]*\$?$")
-    key_file: str | None = None
-    max_workers: int = Field(default=1, ge=1)
-    labels: dict[str, str] = Field(default_factory=dict)
+    name: Name = Field(description="the host's name in worker ids and status (a DNS label)")
+    address: str = Field(min_length=1, description="host name or IP address to connect to")
+    port: int = Field(default=22, ge=1, le=65535, description="SSH port")
+    user: str = Field(default="root", pattern=r"^[a-z_][a-z0-9_-]*\$?$", description="user to log in as")
+    key_file: str | None = Field(default=None, description="private key file; unset = ssh's own defaults")
+    max_workers: int = Field(default=1, ge=1, description="most workers at once on this host")
+    labels: dict[str, str] = Field(default_factory=dict,
+        description="free-form labels for people and tools; the reconciler ignores them")
     resources: Capacity | None = Field(default=None, description="what the host offers (CPUs, memory, GPUs)")
     python: str = Field(default="python3", description="interpreter used on the host")
 
@@ -265,12 +281,13 @@ class SshHost(Strict):
 
 
 class SshSettings(Strict):
-    type: Literal["ssh"] = "ssh"
-    hosts: list[SshHost] = Field(min_length=1)
-    host_key_policy: Literal["strict", "accept-new"] = "strict"
+    type: Literal["ssh"] = Field(default="ssh", description="ssh: worker processes on hosts reached over SSH")
+    hosts: list[SshHost] = Field(min_length=1, description="the hosts to run workers on")
+    host_key_policy: Literal["strict", "accept-new"] = Field(default="strict",
+        description="strict: the host key must be known already; accept-new: trust it on first use")
     known_hosts: str | None = Field(default=None, description="known_hosts file; default ~/.ssh/known_hosts")
     workdir: str = Field(default="~/.reconciler", description="folder on each host for worker files")
-    connect_timeout_seconds: float = Field(default=10.0, gt=0)
+    connect_timeout_seconds: float = Field(default=10.0, gt=0, description="how long one connection attempt may take")
     lost_after_failures: int = Field(
         default=3, ge=1, description="failed probes in a row before a silent host's workers are lost"
     )
@@ -286,12 +303,14 @@ class SshSettings(Strict):
 
 
 class SlurmSettings(Strict):
-    type: Literal["slurm"] = "slurm"
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
+    type: Literal["slurm"] = Field(default="slurm",
+        description="slurm: batch jobs on a Slurm cluster (sbatch, squeue, scancel)")
+    partition: str | None = Field(default=None, description="sbatch --partition; unset = the cluster's default")
+    account: str | None = Field(default=None, description="sbatch --account; unset = the user's default")
+    qos: str | None = Field(default=None, description="sbatch --qos; unset = the default")
     time_limit: str | None = Field(default=None, description="sbatch --time, e.g. 04:00:00")
-    sbatch_options: list[str] = Field(default_factory=list)
+    sbatch_options: list[str] = Field(default_factory=list,
+        description="further sbatch options, passed as given (one option per item)")
     signal_seconds: int = Field(default=120, ge=0, description="warning signal this long before the limit")
     workdir: str = Field(
         default="~/.reconciler",
@@ -304,10 +323,11 @@ class SlurmSettings(Strict):
 class SimSettings(Strict):
     """A simulated provider, for tests and benchmarks in simulated time."""
 
-    type: Literal["sim"] = "sim"
-    launch_delay_seconds: float = Field(default=60.0, ge=0)
-    mean_time_between_preemptions_seconds: float | None = Field(default=None, gt=0)
-    api_error_rate: float = Field(default=0.0, ge=0, le=1)
+    type: Literal["sim"] = Field(default="sim", description="sim: a simulated provider (tests and benchmarks)")
+    launch_delay_seconds: float = Field(default=60.0, ge=0, description="time from launch to a running worker")
+    mean_time_between_preemptions_seconds: float | None = Field(default=None, gt=0,
+        description="average time between preemptions; unset = never")
+    api_error_rate: float = Field(default=0.0, ge=0, le=1, description="share of API calls that fail (0 to 1)")
     interruptible: bool = Field(default=False, description="its machines can be taken away (spot)")
 
 
@@ -315,7 +335,7 @@ class HostedSettings(Strict):
     """What every hosted provider shares: where its API is, and how long one request may take."""
 
     api_url: str = Field(description="base URL of the provider's API (the public one unless testing)")
-    request_timeout_seconds: float = Field(default=30.0, gt=0)
+    request_timeout_seconds: float = Field(default=30.0, gt=0, description="how long one API request may take")
 
     @field_validator("api_url")
     @classmethod
@@ -328,22 +348,24 @@ class HostedSettings(Strict):
 class KaggleSettings(HostedSettings):
     """Kaggle kernels: a weekly GPU quota, sessions cut at `session_hours`, no cancel."""
 
-    type: Literal["kaggle"] = "kaggle"
-    api_url: str = "https://api.kaggle.com"
+    type: Literal["kaggle"] = Field(default="kaggle", description="kaggle: Kaggle kernels")
+    api_url: str = Field(default="https://api.kaggle.com", description="Kaggle's API (the public one unless testing)")
     username: str | None = Field(default=None, description="kernel owner; unset = the credentials' user")
     machine_shape: str = Field(default="NvidiaTeslaT4", description="accelerator for jobs that ask for GPUs")
     session_hours: float = Field(default=12.0, gt=0, description="Kaggle's session limit; the worker saves before it")
     save_margin_seconds: float = Field(default=600.0, ge=0, description="time kept before the session end to save")
     min_quota_hours: float = Field(
         default=1.0, ge=0, description="a GPU session is not started with less weekly quota left than this")
-    enable_internet: bool = True
+    enable_internet: bool = Field(default=True,
+        description="give the kernel internet access (needed to fetch code and reach storage)")
 
 
 class LightningSettings(HostedSettings):
     """Lightning AI jobs in one teamspace (a "project" in its REST API), paid from its credits."""
 
-    type: Literal["lightning"] = "lightning"
-    api_url: str = "https://lightning.ai"
+    type: Literal["lightning"] = Field(default="lightning", description="lightning: Lightning AI jobs")
+    api_url: str = Field(default="https://lightning.ai",
+        description="Lightning AI's API (the public one unless testing)")
     project_id: str = Field(min_length=1, description="the teamspace's project id")
     machine: str = Field(default="cpu-4", description="machine slug, e.g. lit-t4-1, lit-l4-1, lit-a100-1")
     interruptible: bool = Field(default=True, description="spot machines: cheaper, may be taken away")
@@ -356,14 +378,16 @@ class LightningSettings(HostedSettings):
 class VastSettings(HostedSettings):
     """Vast.ai: rent the best offer for the job (price and reliability), interruptible by bid."""
 
-    type: Literal["vast"] = "vast"
-    api_url: str = "https://console.vast.ai"
+    type: Literal["vast"] = Field(default="vast", description="vast: Vast.ai instances")
+    api_url: str = Field(default="https://console.vast.ai",
+        description="Vast.ai's API (the public one unless testing)")
     image: str = Field(default="pytorch/pytorch:latest", description="container image when the job names none")
     interruptible: bool = Field(default=True, description="bid for interruptible instances (cheaper, may be outbid)")
     max_price_per_hour: float | None = Field(default=None, gt=0, description="never bid or rent above this, $/h")
-    min_reliability: float = Field(default=0.98, ge=0, le=1)
-    disk_gb: float = Field(default=20.0, gt=0)
-    verified_only: bool = True
+    min_reliability: float = Field(default=0.98, ge=0, le=1,
+        description="rent only machines at least this reliable by Vast.ai's score (0 to 1)")
+    disk_gb: float = Field(default=20.0, gt=0, description="disk to rent with the instance, GB")
+    verified_only: bool = Field(default=True, description="rent only machines Vast.ai has verified")
     loading_timeout_seconds: float = Field(
         default=900.0, gt=0, description="an instance still loading after this is destroyed (capacity unavailable)")
 
@@ -371,14 +395,15 @@ class VastSettings(HostedSettings):
 class RunpodSettings(HostedSettings):
     """RunPod pods through its GraphQL API: spot by bid, or on-demand."""
 
-    type: Literal["runpod"] = "runpod"
-    api_url: str = "https://api.runpod.io"
+    type: Literal["runpod"] = Field(default="runpod", description="runpod: RunPod pods")
+    api_url: str = Field(default="https://api.runpod.io", description="RunPod's API (the public one unless testing)")
     gpu_type_id: str = Field(default="NVIDIA GeForce RTX 4090", description="RunPod's GPU type id")
-    cloud_type: Literal["SECURE", "COMMUNITY", "ALL"] = "SECURE"
+    cloud_type: Literal["SECURE", "COMMUNITY", "ALL"] = Field(default="SECURE",
+        description="SECURE (data centres), COMMUNITY (hosts of the community) or ALL")
     interruptible: bool = Field(default=True, description="spot pods: SIGTERM then SIGKILL 5 s later when outbid")
     bid_per_gpu: float | None = Field(default=None, gt=0, description="spot bid, $/h per GPU; unset = the minimum bid")
     image: str = Field(default="runpod/pytorch:latest", description="container image when the job names none")
-    container_disk_gb: int = Field(default=20, ge=1)
+    container_disk_gb: int = Field(default=20, ge=1, description="container disk of the pod, GB")
 
 
 HOSTED_PROVIDER_TYPES = frozenset({"kaggle", "lightning", "vast", "runpod"})
@@ -391,9 +416,9 @@ ProviderSettings = Annotated[
 
 
 class ProviderSpec(Strict):
-    settings: ProviderSettings
+    settings: ProviderSettings = Field(description="the provider's type and its own settings (`type` selects which)")
     concurrency: int = Field(default=1, ge=1, description="most workers at once on this provider")
-    price_per_hour: float = Field(default=0.0, ge=0)
+    price_per_hour: float = Field(default=0.0, ge=0, description="what one worker costs per hour here, $ (0 = free)")
     free_quota_hours: float | None = Field(default=None, ge=0, description="free hours per week, if any")
     resources: Capacity | None = Field(
         default=None, description="what one worker may use here; unset = what the adapter reports, or unknown")
@@ -410,10 +435,11 @@ class ProviderSpec(Strict):
 
 
 class Provider(Strict):
-    apiVersion: Literal["reconciler.dev/v1"] = "reconciler.dev/v1"
-    kind: Literal["Provider"]
-    metadata: Metadata
-    spec: ProviderSpec
+    apiVersion: Literal["reconciler.dev/v1"] = Field(default="reconciler.dev/v1",
+        description="manifest format version")
+    kind: Literal["Provider"] = Field(description="Provider: one pool of executors")
+    metadata: Metadata = Field(description="the provider's name and labels")
+    spec: ProviderSpec = Field(description="the provider's type, settings and limits")
 
     @property
     def name(self) -> str:
@@ -446,7 +472,7 @@ class NotifyTarget(Strict):
 class Notifications(Strict):
     """Who hears about what: targets, and the thresholds of the warning events."""
 
-    targets: list[NotifyTarget] = Field(default_factory=list)
+    targets: list[NotifyTarget] = Field(default_factory=list, description="where notices go, and for which events")
     budget_fraction: float = Field(
         default=0.8, gt=0, le=1,
         description="budget-nearly-spent fires when a job's spending first reaches this share of budget_usd")
@@ -459,11 +485,12 @@ class Settings(Strict):
     """Reconciler settings, from `reconciler.yaml` at the repository root; all have safe defaults."""
 
     storage: str = Field(default="file://~/.reconciler/runs", description="fsspec URL of run data")
-    tick_seconds: float = Field(default=30.0, gt=0)
-    commit_name: str = "reconciler"
-    commit_email: str = "reconciler@localhost"
+    tick_seconds: float = Field(default=30.0, gt=0, description="seconds between ticks of the daemon")
+    commit_name: str = Field(default="reconciler", description="author name of status commits")
+    commit_email: str = Field(default="reconciler@localhost", description="author e-mail of status commits")
     remote: str | None = Field(default=None, description="git remote to fetch from and push to")
-    storage_options: dict[str, str] = Field(default_factory=dict)
+    storage_options: dict[str, str] = Field(default_factory=dict,
+        description="options for the storage backend (fsspec), e.g. endpoint_url for S3")
     identity: str | None = Field(
         default=None, pattern=r"^[a-z0-9][a-z0-9-]{2,39}$",
         description="this state repository's identity, put on every worker it launches (made by "

@@ -1,4 +1,5 @@
-"""The command line: init, validate, plan, run, status, schema, demo, exec, serve."""
+"""The command line: init, validate, plan, run, status, schema, demo, exec, serve (describe, suspend, resume,
+cancel and --version are in cli_jobs, logs in cli_logs)."""
 
 from __future__ import annotations
 
@@ -363,6 +364,7 @@ def run(
         raise _fail(str(exc), 2) from exc
     rec = _reconciler(repo)
     _check_storage(rec)
+    cli_jobs.announce(rec, tick_seconds)
     rec.election = Election(tick_seconds, clone=str(rec.repo.path))
     if serve_at is not None and not once:
         from reconciler.web.command import start_beside_daemon
@@ -492,7 +494,7 @@ def status(repo: RepoOption = Path("."), as_json: Annotated[bool, typer.Option("
     table = Table("job", "phase", "progress", "attempts", "interruptions", "failures", "ETA (UTC)",
                   "spent / projected", "risk", "message")
     for r in rows:
-        prog = f"{r['step']}/{r['target']} (saved {r['durable']})" if r["target"] else str(r["step"])
+        prog = cli_jobs.progress_cell(int(r["step"]), r["target"], r["durable"])
         st = recorded.get(str(r["job"]))
         eta, cost, risk = _forecast_cells(st, r["deadline"])
         table.add_row(escape(str(r["job"])), str(r["phase"]), prog, str(r["attempts"]), str(r["interruptions"]),
@@ -653,6 +655,9 @@ def exec(ctx: typer.Context) -> None:  # noqa: A001 - the command's name is `exe
 from reconciler.web.command import serve as _serve  # noqa: E402 - the status page (reconciler/web)
 
 app.command(name="serve")(_serve)
+
+# Commands kept in modules of their own register themselves on `app` when imported.
+from reconciler import cli_jobs, cli_logs  # noqa: E402,F401
 
 
 def main() -> None:

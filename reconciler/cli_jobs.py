@@ -1,0 +1,193 @@
+"""Commands about one job (describe, suspend, resume, cancel), `--version`, and the pieces `status`
+and `run` borrow (a progress bar cell, the start-up summary). Registered on the typer app of
+reconciler.cli when it is imported."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.markup import escape
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from reconciler.cli import RepoOption, _fail, _reconciler, app, console
+
+if TYPE_CHECKING:
+    from reconciler.loop import Reconciler
+
+BAR_WIDTH = 20
+EVENTS_SHOWN = 15
+
+
+# ---- --version ------------------------------------------------------------------------------------
+def _version(value: bool) -> None:
+    if value:
+        try:
+            console.print(f"reconciler {version('reconciler')}")
+        except PackageNotFoundError:
+            console.print("reconciler (version unknown: not installed as a package)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(show_version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="print the version and exit")] = False) -> None:
+    pass
+
+
+# ---- pieces of `status` and `run` -----------------------------------------------------------------
+def progress_cell(step: int, target: int | None, durable: int | None) -> Table | str:
+    """A bar (the heartbeat step of the target) beside `step/target pct (saved N)`; no target: the step."""
+    if not target:
+        return str(step)
+    bar = ProgressBar(total=float(target), completed=float(min(step, target)), width=BAR_WIDTH)
+    pct = 100.0 * min(step, target) / target
+    cell = Table.grid(padding=(0, 1))
+    cell.add_row(bar, Text(f"{step}/{target} {pct:.0f}% (saved {durable})", no_wrap=True))
+    return cell
+
+
+def announce(rec: Reconciler, tick_seconds: float | None) -> None:
+    """One log line at start: what this daemon reconciles (credentials in the storage URL masked)."""
+    from adapters.gitrepo import GitError
+    from status.redact import without_credentials
+
+    try:
+        head = rec.repo.head()
+        branch = rec.repo.branch()
+    except GitError:
+        return  # an empty or detached repository: the first tick says what is wrong
+    desired = rec.read_desired(head)
+    s = desired.settings
+    providers = ", ".join(f"{n} ({p.spec.type})" for n, p in sorted(desired.providers.items())) or "none"
+    remote = f", remote {s.remote}" if s.remote else ""
+    logging.getLogger("reconciler").info(
+        "reconciling %s, branch %s%s; storage %s; providers: %s; %d job(s); tick every %gs",
+        rec.repo.path, branch, remote, without_credentials(s.storage), providers, len(desired.jobs),
+        tick_seconds if tick_seconds is not None else s.tick_seconds)
+
+
+# ---- describe -------------------------------------------------------------------------------------
+@app.command()
+def describe(job: Annotated[str, typer.Argument(help="the job to describe")], repo: RepoOption = Path(".")) -> None:
+    """One job in detail: its phase and message, each attempt (provider, start and end, outcome,
+    steps gained and lost, cost) and its recent events (the status commits that changed it)."""
+    from reconciler.logs import attempt_numbers
+    from reconciler.redaction import secret_values
+    from status.models import money, when
+    from status.redact import Redactor
+
+    rec = _reconciler(repo)
+    head = rec.repo.head()
+    recorded, desired = rec.read_recorded(head), rec.read_desired(head)
+    st = recorded.get(job)
+    if st is None and job not in desired.jobs:
+        raise _fail(f"no job named {job} (jobs: {', '.join(sorted(set(recorded) | set(desired.jobs))) or 'none'})")
+    redactor = Redactor(secret_values(desired, rec.environ))
+
+    def show(text: str) -> str:
+        return escape(redactor.redact(text))
+
+    manifest = desired.job_files.get(job) or (st.manifest if st else "")
+    suspended = job in desired.jobs and desired.jobs[job].spec.suspend
+    console.print(f"[bold]{escape(job)}[/bold]: {st.phase.value if st else 'New'}"
+                  + (" (suspended in the manifest)" if suspended else "")
+                  + f" — {show(st.message if st else 'not reconciled yet')}")
+    if manifest:
+        console.print(f"  manifest: {escape(manifest)}" + ("" if job in desired.jobs else " (removed)"))
+    if st is None:
+        return
+    console.print(f"  run: {st.run_id}   progress: {st.progress.step}"
+                  + (f"/{st.progress.target}" if st.progress.target else "")
+                  + f"   attempts: {st.total_attempts}   interruptions: {st.interruptions}   "
+                  f"failures: {st.failures}   steps lost: {st.steps_lost}   cost: {money(st.cost_usd)}")
+    table = Table("#", "provider", "worker", "started (UTC)", "ended (UTC)", "outcome", "steps", "gained", "lost",
+                  "cost", "detail", title="attempts")
+    for number, a in zip(attempt_numbers(st), st.attempts, strict=True):
+        end = a.step_end if a.step_end is not None else (st.progress.step if a.open else None)
+        gained = "" if end is None else str(max(0, end - a.step_start))
+        table.add_row(str(number), escape(a.provider), escape(a.worker), when(a.started),
+                      when(a.ended) if a.ended else "running", a.outcome.value if a.outcome else "open",
+                      f"{a.step_start}→{end if end is not None else '?'}", gained, str(a.steps_lost),
+                      money(a.cost_usd), show(a.detail))
+    console.print(table)
+    _events(rec, job, show)
+    if st.log_tail:
+        console.print("last log lines of a failed attempt:")
+        console.print(Text(redactor.redact(st.log_tail)))
+
+
+def _events(rec: Reconciler, job: str, show: Callable[[str], str]) -> None:
+    """The lines about `job` in the newest status commits that changed its status file."""
+    import git
+
+    try:
+        out = rec.repo.repo.git.log(f"-{EVENTS_SHOWN}", "--format=%x01%h%x00%ct%x00%B", "--",
+                                    f"status/{job}.yaml")
+    except git.GitCommandError:
+        return
+    from status.models import when
+
+    table = Table("when (UTC)", "commit", "event", title="events (status commits, newest first)")
+    for entry in out.split("\x01"):
+        sha, _, rest = entry.strip().partition("\x00")
+        stamp, _, body = rest.partition("\x00")
+        if not sha:
+            continue
+        lines = [ln.strip().removeprefix("- ") for ln in body.splitlines()]
+        mine = [ln for ln in lines if ln.startswith(f"{job}:")] or lines[:1]
+        for line in mine:
+            table.add_row(when(float(stamp)), sha, show(line))
+    if table.row_count:
+        console.print(table)
+
+
+# ---- suspend / resume / cancel: a commit to the manifest ------------------------------------------
+def _change(job: str, repo: Path, what: str) -> None:
+    from reconciler.manifest_edit import Change, EditError, change_job
+
+    change = Change(what)
+    try:
+        edited = change_job(repo, job, change)
+    except EditError as exc:
+        raise _fail(str(exc)) from exc
+    if edited.commit is None:
+        console.print(f"{escape(job)} is already {'suspended' if change is Change.SUSPEND else 'resumed'} "
+                      f"in {escape(edited.file)}; nothing to commit")
+        return
+    done = {"suspend": "suspended", "resume": "resumed", "cancel": "cancelled"}[what]
+    console.print(f"{escape(job)} {done}: committed {edited.commit[:12]} ({escape(edited.file)})")
+    if edited.pushed_to and edited.push_error:
+        raise _fail(f"the commit stays local: pushing it to {edited.pushed_to} failed ({edited.push_error}); "
+                    f"push it with `git push` when the remote answers")
+    if edited.pushed_to:
+        console.print(f"pushed to {escape(edited.pushed_to)}")
+    console.print("the daemon acts on it at its next tick")
+
+
+@app.command()
+def suspend(job: Annotated[str, typer.Argument(help="the job to suspend")], repo: RepoOption = Path(".")) -> None:
+    """Set `suspend: true` in the job's manifest and commit it (and push it, when a remote is set): the
+    daemon stops its worker after a final checkpoint and keeps its progress."""
+    _change(job, repo, "suspend")
+
+
+@app.command()
+def resume(job: Annotated[str, typer.Argument(help="the job to resume")], repo: RepoOption = Path(".")) -> None:
+    """Set `suspend: false` in the job's manifest and commit it (and push it): the run continues from
+    its last checkpoint."""
+    _change(job, repo, "resume")
+
+
+@app.command()
+def cancel(job: Annotated[str, typer.Argument(help="the job to cancel")], repo: RepoOption = Path(".")) -> None:
+    """Remove the job's manifest (its document; the file when it was the only one) and commit it (and
+    push it): the daemon stops the run; its status file stays as history."""
+    _change(job, repo, "cancel")
+

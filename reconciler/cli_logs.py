@@ -1,0 +1,57 @@
+"""`reconciler logs JOB`: the command line face of reconciler.logs (registered on the typer app)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.markup import escape
+
+from reconciler.cli import RepoOption, _fail, _reconciler, app, err
+
+if TYPE_CHECKING:
+    from status.models import Attempt
+
+
+@app.command()
+def logs(
+    job: Annotated[str, typer.Argument(help="the job whose worker log to show")],
+    repo: RepoOption = Path("."),
+    attempt: Annotated[int | None, typer.Option(
+        help="the attempt's number, as `describe` lists them (default: the newest)")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing new lines until the worker "
+                                                                "ends (Ctrl-C stops)")] = False,
+    tail: Annotated[int, typer.Option(help="how many of the last lines to show")] = 100,
+    poll: Annotated[float, typer.Option(help="with --follow: seconds between reads")] = 2.0,
+) -> None:
+    """Show a worker's log, read through its provider (a local or SSH worker's folder, Slurm's output
+    file, a hosted provider's log API, or the copy the worker wrote to the run folder where the
+    provider has none). Secret values are masked."""
+    from reconciler.logs import LogError, locate
+    from reconciler.logs import follow as follow_log
+
+    if tail < 0 or poll <= 0:
+        raise _fail("--tail must be 0 or more and --poll more than 0", 2)
+    rec = _reconciler(repo)
+    try:
+        source = locate(rec, job, attempt)
+        where = f"{source.ref.provider} (worker {source.ref.id})"
+        err.print(f"{escape(job)}: attempt {source.number} on {escape(where)}, "
+                  f"{escape(_attempt_state(source.attempt))}")
+        if follow:
+            follow_log(source, tail, lambda text: typer.echo(text, nl=False), poll=poll)
+        else:
+            text = source.read(tail)
+            if text:
+                typer.echo(text, nl=not text.endswith("\n"))
+            else:
+                err.print("(no log lines)")
+    except LogError as exc:
+        raise _fail(str(exc)) from exc
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+def _attempt_state(att: Attempt) -> str:
+    return "still open" if att.open else f"ended: {att.outcome.value if att.outcome else 'unknown'}"
