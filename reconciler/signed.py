@@ -1,0 +1,89 @@
+"""Walks the history of the guarded paths and keeps the trust verdicts of reconciler.trust, so a
+tick re-checks only the commits that arrived since the last one (a restart or a rewritten history
+walks again from the first commit; the signatures are in git, so nothing else is remembered)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+from adapters.gitrepo import DESIRED_DIR
+from adapters.signatures import Signatures
+from desired.models import SignaturePolicy
+from desired.parse import SETTINGS_FILE, DesiredState, ManifestError, parse_settings
+from reconciler.trust import Trust, advance, judge, unguarded
+
+log = logging.getLogger("reconciler")
+
+
+class SignedHistory:
+    def __init__(self, signatures: Signatures) -> None:
+        self.sig = signatures
+        self._head: str | None = None
+        self._trust = Trust()
+        self._policy: SignaturePolicy | None = None
+
+    def trust(self, head: str) -> Trust:
+        if self._head == head:
+            return self._trust
+        if self._head is None or not self.sig.is_ancestor(self._head, head):
+            self._head, self._trust, self._policy = None, Trust(), None  # first walk, or history rewritten
+        since, trust, policy = self._head, self._trust, self._policy
+        while True:
+            if policy is None:  # only a change to the settings can turn the checks on
+                since, trust, policy = self._unguarded(head, since, trust)
+                if policy is None:
+                    break
+            restart = False
+            for commit in self.sig.changes(head, since, guarded_paths(policy)):
+                check = self.sig.check(commit, policy, trust.acted or commit)
+                verdict = judge(commit, check.code, check.key, check.signer, check.problem)
+                trust = advance(trust, verdict)
+                if not verdict.trusted:
+                    continue
+                new_policy = self._policy_at(commit, policy)
+                if new_policy != policy:
+                    since, policy, restart = commit, new_policy, True  # other keys or files from here on
+                    break
+            if not restart:
+                break
+        if trust.held and trust.held != self._trust.held:
+            log.warning("commit %s held: %s", trust.held[-1].commit[:12], trust.held[-1].reason)
+        self._head, self._trust, self._policy = head, trust, policy
+        return trust
+
+    def _unguarded(self, head: str, since: str | None, trust: Trust) -> tuple[str | None, Trust,
+                                                                              SignaturePolicy | None]:
+        """Trusts every change up to the first settings change that asks for signatures (or HEAD)."""
+        for commit in self.sig.changes(head, since, [SETTINGS_FILE]):
+            policy = self._policy_at(commit, None)
+            if policy is not None:
+                for earlier in self.sig.changes(commit, since, guarded_paths(None))[-1:]:
+                    trust = advance(trust, unguarded(earlier))
+                return commit, trust, policy
+        for last in self.sig.changes(head, since, guarded_paths(None))[-1:]:
+            trust = advance(trust, unguarded(last))
+        return head, trust, None
+
+    def _policy_at(self, commit: str, previous: SignaturePolicy | None) -> SignaturePolicy | None:
+        """The signature policy a trusted commit sets. Settings with errors keep the previous one:
+        a broken reconciler.yaml must not switch the checks off."""
+        settings, errors = parse_settings(self.sig.read(commit, SETTINGS_FILE))
+        return previous if errors else settings.signatures
+
+
+def guarded_paths(policy: SignaturePolicy | None) -> list[str]:
+    """What a change must be signed to touch: desired state, settings and the allowed keys kept in
+    the repository."""
+    paths = [DESIRED_DIR, SETTINGS_FILE]
+    if policy is not None:
+        paths += [p for p in (policy.allowed_signers, policy.gpg_keys) if p and not p.startswith(("/", "~"))]
+    return paths
+
+
+def with_hold(desired: DesiredState, held: str | None, errors: list[str]) -> DesiredState:
+    """The desired state with the hold listed among its errors (status/README.md shows them)."""
+    if held is None:
+        return desired
+    errors.append(held)
+    return replace(desired, errors=[*desired.errors, ManifestError("signatures", held)])
