@@ -136,19 +136,22 @@ def test_gpg_signed_change_acts_and_unsigned_is_held(state_repo: StateRepoFixtur
                         "-m", message], env=env, check=True, capture_output=True)
         return state_repo.git("rev-parse", "HEAD").strip()
 
-    gpg_commit("require signed changes")
-    state_repo.write("desired/a.yaml", job("a", SLEEP))
-    gpg_commit("add a")
-    rec = Reconciler(state_repo.path)
-    assert launched(rec.tick()) == {"a"}
-    state_repo.write("desired/b.yaml", job("b", SLEEP))
-    unsigned = state_repo.commit("add b, unsigned")
-    report = rec.tick()
-    assert "b" not in report.statuses and unsigned[:12] in (report.statuses["a"].held or "")
-    state_repo.write("desired/c.yaml", job("c", SLEEP))
-    gpg_commit("add c")
-    report = rec.tick()
-    assert "b" in launched(report) and "c" in report.statuses and report.statuses["a"].held is None
+    try:
+        gpg_commit("require signed changes")
+        state_repo.write("desired/a.yaml", job("a", SLEEP))
+        gpg_commit("add a")
+        rec = Reconciler(state_repo.path)
+        assert launched(rec.tick()) == {"a"}
+        state_repo.write("desired/b.yaml", job("b", SLEEP))
+        unsigned = state_repo.commit("add b, unsigned")
+        report = rec.tick()
+        assert "b" not in report.statuses and unsigned[:12] in (report.statuses["a"].held or "")
+        state_repo.write("desired/c.yaml", job("c", SLEEP))
+        gpg_commit("add c")
+        report = rec.tick()
+        assert "b" in launched(report) and "c" in report.statuses and report.statuses["a"].held is None
+    finally:
+        subprocess.run(["gpgconf", "--kill", "all"], env=env, capture_output=True, check=False)  # the signer's agent
 
 
 def test_the_decision_is_pure() -> None:
