@@ -11,7 +11,7 @@ from adapters.gitrepo import DESIRED_DIR
 from adapters.signatures import Signatures
 from desired.models import SignaturePolicy
 from desired.parse import SETTINGS_FILE, DesiredState, ManifestError, parse_settings
-from reconciler.trust import Trust, advance, judge, unguarded
+from reconciler.trust import Trust, Verdict, advance, judge, unguarded
 
 log = logging.getLogger("reconciler")
 
@@ -22,12 +22,19 @@ class SignedHistory:
         self._head: str | None = None
         self._trust = Trust()
         self._policy: SignaturePolicy | None = None
+        # A commit's verdict under the keys of a trusted commit does not change: a rebase of our own
+        # status commits (which makes the walk start over) checks no signature twice.
+        self._verdicts: dict[tuple[str, str, SignaturePolicy], Verdict] = {}
 
     def trust(self, head: str) -> Trust:
-        if self._head == head:
+        before = self._trust.held
+        recheck = bool(self._trust.held) and on_machine(self._policy)  # a key file here may have been edited
+        if self._head == head and not recheck:
             return self._trust
         if self._head is None or not self.sig.is_ancestor(self._head, head):
             self._head, self._trust, self._policy = None, Trust(), None  # first walk, or history rewritten
+        elif recheck:
+            self._head, self._trust = self._trust.acted, Trust(self._trust.acted)  # judge the held ones again
         since, trust, policy = self._head, self._trust, self._policy
         while True:
             if policy is None:  # only a change to the settings can turn the checks on
@@ -36,8 +43,7 @@ class SignedHistory:
                     break
             restart = False
             for commit in self.sig.changes(head, since, guarded_paths(policy)):
-                check = self.sig.check(commit, policy, trust.acted or commit)
-                verdict = judge(commit, check.code, check.key, check.signer, check.problem)
+                verdict = self._verdict(commit, policy, trust.acted or commit)
                 trust = advance(trust, verdict)
                 if not verdict.trusted:
                     continue
@@ -47,10 +53,20 @@ class SignedHistory:
                     break
             if not restart:
                 break
-        if trust.held and trust.held != self._trust.held:
+        if trust.held and trust.held != before:
             log.warning("commit %s held: %s", trust.held[-1].commit[:12], trust.held[-1].reason)
         self._head, self._trust, self._policy = head, trust, policy
         return trust
+
+    def _verdict(self, commit: str, policy: SignaturePolicy, at: str) -> Verdict:
+        key = (commit, at, policy)
+        if key in self._verdicts:
+            return self._verdicts[key]
+        check = self.sig.check(commit, policy, at)
+        verdict = judge(commit, check.code, check.key, check.signer, check.problem)
+        if verdict.trusted or not on_machine(policy):  # a key file on this machine may be edited: ask it again
+            self._verdicts[key] = verdict
+        return verdict
 
     def _unguarded(self, head: str, since: str | None, trust: Trust) -> tuple[str | None, Trust,
                                                                               SignaturePolicy | None]:
@@ -87,3 +103,9 @@ def with_hold(desired: DesiredState, held: str | None, errors: list[str]) -> Des
         return desired
     errors.append(held)
     return replace(desired, errors=[*desired.errors, ManifestError("signatures", held)])
+
+
+def on_machine(policy: SignaturePolicy | None) -> bool:
+    """The policy names a key file on the daemon's machine (read anew on every check)."""
+    return policy is not None and any(p and p.startswith(("/", "~")) for p in (policy.allowed_signers,
+                                                                                 policy.gpg_keys))

@@ -161,3 +161,26 @@ def test_the_decision_is_pure() -> None:
     assert "bbbbbbbbbbbb is held: it is not signed" in (hold_note(held) or "")
     assert judge("c" * 40, "U", "SHA256:xyz").reason == "it is signed by a key that is not allowed (SHA256:xyz)"
     assert act_on("h" * 40, advance(held, judge("c" * 40, "G", signer="alice"))) == "h" * 40
+
+
+def test_keys_on_the_daemons_machine_are_read_again_on_every_check(state_repo: StateRepoFixture, local_workdir: Path,
+                                                                   tmp_path: Path) -> None:
+    need("ssh-keygen")
+    alice, mallory = ssh_key(tmp_path, "alice"), ssh_key(tmp_path, "mallory")
+    machine = tmp_path / "etc" / "allowed_signers"
+    machine.parent.mkdir()
+    machine.write_text(f"alice@example.com {(alice.with_suffix('.pub')).read_text()}")
+    settings = (state_repo.path / "reconciler.yaml").read_text()
+    state_repo.write("reconciler.yaml", settings + f"signatures:\n  allowed_signers: {machine}\n")
+    ssh_commit(state_repo, "require signed changes", alice)
+    state_repo.write("desired/a.yaml", job("a", SLEEP))
+    ssh_commit(state_repo, "add a", alice)
+    rec = Reconciler(state_repo.path)
+    assert launched(rec.tick()) == {"a"}
+    state_repo.write("desired/m.yaml", job("m", SLEEP))
+    ssh_commit(state_repo, "add m", mallory)
+    assert "m" not in rec.tick().statuses
+    # The machine's administrator allows mallory's key: the same commit acts at the next tick.
+    machine.write_text(machine.read_text() + f"mallory@example.com {(mallory.with_suffix('.pub')).read_text()}")
+    report = rec.tick()
+    assert launched(report) == {"m"} and report.statuses["a"].held is None
