@@ -295,7 +295,8 @@ def main() -> None:
                  f"poll ({tick:g} s): push -> launch": poll.launch,
                  f"poll ({tick:g} s): push -> status on origin": poll.status,
                  "SIGKILL -> relaunch": relaunch}))
-    print(f"user pushes rejected: webhook {webhook.rejections}/{args.pushes}, poll {poll.rejections}/{args.pushes}")
+    print(f"user push attempts rejected: webhook {webhook.rejections} (in {args.pushes} pushes), "
+          f"poll {poll.rejections} (in {args.pushes} pushes)")
     figures = {"webhook_p50_s": percentile(webhook.launch, 0.5), "webhook_p99_s": percentile(webhook.launch, 0.99),
                "poll_p50_s": percentile(poll.launch, 0.5), "relaunch_p99_s": percentile(relaunch, 0.99)}
     print(" ".join(f"{k}={_fmt(v)}" for k, v in figures.items()) +
