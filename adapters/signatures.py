@@ -19,6 +19,7 @@ import git
 from desired.models import SignaturePolicy
 
 GPG_TIMEOUT = 30.0
+ANCHOR_REF = "refs/reconciler/trusted"  # local to the daemon's clone: never fetched, pushed or rewritten by others
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,24 @@ class Signatures:
         except git.GitCommandError:
             return False
         return True
+
+    def merge_base(self, a: str, b: str) -> str | None:
+        try:
+            out: str = self.repo.git.merge_base(a, b)
+        except git.GitCommandError:
+            return None  # unrelated histories
+        return out.strip() or None
+
+    def anchor(self) -> str | None:
+        """The last trusted change this clone acted on under a signature policy, if any."""
+        try:
+            out: str = self.repo.git.rev_parse("--verify", "-q", f"{ANCHOR_REF}^{{commit}}")
+        except git.GitCommandError:
+            return None
+        return out.strip() or None
+
+    def set_anchor(self, commit: str) -> None:
+        self.repo.git.update_ref("-m", "reconciler: last trusted change", ANCHOR_REF, commit)
 
     def read(self, commit: str, path: str) -> bytes | None:
         """A policy file: from the repository at `commit`, or from this machine for an absolute path."""

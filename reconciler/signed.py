@@ -25,6 +25,7 @@ class SignedHistory:
         # A commit's verdict under the keys of a trusted commit does not change: a rebase of our own
         # status commits (which makes the walk start over) checks no signature twice.
         self._verdicts: dict[tuple[str, str, SignaturePolicy], Verdict] = {}
+        self._anchor: str | None = None  # as last written to the anchor ref by this process
 
     def trust(self, head: str) -> Trust:
         before = self._trust.held
@@ -32,7 +33,7 @@ class SignedHistory:
         if self._head == head and not recheck:
             return self._trust
         if self._head is None or not self.sig.is_ancestor(self._head, head):
-            self._head, self._trust, self._policy = None, Trust(), None  # first walk, or history rewritten
+            self._start(head)  # first walk, or history rewritten
         elif recheck:
             self._head, self._trust = self._trust.acted, Trust(self._trust.acted)  # judge the held ones again
         since, trust, policy = self._head, self._trust, self._policy
@@ -56,7 +57,34 @@ class SignedHistory:
         if trust.held and trust.held != before:
             log.warning("commit %s held: %s", trust.held[-1].commit[:12], trust.held[-1].reason)
         self._head, self._trust, self._policy = head, trust, policy
+        self._keep_anchor(trust, policy)
         return trust
+
+    def _start(self, head: str) -> None:
+        """Where a walk starts. Once signatures were asked for, the last trusted change is kept in a
+        ref of this clone alone, so neither a restart nor a rewritten history (a force-push to
+        origin of one that never asked for signatures) can make the checks start over unguarded:
+        the new commits are judged with the keys of that change."""
+        if self._head is None:
+            self._anchor = self.sig.anchor()
+        anchor = self._trust.acted if self._policy is not None else self._anchor
+        policy = self._policy if self._policy is not None else (
+            self._policy_at(anchor, None) if anchor else None)
+        if anchor is None or policy is None:
+            self._head, self._trust, self._policy = None, Trust(), None  # from the first commit
+            return
+        if self.sig.is_ancestor(anchor, head):
+            self._head = anchor
+        else:
+            self._head = self.sig.merge_base(anchor, head)
+            log.warning("history rewritten: the changes after %s are judged with the keys of %s, the last trusted "
+                        "change", (self._head or "the first commit")[:12], anchor[:12])
+        self._trust, self._policy = Trust(anchor), policy
+
+    def _keep_anchor(self, trust: Trust, policy: SignaturePolicy | None) -> None:
+        if trust.acted and (policy is not None or self._anchor is not None) and trust.acted != self._anchor:
+            self.sig.set_anchor(trust.acted)
+            self._anchor = trust.acted
 
     def _verdict(self, commit: str, policy: SignaturePolicy, at: str) -> Verdict:
         key = (commit, at, policy)

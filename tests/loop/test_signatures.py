@@ -184,3 +184,27 @@ def test_keys_on_the_daemons_machine_are_read_again_on_every_check(state_repo: S
     machine.write_text(machine.read_text() + f"mallory@example.com {(mallory.with_suffix('.pub')).read_text()}")
     report = rec.tick()
     assert launched(report) == {"m"} and report.statuses["a"].held is None
+
+
+def test_a_rewritten_history_without_signatures_is_judged_with_the_last_trusted_keys(
+        signed_repo: tuple[StateRepoFixture, Path, Path], local_workdir: Path) -> None:
+    repo, alice, _mallory = signed_repo
+    repo.write("desired/a.yaml", job("a", SLEEP))
+    trusted = ssh_commit(repo, "add a", alice)
+    assert launched(Reconciler(repo.path).tick()) == {"a"}
+    # Someone replaces the branch with a history of their own that never asked for signatures.
+    settings = (repo.path / "reconciler.yaml").read_text().split("signatures:")[0]
+    repo.git("checkout", "-q", "--orphan", "rewritten")
+    repo.git("rm", "-rq", "--cached", ".")
+    repo.write("reconciler.yaml", settings)
+    repo.write("desired/evil.yaml", job("evil", SLEEP))
+    evil = ssh_commit(repo, "no signatures here", None)
+    repo.git("branch", "-M", "rewritten", "main")
+    # A restarted daemon (nothing in memory) still judges it with the keys of the last trusted change.
+    report = Reconciler(repo.path).tick()
+    assert "evil" not in report.statuses and not launched(report)
+    assert report.commit == trusted and evil[:12] in (report.statuses["a"].held or "")
+    # A change signed by an allowed key on top of the new history is acted on.
+    repo.write("desired/b.yaml", job("b", SLEEP))
+    ssh_commit(repo, "add b, signed", alice)
+    assert "b" in launched(Reconciler(repo.path).tick())
