@@ -343,7 +343,7 @@ class Reconciler:
         observed.retired = retired
         the_plan = plan(desired, observed, recorded, now, commit, confirm_cancel=self._cancel_confirmed(commit),
                         policy=self.placement_policy)
-        the_plan.statuses = {name: st if st.held == held else st.model_copy(update={"held": held})
+        the_plan.statuses = {name: st if st.held == held else st.model_copy(update={"held": held}, deep=True)
                              for name, st in the_plan.statuses.items()}
         report.errors.extend(the_plan.notes)
         report.actions = [_describe(a) for a in the_plan.actions]
