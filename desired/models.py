@@ -479,6 +479,31 @@ class Notifications(Strict):
     preemptions: int = Field(
         default=3, ge=1,
         description="repeated-preemptions fires when this many attempts in a row ended in an interruption")
+class SignaturePolicy(Strict):
+    """`signatures:` of reconciler.yaml: who may change `desired/` and `reconciler.yaml`. Each path
+    is a file in the repository (read at the last trusted commit, so only an already allowed key
+    can change it) or, absolute or starting with `~`, a file on the daemon's machine."""
+
+    allowed_signers: str | None = Field(
+        default=None, description="SSH keys allowed to sign, in git's allowed-signers format")
+    gpg_keys: str | None = Field(default=None, description="ASCII-armored OpenPGP public keys allowed to sign")
+
+    @field_validator("allowed_signers", "gpg_keys")
+    @classmethod
+    def _path(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if not v.strip() or any(ord(c) < 32 or ord(c) == 127 for c in v):
+            raise ValueError(f"{v!r} is not a file path")
+        if not v.startswith(("/", "~")) and ".." in v.split("/"):
+            raise ValueError(f"{v!r} leaves the repository; name a file inside it or an absolute path")
+        return v
+
+    @model_validator(mode="after")
+    def _some_keys(self) -> SignaturePolicy:
+        if self.allowed_signers is None and self.gpg_keys is None:
+            raise ValueError("name allowed_signers (SSH keys) or gpg_keys (OpenPGP keys), or remove `signatures:`")
+        return self
 
 
 class Settings(Strict):
@@ -514,6 +539,9 @@ class Settings(Strict):
         if v is not None and not IDENTITY.fullmatch(v):
             raise ValueError(f"{v!r} is not a valid identity: 3-40 lowercase letters, digits and '-'")
         return v
+
+    signatures: SignaturePolicy | None = Field(
+        default=None, description="act only on changes signed by these keys (unset: every commit is acted on)")
 
 
 def default_local_provider() -> Provider:

@@ -21,6 +21,7 @@ from adapters.gitrepo import DESIRED_DIR, STATUS_DIR, GitError, StateRepo
 from adapters.leader import Election, Leadership
 from adapters.notify import Notifier
 from adapters.registry import make_adapter
+from adapters.signatures import Signatures
 from adapters.storage import RunFolder, StorageError
 from desired.models import Capacity, Provider, Settings
 from desired.parse import SETTINGS_FILE, DesiredState, parse_desired, parse_settings
@@ -31,6 +32,8 @@ from reconciler.ledger import build_ledger
 from reconciler.notices import events, messages
 from reconciler.plan import CONFIRM_CANCEL_TRAILER, Observed, Plan, RunObservation, apply_results, plan
 from reconciler.redaction import secret_values
+from reconciler.signed import SignedHistory, with_hold
+from reconciler.trust import act_on, hold_note
 from status.models import JobStatus, ProviderLedger, parse_status, render_index, render_ledger, render_status
 from status.redact import Redactor, redact_data
 
@@ -96,6 +99,8 @@ class Reconciler:
         self.election: Election | None = None
         # Set by `reconciler run`: sends the events of each committed status change (reconciler.notices).
         self.notifier: Notifier | None = None
+        # reconciler.yaml's `signatures:` (adapters/signatures.py); not for in-memory repositories.
+        self.signed = SignedHistory(Signatures(self.repo.repo)) if isinstance(self.repo, StateRepo) else None
 
     # ---- one daemon per repository ---------------------------------------------------------------
     def acquire_lock(self) -> None:
@@ -318,7 +323,9 @@ class Reconciler:
     def _look_and_plan(self, report: TickReport) -> tuple[Plan, DesiredState, dict[str, JobStatus],
                                                            dict[str, ComputeAdapter], Observed, float]:
         """Read git, storage and providers at HEAD and plan: the part a preview and a tick share."""
-        commit = self.repo.head()
+        head = self.repo.head()
+        trust = self.signed.trust(head) if self.signed is not None else None
+        commit = act_on(head, trust) if trust is not None else head  # an unverified change is held
         report.commit = commit
         desired = self.read_desired(commit)
         self._learn_secrets(desired)  # before anything of this tick is logged
@@ -328,8 +335,10 @@ class Reconciler:
             # Defaults in place of broken settings would point at another store and providers.
             raise SettingsHold(f"{SETTINGS_FILE} has errors: every job is held as it is (nothing launched, "
                                "stopped or committed) until they are fixed")
+        held = hold_note(trust) if trust is not None else None
+        desired = with_hold(desired, held, report.errors)
         report.desired = desired
-        recorded = self.read_recorded(commit)
+        recorded = self.read_recorded(head)
         retired = self.retired_providers(desired, recorded)
         # Providers gone from desired/ are still asked, so their workers can be stopped and billed.
         view = replace(desired, providers={**retired, **desired.providers})
@@ -339,6 +348,8 @@ class Reconciler:
         observed.retired = retired
         the_plan = plan(desired, observed, recorded, now, commit, confirm_cancel=self._cancel_confirmed(commit),
                         policy=self.placement_policy)
+        the_plan.statuses = {name: st if st.held == held else st.model_copy(update={"held": held}, deep=True)
+                             for name, st in the_plan.statuses.items()}
         report.errors.extend(the_plan.notes)
         report.actions = [_describe(a) for a in the_plan.actions]
         report.statuses = the_plan.statuses

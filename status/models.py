@@ -129,6 +129,7 @@ class JobStatus(Model):
     attempts: list[Attempt] = Field(default_factory=list)
     log_tail: str | None = None
     forecast: Forecast | None = None
+    held: str | None = None  # a newer change to desired/ not acted on (reconciler.yaml `signatures:`), and why
 
     @property
     def current(self) -> Attempt | None:

@@ -39,7 +39,7 @@ def test_desired_status_and_planner_do_no_io() -> None:
     pure = [*sorted((ROOT / "desired").glob("*.py")), *sorted((ROOT / "status").glob("*.py")),
             *(ROOT / "reconciler" / f"{name}.py" for name in ("plan", "judge", "placement", "ledger", "forecast",
                                                                    "deadline", "outlook", "tick", "launching",
-                                                                   "review", "notices"))]
+                                                                   "review", "notices", "trust"))]
     for path in pure:
         bad = {m for m in imported_modules(path) if m in IO_MODULES or m.split(".")[0] in IO_MODULES}
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
