@@ -10,7 +10,6 @@ parallel; restoring maps tensors as views of the verified buffer, so nothing is 
 from __future__ import annotations
 
 import copy
-import hashlib
 import io
 import os
 import random
@@ -24,6 +23,7 @@ from typing import Any
 
 import torch
 
+from adapters import digest
 from adapters.storage import CheckpointName, CorruptCheckpoint, RunFolder, StorageError
 
 FORMAT = 1
@@ -246,11 +246,14 @@ def write(
     for name, buf in snap.sections.items():
         files.extend(_shards(name, buf))
 
+    algorithm = digest.preferred()
+
     def put(item: tuple[str, memoryview]) -> tuple[str, dict[str, Any]]:
         fname, data = item
-        digest = hashlib.sha256(data).hexdigest()
+        hasher = digest.Overlapped(digest.new(algorithm))
+        hasher.update(data)  # hashed on another thread while this one writes the same bytes
         folder.write_payload(f"{base}/{fname}", data)
-        return fname, {"size": len(data), "sha256": digest}
+        return fname, digest.record(algorithm, len(data), hasher.hexdigest())
 
     record = {
         "format": FORMAT,
@@ -295,7 +298,7 @@ def read(folder: RunFolder, ckpt: CheckpointName, pool: ThreadPoolExecutor) -> d
 
     def get(job: tuple[str, dict[str, Any], memoryview]) -> None:
         fname, info, out = job
-        folder.read_verified(ckpt, fname, int(info["size"]), str(info["sha256"]), out)
+        folder.read_verified(ckpt, fname, info, out)
 
     list(pool.map(get, jobs))
     try:  # our own verified file; it may hold any picklable user state, hence weights_only=False
