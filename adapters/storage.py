@@ -445,10 +445,12 @@ class RunFolder(StoreFolder):
             raise CorruptCheckpoint(f"{self.url(name)} is not a valid commit record: {exc}") from exc
         return dict(record)
 
-    def read_verified(self, ckpt: CheckpointName, fname: str, info: dict[str, Any], out: memoryview) -> None:
-        """Fill `out` with a checkpoint file, or raise CorruptCheckpoint if its size or digest differ
-        from `info` (its entry in the commit record). Chunks are hashed on another thread while the
-        next ones are read."""
+    def read_verified(
+        self, ckpt: CheckpointName, fname: str, info: dict[str, Any], out: memoryview | list[memoryview]
+    ) -> None:
+        """Fill `out` (one buffer, or several filled in order) with a checkpoint file, or raise
+        CorruptCheckpoint if its size or digest differ from `info` (its entry in the commit record).
+        Chunks are hashed on another thread while the next ones are read."""
         name = f"checkpoints/{ckpt.dirname}/{fname}"
         size = int(info["size"])
         try:
@@ -456,12 +458,45 @@ class RunFolder(StoreFolder):
             hasher = digest.Overlapped(digest.new(algorithm))
         except digest.DigestError as exc:
             raise StorageError(f"cannot verify {self.url(name)}: {exc}") from exc
-        got = self.read_payload_into(name, out, hasher)
+        if isinstance(out, list):
+            got = self._read_parts(name, out, hasher)
+        else:
+            got = self.read_payload_into(name, out, hasher)
         found = hasher.hexdigest()
         if got != size:
             raise CorruptCheckpoint(f"{self.url(name)} has {got} bytes, its commit record says {size}")
         if found != want:
             raise CorruptCheckpoint(f"{self.url(name)} does not match its {algorithm} in the commit record")
+
+    def _read_parts(self, name: str, parts: list[memoryview], hasher: Any) -> int:
+        """Read a file into `parts` one after the other (a scatter read); returns its size, or
+        more than the parts hold when it is longer."""
+        total = sum(len(p) for p in parts)
+        if self.kind != "local":
+            whole = memoryview(bytearray(total))
+            got = self.read_payload_into(name, whole, hasher)
+            offset = 0
+            for part in parts:
+                part[:] = whole[offset : offset + len(part)]
+                offset += len(part)
+            return got
+        try:
+            with open(self.path(name), "rb", buffering=0) as fh:
+                n = 0
+                for part in parts:
+                    for i in range(0, len(part), READ_CHUNK):
+                        piece = part[i : i + READ_CHUNK]
+                        got = fh.readinto(piece)
+                        if got:
+                            hasher.update(piece[:got])
+                            n += got
+                        if got != len(piece):
+                            return n
+                return total + 1 if fh.read(1) else n
+        except FileNotFoundError as exc:
+            raise CorruptCheckpoint(f"{self.url(name)} is missing") from exc
+        except OSError as exc:
+            raise StorageError(f"cannot read {self.url(name)}: {exc}") from exc
 
     def commit_checkpoint(self, epoch: int, ckpt: CheckpointName, record: dict[str, Any]) -> None:
         """Make a fully uploaded checkpoint visible: COMMIT.json (exclusive), then the lease ack.

@@ -9,6 +9,7 @@ parallel; restoring maps tensors as views of the verified buffer, so nothing is 
 
 from __future__ import annotations
 
+import bisect
 import copy
 import io
 import os
@@ -88,23 +89,6 @@ def _resolve(value: Any, refs: list[TensorRef]) -> Any:
         return [_resolve(v, refs) for v in value]
     if type(value) is tuple:
         return tuple(_resolve(v, refs) for v in value)
-    return value
-
-
-def _materialize(value: Any, buf: torch.Tensor) -> Any:
-    if isinstance(value, TensorRef):
-        dtype = getattr(torch, value.dtype.removeprefix("torch."))
-        if value.nbytes == 0:
-            return torch.empty(value.shape, dtype=dtype)
-        return buf[value.offset : value.offset + value.nbytes].view(dtype).view(value.shape)
-    if isinstance(value, OrderedDict):
-        return OrderedDict((k, _materialize(v, buf)) for k, v in value.items())
-    if type(value) is dict:
-        return {k: _materialize(v, buf) for k, v in value.items()}
-    if type(value) is list:
-        return [_materialize(v, buf) for v in value]
-    if type(value) is tuple:
-        return tuple(_materialize(v, buf) for v in value)
     return value
 
 
@@ -268,50 +252,132 @@ def write(
     return ckpt
 
 
-def read(folder: RunFolder, ckpt: CheckpointName, pool: ThreadPoolExecutor) -> dict[str, Any]:
-    """Read and verify every file of a checkpoint; returns meta with tensors bound to their data.
+BLOCK_BYTES = 8 << 20  # restore allocates tensors in blocks of about this size, as torch.load does per storage
 
-    Raises CorruptCheckpoint (from the storage layer) before anything is handed to the caller.
-    """
-    record = folder.read_commit(ckpt)
-    files: dict[str, dict[str, Any]] = record["files"]
+
+def _blocks(tree: Any, total: int) -> list[tuple[int, int]]:
+    """Cut a section of `total` bytes into blocks [start, end) that never split a tensor: runs of
+    small tensors share a block, a large tensor is a block of its own. Small blocks come from the
+    allocator's reused memory, where one buffer of the whole section would be fresh pages to fault
+    in on every restore."""
+    refs: list[TensorRef] = []
+    _collect_refs(tree, refs)
+    cuts = {0, total}
+    block_start = 0
+    for ref in sorted(refs, key=lambda r: r.offset):
+        end = min(total, (ref.offset + ref.nbytes + ALIGN - 1) // ALIGN * ALIGN)
+        if ref.offset > block_start and end - block_start > BLOCK_BYTES:
+            cuts.add(ref.offset)
+            block_start = ref.offset
+        if end - block_start >= BLOCK_BYTES:
+            cuts.add(end)
+            block_start = end
+    edges = sorted(c for c in cuts if 0 <= c <= total)
+    return list(zip(edges, edges[1:], strict=False))
+
+
+def _collect_refs(value: Any, out: list[TensorRef]) -> None:
+    if isinstance(value, TensorRef):
+        out.append(value)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _collect_refs(v, out)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            _collect_refs(v, out)
+
+
+class _Section:
+    """One object's bytes on restore, held in blocks; tensors are views of their block."""
+
+    def __init__(self, total: int, tree: Any) -> None:
+        self.total = total
+        self.spans = _blocks(tree, total)
+        self.starts = [a for a, _ in self.spans]
+        self.buffers = [torch.empty(b - a, dtype=torch.uint8) for a, b in self.spans]
+
+    def views(self, start: int, end: int) -> list[memoryview]:
+        """Memory for bytes [start, end) of the section, in order, across blocks."""
+        out: list[memoryview] = []
+        k = max(0, bisect.bisect_right(self.starts, start) - 1)
+        while start < end and k < len(self.spans):
+            a, b = self.spans[k]
+            if b > start:
+                mem = memoryview(self.buffers[k].numpy()).cast("B")  # type: ignore[arg-type]
+                out.append(mem[start - a : min(b, end) - a])
+                start = min(b, end)
+            k += 1
+        return out
+
+    def tensor(self, ref: TensorRef, dtype: torch.dtype) -> torch.Tensor:
+        k = bisect.bisect_right(self.starts, ref.offset) - 1
+        a = self.spans[k][0]
+        return self.buffers[k][ref.offset - a : ref.offset - a + ref.nbytes].view(dtype).view(ref.shape)
+
+
+def _materialize(value: Any, section: _Section | None) -> Any:
+    if isinstance(value, TensorRef):
+        dtype = getattr(torch, value.dtype.removeprefix("torch."))
+        if value.nbytes == 0 or section is None:
+            return torch.empty(value.shape, dtype=dtype)
+        return section.tensor(value, dtype)
+    if isinstance(value, OrderedDict):
+        return OrderedDict((k, _materialize(v, section)) for k, v in value.items())
+    if type(value) is dict:
+        return {k: _materialize(v, section) for k, v in value.items()}
+    if type(value) is list:
+        return [_materialize(v, section) for v in value]
+    if type(value) is tuple:
+        return tuple(_materialize(v, section) for v in value)
+    return value
+
+
+def _load_meta(folder: RunFolder, ckpt: CheckpointName, files: dict[str, dict[str, Any]]) -> dict[str, Any]:
     if META not in files:
         raise CorruptCheckpoint(f"{folder.url(f'checkpoints/{ckpt.dirname}')} has no {META} in its commit record")
-    sections: dict[str, torch.Tensor] = {}
-    jobs: list[tuple[str, dict[str, Any], memoryview]] = []
     meta_buf = bytearray(int(files[META]["size"]))
-    jobs.append((META, files[META], memoryview(meta_buf)))
-    for sec, total in (record.get("sections") or {}).items():
-        buf = torch.empty(int(total), dtype=torch.uint8)
-        sections[sec] = buf
-        view = memoryview(buf.numpy()).cast("B")  # type: ignore[arg-type]
-        shard_names = sorted(f for f in files if f.startswith(f"{sec}.") and f.endswith(".bin"))
-        offset = 0
-        for fname in shard_names:
-            size = int(files[fname]["size"])
-            if offset + size > len(view):
-                raise CorruptCheckpoint(f"commit record of {ckpt.dirname} lists more bytes than {sec} holds")
-            jobs.append((fname, files[fname], view[offset : offset + size]))
-            offset += size
-        if offset != len(view):
-            raise CorruptCheckpoint(f"commit record of {ckpt.dirname} lists fewer bytes than {sec} holds")
-
-    def get(job: tuple[str, dict[str, Any], memoryview]) -> None:
-        fname, info, out = job
-        folder.read_verified(ckpt, fname, info, out)
-
-    list(pool.map(get, jobs))
+    folder.read_verified(ckpt, META, files[META], memoryview(meta_buf))
     try:  # our own verified file; it may hold any picklable user state, hence weights_only=False
-        meta = torch.load(io.BytesIO(bytes(meta_buf)), weights_only=False)
+        return dict(torch.load(io.BytesIO(bytes(meta_buf)), weights_only=False))
     except Exception as exc:
         raise StorageError(
             f"cannot load {folder.url(f'checkpoints/{ckpt.dirname}/{META}')}: {exc}: it was written by "
             "code that is not importable here (install the same packages as the job that saved it)"
         ) from exc
-    objects = {
-        name: _materialize(tree, sections.get(name, torch.empty(0, dtype=torch.uint8)))
-        for name, tree in meta["objects"].items()
-    }
+
+
+def read(folder: RunFolder, ckpt: CheckpointName, pool: ThreadPoolExecutor) -> dict[str, Any]:
+    """Read and verify every file of a checkpoint; returns meta with tensors bound to their data.
+
+    Raises CorruptCheckpoint (from the storage layer) before anything is handed to the caller.
+    The small meta file comes first (it says where the tensors are), then the shards in parallel,
+    each read straight into the memory of the tensors it holds and hashed as it arrives.
+    """
+    record = folder.read_commit(ckpt)
+    files: dict[str, dict[str, Any]] = record["files"]
+    meta = _load_meta(folder, ckpt, files)
+    trees = meta.get("objects") or {}
+    sections: dict[str, _Section] = {}
+    jobs: list[tuple[str, dict[str, Any], list[memoryview]]] = []
+    for sec, total in (record.get("sections") or {}).items():
+        section = sections[sec] = _Section(int(total), trees.get(sec))
+        shard_names = sorted(f for f in files if f.startswith(f"{sec}.") and f.endswith(".bin"))
+        offset = 0
+        for fname in shard_names:
+            size = int(files[fname]["size"])
+            if offset + size > section.total:
+                raise CorruptCheckpoint(f"commit record of {ckpt.dirname} lists more bytes than {sec} holds")
+            jobs.append((fname, files[fname], section.views(offset, offset + size)))
+            offset += size
+        if offset != section.total:
+            raise CorruptCheckpoint(f"commit record of {ckpt.dirname} lists fewer bytes than {sec} holds")
+
+    def get(job: tuple[str, dict[str, Any], list[memoryview]]) -> None:
+        fname, info, parts = job
+        folder.read_verified(ckpt, fname, info, parts)
+
+    list(pool.map(get, jobs))
+    objects = {name: _materialize(tree, sections.get(name)) for name, tree in trees.items()}
     return {**meta, "objects": objects}
 
 
