@@ -19,13 +19,14 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from adapters import digest
 from adapters.storage import CheckpointName, CorruptCheckpoint, RunFolder, StorageError
+from reconciler.worker import staging
 
 FORMAT = 1
 ALIGN = 64
@@ -128,6 +129,7 @@ class Snapshot:
     step: int
     meta: dict[str, Any]
     sections: dict[str, torch.Tensor]  # object name -> flat uint8 buffer
+    ready: list[Any] = field(default_factory=list)  # events of copies still in flight (CUDA)
 
 
 _pool: ThreadPoolExecutor | None = None
@@ -151,15 +153,23 @@ def io_pool() -> ThreadPoolExecutor:
 COPY_CHUNK = 8 << 20
 
 
-def capture(step: int, objects: dict[str, Any], reuse: dict[str, torch.Tensor]) -> Snapshot:
+_stagers = staging.Stagers()
+
+
+def capture(
+    step: int, objects: dict[str, Any], reuse: dict[str, torch.Tensor], stagers: staging.Stagers | None = None
+) -> Snapshot:
     """Copy every object's state into host buffers (reusing `reuse` where the sizes match).
 
     This is the only part of a save that blocks the training loop; large CPU tensors are copied
-    in chunks on a few threads, since one thread rarely saturates memory bandwidth.
+    in chunks on a few threads, since one thread rarely saturates memory bandwidth. CUDA tensors
+    go into pinned buffers on a side stream (see staging.py) and the host does not wait for them:
+    the snapshot's `ready` events say when they have landed.
     """
+    stagers = _stagers if stagers is None else stagers
     skeleton: dict[str, Any] = {}
     sections: dict[str, torch.Tensor] = {}
-    cuda_seen = False
+    begun: dict[int, staging.Stager] = {}
     jobs: list[tuple[torch.Tensor, torch.Tensor]] = []
     for name, obj in objects.items():
         tensors: list[torch.Tensor] = []
@@ -170,34 +180,37 @@ def capture(step: int, objects: dict[str, Any], reuse: dict[str, torch.Tensor]) 
             nbytes = t.numel() * t.element_size()
             refs.append(TensorRef(offset, nbytes, str(t.dtype), tuple(t.shape)))
             offset += (nbytes + ALIGN - 1) // ALIGN * ALIGN
+        staged = [stagers.for_tensor(t) for t in tensors]
+        pinner = next((s for s in staged if s is not None), None)
         buf = reuse.get(name)
-        if buf is None or buf.numel() != offset:
-            pin = any(t.is_cuda for t in tensors)
-            buf = torch.empty(offset, dtype=torch.uint8, pin_memory=pin)
+        if buf is None or buf.numel() != offset or (pinner is not None and not pinner.usable(buf)):
+            buf = pinner.alloc(offset) if pinner is not None else torch.empty(offset, dtype=torch.uint8)
             _zero_padding(buf, refs)
-        for t, ref in zip(tensors, refs, strict=True):
-            if ref.nbytes:
-                dst = buf[ref.offset : ref.offset + ref.nbytes].view(t.dtype).view(t.shape)
-                cuda_seen |= t.is_cuda
-                if not t.is_cuda and t.is_contiguous() and ref.nbytes > COPY_CHUNK:
-                    flat_src, flat_dst = t.reshape(-1), dst.reshape(-1)
-                    step_n = max(1, COPY_CHUNK // t.element_size())
-                    jobs.extend(
-                        (flat_dst[i : i + step_n], flat_src[i : i + step_n]) for i in range(0, t.numel(), step_n)
-                    )
-                else:
-                    dst.copy_(t, non_blocking=t.is_cuda)
+        for t, ref, stager in zip(tensors, refs, staged, strict=True):
+            if not ref.nbytes:
+                continue
+            dst = buf[ref.offset : ref.offset + ref.nbytes].view(t.dtype).view(t.shape)
+            if stager is not None:
+                if id(stager) not in begun:
+                    stager.begin()
+                    begun[id(stager)] = stager
+                stager.copy(dst, t)
+            elif t.is_contiguous() and ref.nbytes > COPY_CHUNK:
+                flat_src, flat_dst = t.reshape(-1), dst.reshape(-1)
+                step_n = max(1, COPY_CHUNK // t.element_size())
+                jobs.extend((flat_dst[i : i + step_n], flat_src[i : i + step_n]) for i in range(0, t.numel(), step_n))
+            else:
+                dst.copy_(t)
         skeleton[name] = _resolve(tree, refs)
         sections[name] = buf
     if jobs:
         with torch.no_grad():
             list(io_pool().map(lambda job: job[0].copy_(job[1]), jobs))
-    if cuda_seen:
-        torch.cuda.synchronize()
+    ready = [stager.finish() for stager in begun.values()]
     # No clock in the payload: the same state saved twice gives the same bytes (the commit record
     # says when it was written).
     meta = {"format": FORMAT, "step": step, "objects": skeleton, RNG_KEY: rng_state()}
-    return Snapshot(step, meta, sections)
+    return Snapshot(step, meta, sections, ready)
 
 
 def _zero_padding(buf: torch.Tensor, refs: list[TensorRef]) -> None:
@@ -222,6 +235,7 @@ def write(
     folder: RunFolder, epoch: int, snap: Snapshot, parent: str | None, pool: ThreadPoolExecutor
 ) -> CheckpointName:
     """Upload the payload, then commit it (COMMIT.json last, then the fenced lease ack)."""
+    staging.wait_all(snap.ready)  # the host bytes are complete only once the staged copies landed
     ckpt = CheckpointName(snap.step, epoch)
     base = f"checkpoints/{ckpt.dirname}"
     meta_blob = io.BytesIO()
