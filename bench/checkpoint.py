@@ -309,6 +309,18 @@ def bench_target(kind: str, nbytes: int, repeat: int, workdir: str, endpoint: st
     return out
 
 
+def digest_speeds() -> str:
+    """GB/s of each checkpoint digest on one core (64 MiB, best of 3)."""
+    from adapters import digest
+
+    data = memoryview(os.urandom(64 * MB))
+    out = []
+    for algorithm in digest.ALGORITHMS:
+        best = min(timed(lambda a=algorithm: digest.new(a).update(data)) for _ in range(3))  # type: ignore[misc]
+        out.append(f"{algorithm}={64 * MB / best / 1e9:.1f}GB/s")
+    return " ".join(out)
+
+
 def fmt(values: list[float]) -> str:
     return f"{statistics.median(values):.3f} s ({min(values):.3f}-{max(values):.3f})"
 
@@ -354,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"# {size // MB} MB {kind}: done", file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    print(f"device={args.device} repeats={args.repeat} load_average={os.getloadavg()[0]:.2f}")
+    print(f"device={args.device} repeats={args.repeat} load_average={os.getloadavg()[0]:.2f} "
+          f"digests(one core): {digest_speeds()}")
     print("\n".join(table(rows)))
     first = next(res for size_s, kind, res in rows if kind == "disk" and size_s == "100 MB")
     plain, sdk = first[Plain.name], first[SDK.name]
