@@ -332,8 +332,10 @@ class _Section:
 def _materialize(value: Any, section: _Section | None) -> Any:
     if isinstance(value, TensorRef):
         dtype = getattr(torch, value.dtype.removeprefix("torch."))
-        if value.nbytes == 0 or section is None:
+        if value.nbytes == 0:
             return torch.empty(value.shape, dtype=dtype)
+        if section is None or value.offset + value.nbytes > section.total:
+            raise CorruptCheckpoint("the commit record holds fewer tensor bytes than the checkpoint's meta refers to")
         return section.tensor(value, dtype)
     if isinstance(value, OrderedDict):
         return OrderedDict((k, _materialize(v, section)) for k, v in value.items())
