@@ -3,8 +3,11 @@
 A checkpoint folder holds ``meta.pkl`` (the structure of every saved object with tensors replaced
 by references, plus the RNG states) and, per saved object, its tensor bytes packed into one flat
 buffer written as shards ``<object>.<k>.bin``. Packing lets the training loop's only blocking work
-be one memcpy per tensor into reused host buffers; shards let digests and transfers run in
-parallel; restoring maps tensors as views of the verified buffer, so nothing is copied twice.
+be one memcpy per tensor into reused host buffers (pinned, on a side stream, for CUDA tensors:
+see staging.py); shards let digests and transfers run in parallel. Restoring reads each shard
+straight into tensor-sized blocks (a tensor is never split between blocks) while another thread
+hashes what has arrived, and hands out tensors as views of those blocks: nothing is copied twice.
+The digest algorithm is adapters/digest.py's.
 """
 
 from __future__ import annotations
