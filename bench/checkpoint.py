@@ -200,7 +200,9 @@ class DCP(Method):
         msd, osd = get_state_dict(self.s.model, self.s.opt)
         future = dcp.async_save({"model": msd, "optimizer": osd}, checkpoint_id=self.path)
         blocked = time.perf_counter() - t0
-        future.result()
+        # newer torch returns an AsyncSaveResponse (staging and upload futures) instead of one future
+        done: Any = getattr(future, "upload_completion", future)
+        done.result()
         durable = time.perf_counter() - t0
         shutil.rmtree(os.path.join(self.s.workdir, f"dcp-{step - 1}"), ignore_errors=True)
         return blocked, durable
@@ -238,8 +240,11 @@ class SDK(Method):
         return blocked, time.perf_counter() - t0
 
     def restore(self) -> float:
-        return timed(lambda: (self.run.restore(model=self.s.into_model, optimizer=self.s.into_opt),
-                              sync(self.s.device)))
+        def load() -> None:
+            self.run.restore(model=self.s.into_model, optimizer=self.s.into_opt)
+            sync(self.s.device)
+
+        return timed(load)
 
     def close(self) -> None:
         self.run.close()

@@ -183,19 +183,19 @@ class Recorder:
     def __init__(self) -> None:
         self.log: list[str] = []
         self.current_side: str | None = None
-        self.training = Stream(self, "training")
+        self.training = FakeStream(self, "training")
         self.counts = {"stream": 0, "event": 0}
         self.on_host_wait: Any = None
 
-    def Stream(self) -> Stream:  # noqa: N802 - the names torch.cuda uses
+    def Stream(self) -> FakeStream:  # noqa: N802 - the names torch.cuda uses
         self.counts["stream"] += 1
-        return Stream(self, f"side{self.counts['stream']}")
+        return FakeStream(self, f"side{self.counts['stream']}")
 
-    def Event(self) -> Event:  # noqa: N802
+    def Event(self) -> FakeEvent:  # noqa: N802
         self.counts["event"] += 1
-        return Event(self, f"event{self.counts['event']}")
+        return FakeEvent(self, f"event{self.counts['event']}")
 
-    def current_stream(self) -> Stream:
+    def current_stream(self) -> FakeStream:
         return self.training
 
     @contextmanager
@@ -203,7 +203,7 @@ class Recorder:
         yield
 
     @contextmanager
-    def stream(self, stream: Stream) -> Iterator[None]:
+    def stream(self, stream: FakeStream) -> Iterator[None]:
         self.current_side = stream.name
         try:
             yield
@@ -211,22 +211,22 @@ class Recorder:
             self.current_side = None
 
 
-class Stream:
+class FakeStream:
     def __init__(self, rec: Recorder, name: str) -> None:
         self.rec, self.name = rec, name
 
-    def wait_stream(self, other: Stream) -> None:
+    def wait_stream(self, other: FakeStream) -> None:
         self.rec.log.append(f"{self.name} waits for {other.name}")
 
-    def wait_event(self, event: Event) -> None:
+    def wait_event(self, event: FakeEvent) -> None:
         self.rec.log.append(f"{self.name} waits for {event.name}")
 
 
-class Event:
+class FakeEvent:
     def __init__(self, rec: Recorder, name: str) -> None:
         self.rec, self.name = rec, name
 
-    def record(self, stream: Stream) -> None:
+    def record(self, stream: FakeStream) -> None:
         self.rec.log.append(f"{self.name} recorded on {stream.name}")
 
     def synchronize(self) -> None:
