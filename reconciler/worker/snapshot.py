@@ -5,8 +5,8 @@ by references, plus the RNG states) and, per saved object, its tensor bytes pack
 buffer written as shards ``<object>.<k>.bin``. Packing lets the training loop's only blocking work
 be one memcpy per tensor into reused host buffers (pinned, on a side stream, for CUDA tensors:
 see staging.py); shards let digests and transfers run in parallel. Restoring reads each shard
-straight into tensor-sized blocks (a tensor is never split between blocks) while another thread
-hashes what has arrived, and hands out tensors as views of those blocks: nothing is copied twice.
+straight into a buffer per large tensor (small ones share one) while another thread hashes what
+has arrived, and hands out tensors as views of those buffers: nothing is copied twice.
 The digest algorithm is adapters/digest.py's.
 """
 
@@ -269,28 +269,43 @@ def write(
     return ckpt
 
 
-BLOCK_BYTES = 8 << 20  # restore allocates tensors in blocks of about this size, as torch.load does per storage
+LARGE_BYTES = 1 << 20  # restore gives each tensor from this size up a buffer of its own
 
 
-def _blocks(tree: Any, total: int) -> list[tuple[int, int]]:
-    """Cut a section of `total` bytes into blocks [start, end) that never split a tensor: runs of
-    small tensors share a block, a large tensor is a block of its own. Small blocks come from the
-    allocator's reused memory, where one buffer of the whole section would be fresh pages to fault
-    in on every restore."""
+@dataclass(frozen=True)
+class _Span:
+    """Bytes [start, end) of a section live in buffer `buffer` from `at` on."""
+
+    start: int
+    end: int
+    buffer: int
+    at: int
+
+
+def _layout(tree: Any, total: int) -> tuple[list[_Span], list[int]]:
+    """Where each byte of a section goes on restore: every large tensor into a buffer of its own
+    (as torch.load allocates one storage per tensor, so the allocator reuses freed memory instead
+    of faulting in fresh pages), everything else (small tensors, padding) packed into buffer 0.
+    Returns the spans in section order and the size of each buffer; no tensor is split."""
     refs: list[TensorRef] = []
     _collect_refs(tree, refs)
-    cuts = {0, total}
-    block_start = 0
-    for ref in sorted(refs, key=lambda r: r.offset):
-        end = min(total, (ref.offset + ref.nbytes + ALIGN - 1) // ALIGN * ALIGN)
-        if ref.offset > block_start and end - block_start > BLOCK_BYTES:
-            cuts.add(ref.offset)
-            block_start = ref.offset
-        if end - block_start >= BLOCK_BYTES:
-            cuts.add(end)
-            block_start = end
-    edges = sorted(c for c in cuts if 0 <= c <= total)
-    return list(zip(edges, edges[1:], strict=False))
+    large = sorted((r for r in refs if r.nbytes >= LARGE_BYTES), key=lambda r: r.offset)
+    spans: list[_Span] = []
+    sizes = [0]
+    pos = 0
+
+    def small(upto: int) -> None:
+        if upto > pos:
+            spans.append(_Span(pos, upto, 0, sizes[0]))
+            sizes[0] += upto - pos
+
+    for ref in large:
+        small(ref.offset)
+        spans.append(_Span(ref.offset, ref.offset + ref.nbytes, len(sizes), 0))
+        sizes.append(ref.nbytes)
+        pos = ref.offset + ref.nbytes
+    small(total)
+    return spans, sizes
 
 
 def _collect_refs(value: Any, out: list[TensorRef]) -> None:
@@ -305,31 +320,35 @@ def _collect_refs(value: Any, out: list[TensorRef]) -> None:
 
 
 class _Section:
-    """One object's bytes on restore, held in blocks; tensors are views of their block."""
+    """One object's bytes on restore, held in the buffers of `_layout`; tensors are views of them."""
 
     def __init__(self, total: int, tree: Any) -> None:
         self.total = total
-        self.spans = _blocks(tree, total)
-        self.starts = [a for a, _ in self.spans]
-        self.buffers = [torch.empty(b - a, dtype=torch.uint8) for a, b in self.spans]
+        self.spans, sizes = _layout(tree, total)
+        self.starts = [span.start for span in self.spans]
+        self.buffers = [torch.empty(n, dtype=torch.uint8) for n in sizes]
+        self._mem = [memoryview(b.numpy()).cast("B") for b in self.buffers]  # type: ignore[arg-type]
+
+    def _span_at(self, offset: int) -> int:
+        return max(0, bisect.bisect_right(self.starts, offset) - 1)
 
     def views(self, start: int, end: int) -> list[memoryview]:
-        """Memory for bytes [start, end) of the section, in order, across blocks."""
+        """Memory for bytes [start, end) of the section, in order, across buffers."""
         out: list[memoryview] = []
-        k = max(0, bisect.bisect_right(self.starts, start) - 1)
+        k = self._span_at(start)
         while start < end and k < len(self.spans):
-            a, b = self.spans[k]
-            if b > start:
-                mem = memoryview(self.buffers[k].numpy()).cast("B")  # type: ignore[arg-type]
-                out.append(mem[start - a : min(b, end) - a])
-                start = min(b, end)
+            span = self.spans[k]
+            if span.end > start:
+                stop = min(span.end, end)
+                out.append(self._mem[span.buffer][span.at + start - span.start : span.at + stop - span.start])
+                start = stop
             k += 1
         return out
 
     def tensor(self, ref: TensorRef, dtype: torch.dtype) -> torch.Tensor:
-        k = bisect.bisect_right(self.starts, ref.offset) - 1
-        a = self.spans[k][0]
-        return self.buffers[k][ref.offset - a : ref.offset - a + ref.nbytes].view(dtype).view(ref.shape)
+        span = self.spans[self._span_at(ref.offset)]
+        at = span.at + ref.offset - span.start
+        return self.buffers[span.buffer][at : at + ref.nbytes].view(dtype).view(ref.shape)
 
 
 def _materialize(value: Any, section: _Section | None) -> Any:

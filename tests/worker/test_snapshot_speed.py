@@ -1,7 +1,7 @@
 """The fast paths of saving and restoring keep every guarantee of the slow ones.
 
 Digests computed beside the I/O (xxh3_128, or sha256 for older checkpoints and where xxhash is
-missing), restore reading shards straight into tensor-sized blocks, and CUDA state staged through
+missing), restore reading shards straight into the tensors' own buffers, and CUDA state staged through
 pinned buffers on a side stream. There is no GPU here: the staging test drives the real `Stager`
 through a recording stand-in for `torch.cuda` and checks the order of the calls the GPU would
 see; the copies themselves run on CPU tensors.
@@ -28,7 +28,7 @@ from tests.worker.harness import Store, assert_same
 
 
 def big_state(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """Tensors of several sizes: some share a block on restore, some are blocks of their own."""
+    """Tensors of several sizes: on restore the small ones share a buffer, the large have their own."""
     torch.manual_seed(seed)
     model = torch.nn.ParameterList(
         [torch.nn.Parameter(torch.randn(n)) for n in (3, 700_000, 17, 2_500_000, 1, 300_000)]
@@ -107,7 +107,7 @@ def test_a_damaged_shard_is_caught_while_reading_and_the_previous_checkpoint_res
     assert_same(at_1, model.state_dict())
 
 
-def test_restored_tensors_are_views_of_blocks_that_never_split_a_tensor(tmp_path: Any) -> None:
+def test_restored_large_tensors_get_buffers_of_their_own_and_small_ones_share_one(tmp_path: Any) -> None:
     model, opt = big_state()
     folder = RunFolder(str(tmp_path / "run"))
     epoch = folder.bump_lease()
@@ -118,16 +118,21 @@ def test_restored_tensors_are_views_of_blocks_that_never_split_a_tensor(tmp_path
     restored = loaded["objects"]["model"]
     for key, value in model.state_dict().items():
         assert torch.equal(restored[key], value)
-    bases = {t.untyped_storage().data_ptr() for t in restored.values()}
-    assert 1 < len(bases) < len(restored), "small tensors share blocks and large ones have their own"
-    total = int(snap.sections["model"].numel())
-    spans = snapshot._blocks(snap.meta["objects"]["model"], total)
-    assert spans[0][0] == 0 and spans[-1][1] == total
-    assert all(a < b for a, b in spans) and all(b == c for (_, b), (c, _) in zip(spans, spans[1:], strict=False))
+    storages = {key: t.untyped_storage().data_ptr() for key, t in restored.items()}
+    large = [k for k, t in restored.items() if t.numel() * t.element_size() >= snapshot.LARGE_BYTES]
+    small = [k for k in restored if k not in large]
+    assert len({storages[k] for k in large}) == len(large) == 3, "one buffer per large tensor"
+    assert len({storages[k] for k in small}) == 1 and storages[small[0]] not in {storages[k] for k in large}
+    # the layout covers every byte of the section once, and no tensor straddles two spans
+    total = int(snap.sections["optimizer"].numel())
+    spans, sizes = snapshot._layout(snap.meta["objects"]["optimizer"], total)
+    assert spans[0].start == 0 and spans[-1].end == total
+    assert all(x.end == y.start for x, y in zip(spans, spans[1:], strict=False))
+    assert sum(sizes) == total and sum(x.end - x.start for x in spans) == total
     refs: list[snapshot.TensorRef] = []
-    snapshot._collect_refs(snap.meta["objects"]["model"], refs)
+    snapshot._collect_refs(snap.meta["objects"]["optimizer"], refs)
     for ref in refs:
-        assert any(a <= ref.offset and ref.offset + ref.nbytes <= b for a, b in spans), ref
+        assert any(x.start <= ref.offset and ref.offset + ref.nbytes <= x.end for x in spans), ref
 
 
 def test_overlapped_digest_equals_the_one_shot_digest_and_passes_on_errors() -> None:
