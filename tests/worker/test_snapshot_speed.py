@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -309,3 +310,23 @@ def test_device_tensors_are_staged_on_a_side_stream_into_reused_buffers_without_
         loaded = snapshot.read(folder, ckpt, pool)
     for key, value in model.state_dict().items():
         assert torch.equal(loaded["objects"]["model"][key], value)
+
+
+def test_background_uploads_reuse_one_thread_and_can_be_joined_with_a_timeout() -> None:
+    gate = threading.Event()
+    names: list[str] = []
+
+    def upload(tag: str) -> None:
+        names.append(f"{tag}:{threading.current_thread().name}")
+        gate.wait(10)
+
+    first = snapshot.Background(upload, "a")
+    first.join(timeout=0.05)
+    assert first.is_alive(), "join with a timeout returns while the upload still runs"
+    gate.set()
+    first.join()
+    assert not first.is_alive()
+    second = snapshot.Background(upload, "b")
+    second.join()
+    assert len(names) == 2 and names[0].split(":")[1] == names[1].split(":")[1], "the same thread serves both"
+    assert names[0].split(":")[1].startswith("reconciler-upload")
