@@ -119,6 +119,8 @@ class Method:
 
 
 class Setup:
+    """The state to save (model + optimizer) and a second one that every method restores into."""
+
     def __init__(self, nbytes: int, device: str, workdir: str) -> None:
         self.device = device
         self.workdir = workdir
