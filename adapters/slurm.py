@@ -573,10 +573,11 @@ class SlurmAdapter:
 
     # ---- endings seen at once (adapters.compute.WatchesEndings) ------------------------------------
     def _job_liveness(self) -> dict[str, bool] | None:
-        """Our jobs the controller lists (finished ones too, until MinJobAge): job id -> still live.
-        None when squeue cannot answer now."""
+        """Our jobs the controller lists (finished ones too, until MinJobAge; only this user's are
+        asked for, which keeps the call light on the controller): job id -> still live. None when
+        squeue cannot answer now."""
         try:
-            proc = self._run(["squeue", "-h", "-t", "all", "-o", "%i|%T|%k"])
+            proc = self._run(["squeue", "-h", "-t", "all", "--user", str(os.getuid()), "-o", "%i|%T|%k"])
         except (ProviderUnavailable, ProviderConfigError):
             return None
         if proc.returncode != 0:
