@@ -110,6 +110,8 @@ def init(path: Annotated[Path, typer.Argument(help="folder for the new state rep
     from adapters.gitrepo import init_repo
     from reconciler.pr_check import WorkflowError, render_workflow, write_workflow
 
+    if not github_actions and (fail_on or package):
+        raise _fail("--fail-on and --package go with --github-actions", 2)
     try:
         workflow = render_workflow(package, fail_on) if github_actions else None
     except WorkflowError as exc:

@@ -261,6 +261,8 @@ def test_init_never_overwrites_a_workflow_and_refuses_bad_values(tmp_path: Path)
     assert WORKFLOW_PATH not in out and (tmp_path / WORKFLOW_PATH).read_text() == "# edited by hand\n"
     bad = cli("init", str(tmp_path / "x"), "--github-actions", "--fail-on", "restart,merge", check=False)
     assert bad.returncode == 2 and "not merge" in bad.stderr
+    alone = cli("init", str(tmp_path / "y"), "--fail-on", "restart", check=False)
+    assert alone.returncode == 2 and "--github-actions" in alone.stderr
     with pytest.raises(WorkflowError, match="not a pip requirement"):
         render_workflow('reconciler"\n  evil: 1')
 
@@ -301,3 +303,13 @@ def test_fail_on_restart_fails_the_check_after_commenting(runner: Runner) -> Non
     assert "exit 2" in runner.logs[-1] and "Fail on" in runner.logs[-1]
     assert len(runner.comments()) == before, "the comment is updated before the check fails"
     assert "restart" in runner.comments()[-1]["body"]
+
+
+def test_a_broken_manifest_fails_the_check_and_the_comment_names_the_file(runner: Runner) -> None:
+    (runner.workspace / "desired" / "broken.yaml").write_text(job("broken", "b.py").replace("target_steps", "tagret"))
+    runner.head_sha = commit(runner.workspace, "a typo")
+    assert not run_workflow(runner, (runner.workspace / WORKFLOW_PATH).read_text())
+    assert runner.outcomes["plan"] == "success" and runner.outputs["plan"]["exit_code"] == "1"
+    assert "Validate the manifests (exit 1)" in "\n".join(runner.logs)
+    body = runner.comments()[-1]["body"]
+    assert "desired/broken.yaml" in body and "tagret" in body, body
