@@ -245,6 +245,7 @@ def runner(tmp_path_factory: pytest.TempPathFactory) -> Runner:
 
 def test_the_generated_workflow_passes_actionlint_and_zizmor(tmp_path: Path) -> None:
     actionlint, zizmor = need("actionlint"), need("zizmor")
+    need("shellcheck")  # actionlint checks the run: scripts with it when it is on PATH
     cli("init", str(tmp_path), "--github-actions", "--fail-on", "restart,cancel")
     target = tmp_path / WORKFLOW_PATH
     assert 'RECONCILER_FAIL_ON: "cancel,restart"' in target.read_text()
