@@ -36,7 +36,7 @@ from adapters.compute import ComputeAdapter, WatchesEndings
 from adapters.gitrepo import StateRepo
 from adapters.local import workers_root
 from desired.models import LocalSettings, Settings
-from desired.parse import parse_settings
+from desired.parse import SETTINGS_FILE, parse_settings
 from reconciler.loop import Reconciler, TickReport
 from reconciler.webhook import WebhookServer
 
@@ -152,8 +152,9 @@ class Daemon:
             roots = tuple(r for r in (root, *self._local_worker_roots(report)) if r is not None and r.exists())
             if roots != self._watch_roots or self._watch_stop is None:
                 self._start_watch(roots)
-            if report is not None and report.desired is not None:
-                self._follow_endings(self.rec.adapters_for(report.desired, []))
+            desired = report.desired if report is not None else None
+            if desired is not None and not any(e.file == SETTINGS_FILE for e in desired.errors):
+                self._follow_endings(self.rec.adapters_for(desired, []))  # the tick's own adapters (cached)
 
     def _local_worker_roots(self, report: TickReport | None) -> tuple[Path, ...]:
         """Where local providers' supervisors write exit records: a worker that dies there (a
