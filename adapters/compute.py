@@ -12,7 +12,8 @@ started from, plus its `env` and secrets; RECONCILER_DEADLINE is `worker_deadlin
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
@@ -205,4 +206,17 @@ class ComputeAdapter(Protocol):
     def capacity(self) -> Capacity | None:
         """What one worker may use here (CPUs, memory, GPUs and models), if the adapter can tell;
         None = unknown. A Provider's declared `spec.resources` takes precedence."""
+        ...
+
+
+@runtime_checkable
+class WatchesEndings(Protocol):
+    """Optional, for adapters that can see one of their workers end soon after it happens (an exit
+    record written on an SSH host, a Slurm job leaving the running states). The daemon runs it on a
+    thread of its own and only ticks when told: what the ending means is still decided by the
+    planner from `observe()`. It must be cheap, never raise, and must not touch the adapter's state
+    that ticks use (it runs beside them)."""
+
+    def watch_endings(self, stop: threading.Event, notify: Callable[[], None]) -> None:
+        """Blocks until `stop` is set, calling `notify()` soon after any of our workers ends."""
         ...

@@ -18,6 +18,8 @@ from rich.logging import RichHandler
 from rich.markup import escape
 from rich.table import Table
 
+from reconciler.pr_check import WORKFLOW_PATH
+
 if TYPE_CHECKING:
     from adapters.gitrepo import StateRepo
     from desired.models import Job
@@ -96,12 +98,24 @@ def _reconciler(repo: Path) -> Reconciler:
 
 
 @app.command()
-def init(path: Annotated[Path, typer.Argument(help="folder for the new state repository")] = Path(".")) -> None:
-    """Create a state repository with an example job and default settings."""
+def init(path: Annotated[Path, typer.Argument(help="folder for the new state repository")] = Path("."),
+         github_actions: Annotated[bool, typer.Option(help=f"also write the PR check, {WORKFLOW_PATH}")] = False,
+         fail_on: Annotated[str, typer.Option(help="with --github-actions: fail the check on restart, cancel")] = "",
+         package: Annotated[str | None, typer.Option(help="with --github-actions: what the check pip-installs "
+                                                          "(default: this version)")] = None) -> None:
+    """Create a state repository with an example job and default settings (and, with
+    --github-actions, a GitHub Actions workflow that comments `plan --base` on pull requests)."""
     import secrets
 
     from adapters.gitrepo import init_repo
+    from reconciler.pr_check import WorkflowError, render_workflow, write_workflow
 
+    if not github_actions and (fail_on or package):
+        raise _fail("--fail-on and --package go with --github-actions", 2)
+    try:
+        workflow = render_workflow(package, fail_on) if github_actions else None
+    except WorkflowError as exc:
+        raise _fail(str(exc), 2) from exc
     repo = init_repo(path)
     (path / "desired").mkdir(exist_ok=True)
     (path / "status").mkdir(exist_ok=True)
@@ -112,6 +126,8 @@ def init(path: Annotated[Path, typer.Argument(help="folder for the new state rep
         if not target.exists():
             target.write_text(text)
             created.append(rel)
+    if workflow is not None and write_workflow(path, workflow):
+        created.append(WORKFLOW_PATH)
     if created:
         repo.git.add(*created)
         repo.git.commit("-q", "-m", "reconciler init", env={
