@@ -18,6 +18,8 @@ from rich.logging import RichHandler
 from rich.markup import escape
 from rich.table import Table
 
+from reconciler.source import BranchOption, PathOption, UrlOption
+
 if TYPE_CHECKING:
     from adapters.gitrepo import StateRepo
     from desired.models import Job
@@ -82,12 +84,14 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _reconciler(repo: Path) -> Reconciler:
+def _reconciler(repo: Path, url: str | None = None, branch: str | None = None, path: str = "") -> Reconciler:
     from adapters.gitrepo import GitError
     from reconciler.loop import Reconciler
+    from reconciler.source import Source, open_state, remote_of
 
     try:
-        rec = Reconciler(repo)
+        source = Source(repo, url, branch, path)
+        rec = Reconciler(open_state(source), remote=remote_of(source))
     except GitError as exc:
         raise _fail(str(exc)) from exc
     if _LOG_FILTER is not None:
@@ -182,6 +186,7 @@ def plan(
                                                                 "comment) or json")] = PlanFormat.TEXT,
     fail_on: Annotated[str, typer.Option(help="with --base: exit 2 when a change is one of these "
                                               "(comma-separated: restart, cancel)")] = "",
+    repo_url: UrlOption = None, branch: BranchOption = None, path: PathOption = "",
 ) -> None:
     """Show what the next tick would do, without doing it, and each job's projected cost and ETA
     (or why they are unknown). Exit 1 when a manifest has errors (a pull-request check built on it
@@ -202,7 +207,7 @@ def plan(
     from status.redact import Redactor
 
     _setup_logging(verbose)
-    rec = _reconciler(repo)
+    rec = _reconciler(repo, repo_url, branch, path)
     _check_storage(rec)
     the_plan, report = rec.preview()
     redactor = Redactor(secret_values(report.desired, rec.environ))
@@ -284,7 +289,8 @@ def _review_refs(repo: Path, base: str, head: str) -> Review:
     state = reader.repo
     commits = [_resolve(state, ref) for ref in (base, head)]
     sides = [reader.read_desired(c, cache=False) for c in commits]
-    recorded = reader.read_recorded(commits[0])
+    reader.configure_repo()  # where status is recorded: the status branch's newest, when there is one
+    recorded = reader.read_recorded(reader.status_source(commits[0]))
     confirmed = any(CONFIRM_CANCEL_TRAILER in m for m in _messages(state, *commits))
     fork = _merge_base(state, *commits)
     at_fork = reader.read_desired(fork, cache=False) if fork else None
@@ -345,6 +351,7 @@ def run(
     serve_at: Annotated[str | None, typer.Option("--serve", metavar="HOST:PORT", help="serve the status page "
                                                  "too (as `reconciler serve` does)")] = None,
     verbose: bool = False,
+    repo_url: UrlOption = None, branch: BranchOption = None, path: PathOption = "",
 ) -> None:
     """Reconcile: launch and relaunch workers until every job is done, committing status to git.
 
@@ -362,7 +369,7 @@ def run(
         metrics_at = metrics_address(metrics, once)
     except TelemetryError as exc:
         raise _fail(str(exc), 2) from exc
-    rec = _reconciler(repo)
+    rec = _reconciler(repo, repo_url, branch, path)
     _check_storage(rec)
     cli_jobs.announce(rec, tick_seconds)
     rec.election = Election(tick_seconds, clone=str(rec.repo.path))
@@ -453,15 +460,16 @@ def _check_backend(storage: str) -> None:
 def status(repo: RepoOption = Path("."), as_json: Annotated[bool, typer.Option("--json")] = False,
            job_name: Annotated[str | None, typer.Option("--job", help="one job in detail: its forecast on "
                                                          "each provider and the placement decision")] = None,
-           ) -> None:
+           repo_url: UrlOption = None, branch: BranchOption = None, path: PathOption = "") -> None:
     """A table of every job with its phase and progress (live progress from storage), its ETA, cost
     spent and projected, and deadline risk (the forecast of the last status commit), then the provider
     ledger of the last status commit (quota or credits left, hours and cost this period)."""
     from reconciler.loop import read_run
 
-    rec = _reconciler(repo)
+    rec = _reconciler(repo, repo_url, branch, path)
+    status_at = rec.fresh_status(repo_url is not None)
     commit = rec.repo.head()
-    recorded = rec.read_recorded(commit)
+    recorded = rec.read_recorded(status_at)
     desired = rec.read_desired(commit)
     names = sorted(set(recorded) | set(desired.jobs))
     if job_name is not None:
@@ -490,7 +498,7 @@ def status(repo: RepoOption = Path("."), as_json: Annotated[bool, typer.Option("
     if as_json:
         console.print_json(json.dumps(rows))
         return
-    ledger = _ledger_rows(rec.repo.read_file(commit, "status/providers.yaml"))
+    ledger = _ledger_rows(rec.repo.read_file(status_at, "status/providers.yaml"))
     table = Table("job", "phase", "progress", "attempts", "interruptions", "failures", "ETA (UTC)",
                   "spent / projected", "risk", "message")
     for r in rows:

@@ -122,7 +122,7 @@ class Daemon:
         """The branch this clone reconciles, for the webhook thread (with a repository object of its
         own: GitPython objects are not thread-safe); None when HEAD is detached."""
         try:
-            return StateRepo(self.rec.repo.path).branch()
+            return self.rec.repo.twin().branch()
         except Exception:
             return None
 
@@ -182,8 +182,7 @@ class Daemon:
         repository's refs (a commit to desired/)."""
         import watchfiles
 
-        own_repo = StateRepo(self.rec.repo.path)
-        paths = [Path(own_repo.repo.git_dir), *(r for r in roots if r.exists())]
+        paths = [Path(self.rec.repo.repo.git_dir), *(r for r in roots if r.exists())]
 
         def interesting(_change: object, path: str) -> bool:
             name = Path(path).name
@@ -193,7 +192,7 @@ class Daemon:
                                         debounce=300, rust_timeout=1000, yield_on_timeout=False):
             if any(Path(p).name in ENDINGS for _c, p in changes):
                 self.trigger()
-            elif self._desired_id(own_repo) != self._seen_desired:  # our own status commits do not count
+            elif self._desired_id(self.rec.repo.twin()) != self._seen_desired:  # our status commits do not count
                 log.info("desired state changed; ticking now")
                 self.trigger()
 
