@@ -87,14 +87,14 @@ class StateRepo:
                 raise GitError(f"{self.path} has no commits yet; commit a manifest under desired/ first") from exc
         branch = self.branch()
         refs = [f"refs/heads/{branch}"]
-        if self.remote and self.status_branch:
-            refs.insert(0, f"refs/remotes/{self.remote}/{branch}")
+        if self.remote:  # the remote's copy is the truth once status no longer rides on the branch
+            refs.insert(0 if self.status_branch else 1, f"refs/remotes/{self.remote}/{branch}")
         for ref in refs:
             sha = self._resolve(ref)
             if sha:
                 return sha
-        raise GitError(f"{self.path} has no branch {branch!r} (nor {self.remote}/{branch}); "
-                       "commit a manifest under desired/ on it first")
+        raise GitError(f"{self.path} has no branch {branch!r}" + (f" (nor {self.remote}/{branch})" if self.remote
+                       else "") + "; commit a manifest under desired/ on it first")
 
     def _resolve(self, ref: str) -> str | None:
         try:

@@ -81,6 +81,8 @@ class Reconciler:
         self.environ = os.environ if environ is None else environ
         self.storage_override = storage_override
         self.remote = remote
+        if remote is not None:  # known before the first settings are read (a clone of a URL)
+            self.repo.remote = remote
         self.placement_policy = placement_policy or choose  # benchmarks pass baselines
         self._adapters: dict[str, tuple[str, ComputeAdapter]] = {}
         self._root_identity: str | None = None

@@ -45,8 +45,11 @@ def clone_cache() -> Path:
 
 def open_state(source: Source) -> StateRepo:
     """The state repository the source names, cloning a URL on first use. Raises GitError."""
-    from adapters.gitrepo import StateRepo, clone_cached
+    from adapters.gitrepo import StateRepo, check_branch_name, clean_subdir, clone_cached
 
+    if source.branch:  # checked before anything is cloned
+        check_branch_name(source.branch, "--branch")
+    clean_subdir(source.path)
     folder = clone_cached(source.url, source.branch, clone_cache()) if source.url else source.repo
     return StateRepo(folder, branch=source.branch, subdir=source.path)
 
