@@ -365,7 +365,10 @@ class StateRepo:
                     if isinstance(item, git.Blob):
                         changed[str(item.path)] = item.data_stream.read().decode()
             for d in before.diff(commit) if before is not None else ():
-                changed[str(d.b_path or d.a_path)] = None if d.b_blob is None else d.b_blob.data_stream.read().decode()
+                if d.a_path and (d.b_blob is None or d.a_path != d.b_path):  # deleted, or renamed away
+                    changed[str(d.a_path)] = None
+                if d.b_blob is not None:
+                    changed[str(d.b_path)] = d.b_blob.data_stream.read().decode()
             tree = self._tree_with(at, True, changed)
             at = self._plumb("commit-tree", tree, "-p", at, "-m", str(commit.message),
                              env=self._identity()).strip()

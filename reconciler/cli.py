@@ -54,6 +54,8 @@ EXAMPLE_SETTINGS = """\
 # Reconciler settings; every field has a safe default.
 storage: file://~/.reconciler/runs   # where run data (leases, checkpoints) lives; s3://bucket/prefix for real use
 tick_seconds: 30
+# remote: origin                     # a shared remote: fetch it every tick; status then goes to its own branch
+# status_branch: reconciler/status   # (the default with a remote; "" = commit status onto the reconciled branch)
 """
 
 

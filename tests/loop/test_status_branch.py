@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from adapters.gitrepo import StateRepo
 from reconciler.loop import Reconciler
 from tests.conftest import StateRepoFixture, _git
 
@@ -211,3 +212,26 @@ def test_local_repository_with_a_status_branch_leaves_work_tree_and_index_alone(
     # The first status commit carries on from status/ of the reconciled branch.
     assert "status/notes.md" in state_repo.git("ls-tree", "-r", "--name-only", STATUS).split()
     assert state_repo.git("rev-parse", STATUS).strip() == report.status_commit
+
+
+def test_a_status_branch_moved_by_another_clone_gets_ours_replayed_on_top_never_forced(
+        state_repo: StateRepoFixture, tmp_path: Path) -> None:
+    shared = Shared(state_repo, tmp_path)
+    other = tmp_path / "other-daemon"
+    subprocess.run(["git", "clone", "-q", str(shared.origin), str(other)], check=True)
+    ours = StateRepo(shared.daemon, remote="origin", status_branch=STATUS)
+    theirs = StateRepo(other, remote="origin", status_branch=STATUS)
+    ours.commit_status({"status/a.yaml": "a: 1\n", "status/gone.yaml": "x\n"}, "ours 1")
+    ours.push()
+    theirs.pull()
+    theirs.commit_status({"status/b.yaml": "b: 1\n"}, "theirs")  # e.g. a leader before us
+    theirs.push()
+    ours.commit_status({"status/a.yaml": "a: 2\n", "status/gone.yaml": None}, "ours 2")
+    ours.commit_status({"status/c.yaml": "c: 1\n"}, "ours 3")
+    ours.push()  # rejected first (theirs moved the branch), then replayed and pushed
+    subjects = shared.origin_git("log", "--format=%s", STATUS).split("\n")[:4]
+    assert subjects == ["ours 3", "ours 2", "theirs", "ours 1"]
+    files = {f: shared.origin_git("show", f"{STATUS}:{f}") for f in
+             shared.origin_git("ls-tree", "-r", "--name-only", STATUS).split()}
+    assert files == {"status/a.yaml": "a: 2\n", "status/b.yaml": "b: 1\n", "status/c.yaml": "c: 1\n"}
+    assert _git(shared.daemon, "rev-parse", STATUS) == shared.origin_git("rev-parse", STATUS)
