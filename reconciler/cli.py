@@ -201,7 +201,7 @@ def plan(
     1 manifest errors at --head or a ref that does not resolve; 2 a change that --fail-on names (or
     a usage error)."""
     if base is not None:
-        _plan_review(repo, base, head, output, fail_on)
+        _plan_review(repo, base, head, output, fail_on, path)
         return
     if head != "HEAD" or output is not PlanFormat.TEXT or fail_on:
         raise _fail("--head, --format and --fail-on review a change: pass --base REF too", 2)
@@ -255,7 +255,7 @@ def _plan_outlook(st: JobStatus) -> str:
 FAIL_ON_CHOICES = ("restart", "cancel")
 
 
-def _plan_review(repo: Path, base: str, head: str, output: PlanFormat, fail_on: str) -> None:
+def _plan_review(repo: Path, base: str, head: str, output: PlanFormat, fail_on: str, path: str = "") -> None:
     """`plan --base`: the review of a change, from git alone (reconciler.review)."""
     from reconciler.review import render_json, render_markdown, render_text
 
@@ -264,7 +264,7 @@ def _plan_review(repo: Path, base: str, head: str, output: PlanFormat, fail_on: 
     if unknown:
         raise _fail(f"--fail-on takes {', '.join(FAIL_ON_CHOICES)} or both (comma-separated), "
                     f"not {', '.join(unknown)}")
-    the_review = _review_refs(repo, base, head)
+    the_review = _review_refs(repo, base, head, path)
     if output is PlanFormat.JSON:
         typer.echo(json.dumps(render_json(the_review, wanted), indent=2))
     elif output is PlanFormat.MARKDOWN:
@@ -277,15 +277,15 @@ def _plan_review(repo: Path, base: str, head: str, output: PlanFormat, fail_on: 
     raise typer.Exit(code)
 
 
-def _review_refs(repo: Path, base: str, head: str) -> Review:
+def _review_refs(repo: Path, base: str, head: str, path: str = "") -> Review:
     """Reads both commits' desired state and the base's recorded statuses; a bad ref is one sentence."""
-    from adapters.gitrepo import GitError
+    from adapters.gitrepo import GitError, StateRepo
     from reconciler.loop import Reconciler
     from reconciler.plan import CONFIRM_CANCEL_TRAILER
     from reconciler.review import review
 
     try:
-        reader = Reconciler(repo, environ={})  # reads git the way a tick does; asks no provider
+        reader = Reconciler(StateRepo(repo, subdir=path), environ={})  # reads git as a tick does; asks no provider
     except GitError as exc:
         raise _fail(str(exc)) from exc
     state = reader.repo

@@ -124,3 +124,11 @@ def test_a_token_in_a_url_never_reaches_the_error(tmp_path: Path) -> None:
     with pytest.raises(GitError) as caught:
         clone_cached("http://user:s3cr3t-token@127.0.0.1:9/repo.git", None, tmp_path / "cache")
     assert "s3cr3t-token" not in str(caught.value) and "***@" in str(caught.value)
+
+
+def test_plan_base_reviews_a_change_to_a_subfolder(monorepo: Path, tmp_path: Path) -> None:
+    author = tmp_path / "author"
+    done = cli("plan", "--repo", str(author), "--base", "main", "--head", "jobs", "--path", "infra/jobs",
+               "--format", "json", env={})
+    assert done.returncode == 0, done.stderr
+    assert "train" in done.stdout and "decoy" not in done.stdout
