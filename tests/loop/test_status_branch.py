@@ -235,3 +235,25 @@ def test_a_status_branch_moved_by_another_clone_gets_ours_replayed_on_top_never_
              shared.origin_git("ls-tree", "-r", "--name-only", STATUS).split()}
     assert files == {"status/a.yaml": "a: 2\n", "status/b.yaml": "b: 1\n", "status/c.yaml": "c: 1\n"}
     assert _git(shared.daemon, "rev-parse", STATUS) == shared.origin_git("rev-parse", STATUS)
+
+
+def test_switching_to_a_status_branch_takes_effect_next_tick_and_keeps_what_was_recorded(
+        state_repo: StateRepoFixture, local_workdir: Path) -> None:
+    state_repo.write("desired/a.yaml", job("a"))
+    state_repo.commit("add a")
+    rec = Reconciler(state_repo.path)
+    first = tick_until(rec, lambda r: r.statuses["a"].phase.value == "Running")
+    assert "phase: Running" in state_repo.status_text("a")  # on the branch itself: no remote, no setting
+    state_repo.write("reconciler.yaml", (state_repo.path / "reconciler.yaml").read_text()
+                     + "status_branch: audit/status\n")
+    state_repo.commit("status on a branch of its own")
+    state_repo.write("desired/b.yaml", job("b"))
+    state_repo.commit("add b")
+    report = rec.tick()  # the same daemon: settings are re-read every tick
+    assert report.status_commit is not None and not [a for a in report.actions if a.startswith("launch a")]
+    assert state_repo.git("log", "-1", "--format=%s").strip() == "add b"  # nothing more on the branch
+    st = report.statuses["a"]
+    assert st.run_id == first.statuses["a"].run_id and st.total_attempts == 1  # carried over, not relaunched
+    recorded = yaml.safe_load(state_repo.git("show", "audit/status:status/a.yaml"))
+    assert recorded["phase"] == "Running" and len(recorded["attempts"]) == 1
+    assert "b" in state_repo.git("show", "audit/status:status/README.md")
