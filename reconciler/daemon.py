@@ -14,7 +14,8 @@ seconds to finish; after that it is abandoned with the process: every tick
 is level-triggered and each of its writes is atomic, so the next start carries on.
 
 Settings are re-read every tick: a changed `tick_seconds` reschedules the interval, a changed
-`storage` moves the watcher, and the rest (remote, identity, storage) the tick itself reads anew.
+`storage` moves the watcher, and the rest (remote, status branch, identity, storage) the tick itself
+reads anew.
 """
 
 from __future__ import annotations
