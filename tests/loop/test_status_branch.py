@@ -186,6 +186,9 @@ def test_a_fresh_clone_reads_recorded_status_from_the_remote_copy(
                          capture_output=True, text=True, check=True, env={**os.environ, "COLUMNS": "300"}).stdout
     rows = json.loads(out)
     assert [(r["job"], r["phase"], r["attempts"]) for r in rows] == [("a", "Running", 1)]
+    described = subprocess.run([sys.executable, "-m", "reconciler", "describe", "a", "--repo", str(shared.user)],
+                               capture_output=True, text=True, env={**os.environ, "COLUMNS": "300"})
+    assert described.returncode == 0 and "a: Running" in described.stdout, described.stderr
     # A new daemon clone carries on from the recorded status: same run, same attempt, no relaunch.
     fresh = tmp_path / "fresh-clone"
     subprocess.run(["git", "clone", "-q", str(shared.origin), str(fresh)], check=True)
