@@ -84,8 +84,9 @@ def describe(job: Annotated[str, typer.Argument(help="the job to describe")], re
     from status.redact import Redactor
 
     rec = _reconciler(repo)
+    recorded = rec.read_recorded(rec.fresh_status(False))  # the status branch's, when there is one
     head = rec.repo.head()
-    recorded, desired = rec.read_recorded(head), rec.read_desired(head)
+    desired = rec.read_desired(head)
     st = recorded.get(job)
     if st is None and job not in desired.jobs:
         raise _fail(f"no job named {job} (jobs: {', '.join(sorted(set(recorded) | set(desired.jobs))) or 'none'})")

@@ -16,7 +16,8 @@ seconds to finish; after that it is abandoned with the process: every tick
 is level-triggered and each of its writes is atomic, so the next start carries on.
 
 Settings are re-read every tick: a changed `tick_seconds` reschedules the interval, a changed
-`storage` moves the watcher, and the rest (remote, identity, storage) the tick itself reads anew.
+`storage` moves the watcher, and the rest (remote, status branch, identity, storage) the tick itself
+reads anew.
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ class Daemon:
         """The branch this clone reconciles, for the webhook thread (with a repository object of its
         own: GitPython objects are not thread-safe); None when HEAD is detached."""
         try:
-            return StateRepo(self.rec.repo.path).branch()
+            return self.rec.repo.twin().branch()
         except Exception:
             return None
 
@@ -214,8 +215,7 @@ class Daemon:
         repository's refs (a commit to desired/)."""
         import watchfiles
 
-        own_repo = StateRepo(self.rec.repo.path)
-        paths = [Path(own_repo.repo.git_dir), *(r for r in roots if r.exists())]
+        paths = [Path(self.rec.repo.repo.git_dir), *(r for r in roots if r.exists())]
 
         def interesting(_change: object, path: str) -> bool:
             name = Path(path).name
@@ -225,7 +225,7 @@ class Daemon:
                                         debounce=300, rust_timeout=1000, yield_on_timeout=False):
             if any(Path(p).name in ENDINGS for _c, p in changes):
                 self.trigger()
-            elif self._desired_id(own_repo) != self._seen_desired:  # our own status commits do not count
+            elif self._desired_id(self.rec.repo.twin()) != self._seen_desired:  # our status commits do not count
                 log.info("desired state changed; ticking now")
                 self.trigger()
 
