@@ -52,7 +52,8 @@ class SettingsHold(Exception):
 
 @dataclass
 class TickReport:
-    commit: str = ""
+    commit: str = ""  # the desired state acted on: HEAD, or the newest trusted commit while a change is held
+    head: str = ""  # the reconciled branch's tip this tick read
     status_commit: str | None = None
     actions: list[str] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)
@@ -353,7 +354,7 @@ class Reconciler:
         head = self.repo.head()
         trust = self.signed.trust(head) if self.signed is not None else None
         commit = act_on(head, trust) if trust is not None else head  # an unverified change is held
-        report.commit = commit
+        report.commit, report.head = commit, head
         desired = self.read_desired(commit)
         self._learn_secrets(desired)  # before anything of this tick is logged
         report.errors.extend(str(e) for e in desired.errors)
@@ -432,7 +433,7 @@ class Reconciler:
         files: dict[str, str | None] = {}
         changes = []
         desired_commit = self.repo.last_change(commit, [DESIRED_DIR, "reconciler.yaml"]) or commit
-        status_at = self.status_source(commit)
+        status_at = self.status_source(report.head or commit)  # where `recorded` was read
         for name, st in sorted(the_plan.statuses.items()):
             old = recorded.get(name)
             if old is not None and old == st:
