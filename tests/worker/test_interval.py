@@ -4,6 +4,8 @@ reconciler passes (RECONCILER_MTBF_SECONDS), re-estimated at every save, unless 
 
 from __future__ import annotations
 
+import json
+import multiprocessing
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -184,3 +186,37 @@ def test_a_real_save_is_measured_and_sets_the_interval(tmp_path: Path) -> None:
         assert blocked is not None and durable is not None and 0 < blocked <= durable
         assert run.checkpoint_interval == max(checkpoint_interval(blocked, M), durable)
         assert folder.durable_step() == 1
+
+
+def _rank(rank: int, tmp: str, out: str) -> None:
+    """One of two real gloo ranks: rank 1's clock runs far ahead of rank 0's."""
+    import torch.distributed
+
+    from reconciler.worker.dist import Group
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=2)
+    clock = Clock()
+    folder = RunFolder(f"{tmp}/run")
+    run = Run(folder, "r", 1, install_signal_handlers=False, heartbeat_interval=1e9, clock=clock, mtbf=M,
+              group=Group(rank, 2))
+    answers = []
+    for step, (ahead0, ahead1) in enumerate([(10.0, 1e6), (61.0, 1e6), (61.0, 0.0)], start=1):
+        clock.t = 1000.0 + (ahead0 if rank == 0 else ahead1)
+        answers.append(run.should_checkpoint(step))
+    run.close()
+    torch.distributed.destroy_process_group()
+    Path(f"{out}.{rank}").write_text(json.dumps(answers))
+
+
+def test_under_two_ranks_rank_0_decides(tmp_path: Path) -> None:
+    RunFolder(str(tmp_path / "run")).bump_lease()
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_rank, args=(r, str(tmp_path), str(tmp_path / "answers"))) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    answers = [json.loads((tmp_path / f"answers.{r}").read_text()) for r in (0, 1)]
+    # Rank 1's clock alone never makes a checkpoint due; rank 0's does, on both ranks at once.
+    assert answers == [[False, True, True], [False, True, True]]
