@@ -6,7 +6,8 @@ onto `WorkerPhase` in one table and keeps the provider's word beside it for huma
 Shared rules every adapter applies the same way: worker labels pass `check_label` (a full match);
 every worker carries its state repository's identity (`owner`) in its labels and folder name
 (`worker_folder_name`); a worker command gets only `worker_base_env` of the environment it is
-started from, plus its `env` and secrets; RECONCILER_DEADLINE is `worker_deadline`.
+started from, plus its `env` and secrets; RECONCILER_DEADLINE is `worker_deadline`;
+RECONCILER_MTBF_SECONDS (the planner's figure) is in `env` already (`with_mtbf`).
 """
 
 from __future__ import annotations
@@ -167,6 +168,15 @@ def with_deadline(env: Mapping[str, str], deadline: float | None) -> dict[str, s
     out = dict(env)
     if deadline is not None:
         out["RECONCILER_DEADLINE"] = str(int(deadline))
+    return out
+
+
+def with_mtbf(env: Mapping[str, str], mtbf_seconds: float | None) -> dict[str, str]:
+    """`env` with RECONCILER_MTBF_SECONDS (whole seconds) set, when the planner measured one: the
+    worker SDK chooses its checkpoint interval from it (reconciler.checkpoint_policy)."""
+    out = dict(env)
+    if mtbf_seconds is not None:
+        out["RECONCILER_MTBF_SECONDS"] = str(int(mtbf_seconds))
     return out
 
 
