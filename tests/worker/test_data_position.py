@@ -1,0 +1,256 @@
+"""The data position: a resumed loop reads exactly the batches an uninterrupted one reads next.
+
+In-process tests take a loader's state mid-epoch (after a round trip through a real checkpoint),
+build a fresh loader as a restarted process would, and compare every batch that follows. The
+process tests SIGKILL real training processes (shuffled DataLoader with two workers, and the
+word language model example) and compare batch order and final weights bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, TensorDataset
+
+from reconciler.worker import ResumableLoader, open_run
+from reconciler.worker.data import Position
+from tests.worker.harness import Store, assert_same, load
+
+ROOT = Path(__file__).resolve().parents[2]
+N = 37  # not a multiple of the batch size: the last batch is short
+
+
+def dataset() -> TensorDataset:
+    return TensorDataset(torch.arange(N))
+
+
+def flat(batches: list[Any]) -> list[list[int]]:
+    return [(b[0] if isinstance(b, list | tuple) else b).tolist() for b in batches]
+
+
+def take(loader: Any, n: int) -> list[Any]:
+    """`n` batches from the loader's position on, crossing epoch ends (as a training loop does)."""
+    out: list[Any] = []
+    while len(out) < n:
+        for batch in loader:
+            out.append(batch)
+            if len(out) == n:
+                break
+    return out
+
+
+def through_checkpoint(tmp_path: Path, obj: Any, fresh: Any) -> Any:
+    """Save `obj` with the SDK and restore the checkpoint into `fresh`."""
+    folder_uri = str(tmp_path / f"run-{time.monotonic_ns()}")
+    with open_run(uri=folder_uri, install_signal_handlers=False) as run:
+        run.save(1, data=obj)
+        run.wait()
+    with open_run(uri=folder_uri, install_signal_handlers=False) as run:
+        assert run.restore(data=fresh) == 1
+    return fresh
+
+
+def test_resumable_loader_gives_the_standard_dataloaders_shuffled_batches() -> None:
+    plain = DataLoader(dataset(), batch_size=5, shuffle=True, generator=torch.Generator().manual_seed(7))
+    ours = ResumableLoader(dataset(), batch_size=5, shuffle=True, generator=torch.Generator().manual_seed(7))
+    expected = [b for _ in range(3) for b in plain]
+    assert flat(take(ours, len(expected))) == flat(expected)
+    assert (ours.epoch, ours.index) == (2, len(ours))  # the third epoch's end is seen at the next pass
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("stop_at", [1, 5, 8, 11, 17])
+def test_shuffled_loader_resumes_mid_epoch_batch_for_batch(tmp_path: Path, workers: int, stop_at: int) -> None:
+    def build() -> ResumableLoader:
+        return ResumableLoader(dataset(), batch_size=5, shuffle=True, num_workers=workers, seed=11)
+
+    uninterrupted = flat(take(build(), 30))
+    first = build()
+    head = flat(take(first, stop_at))
+    resumed = through_checkpoint(tmp_path, first, build())
+    assert head + flat(take(resumed, 30 - stop_at)) == uninterrupted
+    assert len({tuple(b) for b in uninterrupted[:8]}) == 8 and uninterrupted[:8] != uninterrupted[8:16]
+
+
+def test_a_generator_in_use_before_the_epoch_resumes_from_the_epoch_start_state(tmp_path: Path) -> None:
+    """The state is the generator's at the epoch start, before the sampler drew the permutation:
+    a state taken afterwards (or a saved DataLoader iterator) would shuffle the rest differently."""
+    def build() -> ResumableLoader:
+        g = torch.Generator().manual_seed(3)
+        torch.rand(4, generator=g)  # the user's generator has been used before
+        return ResumableLoader(dataset(), batch_size=4, shuffle=True, generator=g)
+
+    uninterrupted = flat(take(build(), 25))
+    first = build()
+    head = flat(take(first, 13))
+    resumed = through_checkpoint(tmp_path, first, build())
+    assert head + flat(take(resumed, 12)) == uninterrupted
+
+
+@pytest.mark.parametrize("stop_at", [2, 4, 9])
+def test_distributed_sampler_ranks_resume_mid_epoch(tmp_path: Path, stop_at: int) -> None:
+    for rank in range(2):
+        def build(rank: int = rank) -> ResumableLoader:
+            sampler = DistributedSampler(dataset(), num_replicas=2, rank=rank, shuffle=True, seed=5)
+            return ResumableLoader(dataset(), batch_size=3, sampler=sampler, seed=1)
+
+        uninterrupted = flat(take(build(), 14))
+        first = build()
+        head = flat(take(first, stop_at))
+        resumed = through_checkpoint(tmp_path, first, build())
+        assert head + flat(take(resumed, 14 - stop_at)) == uninterrupted
+        assert uninterrupted[:7] != uninterrupted[7:14], "set_epoch was not called: every epoch is the same"
+
+
+class Stream(IterableDataset):
+    """An iterable dataset with a state: a seeded stream whose position and RNG are its state,
+    and that starts its next epoch when iterated at its end."""
+
+    def __init__(self, n: int = 23) -> None:
+        self.n = n
+        self.pos = 0
+        self.rng = torch.Generator().manual_seed(99)
+
+    def __iter__(self) -> Any:
+        if self.pos >= self.n:
+            self.pos = 0
+        while self.pos < self.n:
+            self.pos += 1
+            yield torch.randint(0, 1000, (1,), generator=self.rng)[0]
+
+    def __len__(self) -> int:
+        return self.n
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"pos": self.pos, "rng": self.rng.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.pos = int(state["pos"])
+        self.rng.set_state(torch.as_tensor(state["rng"]).clone())
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("stop_at", [3, 5, 9])
+def test_iterable_dataset_with_a_state_resumes_batch_for_batch(tmp_path: Path, workers: int, stop_at: int) -> None:
+    def build() -> ResumableLoader:
+        return ResumableLoader(Stream(), batch_size=4, num_workers=workers, seed=2)
+
+    uninterrupted = flat(take(build(), 16))
+    first = build()
+    head = flat(take(first, stop_at))
+    resumed = through_checkpoint(tmp_path, first, build())
+    assert head + flat(take(resumed, 16 - stop_at)) == uninterrupted
+    if workers == 0:
+        assert uninterrupted[:6] != uninterrupted[6:12], "the stream's epochs differ (its RNG moves on)"
+
+
+def test_a_plain_dataloader_is_refused_with_the_fix() -> None:
+    with pytest.raises(ValueError, match="ResumableLoader"):
+        Position(DataLoader(dataset(), batch_size=4, shuffle=True))
+
+
+def test_persistent_workers_are_refused() -> None:
+    with pytest.raises(ValueError, match="persistent_workers"):
+        ResumableLoader(dataset(), batch_size=4, num_workers=2, persistent_workers=True)
+
+
+def test_epochs_derive_the_target_and_resume_mid_epoch(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    uri = str(tmp_path / "run")
+    seen: list[tuple[int, int, int]] = []
+    with open_run(uri=uri, checkpoint_every=4, target=10, install_signal_handlers=False) as run:
+        with caplog.at_level(logging.WARNING, logger="reconciler.worker"):
+            for step, epoch, batch in run.epochs(3, range(0, 50, 10)):
+                seen.append((step, epoch, batch))
+                if step == 6:
+                    break
+        assert "the target was 10 steps" in caplog.text
+        assert run.target == 15
+        run.wait()
+    assert seen == [(1, 0, 0), (2, 0, 10), (3, 0, 20), (4, 0, 30), (5, 0, 40), (6, 1, 0)]
+    with open_run(uri=uri, checkpoint_every=4, install_signal_handlers=False) as run:
+        rest = [(s, e, b) for s, e, b in run.epochs(3, range(0, 50, 10))]
+        run.complete()
+        assert run.folder.done()["step"] == 15
+    assert rest[0] == (5, 0, 40) and rest[-1] == (15, 2, 40) and len(rest) == 11
+
+
+def test_progress_past_the_target_is_warned(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with open_run(uri=str(tmp_path / "run"), target=3, install_signal_handlers=False) as run:
+        with caplog.at_level(logging.WARNING, logger="reconciler.worker"):
+            for step in range(1, 6):
+                run.heartbeat(step)
+    assert caplog.text.count("past the target of 3 steps") == 1
+
+
+# ---- real processes, SIGKILLed ---------------------------------------------------------------------------
+def child_env(store: Store, folder: Any, epoch: int, every: int) -> dict[str, str]:
+    pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, **store.env(folder, epoch, RECONCILER_CHECKPOINT_EVERY=every), "PYTHONPATH": pythonpath}
+
+
+def run_child(module: str, env: dict[str, str], cfg: dict[str, Any], timeout: float = 240) -> int:
+    proc = subprocess.run([sys.executable, "-m", module, json.dumps(cfg)], env=env, cwd=ROOT,
+                          timeout=timeout, capture_output=True, text=True)
+    if proc.returncode not in (0, -9):
+        raise AssertionError(f"{module} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return proc.returncode
+
+
+def read_order(path: Path) -> list[str]:
+    return path.read_text().split("\n")[:-1] if path.exists() else []
+
+
+@pytest.mark.parametrize("kind", ["map", "iterable"])
+def test_shuffled_loader_with_workers_survives_sigkill_mid_epoch(store: Store, tmp_path: Path, kind: str) -> None:
+    module = "tests.worker.workloads.data_train"
+    ref_folder = store.folder()
+    cfg = {"kind": kind, "out": str(tmp_path / "ref.pt"), "order": str(tmp_path / "ref-order.txt")}
+    assert run_child(module, child_env(store, ref_folder, ref_folder.bump_lease(), 4), cfg) == 0
+    expected = read_order(tmp_path / "ref-order.txt")
+
+    folder = store.folder()
+    order = tmp_path / "order.txt"
+    cfg = {"kind": kind, "out": str(tmp_path / "resumed.pt"), "order": str(order)}
+    assert run_child(module, child_env(store, folder, folder.bump_lease(), 4), {**cfg, "die_at": 15}) == -9
+    killed = read_order(order)
+    assert killed == expected[:15]
+    durable = folder.durable_step()
+    assert durable is not None and 0 < durable < 15 and durable % 7 != 0, "the kill is mid-epoch, after a save"
+    order.unlink()
+    assert run_child(module, child_env(store, folder, folder.bump_lease(), 4), cfg) == 0
+    assert killed[:durable] + read_order(order) == expected
+    assert_same(load(str(tmp_path / "ref.pt")), load(str(tmp_path / "resumed.pt")))
+    assert folder.done() is not None
+
+
+def test_word_language_model_example_survives_sigkill_mid_epoch(store: Store, tmp_path: Path) -> None:
+    module = "tests.worker.workloads.lm_child"
+    ref_folder = store.folder()
+    ref = {"args": ["--epochs", "3", "--save", str(tmp_path / "ref.pt")], "order": str(tmp_path / "ref-order.txt")}
+    assert run_child(module, child_env(store, ref_folder, ref_folder.bump_lease(), 5), ref) == 0
+    expected = read_order(tmp_path / "ref-order.txt")
+    per_epoch = len(expected) // 3
+    die_at = per_epoch + per_epoch // 2 + 1  # in the middle of the second epoch, not on a checkpoint
+
+    folder = store.folder()
+    order = tmp_path / "order.txt"
+    cfg = {"args": ["--epochs", "3", "--save", str(tmp_path / "resumed.pt")], "order": str(order)}
+    assert run_child(module, child_env(store, folder, folder.bump_lease(), 5), {**cfg, "die_at": die_at}) == -9
+    killed = read_order(order)
+    assert killed == expected[:die_at]
+    durable = folder.durable_step()
+    assert durable is not None and per_epoch < durable < die_at
+    order.unlink()
+    assert run_child(module, child_env(store, folder, folder.bump_lease(), 5), cfg) == 0
+    assert killed[:durable] + read_order(order) == expected
+    assert_same(load(str(tmp_path / "ref.pt")), load(str(tmp_path / "resumed.pt")))
+    assert folder.done()["step"] == len(expected)
