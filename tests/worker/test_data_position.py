@@ -214,19 +214,19 @@ def test_shuffled_loader_with_workers_survives_sigkill_mid_epoch(store: Store, t
     module = "tests.worker.workloads.data_train"
     ref_folder = store.folder()
     cfg = {"kind": kind, "out": str(tmp_path / "ref.pt"), "order": str(tmp_path / "ref-order.txt")}
-    assert run_child(module, child_env(store, ref_folder, ref_folder.bump_lease(), 4), cfg) == 0
+    assert run_child(module, child_env(store, ref_folder, ref_folder.bump_lease(), 3), cfg) == 0
     expected = read_order(tmp_path / "ref-order.txt")
 
     folder = store.folder()
     order = tmp_path / "order.txt"
     cfg = {"kind": kind, "out": str(tmp_path / "resumed.pt"), "order": str(order)}
-    assert run_child(module, child_env(store, folder, folder.bump_lease(), 4), {**cfg, "die_at": 15}) == -9
+    assert run_child(module, child_env(store, folder, folder.bump_lease(), 3), {**cfg, "die_at": 15}) == -9
     killed = read_order(order)
     assert killed == expected[:15]
     durable = folder.durable_step()
-    assert durable is not None and 0 < durable < 15 and durable % 7 != 0, "the kill is mid-epoch, after a save"
+    assert durable is not None and 0 < durable < 15 and durable % 8 != 0, "a save in the middle of an epoch (every 3 steps, 8 an epoch)"
     order.unlink()
-    assert run_child(module, child_env(store, folder, folder.bump_lease(), 4), cfg) == 0
+    assert run_child(module, child_env(store, folder, folder.bump_lease(), 3), cfg) == 0
     assert killed[:durable] + read_order(order) == expected
     assert_same(load(str(tmp_path / "ref.pt")), load(str(tmp_path / "resumed.pt")))
     assert folder.done() is not None

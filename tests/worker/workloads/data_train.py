@@ -1,0 +1,93 @@
+"""A training job that reads real batches through `ResumableLoader` with two DataLoader workers,
+so that a resume which re-reads or skips a batch changes the weights and the order log.
+
+Run as ``python -m tests.worker.workloads.data_train '{"kind": "map", ...}'``. cfg keys: kind
+("map": a shuffled map-style dataset; "iterable": a sharded stream with a state), epochs, out
+(final state file), order (one line per batch trained on), die_at (SIGKILL itself at that step,
+before the step's checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+from reconciler.worker import ResumableLoader, open_run
+
+ITEMS = 40
+BATCH = 5
+
+
+def item(epoch: int, index: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    g = torch.Generator().manual_seed(1000 * epoch + index)
+    return torch.randn(8, generator=g), torch.randn(4, generator=g), index
+
+
+class Table(Dataset):
+    """Map-style: item i is the same every epoch; the order comes from the shuffle."""
+
+    def __len__(self) -> int:
+        return ITEMS
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        return item(0, index)
+
+
+class Stream(IterableDataset):
+    """Iterable with a state: every worker reads its share of positions; the epoch changes the
+    items (set by the loader through set_epoch) and is part of the state."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return ITEMS
+
+    def __iter__(self) -> Any:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        for index in range(worker, ITEMS, workers):
+            yield item(self.epoch, index)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch = int(state["epoch"])
+
+
+def main(cfg: dict[str, Any]) -> None:
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.2), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    if cfg["kind"] == "map":
+        loader = ResumableLoader(Table(), batch_size=BATCH, shuffle=True, num_workers=2)
+    else:
+        loader = ResumableLoader(Stream(), batch_size=BATCH, num_workers=2)
+    with open_run() as run, open(cfg["order"], "a") as order:
+        for step, epoch, (x, y, ids) in run.epochs(int(cfg.get("epochs", 3)), loader, model=model, optimizer=opt):
+            loss = ((model(x) - y) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            order.write(f"{epoch} {ids.tolist()}\n")
+            order.flush()
+            if cfg.get("die_at") == step:
+                os.kill(os.getpid(), signal.SIGKILL)
+            run.heartbeat(step, loss=float(loss))
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, cfg["out"])
+        run.complete()
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
