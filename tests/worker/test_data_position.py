@@ -235,22 +235,25 @@ def test_shuffled_loader_with_workers_survives_sigkill_mid_epoch(store: Store, t
 def test_word_language_model_example_survives_sigkill_mid_epoch(store: Store, tmp_path: Path) -> None:
     module = "tests.worker.workloads.lm_child"
     ref_folder = store.folder()
-    ref = {"args": ["--epochs", "3", "--save", str(tmp_path / "ref.pt")], "order": str(tmp_path / "ref-order.txt")}
+    ref = {"args": ["--epochs", "3", "--save", str(tmp_path / "ref-best.pt")], "order": str(tmp_path / "ref-order.txt"),
+           "final": str(tmp_path / "ref.pt")}
     assert run_child(module, child_env(store, ref_folder, ref_folder.bump_lease(), 5), ref) == 0
     expected = read_order(tmp_path / "ref-order.txt")
     per_epoch = len(expected) // 3
-    die_at = per_epoch + per_epoch // 2 + 1  # in the middle of the second epoch, not on a checkpoint
+    die_at = per_epoch + per_epoch // 2 + 1  # in the middle of the second epoch
 
     folder = store.folder()
     order = tmp_path / "order.txt"
-    cfg = {"args": ["--epochs", "3", "--save", str(tmp_path / "resumed.pt")], "order": str(order)}
+    cfg = {"args": ["--epochs", "3", "--save", str(tmp_path / "best.pt")], "order": str(order),
+           "final": str(tmp_path / "resumed.pt")}
     assert run_child(module, child_env(store, folder, folder.bump_lease(), 5), {**cfg, "die_at": die_at}) == -9
     killed = read_order(order)
     assert killed == expected[:die_at]
     durable = folder.durable_step()
-    assert durable is not None and per_epoch < durable < die_at
+    assert durable is not None and 0 < durable < die_at and durable % per_epoch != 0, "resumes mid-epoch"
     order.unlink()
     assert run_child(module, child_env(store, folder, folder.bump_lease(), 5), cfg) == 0
     assert killed[:durable] + read_order(order) == expected
     assert_same(load(str(tmp_path / "ref.pt")), load(str(tmp_path / "resumed.pt")))
+    assert_same(load(str(tmp_path / "ref-best.pt")), load(str(tmp_path / "best.pt")))
     assert folder.done()["step"] == len(expected)
