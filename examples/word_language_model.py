@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from reconciler.worker import open_run  # SDK
+from reconciler.worker import Carry, open_run  # SDK
 
 WORDS = ("the a one my your this that cat dog bird fish tree river hill house road child farmer "
          "sees likes finds follows wants keeps near under over beside quickly slowly often never "
@@ -31,9 +31,11 @@ WORDS = ("the a one my your this that cat dog bird fish tree river hill house ro
 
 
 def generate_text(n_words: int, seed: int) -> list[str]:
-    """A seeded stream of words in which each word favours a few followers (something to learn)."""
+    """A seeded stream of words in which each word favours a few followers (something to learn;
+    the followers are the same in every split, the streams differ)."""
+    language = random.Random(0)
+    followers = {w: language.sample(WORDS, 5) for w in WORDS}
     rng = random.Random(seed)
-    followers = {w: rng.sample(WORDS, 5) for w in WORDS}
     word, out = "the", []
     for _ in range(n_words):
         word = rng.choice(followers[word]) if rng.random() < 0.85 else rng.choice(WORDS)
@@ -127,7 +129,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         for p in model.parameters():
-            p.data.add_(p.grad, alpha=-lr)
+            if p.grad is not None:
+                p.data.add_(p.grad, alpha=-lr)
         return loss.item(), hidden
 
     def evaluate(source: torch.Tensor) -> float:
@@ -140,31 +143,30 @@ def main(argv: Sequence[str] | None = None) -> None:
                 total += len(data) * criterion(output, targets).item()
         return total / (len(source) - 1)
 
-    positions = range(0, train_data.size(0) - 1, args.bptt)  # SDK: one epoch's batches
-    state = {"lr": args.lr, "best_val_loss": None, "hidden": None}  # SDK: carried across a resume
+    s = Carry(lr=args.lr, best_val_loss=None, hidden=None)  # SDK: carried across a resume
+    positions = range(0, train_data.size(0) - 1, args.bptt)
     run = open_run()  # SDK
     epoch_start_time = time.time()
-    for step, epoch, i in run.epochs(args.epochs, positions, model=model, state=state):  # SDK
-        batch = step - epoch * len(positions) - 1
+    for step, epoch, batch, i in run.epochs(args.epochs, positions, model=model, carry=s):  # SDK
         if batch == 0:
-            state["hidden"] = model.init_hidden(args.batch_size)
-        loss, state["hidden"] = train_batch(i, state["hidden"], state["lr"])
+            s.hidden = model.init_hidden(args.batch_size)
+        loss, s.hidden = train_batch(i, s.hidden, s.lr)
         run.heartbeat(step, loss=loss)  # SDK
         if batch % args.log_interval == 0 and batch > 0:
-            print(f"| epoch {epoch + 1:3d} | {batch:3d}/{len(positions):3d} batches | lr {state['lr']:5.2f} "
+            print(f"| epoch {epoch + 1:3d} | {batch:3d}/{len(positions):3d} batches | lr {s.lr:5.2f} "
                   f"| loss {loss:5.2f} | ppl {math.exp(loss):8.2f}", flush=True)
-        if step % len(positions):
+        if batch < len(positions) - 1:
             continue  # SDK: the epoch goes on
         val_loss = evaluate(val_data)
         print(f"| end of epoch {epoch + 1:3d} | time: {time.time() - epoch_start_time:5.2f}s "
               f"| valid loss {val_loss:5.2f} | valid ppl {math.exp(val_loss):8.2f}", flush=True)
         epoch_start_time = time.time()
-        if state["best_val_loss"] is None or val_loss < state["best_val_loss"]:
+        if s.best_val_loss is None or val_loss < s.best_val_loss:
             torch.save(model.state_dict(), args.save)
-            state["best_val_loss"] = val_loss
+            s.best_val_loss = val_loss
         else:
-            state["lr"] /= 4.0  # anneal when validation stops improving
-    run.complete(loss=state["best_val_loss"] or 0.0)  # SDK
+            s.lr /= 4.0  # anneal when validation stops improving
+    run.complete(loss=s.best_val_loss)  # SDK
 
 
 if __name__ == "__main__":

@@ -16,11 +16,12 @@ See "The worker SDK" in README.md for the contract (DESIGN.md §3).
 """
 
 from adapters.storage import CheckpointName, StorageError
-from reconciler.worker.data import ResumableLoader
+from reconciler.worker.data import Carry, ResumableLoader
 from reconciler.worker.run import EXIT_INTERRUPTED, Run, RunConfigError, Superseded, open_run
 
 __all__ = [
     "EXIT_INTERRUPTED",
+    "Carry",
     "CheckpointName",
     "ResumableLoader",
     "Run",

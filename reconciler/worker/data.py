@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Iterable, Iterator, Sized
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -180,6 +181,20 @@ class ResumableLoader:
             self.dataset.load_state_dict(state["dataset"])
 
 
+class Carry(SimpleNamespace):
+    """Values a loop carries from step to step (a learning rate it anneals, the best loss so far,
+    an RNN's hidden state): `s = Carry(lr=0.1, hidden=None)`, then `s.lr`, `s.hidden = ...`.
+    Saved as a dict, so tensors in it (also in tuples, lists, dicts) are saved as tensors,
+    detached from their graph, and restored in place."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        vars(self).clear()
+        vars(self).update(state)
+
+
 class Position:
     """The position in any sized, re-iterable sequence of batches that gives the same items each
     pass (a range, a list, a tensor split): skipped by count at a resume."""
@@ -209,12 +224,13 @@ class Position:
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
 
 
-def epochs(run: Any, n_epochs: int, batches: Any, objects: dict[str, Any]) -> Iterator[tuple[int, int, Any]]:
-    """Restore `objects` and the data position, then yield (step, epoch, batch) to the end of
-    epoch `n_epochs - 1`, checkpointing after each step when due and stopping on a notice.
+def epochs(run: Any, n_epochs: int, batches: Any, objects: dict[str, Any]) -> Iterator[tuple[int, int, int, Any]]:
+    """Restore `objects` and the data position, then yield (step, epoch, index, batch) to the end
+    of epoch `n_epochs - 1`, checkpointing after each step when due and stopping on a notice.
 
-    Steps count from 1 across epochs: step = epoch * len(batches) + index + 1, so an epoch's
-    last batch is the one where step % len(batches) == 0. The run's target is n_epochs * len(batches).
+    Epochs and indices count from 0, steps from 1 across epochs: step = epoch * len(batches) +
+    index + 1, so index == len(batches) - 1 is an epoch's last batch. The run's target is
+    n_epochs * len(batches).
     """
     if not isinstance(batches, Sized):
         raise TypeError(f"epochs() needs batches with a length (len()), not {type(batches).__name__}")
@@ -235,10 +251,10 @@ def epochs(run: Any, n_epochs: int, batches: Any, objects: dict[str, Any]) -> It
     while position.epoch < n_epochs:
         for batch in position:
             step += 1
-            yield step, position.epoch, batch
+            yield step, position.epoch, position.index - 1, batch
             if run.should_checkpoint(step):
                 run.save(step, **saved)
             run.exit_if_stopping(step, **saved)
 
 
-__all__ = ["DATA_KEY", "Position", "ResumableLoader", "epochs"]
+__all__ = ["DATA_KEY", "Carry", "Position", "ResumableLoader", "epochs"]

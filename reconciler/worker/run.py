@@ -529,7 +529,7 @@ class Run:
 
     # ---- epochs and batches as positions ----------------------------------------------------------------
     def epochs(self, n_epochs: int, batches: Any, **objects: Any) -> Any:
-        """`for step, epoch, batch in run.epochs(n_epochs, loader, model=model, ...)`: restores the
+        """`for step, epoch, index, batch in run.epochs(n_epochs, loader, model=model, ...)`: restores the
         objects and the data position (a `ResumableLoader`, or any sized sequence that repeats
         itself: a range, a list), yields every remaining batch, and after each one checkpoints
         when due and stops on a notice, as `should_checkpoint`/`save`/`exit_if_stopping` would.

@@ -21,7 +21,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, TensorDataset
 
-from reconciler.worker import ResumableLoader, open_run
+from reconciler.worker import Carry, ResumableLoader, open_run
 from reconciler.worker.data import Position
 from tests.worker.harness import Store, assert_same, load
 
@@ -153,6 +153,15 @@ def test_iterable_dataset_with_a_state_resumes_batch_for_batch(tmp_path: Path, w
         assert uninterrupted[:6] != uninterrupted[6:12], "the stream's epochs differ (its RNG moves on)"
 
 
+def test_carry_saves_a_hidden_state_with_its_graph_and_plain_values(tmp_path: Path) -> None:
+    w = torch.ones(3, requires_grad=True)
+    hidden = (w * 2, w * 3)  # not graph leaves: they cannot be deep-copied
+    restored = through_checkpoint(tmp_path, Carry(lr=0.5, best=None, hidden=hidden), Carry(lr=1.0))
+    assert restored.lr == 0.5 and restored.best is None
+    assert_same(restored.hidden, (torch.full((3,), 2.0), torch.full((3,), 3.0)))
+    assert not restored.hidden[0].requires_grad
+
+
 def test_a_plain_dataloader_is_refused_with_the_fix() -> None:
     with pytest.raises(ValueError, match="ResumableLoader"):
         Position(DataLoader(dataset(), batch_size=4, shuffle=True))
@@ -165,22 +174,22 @@ def test_persistent_workers_are_refused() -> None:
 
 def test_epochs_derive_the_target_and_resume_mid_epoch(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     uri = str(tmp_path / "run")
-    seen: list[tuple[int, int, int]] = []
+    seen: list[tuple[int, int, int, int]] = []
     with open_run(uri=uri, checkpoint_every=4, target=10, install_signal_handlers=False) as run:
         with caplog.at_level(logging.WARNING, logger="reconciler.worker"):
-            for step, epoch, batch in run.epochs(3, range(0, 50, 10)):
-                seen.append((step, epoch, batch))
+            for step, epoch, index, batch in run.epochs(3, range(0, 50, 10)):
+                seen.append((step, epoch, index, batch))
                 if step == 6:
                     break
         assert "the target was 10 steps" in caplog.text
         assert run.target == 15
         run.wait()
-    assert seen == [(1, 0, 0), (2, 0, 10), (3, 0, 20), (4, 0, 30), (5, 0, 40), (6, 1, 0)]
+    assert seen == [(1, 0, 0, 0), (2, 0, 1, 10), (3, 0, 2, 20), (4, 0, 3, 30), (5, 0, 4, 40), (6, 1, 0, 0)]
     with open_run(uri=uri, checkpoint_every=4, install_signal_handlers=False) as run:
-        rest = [(s, e, b) for s, e, b in run.epochs(3, range(0, 50, 10))]
+        rest = list(run.epochs(3, range(0, 50, 10)))
         run.complete()
         assert run.folder.done()["step"] == 15
-    assert rest[0] == (5, 0, 40) and rest[-1] == (15, 2, 40) and len(rest) == 11
+    assert rest[0] == (5, 0, 4, 40) and rest[-1] == (15, 2, 4, 40) and len(rest) == 11
 
 
 def test_progress_past_the_target_is_warned(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -224,7 +233,8 @@ def test_shuffled_loader_with_workers_survives_sigkill_mid_epoch(store: Store, t
     killed = read_order(order)
     assert killed == expected[:15]
     durable = folder.durable_step()
-    assert durable is not None and 0 < durable < 15 and durable % 8 != 0, "a save in the middle of an epoch (every 3 steps, 8 an epoch)"
+    # saves every 3 steps, 8 batches an epoch: the resume is in the middle of an epoch
+    assert durable is not None and 0 < durable < 15 and durable % 8 != 0
     order.unlink()
     assert run_child(module, child_env(store, folder, folder.bump_lease(), 3), cfg) == 0
     assert killed[:durable] + read_order(order) == expected

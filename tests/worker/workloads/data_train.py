@@ -75,7 +75,7 @@ def main(cfg: dict[str, Any]) -> None:
     else:
         loader = ResumableLoader(Stream(), batch_size=BATCH, num_workers=2)
     with open_run() as run, open(cfg["order"], "a") as order:
-        for step, epoch, (x, y, ids) in run.epochs(int(cfg.get("epochs", 3)), loader, model=model, optimizer=opt):
+        for step, epoch, _, (x, y, ids) in run.epochs(int(cfg.get("epochs", 3)), loader, model=model, optimizer=opt):
             loss = ((model(x) - y) ** 2).mean()
             opt.zero_grad()
             loss.backward()
