@@ -23,7 +23,8 @@ from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Te
 
 from reconciler.worker import Carry, ResumableLoader, open_run
 from reconciler.worker.data import Position
-from tests.worker.harness import Store, assert_same, load
+from tests.worker.harness import Store, assert_same, free_port, join_ranks, load, spawn
+from tests.worker.workloads.data_train import rank_child
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 37  # not a multiple of the batch size: the last batch is short
@@ -240,6 +241,37 @@ def test_shuffled_loader_with_workers_survives_sigkill_mid_epoch(store: Store, t
     assert killed[:durable] + read_order(order) == expected
     assert_same(load(str(tmp_path / "ref.pt")), load(str(tmp_path / "resumed.pt")))
     assert folder.done() is not None
+
+
+def test_two_ranks_resume_their_distributed_sampler_positions(tmp_path: Path) -> None:
+    """A 2-rank DDP job (gloo, one process per rank as torchrun starts them) reading through a
+    shuffled DistributedSampler: rank 1 is SIGKILLed mid-epoch, the other rank is ended, and the
+    resumed ranks each read the rest of their own share, batch for batch."""
+    store = Store("file", str(tmp_path / "runs"))
+
+    def ranks(folder: Any, cfg: dict[str, Any]) -> list[int]:
+        env = {**store.env(folder, folder.bump_lease(), RECONCILER_CHECKPOINT_EVERY=3), "WORLD_SIZE": "2",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "GLOO_SOCKET_IFNAME": "lo"}
+        procs = [spawn(rank_child, {**env, "RANK": str(r), "LOCAL_RANK": str(r)}, cfg) for r in range(2)]
+        return join_ranks(procs, timeout=180)
+
+    ref = {"kind": "ddp", "out": str(tmp_path / "ref.pt"), "order": str(tmp_path / "ref-order")}
+    assert ranks(store.folder(), ref) == [0, 0]
+    expected = [read_order(tmp_path / f"ref-order.{r}") for r in range(2)]
+    assert len(expected[0]) == 12 and expected[0] != expected[1]
+
+    folder = store.folder()
+    cfg = {"kind": "ddp", "out": str(tmp_path / "resumed.pt"), "order": str(tmp_path / "order")}
+    assert -9 in ranks(folder, {**cfg, "die_at": 7})
+    killed = [read_order(tmp_path / f"order.{r}") for r in range(2)]
+    durable = folder.durable_step()
+    assert durable in (3, 6), durable  # 4 batches an epoch per rank: the resume is mid-epoch
+    for r in range(2):
+        (tmp_path / f"order.{r}").unlink()
+    assert ranks(folder, cfg) == [0, 0]
+    for r in range(2):
+        assert killed[r][:durable] + read_order(tmp_path / f"order.{r}") == expected[r], f"rank {r}"
+    assert_same(load(str(tmp_path / "ref.pt")), load(str(tmp_path / "resumed.pt")))
 
 
 def test_word_language_model_example_survives_sigkill_mid_epoch(store: Store, tmp_path: Path) -> None:

@@ -2,9 +2,11 @@
 so that a resume which re-reads or skips a batch changes the weights and the order log.
 
 Run as ``python -m tests.worker.workloads.data_train '{"kind": "map", ...}'``. cfg keys: kind
-("map": a shuffled map-style dataset; "iterable": a sharded stream with a state), epochs, out
-(final state file), order (one line per batch trained on), die_at (SIGKILL itself at that step,
-before the step's checkpoint).
+("map": a shuffled map-style dataset; "iterable": a sharded stream with a state; "ddp": every
+rank of a DistributedDataParallel job reads its share through a shuffled DistributedSampler,
+without workers, started by `rank_child`), epochs, out (final state file, rank 0), order (one line
+per batch trained on; `<order>.<rank>` under ddp), die_at (SIGKILL itself at that step, before
+the step's checkpoint; under ddp only rank 1 does).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import sys
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset, IterableDataset, get_worker_info
+from torch.utils.data import Dataset, DistributedSampler, IterableDataset, get_worker_info
 
 from reconciler.worker import ResumableLoader, open_run
 
@@ -70,23 +72,39 @@ def main(cfg: dict[str, Any]) -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.2), torch.nn.ReLU(), torch.nn.Linear(16, 4))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ddp = cfg["kind"] == "ddp"
     if cfg["kind"] == "map":
         loader = ResumableLoader(Table(), batch_size=BATCH, shuffle=True, num_workers=2)
-    else:
+    elif cfg["kind"] == "iterable":
         loader = ResumableLoader(Stream(), batch_size=BATCH, num_workers=2)
-    with open_run() as run, open(cfg["order"], "a") as order:
+    with open_run() as run:
+        if ddp:
+            from torch.nn.parallel import DistributedDataParallel
+
+            net: torch.nn.Module = DistributedDataParallel(model)
+            loader = ResumableLoader(Table(), batch_size=BATCH, sampler=DistributedSampler(Table(), seed=3), seed=4)
+        else:
+            net = model
+        order = open(f"{cfg['order']}.{run.rank}" if ddp else cfg["order"], "a")  # noqa: SIM115
         for step, epoch, _, (x, y, ids) in run.epochs(int(cfg.get("epochs", 3)), loader, model=model, optimizer=opt):
-            loss = ((model(x) - y) ** 2).mean()
+            loss = ((net(x) - y) ** 2).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
             order.write(f"{epoch} {ids.tolist()}\n")
             order.flush()
-            if cfg.get("die_at") == step:
+            if cfg.get("die_at") == step and run.rank == (1 if ddp else 0):
                 os.kill(os.getpid(), signal.SIGKILL)
             run.heartbeat(step, loss=float(loss))
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, cfg["out"])
+        if run.rank == 0:
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, cfg["out"])
         run.complete()
+
+
+def rank_child(env: dict[str, str], cfg: dict[str, Any]) -> None:
+    """One rank, in a fork of the tests' fork server (see tests/worker/harness.py start_ranks)."""
+    os.environ.update(env)
+    main(cfg)
 
 
 if __name__ == "__main__":
