@@ -237,7 +237,11 @@ def epochs(run: Any, n_epochs: int, batches: Any, objects: dict[str, Any]) -> It
     if DATA_KEY in objects:
         raise ValueError(f"{DATA_KEY} is the name epochs() saves the data position under; rename that object")
     position = batches if isinstance(batches, ResumableLoader) else Position(batches)
-    per_epoch = len(position)
+    try:
+        per_epoch = len(position)
+    except TypeError:
+        raise TypeError("epochs() needs to know how many batches an epoch has: give the iterable dataset "
+                        "a __len__") from None
     if per_epoch == 0:
         raise ValueError("epochs() was given no batches: the data is empty (or smaller than one batch with drop_last)")
     run.expect_steps(n_epochs * per_epoch)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -191,6 +192,24 @@ def test_epochs_derive_the_target_and_resume_mid_epoch(tmp_path: Path, caplog: p
         run.complete()
         assert run.folder.done()["step"] == 15
     assert rest[0] == (5, 0, 4, 40) and rest[-1] == (15, 2, 4, 40) and len(rest) == 11
+
+
+def test_a_stop_notice_inside_epochs_saves_the_position_and_exits_75(tmp_path: Path) -> None:
+    uri = str(tmp_path / "run")
+    loader = ResumableLoader(dataset(), batch_size=5, shuffle=True, seed=8)
+    expected = flat(take(ResumableLoader(dataset(), batch_size=5, shuffle=True, seed=8), 16))
+    seen: list[Any] = []
+    with pytest.raises(SystemExit) as stopped, open_run(uri=uri) as run:
+        for step, _, _, batch in run.epochs(2, loader):
+            seen.append(batch)
+            if step == 11:
+                os.kill(os.getpid(), signal.SIGTERM)
+    assert stopped.value.code == 75
+    with open_run(uri=uri) as run:
+        again = ResumableLoader(dataset(), batch_size=5, shuffle=True, seed=8)
+        rest = [batch for _, _, _, batch in run.epochs(2, again)]
+        run.complete()
+    assert flat(seen) == expected[:11] and flat(seen + rest) == expected
 
 
 def test_progress_past_the_target_is_warned(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
