@@ -20,7 +20,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -528,7 +528,7 @@ class Run:
         self.close()
 
     # ---- epochs and batches as positions ----------------------------------------------------------------
-    def epochs(self, n_epochs: int, batches: Any, **objects: Any) -> Any:
+    def epochs(self, n_epochs: int, batches: Any, **objects: Any) -> Iterator[tuple[int, int, int, Any]]:
         """`for step, epoch, index, batch in run.epochs(n_epochs, loader, model=model, ...)`: restores the
         objects and the data position (a `ResumableLoader`, or any sized sequence that repeats
         itself: a range, a list), yields every remaining batch, and after each one checkpoints
