@@ -8,7 +8,7 @@ words), so nothing is downloaded. Run it through the reconciler, or by hand with
 
 Kill it (kill -9) and start it again: it restores the weights, the learning rate, the best
 validation loss, the LSTM's hidden state and the batch position, and goes on from the last
-checkpoint (RECONCILER_CHECKPOINT_EVERY steps, or every 10 minutes). The lines marked
+checkpoint (every RECONCILER_CHECKPOINT_EVERY steps, or at the interval the SDK chooses). The lines marked
 "# SDK" are the whole adaptation (see "Fitting a training loop" in README.md).
 """
 
