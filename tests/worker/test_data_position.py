@@ -293,6 +293,37 @@ def test_two_ranks_resume_their_distributed_sampler_positions(tmp_path: Path) ->
     assert_same(load(str(tmp_path / "ref.pt")), load(str(tmp_path / "resumed.pt")))
 
 
+def test_torchrun_ranks_with_two_loader_workers_each_resume_their_share(tmp_path: Path) -> None:
+    """The same under torchrun itself, every rank reading through two DataLoader workers."""
+    store = Store("file", str(tmp_path / "runs"))
+
+    def torchrun(folder: Any, cfg: dict[str, Any]) -> int:
+        env = child_env(store, folder, folder.bump_lease(), 3)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "-m", "tests.worker.workloads.data_train", json.dumps({**cfg, "workers": 2})]
+        proc = subprocess.run(cmd, env={**env, "GLOO_SOCKET_IFNAME": "lo"}, cwd=ROOT, timeout=300,
+                              capture_output=True, text=True)
+        return proc.returncode
+
+    ref = {"kind": "ddp", "out": str(tmp_path / "ref.pt"), "order": str(tmp_path / "ref-order")}
+    assert torchrun(store.folder(), ref) == 0
+    expected = [read_order(tmp_path / f"ref-order.{r}") for r in range(2)]
+    assert len(expected[0]) == len(expected[1]) == 12 and expected[0] != expected[1]
+
+    folder = store.folder()
+    cfg = {"kind": "ddp", "out": str(tmp_path / "resumed.pt"), "order": str(tmp_path / "order")}
+    assert torchrun(folder, {**cfg, "die_at": 7}) != 0
+    killed = [read_order(tmp_path / f"order.{r}") for r in range(2)]
+    durable = folder.durable_step()
+    assert durable in (3, 6), durable
+    for r in range(2):
+        (tmp_path / f"order.{r}").unlink()
+    assert torchrun(folder, cfg) == 0
+    for r in range(2):
+        assert killed[r][:durable] + read_order(tmp_path / f"order.{r}") == expected[r], f"rank {r}"
+    assert_same(load(str(tmp_path / "ref.pt")), load(str(tmp_path / "resumed.pt")))
+
+
 def test_word_language_model_example_survives_sigkill_mid_epoch(store: Store, tmp_path: Path) -> None:
     module = "tests.worker.workloads.lm_child"
     ref_folder = store.folder()

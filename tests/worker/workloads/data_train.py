@@ -4,7 +4,7 @@ so that a resume which re-reads or skips a batch changes the weights and the ord
 Run as ``python -m tests.worker.workloads.data_train '{"kind": "map", ...}'``. cfg keys: kind
 ("map": a shuffled map-style dataset; "iterable": a sharded stream with a state; "ddp": every
 rank of a DistributedDataParallel job reads its share through a shuffled DistributedSampler,
-without workers, started by `rank_child`), epochs, out (final state file, rank 0), order (one line
+started by torchrun or by `rank_child`), workers (DataLoader workers under ddp), epochs, out (final state file, rank 0), order (one line
 per batch trained on; `<order>.<rank>` under ddp), die_at (SIGKILL itself at that step, before
 the step's checkpoint; under ddp only rank 1 does).
 """
@@ -82,7 +82,8 @@ def main(cfg: dict[str, Any]) -> None:
             from torch.nn.parallel import DistributedDataParallel
 
             net: torch.nn.Module = DistributedDataParallel(model)
-            loader = ResumableLoader(Table(), batch_size=BATCH, sampler=DistributedSampler(Table(), seed=3), seed=4)
+            loader = ResumableLoader(Table(), batch_size=BATCH, sampler=DistributedSampler(Table(), seed=3), seed=4,
+                                     num_workers=int(cfg.get("workers", 0)))
         else:
             net = model
         order = open(f"{cfg['order']}.{run.rank}" if ddp else cfg["order"], "a")  # noqa: SIM115
