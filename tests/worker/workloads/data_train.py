@@ -4,9 +4,9 @@ so that a resume which re-reads or skips a batch changes the weights and the ord
 Run as ``python -m tests.worker.workloads.data_train '{"kind": "map", ...}'``. cfg keys: kind
 ("map": a shuffled map-style dataset; "iterable": a sharded stream with a state; "ddp": every
 rank of a DistributedDataParallel job reads its share through a shuffled DistributedSampler,
-started by torchrun or by `rank_child`), workers (DataLoader workers under ddp), epochs, out (final state file, rank 0), order (one line
-per batch trained on; `<order>.<rank>` under ddp), die_at (SIGKILL itself at that step, before
-the step's checkpoint; under ddp only rank 1 does).
+started by torchrun or by `rank_child`), workers (DataLoader workers under ddp), epochs, out
+(final state file, rank 0), order (one line per batch trained on; `<order>.<rank>` under ddp),
+die_at (SIGKILL itself at that step, before the step's checkpoint; under ddp only rank 1 does).
 """
 
 from __future__ import annotations
