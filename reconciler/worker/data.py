@@ -77,6 +77,8 @@ class ResumableLoader:
         if loader_args.get("persistent_workers"):
             raise ValueError("ResumableLoader does not support persistent_workers=True: its workers' seeds "
                              "would not be drawn again at a resume; leave it False")
+        if generator is not None and seed is not None:
+            raise ValueError("pass either a generator or a seed, not both (the seed would be ignored)")
         if generator is None:
             generator = torch.Generator()
             generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()) if seed is None else seed)

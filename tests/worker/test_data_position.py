@@ -169,9 +169,11 @@ def test_a_plain_dataloader_is_refused_with_the_fix() -> None:
         Position(DataLoader(dataset(), batch_size=4, shuffle=True))
 
 
-def test_persistent_workers_are_refused() -> None:
+def test_persistent_workers_and_a_seed_beside_a_generator_are_refused() -> None:
     with pytest.raises(ValueError, match="persistent_workers"):
         ResumableLoader(dataset(), batch_size=4, num_workers=2, persistent_workers=True)
+    with pytest.raises(ValueError, match="either a generator or a seed"):
+        ResumableLoader(dataset(), batch_size=4, shuffle=True, generator=torch.Generator(), seed=1)
 
 
 def test_epochs_derive_the_target_and_resume_mid_epoch(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
