@@ -20,7 +20,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -28,7 +28,7 @@ import torch
 
 from adapters.storage import LEASE_LOG, CheckpointName, CorruptCheckpoint, Fenced, RunFolder, StorageError
 from reconciler.checkpoint_policy import IntervalPolicy
-from reconciler.worker import dist, snapshot
+from reconciler.worker import data, dist, snapshot
 from reconciler.worker import sharded as dcp_format
 from reconciler.worker.dist import Group
 
@@ -137,6 +137,7 @@ class Run:
         self._progress_tag: str | None = None
         self._closed = False
         self._completed = False
+        self._past_target_warned = False
         self._old_handlers: dict[int, Any] = {}
         if install_signal_handlers and threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:
@@ -465,6 +466,7 @@ class Run:
         when the attempt was replaced, so a zombie stops at its next heartbeat; a stop request in
         the run folder, read at the same cadence, makes `stop_requested` true as SIGTERM does.
         """
+        self._warn_past_target(step)
         self._heartbeat(step, metrics, force=False)
 
     def _heartbeat(self, step: int, metrics: dict[str, Any], force: bool) -> None:
@@ -497,9 +499,14 @@ class Run:
         except OSError as exc:
             log.debug("could not record the step reached: %s", exc)
 
-    def complete(self, step: int, **metrics: float) -> None:
-        """Mark the run done: waits for the pending upload, then creates done.json once (fenced)."""
+    def complete(self, step: int | None = None, **metrics: float) -> None:
+        """Mark the run done: waits for the pending upload, then creates done.json once (fenced).
+        Without a step, the target (set by `epochs()` or RECONCILER_TARGET_STEPS) is the last step."""
         self._check_open()
+        if step is None:
+            if self.target is None:
+                raise ValueError("complete() needs the last step: pass it, or set the target (epochs() does)")
+            step = self.target
         self.wait()
         err: BaseException | None = None
         if self.group.main:
@@ -519,6 +526,30 @@ class Run:
         self._raise_shared(err)
         self._completed = True
         self.close()
+
+    # ---- epochs and batches as positions ----------------------------------------------------------------
+    def epochs(self, n_epochs: int, batches: Any, **objects: Any) -> Iterator[tuple[int, int, int, Any]]:
+        """`for step, epoch, index, batch in run.epochs(n_epochs, loader, model=model, ...)`: restores the
+        objects and the data position (a `ResumableLoader`, or any sized sequence that repeats
+        itself: a range, a list), yields every remaining batch, and after each one checkpoints
+        when due and stops on a notice, as `should_checkpoint`/`save`/`exit_if_stopping` would.
+        Sets the target to n_epochs * len(batches). See reconciler/worker/data.py."""
+        return data.epochs(self, n_epochs, batches, objects)
+
+    def expect_steps(self, total: int) -> None:
+        """The loop will run `total` steps: the target reported in progress.json from now on."""
+        if self.target is not None and self.target != total:
+            log.warning("the target was %d steps (RECONCILER_TARGET_STEPS) but the loop has %d: reporting %d",
+                        self.target, total, total)
+        self.target = total
+
+    def _warn_past_target(self, step: int) -> None:
+        if self.target is None or step <= self.target or self._past_target_warned:
+            return
+        self._past_target_warned = True
+        log.warning("step %d is past the target of %d steps: progress will read %d/%d; set the target to the "
+                    "loop's real length (RECONCILER_TARGET_STEPS, or let run.epochs() count it)",
+                    step, self.target, step, self.target)
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
     def close(self) -> None:
