@@ -17,8 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from adapters.storage import RunFolder
+from reconciler.worker import Run, open_run
+from reconciler.worker.integrations import files
 from tests.worker.harness import Store, assert_same, load
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,6 +114,8 @@ def test_trainer_killed_then_stopped_resumes_from_its_checkpoint_and_matches_an_
     assert reached[0] == killed_at + 1, f"resumed at step {reached[0]}, not after checkpoint {killed_at}"
     assert folder.durable_step() == reached[-1] < steps, "the stop notice's final checkpoint is the last step reached"
     assert folder.done() is None
+    beat = folder.progress()
+    assert beat is not None and beat.stopping == "signal" and beat.target == steps, beat
 
     log.write_text("")
     stopped_at = folder.durable_step()
@@ -120,4 +125,52 @@ def test_trainer_killed_then_stopped_resumes_from_its_checkpoint_and_matches_an_
     assert lines(log, "step")[0] == stopped_at + 1 and lines(log, "step")[-1] == steps
     done = folder.done()
     assert done is not None and done["step"] == steps
+    beat = folder.progress()
+    assert beat is not None and (beat.step, beat.target) == (steps, steps), "target steps come from max_steps"
     assert_same(load(str(tmp_path / "ref.pt")), load(str(tmp_path / "out.pt")), f"{trainer} final weights")
+
+
+def _run_with_a_checkpoint(tmp_path: Path) -> Run:
+    folder = RunFolder.for_run(str(tmp_path / "runs"), "job", "r-1")
+    run = open_run(uri=folder.uri, epoch=folder.bump_lease(), install_signal_handlers=False)
+    run.save(3, state={"w": torch.zeros(2)})
+    run.wait()
+    return run
+
+
+def test_lightning_callback_refuses_a_fit_that_was_not_given_the_runs_checkpoint(tmp_path: Path) -> None:
+    need("lightning")
+    from reconciler.worker.integrations.lightning import ReconcilerCallback
+
+    callback = ReconcilerCallback(run=_run_with_a_checkpoint(tmp_path))
+    with pytest.raises(RuntimeError, match=r"ckpt_path=callback.checkpoint_path\(\)"):
+        callback.on_fit_start(None, None)  # type: ignore[arg-type]
+    callback.run.close()
+
+
+def test_huggingface_callback_refuses_a_train_that_was_not_given_the_runs_checkpoint(tmp_path: Path) -> None:
+    need("transformers")
+    from reconciler.worker.integrations.huggingface import ReconcilerCallback
+
+    callback = ReconcilerCallback(run=_run_with_a_checkpoint(tmp_path))
+    with pytest.raises(RuntimeError, match=r"resume_from_checkpoint=callback.checkpoint_path\(\)"):
+        callback.on_train_begin(None, None, None)  # type: ignore[arg-type]
+    callback.run.close()
+
+
+def test_trainer_files_round_trip_and_names_outside_the_folder_are_refused(tmp_path: Path) -> None:
+    source = tmp_path / "checkpoint-4"
+    (source / "sub").mkdir(parents=True)
+    (source / "model.bin").write_bytes(bytes(range(256)) * 3)
+    (source / "sub" / "state.json").write_text('{"global_step": 4}')
+    (source / "empty").write_bytes(b"")
+    packed = files.pack(source)
+    assert sorted(packed) == ["empty", "model.bin", "sub/state.json"]
+    copy = files.unpack(packed, tmp_path / "copy")
+    for name in packed:
+        assert (copy / name).read_bytes() == (source / name).read_bytes()
+    with pytest.raises(ValueError, match="outside"):
+        files.unpack({"../evil": torch.zeros(1, dtype=torch.uint8)}, tmp_path / "third")
+    assert not (tmp_path / "evil").exists()
+    with pytest.raises(FileNotFoundError, match="no checkpoint folder"):
+        files.pack(tmp_path / "missing")

@@ -82,7 +82,7 @@ class ReconcilerCallback(TrainerCallback):  # type: ignore[misc]
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                 **kwargs: Any) -> None:
         step = state.global_step
-        folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{step}"
+        folder = Path(str(args.output_dir)) / f"{PREFIX_CHECKPOINT_DIR}-{step}"
         if args.should_save:
             self.run.save(step, huggingface=files.pack(folder))
             if self._requested == step:
