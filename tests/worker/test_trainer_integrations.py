@@ -130,6 +130,33 @@ def test_trainer_killed_then_stopped_resumes_from_its_checkpoint_and_matches_an_
     assert_same(load(str(tmp_path / "ref.pt")), load(str(tmp_path / "out.pt")), f"{trainer} final weights")
 
 
+def test_lightning_stopped_by_its_own_sigterm_handling_saves_that_step_and_exits_75(tmp_path: Path) -> None:
+    """A SIGTERM that lands after the callback's per-batch check is seen first by Lightning,
+    which ends the loop with SIGTERMException: the callback's exception hook takes the final
+    checkpoint there, and the resumed run still ends where an uninterrupted one does."""
+    need("lightning")
+    _, module, steps, every = TRAINERS["lightning"]
+    store = Store("file", str(tmp_path / "runs"))
+    base = {"steps": 20, "seed": 3, "every": 100}
+    reference = store.folder()
+    assert finish(attempt(store, reference, module, {**base, "out": str(tmp_path / "ref.pt")}, tmp_path)) == 0
+
+    folder = store.folder()
+    log = tmp_path / "steps.log"
+    stopped = attempt(store, folder, module, {**base, "term_at": 11, "log": str(log)}, tmp_path)
+    assert finish(stopped) == 75, (tmp_path / "worker.out").read_text()[-3000:]
+    assert folder.durable_step() == 11 and lines(log, "step")[-1] == 11
+    beat = folder.progress()
+    assert beat is not None and beat.stopping == "signal"
+
+    log.write_text("")
+    last = attempt(store, folder, module, {**base, "log": str(log), "out": str(tmp_path / "out.pt")}, tmp_path)
+    assert finish(last) == 0, (tmp_path / "worker.out").read_text()[-3000:]
+    assert lines(log, "restored") == [11] and lines(log, "step")[0] == 12
+    assert folder.done() is not None
+    assert_same(load(str(tmp_path / "ref.pt")), load(str(tmp_path / "out.pt")), "lightning final weights")
+
+
 def _run_with_a_checkpoint(tmp_path: Path) -> Run:
     folder = RunFolder.for_run(str(tmp_path / "runs"), "job", "r-1")
     run = open_run(uri=folder.uri, epoch=folder.bump_lease(), install_signal_handlers=False)

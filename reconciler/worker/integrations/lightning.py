@@ -21,6 +21,7 @@ from typing import Any
 
 try:
     from lightning.pytorch import Callback, LightningModule, Trainer
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
         "reconciler.worker.integrations.lightning needs PyTorch Lightning: pip install 'reconciler[lightning]'"
@@ -96,9 +97,10 @@ class ReconcilerCallback(Callback):
         self.run.exit_if_stopping(step)  # saved just above: should_checkpoint is true on a notice
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        # Lightning's own SIGTERM handling stops the loop between our hooks: take the final
-        # checkpoint there too, then leave as the SDK does.
-        if isinstance(exception, SystemExit) or not self.run.stop_requested:
+        # A SIGTERM that lands after on_train_batch_end looked is seen by Lightning's own handler,
+        # which ends the loop with SIGTERMException, a SystemExit with code 0: the process would
+        # exit 0 as if done. Take the final checkpoint here instead and leave with 75.
+        if not isinstance(exception, SIGTERMException) or not self.run.stop_requested:
             return
         self.save(trainer)
         self.run.exit_if_stopping(trainer.global_step)

@@ -3,12 +3,15 @@ per-step StepLR on a shuffled synthetic dataset (torchdata's StatefulDataLoader,
 Lightning checkpoints), trained with the SDK's Lightning callback.
 
 Run as ``python -m tests.worker.workloads.lightning_train '{json cfg}'``. cfg keys: steps, seed,
-out (final weights), log (file of "restored N" and "step N" lines), sleep (seconds per step).
+out (final weights), log (file of "restored N" and "step N" lines), sleep (seconds per step),
+term_at (a step at whose end the job SIGTERMs itself, after the SDK's callback ran).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import time
 from typing import Any
@@ -54,6 +57,18 @@ class Pace(lightning.Callback):
         time.sleep(float(self.cfg.get("sleep", 0)))
 
 
+class LateSigterm(lightning.Callback):
+    """SIGTERMs this process at step cfg["term_at"], after the SDK's callback has looked at the
+    step: Lightning's own handler then ends the loop, and the SDK's callback saves on that."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.cfg = cfg
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        if trainer.global_step == self.cfg.get("term_at"):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
 def main(cfg: dict[str, Any]) -> None:
     torch.set_num_threads(1)
     lightning.seed_everything(int(cfg.get("seed", 0)), verbose=False)
@@ -66,7 +81,7 @@ def main(cfg: dict[str, Any]) -> None:
     note(cfg, f"restored {callback.restored_step}")
     trainer = lightning.Trainer(
         max_steps=int(cfg["steps"]), accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=[Pace(cfg), callback],
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[Pace(cfg), callback, LateSigterm(cfg)],
     )
     trainer.fit(model, loader, ckpt_path=ckpt_path)
     if cfg.get("out"):
