@@ -76,9 +76,22 @@ def lines(log: Path, word: str) -> list[int]:
     return [int(line.split()[1]) for line in log.read_text().splitlines() if line.startswith(word + " ")]
 
 
+def temporary(folder: RunFolder, epoch: int, tmp: Path) -> Path:
+    """The TMPDIR of one attempt: its callback's scratch folder is made there."""
+    return tmp / "tmp" / f"{folder.uri.rsplit('/', 1)[-1]}-{epoch}"
+
+
 def attempt(store: Store, folder: RunFolder, module: str, cfg: dict[str, Any], tmp: Path) -> subprocess.Popen[bytes]:
-    env = store.env(folder, folder.bump_lease(), RECONCILER_CHECKPOINT_EVERY=cfg["every"])
+    epoch = folder.bump_lease()
+    scratch = temporary(folder, epoch, tmp)
+    scratch.mkdir(parents=True)
+    env = store.env(folder, epoch, RECONCILER_CHECKPOINT_EVERY=cfg["every"], TMPDIR=scratch)
     return launch(module, env, {**cfg, "output_dir": str(tmp / "hf-out")}, tmp / "worker.out")
+
+
+def leftovers(folder: RunFolder, tmp: Path) -> list[str]:
+    """What the current attempt left in its temporary folder (the callbacks' scratch folders)."""
+    return [p.name for p in temporary(folder, folder.lease_epoch(), tmp).glob("reconciler-*")]
 
 
 @pytest.mark.parametrize("trainer", sorted(TRAINERS))
@@ -101,6 +114,7 @@ def test_trainer_killed_then_stopped_resumes_from_its_checkpoint_and_matches_an_
     wait_for(lambda: folder.durable_step() >= 2 * every, first, "a second checkpoint")
     first.kill()
     assert finish(first) == -signal.SIGKILL
+    assert leftovers(folder, tmp_path), "a killed attempt cannot tidy: its scratch folder is where we look"
     killed_at = folder.durable_step()
     assert 0 < killed_at < steps
 
@@ -116,6 +130,7 @@ def test_trainer_killed_then_stopped_resumes_from_its_checkpoint_and_matches_an_
     assert folder.done() is None
     beat = folder.progress()
     assert beat is not None and beat.stopping == "signal" and beat.target == steps, beat
+    assert leftovers(folder, tmp_path) == []
 
     log.write_text("")
     stopped_at = folder.durable_step()
@@ -127,6 +142,7 @@ def test_trainer_killed_then_stopped_resumes_from_its_checkpoint_and_matches_an_
     assert done is not None and done["step"] == steps
     beat = folder.progress()
     assert beat is not None and (beat.step, beat.target) == (steps, steps), "target steps come from max_steps"
+    assert leftovers(folder, tmp_path) == []
     assert_same(load(str(tmp_path / "ref.pt")), load(str(tmp_path / "out.pt")), f"{trainer} final weights")
 
 

@@ -8,6 +8,8 @@ fence and verify them like any other state, and the trainer's own resume code re
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -37,3 +39,23 @@ def unpack(files: dict[str, torch.Tensor], folder: str | os.PathLike[str]) -> Pa
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data.contiguous().numpy().tobytes())
     return root
+
+
+class Scratch:
+    """The local folder a trainer writes its checkpoints to before the SDK stores them: a new
+    temporary folder (removed by `tidy`), or the caller's (only what was written in it is)."""
+
+    def __init__(self, path: str | None, prefix: str) -> None:
+        self.own = path is None
+        self.path = Path(path or tempfile.mkdtemp(prefix=prefix))
+        self.made: list[Path] = []
+
+    def sub(self, name: str) -> Path:
+        """A folder in the scratch folder, removed by `tidy`."""
+        self.made.append(self.path / name)
+        return self.made[-1]
+
+    def tidy(self) -> None:
+        for path in [self.path] if self.own else self.made:
+            shutil.rmtree(path, ignore_errors=True)
+        self.made = []

@@ -16,7 +16,6 @@ batches already trained on). A stop notice ends training with a final checkpoint
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +40,7 @@ class ReconcilerCallback(TrainerCallback):  # type: ignore[misc]
 
     def __init__(self, run: Run | None = None, scratch: str | None = None) -> None:
         self.run = run or open_run()
-        self.scratch = Path(scratch or tempfile.mkdtemp(prefix="reconciler-hf-"))
+        self.scratch = files.Scratch(scratch, prefix="reconciler-hf-")
         self.restored_step: int | None = None  # set by checkpoint_path()
         self._requested: int | None = None  # the step whose save this callback asked for
         self._metrics: dict[str, float] = {}
@@ -53,8 +52,16 @@ class ReconcilerCallback(TrainerCallback):  # type: ignore[misc]
         self.restored_step = self.run.restore(huggingface=packed)
         if self.restored_step == 0:
             return None
-        target = self.scratch / f"{PREFIX_CHECKPOINT_DIR}-{self.restored_step}"
-        return str(files.unpack(packed, target))
+        target = f"{PREFIX_CHECKPOINT_DIR}-{self.restored_step}"
+        return str(files.unpack(packed, self.scratch.sub(target)))
+
+    def _exit_if_stopping(self, step: int) -> None:
+        """Exit 75 after the final checkpoint when a stop notice came (removing the scratch folder)."""
+        try:
+            self.run.exit_if_stopping(step)
+        except SystemExit:
+            self.scratch.tidy()
+            raise
 
     # ---- hooks -------------------------------------------------------------------------------------------
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
@@ -87,10 +94,11 @@ class ReconcilerCallback(TrainerCallback):  # type: ignore[misc]
             self.run.save(step, huggingface=files.pack(folder))
             if self._requested == step:
                 shutil.rmtree(folder, ignore_errors=True)
-        self.run.exit_if_stopping(step)  # on a stop notice: this was the final checkpoint; exits 75
+        self._exit_if_stopping(step)  # on a stop notice: this was the final checkpoint; exits 75
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:
+        self.scratch.tidy()
         self.run.complete(state.global_step, **self._metrics)
 
 

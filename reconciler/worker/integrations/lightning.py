@@ -15,8 +15,6 @@ checkpoint and exit code 75, as the SDK does.
 from __future__ import annotations
 
 import shutil
-import tempfile
-from pathlib import Path
 from typing import Any
 
 try:
@@ -43,7 +41,7 @@ class ReconcilerCallback(Callback):
 
     def __init__(self, run: Run | None = None, scratch: str | None = None) -> None:
         self.run = run or open_run()
-        self.scratch = Path(scratch or tempfile.mkdtemp(prefix="reconciler-lightning-"))
+        self.scratch = files.Scratch(scratch, prefix="reconciler-lightning-")
         self.restored_step: int | None = None  # set by checkpoint_path()
         self._rng: dict[str, Any] | None = None  # the restored RNG states, until the first batch
         self._epoch_rng: dict[str, Any] | None = None  # the RNG states when the resumed epoch started
@@ -56,8 +54,16 @@ class ReconcilerCallback(Callback):
         if self.restored_step == 0:
             return None
         self._rng = snapshot.rng_state()
-        folder = files.unpack(packed, self.scratch / f"restored-{self.restored_step}")
+        folder = files.unpack(packed, self.scratch.sub(f"restored-{self.restored_step}"))
         return str(folder / CKPT)
+
+    def _exit_if_stopping(self, step: int) -> None:
+        """Exit 75 after the final checkpoint when a stop notice came (removing the scratch folder)."""
+        try:
+            self.run.exit_if_stopping(step)
+        except SystemExit:
+            self.scratch.tidy()
+            raise
 
     # ---- hooks -------------------------------------------------------------------------------------------
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -94,7 +100,7 @@ class ReconcilerCallback(Callback):
         self.run.heartbeat(step, **_metrics(outputs))
         if self.run.should_checkpoint(step):
             self.save(trainer)
-        self.run.exit_if_stopping(step)  # saved just above: should_checkpoint is true on a notice
+        self._exit_if_stopping(step)  # saved just above: should_checkpoint is true on a notice
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         # A SIGTERM that lands after on_train_batch_end looked is seen by Lightning's own handler,
@@ -103,16 +109,17 @@ class ReconcilerCallback(Callback):
         if not isinstance(exception, SIGTERMException) or not self.run.stop_requested:
             return
         self.save(trainer)
-        self.run.exit_if_stopping(trainer.global_step)
+        self._exit_if_stopping(trainer.global_step)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.scratch.tidy()
         self.run.complete(trainer.global_step)
 
     # ---- saving ------------------------------------------------------------------------------------------
     def save(self, trainer: Trainer) -> None:
         """Checkpoint now: Lightning writes its checkpoint locally, the SDK stores it."""
         step = trainer.global_step
-        folder = self.scratch / f"save-{step}"
+        folder = self.scratch.path / f"save-{step}"
         trainer.save_checkpoint(folder / CKPT)
         try:
             self.run.save(step, lightning=files.pack(folder))
