@@ -12,6 +12,9 @@
             run.exit_if_stopping(step, model=model, optimizer=opt, scheduler=sched)
         run.complete(total)
 
+Training with PyTorch Lightning or Hugging Face's Trainer: one callback does all of the above
+(`reconciler.worker.integrations.lightning` / `.huggingface`, optional extras).
+
 See "The worker SDK" in README.md for the contract (DESIGN.md §3).
 """
 
