@@ -6,13 +6,15 @@ onto `WorkerPhase` in one table and keeps the provider's word beside it for huma
 Shared rules every adapter applies the same way: worker labels pass `check_label` (a full match);
 every worker carries its state repository's identity (`owner`) in its labels and folder name
 (`worker_folder_name`); a worker command gets only `worker_base_env` of the environment it is
-started from, plus its `env` and secrets; RECONCILER_DEADLINE is `worker_deadline`.
+started from, plus its `env` and secrets; RECONCILER_DEADLINE is `worker_deadline`;
+RECONCILER_MTBF_SECONDS (the planner's figure) is in `env` already (`with_mtbf`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
@@ -169,6 +171,15 @@ def with_deadline(env: Mapping[str, str], deadline: float | None) -> dict[str, s
     return out
 
 
+def with_mtbf(env: Mapping[str, str], mtbf_seconds: float | None) -> dict[str, str]:
+    """`env` with RECONCILER_MTBF_SECONDS (whole seconds) set, when the planner measured one: the
+    worker SDK chooses its checkpoint interval from it (reconciler.checkpoint_policy)."""
+    out = dict(env)
+    if mtbf_seconds is not None:
+        out["RECONCILER_MTBF_SECONDS"] = str(int(mtbf_seconds))
+    return out
+
+
 @runtime_checkable
 class ComputeAdapter(Protocol):
     """Built as `cls(name, settings, owner=identity)`. `owner` is the state repository's identity:
@@ -205,4 +216,17 @@ class ComputeAdapter(Protocol):
     def capacity(self) -> Capacity | None:
         """What one worker may use here (CPUs, memory, GPUs and models), if the adapter can tell;
         None = unknown. A Provider's declared `spec.resources` takes precedence."""
+        ...
+
+
+@runtime_checkable
+class WatchesEndings(Protocol):
+    """Optional, for adapters that can see one of their workers end soon after it happens (an exit
+    record written on an SSH host, a Slurm job leaving the running states). The daemon runs it on a
+    thread of its own and only ticks when told: what the ending means is still decided by the
+    planner from `observe()`. It must be cheap, never raise, and must not touch the adapter's state
+    that ticks use (it runs beside them)."""
+
+    def watch_endings(self, stop: threading.Event, notify: Callable[[], None]) -> None:
+        """Blocks until `stop` is set, calling `notify()` soon after any of our workers ends."""
         ...

@@ -55,8 +55,10 @@ import shlex
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -568,6 +570,40 @@ class SlurmAdapter:
                 return "".join(deque(fh, maxlen=tail)) if tail > 0 else ""
         except OSError:
             return ""
+
+    # ---- endings seen at once (adapters.compute.WatchesEndings) ------------------------------------
+    def _job_liveness(self) -> dict[str, bool] | None:
+        """Our jobs the controller lists (finished ones too, until MinJobAge; only this user's are
+        asked for, which keeps the call light on the controller): job id -> still live. None when
+        squeue cannot answer now."""
+        try:
+            proc = self._run(["squeue", "-h", "-t", "all", "--user", str(os.getuid()), "-o", "%i|%T|%k"])
+        except (ProviderUnavailable, ProviderConfigError):
+            return None
+        if proc.returncode != 0:
+            return None
+        jobs = {}
+        for line in proc.stdout.splitlines():
+            job_id, _, rest = line.strip().partition("|")
+            state, _, comment = rest.partition("|")
+            if self._labels_of({"Comment": comment}) is not None:
+                jobs[job_id] = STATES.get(state.split(" ")[0]) in LIVE
+        return jobs
+
+    def watch_endings(self, stop: threading.Event, notify: Callable[[], None], interval: float = 1.0) -> None:
+        """Asks squeue every `interval` seconds; a job of ours that left the live states (or the
+        listing) since the last answer is an ending."""
+        last: dict[str, bool] | None = None
+        while not stop.is_set():
+            jobs = self._job_liveness()
+            if jobs is None:
+                stop.wait(interval)
+                continue
+            if last is not None and any(
+                    not jobs.get(job_id, False) and last.get(job_id, True) for job_id in {*jobs, *last}):
+                notify()
+            last = jobs
+            stop.wait(interval)
 
     def free_slots(self) -> int | None:
         """Slurm queues what it cannot run yet; the provider's `concurrency` is the limit that matters."""

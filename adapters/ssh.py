@@ -46,7 +46,9 @@ import shlex
 import signal
 import subprocess
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -68,6 +70,7 @@ from adapters.compute import (
 from desired.models import Capacity, Resources, SshHost, SshSettings
 
 MISSING_AGENT = 86  # exit code of the remote preamble when the agent file is not there yet
+WATCH_RETRY_SECONDS = 5.0  # how long the endings watch waits before it connects again to a silent host
 
 
 class HostUnreachable(Exception):
@@ -498,6 +501,48 @@ class SshAdapter:
         except HostUnreachable as exc:  # "no lines" and "cannot ask" are different answers
             raise ProviderUnavailable(str(exc)) from exc
 
+    # ---- endings seen at once (adapters.compute.WatchesEndings) ------------------------------------
+    def _endings_script(self) -> str:
+        """A remote loop over one ssh connection: once a second it prints a checksum of our worker
+        folders' exit records when that changed, else a dot (a dead connection ends it by SIGPIPE)."""
+        owner = "*" if self.owner == ANY_OWNER else shlex.quote(self.owner)
+        return ("prev=; while :; do "
+                f"cur=$(cd {remote_path(self.workdir + '/workers')} 2>/dev/null && "
+                f"ls -d {owner}.*/exit.json 2>/dev/null | cksum); "
+                'if [ "$cur" != "$prev" ]; then echo "$cur"; prev=$cur; else echo .; fi; sleep 1; done')
+
+    def watch_endings(self, stop: threading.Event, notify: Callable[[], None]) -> None:
+        """One long-lived ssh connection per host that reports when a worker's supervisor writes its
+        exit record (a SIGKILL, an OOM, an ordinary exit); reconnects after a drop."""
+        threads = [threading.Thread(target=self._watch_host, args=(host, stop, notify), daemon=True,
+                                    name=f"endings-{self.name}-{host.name}") for host in self.hosts.values()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    def _watch_host(self, host: SshHost, stop: threading.Event, notify: Callable[[], None]) -> None:
+        last: str | None = None  # the exit records' checksum last seen, kept across reconnections
+        while not stop.is_set():
+            try:
+                self._check_key(host)
+                proc = subprocess.Popen([*self._ssh_argv(host), "--", self._endings_script()], text=True,
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            except (ProviderConfigError, OSError):
+                stop.wait(WATCH_RETRY_SECONDS * 6)
+                continue
+            threading.Thread(target=_end_on_stop, args=(proc, stop), daemon=True).start()
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                line = line.strip()
+                if line == "." or not line:
+                    continue
+                if last is not None and line != last:
+                    notify()
+                last = line
+            proc.wait()
+            stop.wait(WATCH_RETRY_SECONDS)
+
     def free_slots(self) -> int | None:
         """Free worker places on the hosts that answered last time; None before the first observation."""
         if not self._observed:
@@ -521,3 +566,11 @@ class SshAdapter:
             gpus=max((c.gpus for c in caps if c.gpus is not None), default=None),
             gpu_models=sorted({m for c in caps for m in c.gpu_models}),
         )
+
+
+def _end_on_stop(proc: subprocess.Popen[str], stop: threading.Event) -> None:
+    """Ends a watching ssh process when the watch is stopped (its own end also ends this)."""
+    while proc.poll() is None:
+        if stop.wait(0.5):
+            proc.kill()
+            return

@@ -189,7 +189,9 @@ def launched(world: World, job: str, epoch: int) -> bool:
 
 
 def status_on_origin(world: World, job: str) -> bool:
-    return git(world.origin, "cat-file", "-e", f"main:status/{job}.yaml", check=False).returncode == 0
+    """On the status branch (the default with a remote), or on main where status is kept there."""
+    return any(git(world.origin, "cat-file", "-e", f"{branch}:status/{job}.yaml", check=False).returncode == 0
+               for branch in ("reconciler/status", "main"))
 
 
 def measure_pushes(world: World, mode: str, pushes: int, port: int | None, timeout: float) -> Samples:

@@ -506,6 +506,10 @@ class SignaturePolicy(Strict):
         return self
 
 
+# A git branch name the reconciler may write: no option-like start, no '..', no empty component.
+BRANCH_NAME = re.compile(r"(?!/|-|.*//|.*/$|.*\.\.|.*\.lock$|.*@\{)[A-Za-z0-9._/-]{1,200}")
+
+
 class Settings(Strict):
     """Reconciler settings, from `reconciler.yaml` at the repository root; all have safe defaults."""
 
@@ -542,6 +546,23 @@ class Settings(Strict):
 
     signatures: SignaturePolicy | None = Field(
         default=None, description="act only on changes signed by these keys (unset: every commit is acted on)")
+
+    status_branch: str | None = Field(
+        default=None,
+        description="the branch status commits go to, each naming the desired commit it was computed from; "
+                    "unset = `reconciler/status` when `remote` is set (a person's push is never rejected "
+                    "because of the reconciler), else the reconciled branch itself; \"\" = always the "
+                    "reconciled branch itself",
+    )
+
+    @field_validator("status_branch")
+    @classmethod
+    def _status_branch(cls, v: str | None) -> str | None:
+        """A name git takes as a branch, and never an option or a path out of refs/heads/."""
+        if v and not BRANCH_NAME.fullmatch(v):
+            raise ValueError(f"{v!r} is not a usable branch name: letters, digits, '.', '_', '-' and '/' "
+                             "(not leading '-' or '/', no '..' or '//')")
+        return v
 
 
 def default_local_provider() -> Provider:

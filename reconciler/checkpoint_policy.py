@@ -1,21 +1,29 @@
 """How often to checkpoint: the Young/Daly interval from the observed failure rate and the cost
 of one checkpoint, plus the exact expected efficiency used to judge any interval.
 
-Why a pure function: it takes what a worker could know (the checkpoint cost it measured, the
-interruptions its run has seen) and returns an interval, so it is table-tested and the simulation
-can use it. Today only the simulation calls it (its "young-daly" policy): the worker SDK and
-`reconciler exec` do not; they checkpoint every RECONCILER_CHECKPOINT_EVERY steps or every
-`checkpoint_seconds` (default 600 s). See docs/simulation.md for the wiring that is missing.
+Why pure: it takes what a worker can know (the save costs it measured, the failure rate the
+reconciler measured and passed at launch) and returns an interval, so it is table-tested, and
+the worker SDK and the simulation run the same code. `IntervalPolicy` is what the SDK
+(`reconciler.worker.run.Run`) asks before each step unless the job pins `checkpoint_every` (or
+the script passes `checkpoint_seconds`); the simulation's "young-daly" policy (bench/goodput.py)
+asks the same class.
 
 Model (Daly 2006): failures arrive as a Poisson process with mean time between failures M;
 each segment computes `tau` seconds and then saves for C seconds; after a failure the run pays
 R seconds to restart and redoes the lost segment. The expected wall time of one segment is
 `M * exp(R/M) * (exp((tau + C)/M) - 1)`, so the useful fraction is `tau` divided by that.
+
+With background saves (the SDK's), C is the time the training is blocked by a save (the copy to
+host memory); the durable write runs alongside the next segment. It delays when a checkpoint
+becomes durable, which adds about its length to the work lost per failure whatever the interval
+(so it does not move the optimum), but a segment shorter than the write would make the next save
+wait for it: the interval is never shorter than the last durable write.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 DEFAULT_PRIOR_MTBF_SECONDS = 6 * 3600.0
 
@@ -80,3 +88,48 @@ def checkpoint_interval(checkpoint_cost: float, mtbf: float | None, *, minimum: 
     hours unsaved (a failure the estimate does not know about still loses at most `maximum`)."""
     m = mtbf if mtbf and mtbf > 0 else DEFAULT_PRIOR_MTBF_SECONDS
     return min(maximum, max(minimum, daly_interval(max(checkpoint_cost, 0.0), m)))
+
+
+@dataclass
+class IntervalPolicy:
+    """The SDK's checkpoint interval, re-estimated as the run learns: each save's measured cost
+    (`saved`), the MTBF the reconciler passed at launch (RECONCILER_MTBF_SECONDS), and, optionally,
+    interruptions the worker sees itself (`interrupted`, pooled with that MTBF as `estimate_mtbf`
+    pools evidence with a prior). Until a save is measured it asks for the first checkpoint after
+    `minimum` seconds, which measures the cost and secures the first progress early."""
+
+    mtbf: float | None = None  # what the reconciler measured for the provider; None: the prior
+    minimum: float = 60.0
+    maximum: float = 6 * 3600.0
+    smoothing: float = 0.5  # weight of the newest save in the running cost estimate
+    blocked: float | None = None  # seconds the training waits per save (running estimate)
+    durable: float | None = None  # seconds from a save's start to its commit (the latest)
+    exposure: float = 0.0  # seconds this worker has run, for `interrupted`
+    failures: int = 0
+
+    def saved(self, blocked: float | None = None, durable: float | None = None) -> None:
+        """Record one save: the time the caller was blocked and/or the time to its commit."""
+        if blocked is not None:
+            b = max(0.0, blocked)
+            self.blocked = b if self.blocked is None else self.smoothing * b + (1 - self.smoothing) * self.blocked
+        if durable is not None:
+            self.durable = max(0.0, durable)
+
+    def interrupted(self, exposure_seconds: float) -> None:
+        """This worker saw an interruption after `exposure_seconds` of running (e.g. a restore)."""
+        self.exposure += max(0.0, exposure_seconds)
+        self.failures += 1
+
+    @property
+    def failure_mtbf(self) -> float:
+        """The MTBF in use: the launch figure (or the prior), updated by interruptions seen here."""
+        given = self.mtbf if self.mtbf and self.mtbf > 0 else DEFAULT_PRIOR_MTBF_SECONDS
+        return estimate_mtbf(self.exposure, self.failures, given) if self.failures else given
+
+    def interval(self) -> float:
+        """Seconds of compute between checkpoints (Daly's estimate within the bounds, and not
+        shorter than the last durable write); `minimum` until a save was measured."""
+        if self.blocked is None and self.durable is None:
+            return self.minimum
+        tau = checkpoint_interval(self.blocked or 0.0, self.failure_mtbf, minimum=self.minimum, maximum=self.maximum)
+        return max(tau, min(self.durable or 0.0, self.maximum))

@@ -18,6 +18,9 @@ from rich.logging import RichHandler
 from rich.markup import escape
 from rich.table import Table
 
+from reconciler.pr_check import WORKFLOW_PATH
+from reconciler.source import BranchOption, PathOption, UrlOption
+
 if TYPE_CHECKING:
     from adapters.gitrepo import StateRepo
     from desired.models import Job
@@ -52,6 +55,8 @@ EXAMPLE_SETTINGS = """\
 # Reconciler settings; every field has a safe default.
 storage: file://~/.reconciler/runs   # where run data (leases, checkpoints) lives; s3://bucket/prefix for real use
 tick_seconds: 30
+# remote: origin                     # a shared remote: fetch it every tick; status then goes to its own branch
+# status_branch: reconciler/status   # (the default with a remote; "" = commit status onto the reconciled branch)
 """
 
 
@@ -82,12 +87,14 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _reconciler(repo: Path) -> Reconciler:
+def _reconciler(repo: Path, url: str | None = None, branch: str | None = None, path: str = "") -> Reconciler:
     from adapters.gitrepo import GitError
     from reconciler.loop import Reconciler
+    from reconciler.source import Source, open_state, remote_of
 
     try:
-        rec = Reconciler(repo)
+        source = Source(repo, url, branch, path)
+        rec = Reconciler(open_state(source), remote=remote_of(source))
     except GitError as exc:
         raise _fail(str(exc)) from exc
     if _LOG_FILTER is not None:
@@ -96,12 +103,24 @@ def _reconciler(repo: Path) -> Reconciler:
 
 
 @app.command()
-def init(path: Annotated[Path, typer.Argument(help="folder for the new state repository")] = Path(".")) -> None:
-    """Create a state repository with an example job and default settings."""
+def init(path: Annotated[Path, typer.Argument(help="folder for the new state repository")] = Path("."),
+         github_actions: Annotated[bool, typer.Option(help=f"also write the PR check, {WORKFLOW_PATH}")] = False,
+         fail_on: Annotated[str, typer.Option(help="with --github-actions: fail the check on restart, cancel")] = "",
+         package: Annotated[str | None, typer.Option(help="with --github-actions: what the check pip-installs "
+                                                          "(default: this version)")] = None) -> None:
+    """Create a state repository with an example job and default settings (and, with
+    --github-actions, a GitHub Actions workflow that comments `plan --base` on pull requests)."""
     import secrets
 
     from adapters.gitrepo import init_repo
+    from reconciler.pr_check import WorkflowError, render_workflow, write_workflow
 
+    if not github_actions and (fail_on or package):
+        raise _fail("--fail-on and --package go with --github-actions", 2)
+    try:
+        workflow = render_workflow(package, fail_on) if github_actions else None
+    except WorkflowError as exc:
+        raise _fail(str(exc), 2) from exc
     repo = init_repo(path)
     (path / "desired").mkdir(exist_ok=True)
     (path / "status").mkdir(exist_ok=True)
@@ -112,6 +131,8 @@ def init(path: Annotated[Path, typer.Argument(help="folder for the new state rep
         if not target.exists():
             target.write_text(text)
             created.append(rel)
+    if workflow is not None and write_workflow(path, workflow):
+        created.append(WORKFLOW_PATH)
     if created:
         repo.git.add(*created)
         repo.git.commit("-q", "-m", "reconciler init", env={
@@ -182,6 +203,7 @@ def plan(
                                                                 "comment) or json")] = PlanFormat.TEXT,
     fail_on: Annotated[str, typer.Option(help="with --base: exit 2 when a change is one of these "
                                               "(comma-separated: restart, cancel)")] = "",
+    repo_url: UrlOption = None, branch: BranchOption = None, path: PathOption = "",
 ) -> None:
     """Show what the next tick would do, without doing it, and each job's projected cost and ETA
     (or why they are unknown). Exit 1 when a manifest has errors (a pull-request check built on it
@@ -194,7 +216,7 @@ def plan(
     1 manifest errors at --head or a ref that does not resolve; 2 a change that --fail-on names (or
     a usage error)."""
     if base is not None:
-        _plan_review(repo, base, head, output, fail_on)
+        _plan_review(repo, base, head, output, fail_on, path)
         return
     if head != "HEAD" or output is not PlanFormat.TEXT or fail_on:
         raise _fail("--head, --format and --fail-on review a change: pass --base REF too", 2)
@@ -202,7 +224,7 @@ def plan(
     from status.redact import Redactor
 
     _setup_logging(verbose)
-    rec = _reconciler(repo)
+    rec = _reconciler(repo, repo_url, branch, path)
     _check_storage(rec)
     the_plan, report = rec.preview()
     redactor = Redactor(secret_values(report.desired, rec.environ))
@@ -248,7 +270,7 @@ def _plan_outlook(st: JobStatus) -> str:
 FAIL_ON_CHOICES = ("restart", "cancel")
 
 
-def _plan_review(repo: Path, base: str, head: str, output: PlanFormat, fail_on: str) -> None:
+def _plan_review(repo: Path, base: str, head: str, output: PlanFormat, fail_on: str, path: str = "") -> None:
     """`plan --base`: the review of a change, from git alone (reconciler.review)."""
     from reconciler.review import render_json, render_markdown, render_text
 
@@ -257,7 +279,7 @@ def _plan_review(repo: Path, base: str, head: str, output: PlanFormat, fail_on: 
     if unknown:
         raise _fail(f"--fail-on takes {', '.join(FAIL_ON_CHOICES)} or both (comma-separated), "
                     f"not {', '.join(unknown)}")
-    the_review = _review_refs(repo, base, head)
+    the_review = _review_refs(repo, base, head, path)
     if output is PlanFormat.JSON:
         typer.echo(json.dumps(render_json(the_review, wanted), indent=2))
     elif output is PlanFormat.MARKDOWN:
@@ -270,21 +292,22 @@ def _plan_review(repo: Path, base: str, head: str, output: PlanFormat, fail_on: 
     raise typer.Exit(code)
 
 
-def _review_refs(repo: Path, base: str, head: str) -> Review:
+def _review_refs(repo: Path, base: str, head: str, path: str = "") -> Review:
     """Reads both commits' desired state and the base's recorded statuses; a bad ref is one sentence."""
-    from adapters.gitrepo import GitError
+    from adapters.gitrepo import GitError, StateRepo
     from reconciler.loop import Reconciler
     from reconciler.plan import CONFIRM_CANCEL_TRAILER
     from reconciler.review import review
 
     try:
-        reader = Reconciler(repo, environ={})  # reads git the way a tick does; asks no provider
+        reader = Reconciler(StateRepo(repo, subdir=path), environ={})  # reads git as a tick does; asks no provider
     except GitError as exc:
         raise _fail(str(exc)) from exc
     state = reader.repo
     commits = [_resolve(state, ref) for ref in (base, head)]
     sides = [reader.read_desired(c, cache=False) for c in commits]
-    recorded = reader.read_recorded(commits[0])
+    reader.configure_repo()  # where status is recorded: the status branch's newest, when there is one
+    recorded = reader.read_recorded(reader.status_source(commits[0]))
     confirmed = any(CONFIRM_CANCEL_TRAILER in m for m in _messages(state, *commits))
     fork = _merge_base(state, *commits)
     at_fork = reader.read_desired(fork, cache=False) if fork else None
@@ -345,6 +368,7 @@ def run(
     serve_at: Annotated[str | None, typer.Option("--serve", metavar="HOST:PORT", help="serve the status page "
                                                  "too (as `reconciler serve` does)")] = None,
     verbose: bool = False,
+    repo_url: UrlOption = None, branch: BranchOption = None, path: PathOption = "",
 ) -> None:
     """Reconcile: launch and relaunch workers until every job is done, committing status to git.
 
@@ -362,7 +386,7 @@ def run(
         metrics_at = metrics_address(metrics, once)
     except TelemetryError as exc:
         raise _fail(str(exc), 2) from exc
-    rec = _reconciler(repo)
+    rec = _reconciler(repo, repo_url, branch, path)
     _check_storage(rec)
     cli_jobs.announce(rec, tick_seconds)
     rec.election = Election(tick_seconds, clone=str(rec.repo.path))
@@ -453,15 +477,16 @@ def _check_backend(storage: str) -> None:
 def status(repo: RepoOption = Path("."), as_json: Annotated[bool, typer.Option("--json")] = False,
            job_name: Annotated[str | None, typer.Option("--job", help="one job in detail: its forecast on "
                                                          "each provider and the placement decision")] = None,
-           ) -> None:
+           repo_url: UrlOption = None, branch: BranchOption = None, path: PathOption = "") -> None:
     """A table of every job with its phase and progress (live progress from storage), its ETA, cost
     spent and projected, and deadline risk (the forecast of the last status commit), then the provider
     ledger of the last status commit (quota or credits left, hours and cost this period)."""
     from reconciler.loop import read_run
 
-    rec = _reconciler(repo)
+    rec = _reconciler(repo, repo_url, branch, path)
+    status_at = rec.fresh_status(repo_url is not None)
     commit = rec.repo.head()
-    recorded = rec.read_recorded(commit)
+    recorded = rec.read_recorded(status_at)
     desired = rec.read_desired(commit)
     names = sorted(set(recorded) | set(desired.jobs))
     if job_name is not None:
@@ -490,7 +515,7 @@ def status(repo: RepoOption = Path("."), as_json: Annotated[bool, typer.Option("
     if as_json:
         console.print_json(json.dumps(rows))
         return
-    ledger = _ledger_rows(rec.repo.read_file(commit, "status/providers.yaml"))
+    ledger = _ledger_rows(rec.repo.read_file(status_at, "status/providers.yaml"))
     table = Table("job", "phase", "progress", "attempts", "interruptions", "failures", "ETA (UTC)",
                   "spent / projected", "risk", "message")
     for r in rows:

@@ -21,7 +21,7 @@ from reconciler.cli import RepoOption, _fail, _reconciler, app, console
 if TYPE_CHECKING:
     from reconciler.loop import Reconciler
 
-BAR_WIDTH = 20
+BAR_WIDTH = 12  # characters: narrow enough that a 200-column table keeps its other cells on one line
 EVENTS_SHOWN = 15
 
 
@@ -49,6 +49,8 @@ def progress_cell(step: int, target: int | None, durable: int | None) -> Table |
     bar = ProgressBar(total=float(target), completed=float(min(step, target)), width=BAR_WIDTH)
     pct = 100.0 * min(step, target) / target
     cell = Table.grid(padding=(0, 1))
+    cell.add_column(width=BAR_WIDTH, no_wrap=True)  # fixed: a flexible column pads the bar with blanks
+    cell.add_column(no_wrap=True)
     cell.add_row(bar, Text(f"{step}/{target} {pct:.0f}% (saved {durable})", no_wrap=True))
     return cell
 
@@ -84,8 +86,9 @@ def describe(job: Annotated[str, typer.Argument(help="the job to describe")], re
     from status.redact import Redactor
 
     rec = _reconciler(repo)
+    recorded = rec.read_recorded(rec.fresh_status(False))  # the status branch's, when there is one
     head = rec.repo.head()
-    recorded, desired = rec.read_recorded(head), rec.read_desired(head)
+    desired = rec.read_desired(head)
     st = recorded.get(job)
     if st is None and job not in desired.jobs:
         raise _fail(f"no job named {job} (jobs: {', '.join(sorted(set(recorded) | set(desired.jobs))) or 'none'})")

@@ -1,7 +1,9 @@
 """`reconciler run`: ticks on an interval (APScheduler, one at a time, coalesced) and at once when
 `desired/` changes in a local repository, a worker writes its completion record, or a local
 worker's supervisor writes its exit record (a SIGKILL relaunches at once: watchfiles), or a push
-webhook for the reconciled branch arrives (`listen`, reconciler.webhook).
+webhook for the reconciled branch arrives (`listen`, reconciler.webhook), or an adapter that can
+see its workers end (SSH exit records, Slurm job states: `adapters.compute.WatchesEndings`) says
+one did; that watch runs on a thread per provider and only wakes the tick, which decides.
 
 Stopping the daemon never stops workers; the next start adopts them.
 
@@ -14,7 +16,8 @@ seconds to finish; after that it is abandoned with the process: every tick
 is level-triggered and each of its writes is atomic, so the next start carries on.
 
 Settings are re-read every tick: a changed `tick_seconds` reschedules the interval, a changed
-`storage` moves the watcher, and the rest (remote, identity, storage) the tick itself reads anew.
+`storage` moves the watcher, and the rest (remote, status branch, identity, storage) the tick itself
+reads anew.
 """
 
 from __future__ import annotations
@@ -30,10 +33,11 @@ from typing import Any
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from adapters.compute import ComputeAdapter, WatchesEndings
 from adapters.gitrepo import StateRepo
 from adapters.local import workers_root
 from desired.models import LocalSettings, Settings
-from desired.parse import parse_settings
+from desired.parse import SETTINGS_FILE, parse_settings
 from reconciler.loop import Reconciler, TickReport
 from reconciler.webhook import WebhookServer
 
@@ -64,6 +68,7 @@ class Daemon:
         self._watch_roots: tuple[Path, ...] = ()
         self._local_roots: tuple[Path, ...] = ()
         self._watch_stop: threading.Event | None = None
+        self._endings: dict[str, tuple[ComputeAdapter, threading.Event]] = {}  # provider -> its watch
         self.webhook = None if listen is None else WebhookServer(
             *listen, secret=webhook_secret, wake=self.trigger, branch=self._branch)
         self.webhook_address: tuple[str, int] | None = None  # bound once running (port 0 picks one)
@@ -122,7 +127,7 @@ class Daemon:
         """The branch this clone reconciles, for the webhook thread (with a repository object of its
         own: GitPython objects are not thread-safe); None when HEAD is detached."""
         try:
-            return StateRepo(self.rec.repo.path).branch()
+            return self.rec.repo.twin().branch()
         except Exception:
             return None
 
@@ -148,6 +153,9 @@ class Daemon:
             roots = tuple(r for r in (root, *self._local_worker_roots(report)) if r is not None and r.exists())
             if roots != self._watch_roots or self._watch_stop is None:
                 self._start_watch(roots)
+            desired = report.desired if report is not None else None
+            if desired is not None and not any(e.file == SETTINGS_FILE for e in desired.errors):
+                self._follow_endings(self.rec.adapters_for(desired, []))  # the tick's own adapters (cached)
 
     def _local_worker_roots(self, report: TickReport | None) -> tuple[Path, ...]:
         """Where local providers' supervisors write exit records: a worker that dies there (a
@@ -158,6 +166,31 @@ class Daemon:
         self._local_roots = tuple(sorted({workers_root(p.spec.settings) for p in desired.providers.values()
                                           if isinstance(p.spec.settings, LocalSettings)}))
         return self._local_roots
+
+    def _follow_endings(self, adapters: dict[str, ComputeAdapter]) -> None:
+        """One endings watch per provider whose adapter has one; a provider gone or rebuilt (changed
+        settings) has its watch stopped, and the new adapter's started."""
+        wanted = {name: a for name, a in adapters.items() if isinstance(a, WatchesEndings)}
+        for name, (adapter, stop) in list(self._endings.items()):
+            if wanted.get(name) is not adapter:
+                stop.set()
+                del self._endings[name]
+        for name, adapter in wanted.items():
+            if name not in self._endings and not self.stop_event.is_set():
+                stop = threading.Event()
+                self._endings[name] = (adapter, stop)
+                threading.Thread(target=self._watch_endings, args=(name, adapter, stop), daemon=True,
+                                 name=f"endings-{name}").start()
+
+    def _watch_endings(self, name: str, adapter: ComputeAdapter, stop: threading.Event) -> None:
+        def ended() -> None:
+            log.info("a worker on provider %s ended; ticking now", name)
+            self.trigger()
+
+        try:
+            adapter.watch_endings(stop, ended)  # type: ignore[attr-defined]  # a WatchesEndings
+        except Exception as exc:  # the interval stays the fallback
+            log.warning("provider %s: watching for workers' ends stopped (%s); the interval still ticks", name, exc)
 
     # ---- watching the repository and local storage -------------------------------------------------
     def _desired_id(self, repo: StateRepo | None = None) -> str:
@@ -182,8 +215,7 @@ class Daemon:
         repository's refs (a commit to desired/)."""
         import watchfiles
 
-        own_repo = StateRepo(self.rec.repo.path)
-        paths = [Path(own_repo.repo.git_dir), *(r for r in roots if r.exists())]
+        paths = [Path(self.rec.repo.repo.git_dir), *(r for r in roots if r.exists())]
 
         def interesting(_change: object, path: str) -> bool:
             name = Path(path).name
@@ -193,7 +225,7 @@ class Daemon:
                                         debounce=300, rust_timeout=1000, yield_on_timeout=False):
             if any(Path(p).name in ENDINGS for _c, p in changes):
                 self.trigger()
-            elif self._desired_id(own_repo) != self._seen_desired:  # our own status commits do not count
+            elif self._desired_id(self.rec.repo.twin()) != self._seen_desired:  # our status commits do not count
                 log.info("desired state changed; ticking now")
                 self.trigger()
 
@@ -227,6 +259,8 @@ class Daemon:
         self.stop_event.set()
         if self._watch_stop is not None:
             self._watch_stop.set()
+        for _adapter, stop in self._endings.values():
+            stop.set()
         if self.webhook is not None:
             self.webhook.stop()
         if self._scheduler.running:

@@ -20,6 +20,7 @@ from adapters.compute import (
     LaunchSpec,
     ProviderConfigError,
     ProviderUnavailable,
+    with_mtbf,
 )
 from adapters.migrate import migrate_run
 from adapters.storage import RunFolder, StorageError
@@ -147,7 +148,8 @@ def _launch(action: Launch, job: Job, adapters: dict[str, ComputeAdapter], setti
     workdir = job.spec.code.path
     spec = LaunchSpec(
         job=job.name, run_id=action.run_id, epoch=epoch, command=list(job.spec.command),
-        env=worker_env(job, folder, action.run_id, epoch), secret_env=secrets, workdir=workdir,
+        env=with_mtbf(worker_env(job, folder, action.run_id, epoch), action.mtbf_seconds),
+        secret_env=secrets, workdir=workdir,
         cpus=job.spec.resources.cpus, memory_gb=job.spec.resources.memory_gb, gpus=job.spec.resources.gpus,
         gpu_model=job.spec.resources.gpu_model, gpu_memory_gb=job.spec.resources.gpu_memory_gb,
         cuda=job.spec.resources.cuda,

@@ -8,6 +8,7 @@ for jobs with a deadline or a budget.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
@@ -191,9 +192,20 @@ def _launch(t: JobTick, name: str) -> None:
     _reserve_allowance(t, name, prov.spec.price_per_hour)
     reason = "first launch" if not st.attempts else f"relaunch after: {last_detail(st)}"
     avoid = tuple(sorted(h for p, h in t.observed.bad_hosts | bad_hosts([st], t.now) if p == name))
-    t.out.actions.append(Launch(t.job.name, st.run_id, name, reason, avoid))
+    t.out.actions.append(Launch(t.job.name, st.run_id, name, reason, avoid, worker_mtbf(t, name)))
     st.phase = Phase.LAUNCHING
     st.message = f"launching on {name}"
+
+
+def worker_mtbf(t: JobTick, provider: str) -> float | None:
+    """RECONCILER_MTBF_SECONDS for a worker launched on `provider`: its mean time between
+    interruptions as reconciler.forecast measures it (machine time over interruptions and session
+    ends of every job's attempts there, this job's included, pulled towards the prior for
+    interruptible or reliable machines while the record is short), in whole seconds."""
+    rel = t.reliability.get(provider)
+    if rel is None or not math.isfinite(rel.mtbf_seconds) or rel.mtbf_seconds <= 0:
+        return None
+    return float(round(rel.mtbf_seconds))
 
 
 def _moving_worker_still_live(t: JobTick) -> bool:

@@ -98,8 +98,8 @@ class LogSource:
 
 def locate(rec: Reconciler, job: str, attempt: int | None = None) -> LogSource:
     """The log source of `job`'s attempt number `attempt` (the newest when None), from HEAD."""
+    recorded = rec.read_recorded(rec.fresh_status(False))  # the status branch's, when there is one
     commit = rec.repo.head()
-    recorded = rec.read_recorded(commit)
     desired = rec.read_desired(commit)
     st = recorded.get(job)
     if st is None:

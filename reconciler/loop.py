@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO
 
 from adapters.compute import Allowance, ComputeAdapter, ProviderConfigError, WorkerPhase, WorkerRef
-from adapters.gitrepo import DESIRED_DIR, STATUS_DIR, GitError, StateRepo
+from adapters.gitrepo import DESIRED_DIR, STATUS_DIR, TRAILER, GitError, StateRepo, status_branch_for
 from adapters.leader import Election, Leadership
 from adapters.notify import Notifier
 from adapters.registry import make_adapter
@@ -52,7 +52,8 @@ class SettingsHold(Exception):
 
 @dataclass
 class TickReport:
-    commit: str = ""
+    commit: str = ""  # the desired state acted on: HEAD, or the newest trusted commit while a change is held
+    head: str = ""  # the reconciled branch's tip this tick read
     status_commit: str | None = None
     actions: list[str] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)
@@ -81,6 +82,8 @@ class Reconciler:
         self.environ = os.environ if environ is None else environ
         self.storage_override = storage_override
         self.remote = remote
+        if remote is not None:  # known before the first settings are read (a clone of a URL)
+            self.repo.remote = remote
         self.placement_policy = placement_policy or choose  # benchmarks pass baselines
         self._adapters: dict[str, tuple[str, ComputeAdapter]] = {}
         self._root_identity: str | None = None
@@ -310,15 +313,40 @@ class Reconciler:
         return any(CONFIRM_CANCEL_TRAILER in m for m in self.repo.messages_since(commit, since))
 
     # ---- the tick ------------------------------------------------------------------------------
-    def _configure_repo(self) -> None:
-        """Remote and commit identity come from reconciler.yaml (the remote may be overridden by
-        the constructor); read before pulling."""
+    def configure_repo(self) -> None:
+        """Remote, commit identity and status branch come from reconciler.yaml (the remote may be
+        overridden by the constructor); read before pulling."""
         try:
             settings, _ = parse_settings(self.repo.read_settings(self.repo.head()))
         except GitError:
             return
         self.repo.remote = self.remote if self.remote is not None else settings.remote
         self.repo.name, self.repo.email = settings.commit_name, settings.commit_email
+        if isinstance(self.repo, StateRepo):  # the simulator's in-memory repository keeps status on its branch
+            self.repo.status_branch = status_branch_for(settings.status_branch, self.repo.remote)
+
+    def status_source(self, commit: str) -> str:
+        """The commit recorded status is read from: the status branch's newest, when status has one
+        and it exists (locally or as the remote's copy), else `commit` itself."""
+        tip = self.repo.status_tip() if isinstance(self.repo, StateRepo) else None
+        return tip or commit
+
+    def fresh_status(self, fetch: bool) -> str:
+        """For `reconciler status`: the commit to read recorded status from, after fetching first
+        when asked (a clone the daemon keeps for a URL); a fetch that fails reads what is here."""
+        self.configure_repo()
+        if fetch:
+            try:
+                self.repo.pull()
+            except GitError as exc:
+                log.warning("%s; showing the status last fetched", exc)
+        return self.status_source(self.repo.head())
+
+    def _status_message(self, message: str, commit: str) -> str:
+        """On a status branch each commit says which desired commit it was computed from."""
+        if isinstance(self.repo, StateRepo) and self.repo.status_branch:
+            return f"{message}\n\n{TRAILER}: {commit}\n"
+        return message
 
     def _look_and_plan(self, report: TickReport) -> tuple[Plan, DesiredState, dict[str, JobStatus],
                                                            dict[str, ComputeAdapter], Observed, float]:
@@ -326,7 +354,7 @@ class Reconciler:
         head = self.repo.head()
         trust = self.signed.trust(head) if self.signed is not None else None
         commit = act_on(head, trust) if trust is not None else head  # an unverified change is held
-        report.commit = commit
+        report.commit, report.head = commit, head
         desired = self.read_desired(commit)
         self._learn_secrets(desired)  # before anything of this tick is logged
         report.errors.extend(str(e) for e in desired.errors)
@@ -338,7 +366,7 @@ class Reconciler:
         held = hold_note(trust) if trust is not None else None
         desired = with_hold(desired, held, report.errors)
         report.desired = desired
-        recorded = self.read_recorded(head)
+        recorded = self.read_recorded(self.status_source(head))
         retired = self.retired_providers(desired, recorded)
         # Providers gone from desired/ are still asked, so their workers can be stopped and billed.
         view = replace(desired, providers={**retired, **desired.providers})
@@ -358,6 +386,7 @@ class Reconciler:
     def preview(self) -> tuple[Plan, TickReport]:
         """What the next tick would do, without doing it (no launch, no commit, no pull)."""
         report = TickReport()
+        self.configure_repo()
         try:
             the_plan = self._look_and_plan(report)[0]
         except SettingsHold as exc:
@@ -367,7 +396,7 @@ class Reconciler:
 
     def tick(self) -> TickReport:
         report = TickReport()
-        self._configure_repo()
+        self.configure_repo()
         try:
             self.repo.pull()
         except GitError as exc:
@@ -404,12 +433,13 @@ class Reconciler:
         files: dict[str, str | None] = {}
         changes = []
         desired_commit = self.repo.last_change(commit, [DESIRED_DIR, "reconciler.yaml"]) or commit
+        status_at = self.status_source(report.head or commit)  # where `recorded` was read
         for name, st in sorted(the_plan.statuses.items()):
             old = recorded.get(name)
             if old is not None and old == st:
                 continue  # unchanged: no need to render it to find out
             text = self._render_redacted(st)
-            old_text = self.repo.read_file(commit, f"{STATUS_DIR}/{name}.yaml")
+            old_text = self.repo.read_file(status_at, f"{STATUS_DIR}/{name}.yaml")
             if old_text is not None and old_text.decode() == text:
                 continue
             st.desired_commit = desired_commit[:12]
@@ -434,7 +464,7 @@ class Reconciler:
         subject = changes[0] if len(changes) == 1 else f"status: {len(changes)} jobs changed"
         message = subject + ("\n\n" + "\n".join(f"- {c}" for c in changes) if len(changes) > 1 else "")
         try:
-            report.status_commit = self.repo.commit_status(files, message)
+            report.status_commit = self.repo.commit_status(files, self._status_message(message, commit))
             self.repo.push()
             self._push_pending = False
         except GitError as exc:

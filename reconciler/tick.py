@@ -66,6 +66,9 @@ class Launch:
     provider: str
     reason: str
     avoid_hosts: tuple[str, ...] = ()  # machines of this provider that recently lost a worker of ours
+    # The provider's measured mean time between failures, passed as RECONCILER_MTBF_SECONDS (the
+    # worker's checkpoint interval follows it). A figure of the moment: no part of equality.
+    mtbf_seconds: float | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from adapters.compute import ComputeAdapter
 from adapters.sim import JobModel, ProviderModel, SimAdapter, SimCloud, SimWorker
 from adapters.storage import RunFolder
 from desired.models import Provider
-from reconciler.checkpoint_policy import checkpoint_interval, estimate_mtbf
+from reconciler.checkpoint_policy import IntervalPolicy
 from reconciler.clock import ManualClock
 from reconciler.deadline import PlacementPolicy
 from reconciler.loop import Reconciler, TickReport
@@ -89,8 +89,7 @@ class SimConfig:
     seed: int = 0
     tick_seconds: float = 30.0
     faults: Faults = field(default_factory=Faults)
-    policy: str = "hint"  # "hint": the job's checkpoint_every; "young-daly": checkpoint_policy; "fixed-30m"
-    prior_mtbf_seconds: float = 6 * 3600.0
+    policy: str = "hint"  # "hint": the job's checkpoint_every; "young-daly": the SDK's IntervalPolicy; "fixed-30m"
     check: bool = True  # run the invariant checker after every step (off only to time the tick alone)
     placement_policy: PlacementPolicy | None = None  # None: the product's (reconciler.deadline.choose)
 
@@ -217,27 +216,13 @@ class Simulation:
         if policy == "fixed-30m":
             return 1800.0
         if policy == "young-daly":
-            exposure, failures = self.provider_exposure(w.provider.name)
-            mtbf = estimate_mtbf(exposure, failures, self.config.prior_mtbf_seconds)
-            return checkpoint_interval(w.model.checkpoint_cost_seconds, mtbf)
+            # The SDK's own policy: the MTBF the planner passed in the launch environment, and the
+            # save cost the worker measures (a simulated save blocks for its whole cost).
+            given = w.spec.env.get("RECONCILER_MTBF_SECONDS")
+            sdk = IntervalPolicy(mtbf=float(given) if given else None)
+            sdk.saved(blocked=w.model.checkpoint_cost_seconds, durable=w.model.checkpoint_cost_seconds)
+            return sdk.interval()
         return w.interval
-
-    def provider_exposure(self, provider: str) -> tuple[float, int]:
-        """What a worker can know of its provider's reliability: machine time seen and how many
-        times it was taken away (the status files hold the same per run)."""
-        exposure = 0.0
-        failures = 0
-        for w in self.cloud.ended:
-            if w.provider.name != provider:
-                continue
-            exposure += w.ledger.billed_seconds
-            if w.ledger.end_reason in ("preempted", "session-limit") or (
-                    w.ledger.end_reason in ("interrupted", "fenced") and w.hidden_until is not None):
-                failures += 1
-        for w in self.cloud.live.values():
-            if w.provider.name == provider:
-                exposure += w.ledger.billed_seconds
-        return exposure, failures
 
     @contextmanager
     def quiet(self) -> Iterator[None]:

@@ -63,18 +63,22 @@ class PageData:
         self.rec = Reconciler(Path(repo), environ=self.environ)
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = None
+        self._status_at = ""  # the commit the snapshot's statuses were read from
         self._versions: dict[tuple[str, str], JobStatus | None] = {}
 
     # ---- the whole repository at HEAD ------------------------------------------------------------
     def snapshot(self) -> Snapshot:
         """The statuses at HEAD, parsed and redacted once per commit."""
         with self._lock:
+            self.rec.configure_repo()  # status may live on a status branch (adapters.gitrepo)
             head = self.rec.repo.head()
-            if self._snapshot is not None and self._snapshot.head == head:
+            status_at = self.rec.status_source(head)
+            if self._snapshot is not None and (self._snapshot.head, self._status_at) == (head, status_at):
                 return self._snapshot
+            self._status_at = status_at
             desired = self.rec.read_desired(head)
             redactor = Redactor(secret_values(desired, self.environ))
-            statuses = {n: redacted(redactor, st) for n, st in self.rec.read_recorded(head).items()}
+            statuses = {n: redacted(redactor, st) for n, st in self.rec.read_recorded(status_at).items()}
             names = sorted(set(statuses) | set(desired.jobs))
             self._snapshot = Snapshot(head, desired, statuses, redactor, names)
             return self._snapshot

@@ -12,15 +12,24 @@
             run.exit_if_stopping(step, model=model, optimizer=opt, scheduler=sched)
         run.complete(total)
 
+A loop over epochs and batches can let `run.epochs(n_epochs, loader, model=model, ...)` restore,
+checkpoint and stop for it, with the data position saved (`ResumableLoader`) and the values the
+loop carries in a `Carry` (see reconciler/worker/data.py).
+Training with PyTorch Lightning or Hugging Face's Trainer: one callback does all of the above
+(`reconciler.worker.integrations.lightning` / `.huggingface`, optional extras).
+
 See "The worker SDK" in README.md for the contract (DESIGN.md §3).
 """
 
 from adapters.storage import CheckpointName, StorageError
+from reconciler.worker.data import Carry, ResumableLoader
 from reconciler.worker.run import EXIT_INTERRUPTED, Run, RunConfigError, Superseded, open_run
 
 __all__ = [
     "EXIT_INTERRUPTED",
+    "Carry",
     "CheckpointName",
+    "ResumableLoader",
     "Run",
     "RunConfigError",
     "StorageError",

@@ -20,13 +20,15 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
 import torch
 
 from adapters.storage import LEASE_LOG, CheckpointName, CorruptCheckpoint, Fenced, RunFolder, StorageError
-from reconciler.worker import dist, snapshot
+from reconciler.checkpoint_policy import IntervalPolicy
+from reconciler.worker import data, dist, snapshot
 from reconciler.worker import sharded as dcp_format
 from reconciler.worker.dist import Group
 
@@ -90,7 +92,8 @@ class Run:
         *,
         deadline: float | None = None,
         checkpoint_every: int | None = None,
-        checkpoint_seconds: float = 600.0,
+        checkpoint_seconds: float | None = None,
+        mtbf: float | None = None,
         target: int | None = None,
         grace: float = 30.0,
         heartbeat_interval: float = 10.0,
@@ -98,6 +101,7 @@ class Run:
         install_signal_handlers: bool = True,
         group: Group | None = None,
         sharded: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.folder = folder
         self.group = group or Group()
@@ -108,7 +112,9 @@ class Run:
         self.epoch = epoch
         self.deadline = deadline
         self.checkpoint_every = checkpoint_every
-        self.checkpoint_seconds = checkpoint_seconds
+        self.checkpoint_seconds = checkpoint_seconds  # pinned seconds between saves; None: `interval`
+        self.interval = IntervalPolicy(mtbf=mtbf)  # Young/Daly from the measured save cost and the MTBF
+        self._clock = clock  # what the interval is measured with (tests pass a fake one)
         self.target = target
         self.grace = grace
         self.heartbeat_interval = heartbeat_interval
@@ -123,7 +129,7 @@ class Run:
         self._upload_error: BaseException | None = None
         self._buffers: dict[str, torch.Tensor] = {}
         self._last_saved_step: int | None = None
-        self._last_save_time = time.monotonic()
+        self._last_save_time = clock()
         self._save_seconds: float | None = None
         self._last_committed: str | None = None
         self._restored_from: str | None = None
@@ -131,6 +137,7 @@ class Run:
         self._progress_tag: str | None = None
         self._closed = False
         self._completed = False
+        self._past_target_warned = False
         self._old_handlers: dict[int, Any] = {}
         if install_signal_handlers and threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:
@@ -162,7 +169,8 @@ class Run:
         per step under torchrun (cached for the step), so that all ranks stop, and checkpoint, at
         the same step. A stop notice on any rank becomes a notice on all of them."""
         stop = self.stop_requested
-        due = time.monotonic() - self._last_save_time >= self.checkpoint_seconds
+        # Rank 0 decides: the other ranks measure no save cost (rank 0 writes), their clocks differ.
+        due = self.group.main and self._clock() - self._last_save_time >= self._period()
         if not self.group.distributed:
             return stop, due
         if self._agreed is not None and self._agreed[0] == step:
@@ -279,7 +287,7 @@ class Run:
             step = self._apply(ckpt, loaded, objects)
             self._restored_from = self._last_committed = ckpt.dirname
             self._last_saved_step = step
-            self._last_save_time = time.monotonic()
+            self._last_save_time = self._clock()
             log.info("restored step %d from %s", step, self.folder.url("checkpoints/" + ckpt.dirname))
             return step
         return 0
@@ -333,9 +341,23 @@ class Run:
         return self.group.broadcast(result)
 
     # ---- save --------------------------------------------------------------------------------------------
+    @property
+    def checkpoint_interval(self) -> float:
+        """Seconds of training between saves when no step count is pinned: `checkpoint_seconds`
+        if the script pinned it, else the Young/Daly interval of `interval` (re-estimated at
+        every save from its measured cost, with the MTBF the reconciler passed at launch)."""
+        return self.checkpoint_seconds if self.checkpoint_seconds is not None else self.interval.interval()
+
+    def _period(self) -> float:
+        """Seconds from one save's start to the next: the interval plus what a save blocks."""
+        if self.checkpoint_seconds is not None:
+            return self.checkpoint_seconds
+        return self.interval.interval() + (self.interval.blocked or 0.0)
+
     def should_checkpoint(self, step: int) -> bool:
-        """True every `checkpoint_every` steps (else every `checkpoint_seconds`), and when stopping.
-        Under torchrun the answer is the same on every rank (see `_agree`)."""
+        """True every `checkpoint_every` steps (RECONCILER_CHECKPOINT_EVERY, the job's pin), else
+        every `checkpoint_interval` seconds, and when stopping. Under torchrun rank 0's clock and
+        measurements decide and the answer is the same on every rank (see `_agree`)."""
         stop, due = self._agree(step)
         if stop:
             return True
@@ -355,12 +377,13 @@ class Run:
         and the call returns once rank 0 has committed the whole.
         """
         self._check_open()
+        entered = self._clock()
         self.wait()
         if step == self._last_saved_step:
             return
         if not objects:
             raise ValueError("save() needs the objects to checkpoint, e.g. run.save(step, model=model)")
-        started = time.monotonic()
+        started = self._clock()
         if self.sharded:
             self._save_sharded(step, objects, started)
             return
@@ -374,6 +397,7 @@ class Run:
             snap.meta[snapshot.RNG_RANKS_KEY] = rngs
         self._buffers = snap.sections
         self._upload = snapshot.Background(self._write, snap, started)
+        self.interval.saved(blocked=self._clock() - entered)
 
     def _save_sharded(self, step: int, objects: dict[str, Any], started: float) -> None:
         err: BaseException | None = None
@@ -386,12 +410,14 @@ class Run:
         self._raise_shared(err)
         self._last_saved_step = step
         self._last_save_time = started
-        self._save_seconds = time.monotonic() - started
+        self._save_seconds = self._clock() - started
+        self.interval.saved(blocked=self._save_seconds, durable=self._save_seconds)
 
     def _write(self, snap: snapshot.Snapshot, started: float) -> None:
         try:
             ckpt = snapshot.write(self.folder, self.epoch, snap, self._last_committed, self._pool)
-            self._save_seconds = time.monotonic() - started  # copy + upload + commit: what a final save costs
+            self._save_seconds = self._clock() - started  # copy + upload + commit: what a final save costs
+            self.interval.saved(durable=self._save_seconds)
             self._after_commit(ckpt)
         except BaseException as exc:  # kept and raised in the training thread
             self._upload_error = exc
@@ -439,6 +465,7 @@ class Run:
         when the attempt was replaced, so a zombie stops at its next heartbeat; a stop request in
         the run folder, read at the same cadence, makes `stop_requested` true as SIGTERM does.
         """
+        self._warn_past_target(step)
         self._heartbeat(step, metrics, force=False)
 
     def _heartbeat(self, step: int, metrics: dict[str, Any], force: bool) -> None:
@@ -471,9 +498,14 @@ class Run:
         except OSError as exc:
             log.debug("could not record the step reached: %s", exc)
 
-    def complete(self, step: int, **metrics: float) -> None:
-        """Mark the run done: waits for the pending upload, then creates done.json once (fenced)."""
+    def complete(self, step: int | None = None, **metrics: float) -> None:
+        """Mark the run done: waits for the pending upload, then creates done.json once (fenced).
+        Without a step, the target (set by `epochs()` or RECONCILER_TARGET_STEPS) is the last step."""
         self._check_open()
+        if step is None:
+            if self.target is None:
+                raise ValueError("complete() needs the last step: pass it, or set the target (epochs() does)")
+            step = self.target
         self.wait()
         err: BaseException | None = None
         if self.group.main:
@@ -493,6 +525,30 @@ class Run:
         self._raise_shared(err)
         self._completed = True
         self.close()
+
+    # ---- epochs and batches as positions ----------------------------------------------------------------
+    def epochs(self, n_epochs: int, batches: Any, **objects: Any) -> Iterator[tuple[int, int, int, Any]]:
+        """`for step, epoch, index, batch in run.epochs(n_epochs, loader, model=model, ...)`: restores the
+        objects and the data position (a `ResumableLoader`, or any sized sequence that repeats
+        itself: a range, a list), yields every remaining batch, and after each one checkpoints
+        when due and stops on a notice, as `should_checkpoint`/`save`/`exit_if_stopping` would.
+        Sets the target to n_epochs * len(batches). See reconciler/worker/data.py."""
+        return data.epochs(self, n_epochs, batches, objects)
+
+    def expect_steps(self, total: int) -> None:
+        """The loop will run `total` steps: the target reported in progress.json from now on."""
+        if self.target is not None and self.target != total:
+            log.warning("the target was %d steps (RECONCILER_TARGET_STEPS) but the loop has %d: reporting %d",
+                        self.target, total, total)
+        self.target = total
+
+    def _warn_past_target(self, step: int) -> None:
+        if self.target is None or step <= self.target or self._past_target_warned:
+            return
+        self._past_target_warned = True
+        log.warning("step %d is past the target of %d steps: progress will read %d/%d; set the target to the "
+                    "loop's real length (RECONCILER_TARGET_STEPS, or let run.epochs() count it)",
+                    step, self.target, step, self.target)
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -545,7 +601,8 @@ def open_run(
     epoch: int | None = None,
     deadline: float | None = None,
     checkpoint_every: int | None = None,
-    checkpoint_seconds: float = 600.0,
+    checkpoint_seconds: float | None = None,
+    mtbf: float | None = None,
     target: int | None = None,
     grace: float | None = None,
     heartbeat_interval: float | None = None,
@@ -557,7 +614,9 @@ def open_run(
     """Open this attempt's run from the environment (arguments override it).
 
     Reads RECONCILER_RUN_URI, RECONCILER_RUN_ID, RECONCILER_EPOCH, RECONCILER_DEADLINE (unix
-    seconds), RECONCILER_CHECKPOINT_EVERY (steps) and, optionally, RECONCILER_TARGET_STEPS,
+    seconds), RECONCILER_CHECKPOINT_EVERY (steps: the job pins the interval), RECONCILER_MTBF_SECONDS
+    (the provider's measured mean time between failures, for the Young/Daly interval used when
+    no interval is pinned: see `Run.checkpoint_interval`) and, optionally, RECONCILER_TARGET_STEPS,
     RECONCILER_GRACE (seconds, default 30: the time a stop notice gives, and the least margin
     kept before the deadline) and RECONCILER_HEARTBEAT_INTERVAL (seconds, default 10).
     Without an epoch (a script started by hand) it takes the lease itself by bumping it.
@@ -582,6 +641,8 @@ def open_run(
         deadline = _env_float("RECONCILER_DEADLINE", env.get("RECONCILER_DEADLINE"))
     if checkpoint_every is None:
         checkpoint_every = _env_int("RECONCILER_CHECKPOINT_EVERY", env.get("RECONCILER_CHECKPOINT_EVERY"))
+    if mtbf is None:
+        mtbf = _env_float("RECONCILER_MTBF_SECONDS", env.get("RECONCILER_MTBF_SECONDS"))
     if target is None:
         target = _env_int("RECONCILER_TARGET_STEPS", env.get("RECONCILER_TARGET_STEPS"))
     if grace is None:
@@ -612,6 +673,7 @@ def open_run(
         deadline=deadline,
         checkpoint_every=checkpoint_every,
         checkpoint_seconds=checkpoint_seconds,
+        mtbf=mtbf,
         target=target,
         grace=30.0 if grace is None else grace,
         heartbeat_interval=10.0 if heartbeat_interval is None else heartbeat_interval,

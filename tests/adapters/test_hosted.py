@@ -203,6 +203,11 @@ def test_the_sdk_bundle_alone_imports_the_worker_sdk_and_exec(tmp_path: Path) ->
                           cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert sorted(SDK_FILES) == sorted(set(SDK_FILES))
+    # Every module of the worker package travels, the optional trainer integrations too (a worker on a
+    # hosted provider may import them; they import their trainer only when used).
+    root = Path(__file__).resolve().parents[2]
+    worker = {str(p.relative_to(root)) for p in (root / "reconciler" / "worker").rglob("*.py")}
+    assert worker <= set(SDK_FILES), f"not in the bundle: {sorted(worker - set(SDK_FILES))}"
 
 
 def test_exit_record_is_the_last_one_and_garbage_is_none() -> None:

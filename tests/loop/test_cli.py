@@ -21,7 +21,7 @@ from tests.worker.harness import S3_CREDENTIALS
 
 def cli(*args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
     res = subprocess.run([sys.executable, "-m", "reconciler", *args], capture_output=True, text=True,
-                         env={**os.environ, **(env or {}), "COLUMNS": "200"}, timeout=120)
+                         env={**os.environ, **(env or {}), "COLUMNS": "240"}, timeout=120)
     if check:
         assert res.returncode == 0, res.stdout + res.stderr
     return res

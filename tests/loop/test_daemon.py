@@ -58,6 +58,14 @@ def phase_of(repo: Path, name: str) -> str | None:
     return data.get("phase") if isinstance(data, dict) else None
 
 
+def phase_on_status_branch(repo: Path, name: str) -> str | None:
+    """With a shared remote, status is committed to the branch reconciler/status, not the work tree."""
+    shown = subprocess.run(["git", "-C", str(repo), "show", f"reconciler/status:status/{name}.yaml"],
+                           capture_output=True, text=True)
+    data = yaml.safe_load(shown.stdout) if shown.returncode == 0 else None
+    return data.get("phase") if isinstance(data, dict) else None
+
+
 def test_sigterm_during_a_long_tick_stops_the_daemon_within_seconds(state_repo: StateRepoFixture,
                                                                      tmp_path: Path) -> None:
     """600 jobs make the first tick last 10-20 s on a busy 2-core machine; a SIGTERM in the middle
@@ -138,7 +146,8 @@ def test_two_daemons_on_two_clones_elect_one_and_the_survivor_adopts_the_worker(
         time.sleep(2)  # a few ticks of the new leader
         assert live_workers(local_workdir) == workers, "the new leader must adopt the worker, not launch another"
         survivor_repo = state_repo.path if survivor == "a" else other
-        wait_for("the run to finish", lambda: phase_of(survivor_repo, "count") == "Succeeded", timeout=180)
+        wait_for("the run to finish", lambda: phase_on_status_branch(survivor_repo, "count") == "Succeeded",
+                 timeout=180)
         assert len(list((local_workdir / "workers").iterdir())) == 1
     finally:
         for p in procs.values():

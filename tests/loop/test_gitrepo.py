@@ -60,7 +60,9 @@ def test_tick_with_remote_from_settings_pushes_status(state_repo: StateRepoFixtu
     state_repo.git("remote", "add", "origin", str(remote))
     state_repo.git("push", "-q", "origin", "main")
     Reconciler(state_repo.path).tick()
-    assert log(remote)[0].startswith("reconciler sleeper: Launching")
+    # With a shared remote, status goes to a branch of its own; the users' branch is left alone.
+    assert log(remote, "reconciler/status")[0].startswith("reconciler sleeper: Launching")
+    assert log(remote, "main")[0] == "alice add sleeper"
 
 
 def test_quiet_tick_commits_nothing_and_status_commits_touch_only_status(state_repo: StateRepoFixture) -> None:
