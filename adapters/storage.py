@@ -32,7 +32,6 @@ unless RECONCILER_ALLOW_UNFENCED_STORE=1 (then only epoch-named paths protect th
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -42,6 +41,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from adapters import digest
 from adapters.store import (  # noqa: F401 - StoreFolder's errors and helpers are part of this module's API
     ALLOW_UNFENCED_ENV,
     READ_CHUNK,
@@ -440,20 +440,63 @@ class RunFolder(StoreFolder):
             files = record["files"]
             assert isinstance(files, dict)
             for meta in files.values():
-                int(meta["size"]), str(meta["sha256"])
+                int(meta["size"]), digest.expected(meta)
         except Exception as exc:
             raise CorruptCheckpoint(f"{self.url(name)} is not a valid commit record: {exc}") from exc
         return dict(record)
 
-    def read_verified(self, ckpt: CheckpointName, fname: str, size: int, sha256: str, out: memoryview) -> None:
-        """Fill `out` with a checkpoint file, or raise CorruptCheckpoint if size or digest differ."""
+    def read_verified(
+        self, ckpt: CheckpointName, fname: str, info: dict[str, Any], out: memoryview | list[memoryview]
+    ) -> None:
+        """Fill `out` (one buffer, or several filled in order) with a checkpoint file, or raise
+        CorruptCheckpoint if its size or digest differ from `info` (its entry in the commit record).
+        Chunks are hashed on another thread while the next ones are read."""
         name = f"checkpoints/{ckpt.dirname}/{fname}"
-        digest = hashlib.sha256()
-        got = self.read_payload_into(name, out, digest)
+        size = int(info["size"])
+        try:
+            algorithm, want = digest.expected(info)
+            hasher = digest.Overlapped(digest.new(algorithm))
+        except digest.DigestError as exc:
+            raise StorageError(f"cannot verify {self.url(name)}: {exc}") from exc
+        if isinstance(out, list):
+            got = self._read_parts(name, out, hasher)
+        else:
+            got = self.read_payload_into(name, out, hasher)
+        found = hasher.hexdigest()
         if got != size:
             raise CorruptCheckpoint(f"{self.url(name)} has {got} bytes, its commit record says {size}")
-        if digest.hexdigest() != sha256:
-            raise CorruptCheckpoint(f"{self.url(name)} does not match its sha256 in the commit record")
+        if found != want:
+            raise CorruptCheckpoint(f"{self.url(name)} does not match its {algorithm} in the commit record")
+
+    def _read_parts(self, name: str, parts: list[memoryview], hasher: Any) -> int:
+        """Read a file into `parts` one after the other (a scatter read); returns its size, or
+        more than the parts hold when it is longer."""
+        total = sum(len(p) for p in parts)
+        if self.kind != "local":
+            whole = memoryview(bytearray(total))
+            got = self.read_payload_into(name, whole, hasher)
+            offset = 0
+            for part in parts:
+                part[:] = whole[offset : offset + len(part)]
+                offset += len(part)
+            return got
+        try:
+            with open(self.path(name), "rb", buffering=0) as fh:
+                n = 0
+                for part in parts:
+                    for i in range(0, len(part), READ_CHUNK):
+                        piece = part[i : i + READ_CHUNK]
+                        got = fh.readinto(piece)
+                        if got:
+                            hasher.update(piece[:got])
+                            n += got
+                        if got != len(piece):
+                            return n
+                return total + 1 if fh.read(1) else n
+        except FileNotFoundError as exc:
+            raise CorruptCheckpoint(f"{self.url(name)} is missing") from exc
+        except OSError as exc:
+            raise StorageError(f"cannot read {self.url(name)}: {exc}") from exc
 
     def commit_checkpoint(self, epoch: int, ckpt: CheckpointName, record: dict[str, Any]) -> None:
         """Make a fully uploaded checkpoint visible: COMMIT.json (exclusive), then the lease ack.

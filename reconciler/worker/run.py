@@ -125,7 +125,7 @@ class Run:
         self._stopping: str | None = None  # why the last beat is the last: written for the reconciler
         self._stop_at = 0.0
         self._pool = snapshot.io_pool()
-        self._upload: threading.Thread | None = None
+        self._upload: snapshot.Background | None = None
         self._upload_error: BaseException | None = None
         self._buffers: dict[str, torch.Tensor] = {}
         self._last_saved_step: int | None = None
@@ -396,8 +396,7 @@ class Run:
         if rngs is not None:
             snap.meta[snapshot.RNG_RANKS_KEY] = rngs
         self._buffers = snap.sections
-        self._upload = threading.Thread(target=self._write, args=(snap, started), name="reconciler-upload")
-        self._upload.start()
+        self._upload = snapshot.Background(self._write, snap, started)
         self.interval.saved(blocked=self._clock() - entered)
 
     def _save_sharded(self, step: int, objects: dict[str, Any], started: float) -> None:

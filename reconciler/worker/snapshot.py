@@ -3,14 +3,17 @@
 A checkpoint folder holds ``meta.pkl`` (the structure of every saved object with tensors replaced
 by references, plus the RNG states) and, per saved object, its tensor bytes packed into one flat
 buffer written as shards ``<object>.<k>.bin``. Packing lets the training loop's only blocking work
-be one memcpy per tensor into reused host buffers; shards let digests and transfers run in
-parallel; restoring maps tensors as views of the verified buffer, so nothing is copied twice.
+be one memcpy per tensor into reused host buffers (pinned, on a side stream, for CUDA tensors:
+see staging.py); shards let digests and transfers run in parallel. Restoring reads each shard
+straight into a buffer per large tensor (small ones share one) while another thread hashes what
+has arrived, and hands out tensors as views of those buffers: nothing is copied twice.
+The digest algorithm is adapters/digest.py's.
 """
 
 from __future__ import annotations
 
+import bisect
 import copy
-import hashlib
 import io
 import os
 import random
@@ -19,12 +22,14 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from adapters import digest
 from adapters.storage import CheckpointName, CorruptCheckpoint, RunFolder, StorageError
+from reconciler.worker import staging
 
 FORMAT = 1
 ALIGN = 64
@@ -91,23 +96,6 @@ def _resolve(value: Any, refs: list[TensorRef]) -> Any:
     return value
 
 
-def _materialize(value: Any, buf: torch.Tensor) -> Any:
-    if isinstance(value, TensorRef):
-        dtype = getattr(torch, value.dtype.removeprefix("torch."))
-        if value.nbytes == 0:
-            return torch.empty(value.shape, dtype=dtype)
-        return buf[value.offset : value.offset + value.nbytes].view(dtype).view(value.shape)
-    if isinstance(value, OrderedDict):
-        return OrderedDict((k, _materialize(v, buf)) for k, v in value.items())
-    if type(value) is dict:
-        return {k: _materialize(v, buf) for k, v in value.items()}
-    if type(value) is list:
-        return [_materialize(v, buf) for v in value]
-    if type(value) is tuple:
-        return tuple(_materialize(v, buf) for v in value)
-    return value
-
-
 def state_of(obj: Any) -> Any:
     """What gets saved for one object: its state_dict() when it has one, else the object itself."""
     sd = getattr(obj, "state_dict", None)
@@ -144,6 +132,7 @@ class Snapshot:
     step: int
     meta: dict[str, Any]
     sections: dict[str, torch.Tensor]  # object name -> flat uint8 buffer
+    ready: list[Any] = field(default_factory=list)  # events of copies still in flight (CUDA)
 
 
 _pool: ThreadPoolExecutor | None = None
@@ -164,18 +153,56 @@ def io_pool() -> ThreadPoolExecutor:
         return _pool
 
 
+_uploader: ThreadPoolExecutor | None = None
+
+
+class Background:
+    """One call run on the process's upload thread, with `join` and `is_alive` as a Thread has.
+
+    The thread is started once: `threading.Thread.start()` waits until the new thread runs, which
+    took milliseconds of the training loop's time per save on a busy machine."""
+
+    def __init__(self, fn: Any, *args: Any) -> None:
+        global _uploader
+        self._done = threading.Event()
+        with _pool_lock:
+            if _uploader is None:
+                _uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reconciler-upload")
+        _uploader.submit(self._run, fn, args)
+
+    def _run(self, fn: Any, args: tuple[Any, ...]) -> None:
+        try:
+            fn(*args)
+        finally:
+            self._done.set()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._done.wait(timeout)
+
+    def is_alive(self) -> bool:
+        return not self._done.is_set()
+
+
 COPY_CHUNK = 8 << 20
 
 
-def capture(step: int, objects: dict[str, Any], reuse: dict[str, torch.Tensor]) -> Snapshot:
+_stagers = staging.Stagers()
+
+
+def capture(
+    step: int, objects: dict[str, Any], reuse: dict[str, torch.Tensor], stagers: staging.Stagers | None = None
+) -> Snapshot:
     """Copy every object's state into host buffers (reusing `reuse` where the sizes match).
 
     This is the only part of a save that blocks the training loop; large CPU tensors are copied
-    in chunks on a few threads, since one thread rarely saturates memory bandwidth.
+    in chunks on a few threads, since one thread rarely saturates memory bandwidth. CUDA tensors
+    go into pinned buffers on a side stream (see staging.py) and the host does not wait for them:
+    the snapshot's `ready` events say when they have landed.
     """
+    stagers = _stagers if stagers is None else stagers
     skeleton: dict[str, Any] = {}
     sections: dict[str, torch.Tensor] = {}
-    cuda_seen = False
+    begun: dict[int, staging.Stager] = {}
     jobs: list[tuple[torch.Tensor, torch.Tensor]] = []
     for name, obj in objects.items():
         tensors: list[torch.Tensor] = []
@@ -186,34 +213,37 @@ def capture(step: int, objects: dict[str, Any], reuse: dict[str, torch.Tensor]) 
             nbytes = t.numel() * t.element_size()
             refs.append(TensorRef(offset, nbytes, str(t.dtype), tuple(t.shape)))
             offset += (nbytes + ALIGN - 1) // ALIGN * ALIGN
+        staged = [stagers.for_tensor(t) for t in tensors]
+        pinner = next((s for s in staged if s is not None), None)
         buf = reuse.get(name)
-        if buf is None or buf.numel() != offset:
-            pin = any(t.is_cuda for t in tensors)
-            buf = torch.empty(offset, dtype=torch.uint8, pin_memory=pin)
+        if buf is None or buf.numel() != offset or (pinner is not None and not pinner.usable(buf)):
+            buf = pinner.alloc(offset) if pinner is not None else torch.empty(offset, dtype=torch.uint8)
             _zero_padding(buf, refs)
-        for t, ref in zip(tensors, refs, strict=True):
-            if ref.nbytes:
-                dst = buf[ref.offset : ref.offset + ref.nbytes].view(t.dtype).view(t.shape)
-                cuda_seen |= t.is_cuda
-                if not t.is_cuda and t.is_contiguous() and ref.nbytes > COPY_CHUNK:
-                    flat_src, flat_dst = t.reshape(-1), dst.reshape(-1)
-                    step_n = max(1, COPY_CHUNK // t.element_size())
-                    jobs.extend(
-                        (flat_dst[i : i + step_n], flat_src[i : i + step_n]) for i in range(0, t.numel(), step_n)
-                    )
-                else:
-                    dst.copy_(t, non_blocking=t.is_cuda)
+        for t, ref, stager in zip(tensors, refs, staged, strict=True):
+            if not ref.nbytes:
+                continue
+            dst = buf[ref.offset : ref.offset + ref.nbytes].view(t.dtype).view(t.shape)
+            if stager is not None:
+                if id(stager) not in begun:
+                    stager.begin()
+                    begun[id(stager)] = stager
+                stager.copy(dst, t)
+            elif t.is_contiguous() and ref.nbytes > COPY_CHUNK:
+                flat_src, flat_dst = t.reshape(-1), dst.reshape(-1)
+                step_n = max(1, COPY_CHUNK // t.element_size())
+                jobs.extend((flat_dst[i : i + step_n], flat_src[i : i + step_n]) for i in range(0, t.numel(), step_n))
+            else:
+                dst.copy_(t)
         skeleton[name] = _resolve(tree, refs)
         sections[name] = buf
     if jobs:
         with torch.no_grad():
             list(io_pool().map(lambda job: job[0].copy_(job[1]), jobs))
-    if cuda_seen:
-        torch.cuda.synchronize()
+    ready = [stager.finish() for stager in begun.values()]
     # No clock in the payload: the same state saved twice gives the same bytes (the commit record
     # says when it was written).
     meta = {"format": FORMAT, "step": step, "objects": skeleton, RNG_KEY: rng_state()}
-    return Snapshot(step, meta, sections)
+    return Snapshot(step, meta, sections, ready)
 
 
 def _zero_padding(buf: torch.Tensor, refs: list[TensorRef]) -> None:
@@ -238,6 +268,7 @@ def write(
     folder: RunFolder, epoch: int, snap: Snapshot, parent: str | None, pool: ThreadPoolExecutor
 ) -> CheckpointName:
     """Upload the payload, then commit it (COMMIT.json last, then the fenced lease ack)."""
+    staging.wait_all(snap.ready)  # the host bytes are complete only once the staged copies landed
     ckpt = CheckpointName(snap.step, epoch)
     base = f"checkpoints/{ckpt.dirname}"
     meta_blob = io.BytesIO()
@@ -246,11 +277,14 @@ def write(
     for name, buf in snap.sections.items():
         files.extend(_shards(name, buf))
 
+    algorithm = digest.preferred()
+
     def put(item: tuple[str, memoryview]) -> tuple[str, dict[str, Any]]:
         fname, data = item
-        digest = hashlib.sha256(data).hexdigest()
+        hasher = digest.Overlapped(digest.new(algorithm))
+        hasher.update(data)  # hashed on another thread while this one writes the same bytes
         folder.write_payload(f"{base}/{fname}", data)
-        return fname, {"size": len(data), "sha256": digest}
+        return fname, digest.record(algorithm, len(data), hasher.hexdigest())
 
     record = {
         "format": FORMAT,
@@ -265,50 +299,153 @@ def write(
     return ckpt
 
 
-def read(folder: RunFolder, ckpt: CheckpointName, pool: ThreadPoolExecutor) -> dict[str, Any]:
-    """Read and verify every file of a checkpoint; returns meta with tensors bound to their data.
+LARGE_BYTES = 1 << 20  # restore gives each tensor from this size up a buffer of its own
 
-    Raises CorruptCheckpoint (from the storage layer) before anything is handed to the caller.
-    """
-    record = folder.read_commit(ckpt)
-    files: dict[str, dict[str, Any]] = record["files"]
+
+@dataclass(frozen=True)
+class _Span:
+    """Bytes [start, end) of a section live in buffer `buffer` from `at` on."""
+
+    start: int
+    end: int
+    buffer: int
+    at: int
+
+
+def _layout(tree: Any, total: int) -> tuple[list[_Span], list[int]]:
+    """Where each byte of a section goes on restore: every large tensor into a buffer of its own
+    (as torch.load allocates one storage per tensor, so the allocator reuses freed memory instead
+    of faulting in fresh pages), everything else (small tensors, padding) packed into buffer 0.
+    Returns the spans in section order and the size of each buffer; no tensor is split."""
+    refs: list[TensorRef] = []
+    _collect_refs(tree, refs)
+    large = sorted((r for r in refs if r.nbytes >= LARGE_BYTES), key=lambda r: r.offset)
+    spans: list[_Span] = []
+    sizes = [0]
+    pos = 0
+
+    def small(upto: int) -> None:
+        if upto > pos:
+            spans.append(_Span(pos, upto, 0, sizes[0]))
+            sizes[0] += upto - pos
+
+    for ref in large:
+        small(ref.offset)
+        spans.append(_Span(ref.offset, ref.offset + ref.nbytes, len(sizes), 0))
+        sizes.append(ref.nbytes)
+        pos = ref.offset + ref.nbytes
+    small(total)
+    return spans, sizes
+
+
+def _collect_refs(value: Any, out: list[TensorRef]) -> None:
+    if isinstance(value, TensorRef):
+        out.append(value)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _collect_refs(v, out)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            _collect_refs(v, out)
+
+
+class _Section:
+    """One object's bytes on restore, held in the buffers of `_layout`; tensors are views of them."""
+
+    def __init__(self, total: int, tree: Any) -> None:
+        self.total = total
+        self.spans, sizes = _layout(tree, total)
+        self.starts = [span.start for span in self.spans]
+        self.buffers = [torch.empty(n, dtype=torch.uint8) for n in sizes]
+        self._mem = [memoryview(b.numpy()).cast("B") for b in self.buffers]  # type: ignore[arg-type]
+
+    def _span_at(self, offset: int) -> int:
+        return max(0, bisect.bisect_right(self.starts, offset) - 1)
+
+    def views(self, start: int, end: int) -> list[memoryview]:
+        """Memory for bytes [start, end) of the section, in order, across buffers."""
+        out: list[memoryview] = []
+        k = self._span_at(start)
+        while start < end and k < len(self.spans):
+            span = self.spans[k]
+            if span.end > start:
+                stop = min(span.end, end)
+                out.append(self._mem[span.buffer][span.at + start - span.start : span.at + stop - span.start])
+                start = stop
+            k += 1
+        return out
+
+    def tensor(self, ref: TensorRef, dtype: torch.dtype) -> torch.Tensor:
+        span = self.spans[self._span_at(ref.offset)]
+        at = span.at + ref.offset - span.start
+        return self.buffers[span.buffer][at : at + ref.nbytes].view(dtype).view(ref.shape)
+
+
+def _materialize(value: Any, section: _Section | None) -> Any:
+    if isinstance(value, TensorRef):
+        dtype = getattr(torch, value.dtype.removeprefix("torch."))
+        if value.nbytes == 0:
+            return torch.empty(value.shape, dtype=dtype)
+        if section is None or value.offset + value.nbytes > section.total:
+            raise CorruptCheckpoint("the commit record holds fewer tensor bytes than the checkpoint's meta refers to")
+        return section.tensor(value, dtype)
+    if isinstance(value, OrderedDict):
+        return OrderedDict((k, _materialize(v, section)) for k, v in value.items())
+    if type(value) is dict:
+        return {k: _materialize(v, section) for k, v in value.items()}
+    if type(value) is list:
+        return [_materialize(v, section) for v in value]
+    if type(value) is tuple:
+        return tuple(_materialize(v, section) for v in value)
+    return value
+
+
+def _load_meta(folder: RunFolder, ckpt: CheckpointName, files: dict[str, dict[str, Any]]) -> dict[str, Any]:
     if META not in files:
         raise CorruptCheckpoint(f"{folder.url(f'checkpoints/{ckpt.dirname}')} has no {META} in its commit record")
-    sections: dict[str, torch.Tensor] = {}
-    jobs: list[tuple[str, dict[str, Any], memoryview]] = []
     meta_buf = bytearray(int(files[META]["size"]))
-    jobs.append((META, files[META], memoryview(meta_buf)))
-    for sec, total in (record.get("sections") or {}).items():
-        buf = torch.empty(int(total), dtype=torch.uint8)
-        sections[sec] = buf
-        view = memoryview(buf.numpy()).cast("B")  # type: ignore[arg-type]
-        shard_names = sorted(f for f in files if f.startswith(f"{sec}.") and f.endswith(".bin"))
-        offset = 0
-        for fname in shard_names:
-            size = int(files[fname]["size"])
-            if offset + size > len(view):
-                raise CorruptCheckpoint(f"commit record of {ckpt.dirname} lists more bytes than {sec} holds")
-            jobs.append((fname, files[fname], view[offset : offset + size]))
-            offset += size
-        if offset != len(view):
-            raise CorruptCheckpoint(f"commit record of {ckpt.dirname} lists fewer bytes than {sec} holds")
-
-    def get(job: tuple[str, dict[str, Any], memoryview]) -> None:
-        fname, info, out = job
-        folder.read_verified(ckpt, fname, int(info["size"]), str(info["sha256"]), out)
-
-    list(pool.map(get, jobs))
+    folder.read_verified(ckpt, META, files[META], memoryview(meta_buf))
     try:  # our own verified file; it may hold any picklable user state, hence weights_only=False
-        meta = torch.load(io.BytesIO(bytes(meta_buf)), weights_only=False)
+        return dict(torch.load(io.BytesIO(bytes(meta_buf)), weights_only=False))
     except Exception as exc:
         raise StorageError(
             f"cannot load {folder.url(f'checkpoints/{ckpt.dirname}/{META}')}: {exc}: it was written by "
             "code that is not importable here (install the same packages as the job that saved it)"
         ) from exc
-    objects = {
-        name: _materialize(tree, sections.get(name, torch.empty(0, dtype=torch.uint8)))
-        for name, tree in meta["objects"].items()
-    }
+
+
+def read(folder: RunFolder, ckpt: CheckpointName, pool: ThreadPoolExecutor) -> dict[str, Any]:
+    """Read and verify every file of a checkpoint; returns meta with tensors bound to their data.
+
+    Raises CorruptCheckpoint (from the storage layer) before anything is handed to the caller.
+    The small meta file comes first (it says where the tensors are), then the shards in parallel,
+    each read straight into the memory of the tensors it holds and hashed as it arrives.
+    """
+    record = folder.read_commit(ckpt)
+    files: dict[str, dict[str, Any]] = record["files"]
+    meta = _load_meta(folder, ckpt, files)
+    trees = meta.get("objects") or {}
+    sections: dict[str, _Section] = {}
+    jobs: list[tuple[str, dict[str, Any], list[memoryview]]] = []
+    for sec, total in (record.get("sections") or {}).items():
+        section = sections[sec] = _Section(int(total), trees.get(sec))
+        shard_names = sorted(f for f in files if f.startswith(f"{sec}.") and f.endswith(".bin"))
+        offset = 0
+        for fname in shard_names:
+            size = int(files[fname]["size"])
+            if offset + size > section.total:
+                raise CorruptCheckpoint(f"commit record of {ckpt.dirname} lists more bytes than {sec} holds")
+            jobs.append((fname, files[fname], section.views(offset, offset + size)))
+            offset += size
+        if offset != section.total:
+            raise CorruptCheckpoint(f"commit record of {ckpt.dirname} lists fewer bytes than {sec} holds")
+
+    def get(job: tuple[str, dict[str, Any], list[memoryview]]) -> None:
+        fname, info, parts = job
+        folder.read_verified(ckpt, fname, info, parts)
+
+    list(pool.map(get, jobs))
+    objects = {name: _materialize(tree, sections.get(name)) for name, tree in trees.items()}
     return {**meta, "objects": objects}
 
 
