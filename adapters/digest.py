@@ -1,11 +1,14 @@
 """Checksums of checkpoint files: which algorithm, and hashing that runs beside the I/O.
 
-A checkpoint's commit record gives every file's size and one digest, named by its algorithm:
-``{"size": n, "xxh3_128": "..."}`` (written when the `xxhash` package is installed, about ten
-times faster than sha256 here) or ``{"size": n, "sha256": "..."}`` (the fallback, and what older
-checkpoints hold). Both catch a truncated, damaged or swapped file; neither authenticates the
-writer (whoever can rewrite a file can rewrite the commit record beside it). Set
-RECONCILER_CHECKPOINT_DIGEST=sha256 to write sha256 anyway.
+A checkpoint's commit record gives every file's size and its digests, named by algorithm:
+``{"size": n, "xxh3_128": "...", "sha256": "..."}``. sha256 is always written, so that any worker can
+verify any checkpoint, including one whose run moved to a provider without the `xxhash` package;
+xxh3_128 (about ten times faster than sha256 here) is written beside it when `xxhash` is installed,
+and a reader that has `xxhash` checks that one alone. Writing both costs hashing time on the
+background write, never blocked time. Older checkpoints hold sha256 only. Both catch a truncated,
+damaged or swapped file; neither authenticates the writer (whoever can rewrite a file can rewrite
+the commit record beside it). RECONCILER_CHECKPOINT_DIGEST=sha256 (or xxh3_128) writes that one
+alone: xxh3_128 alone saves the sha256 pass, but only readers with `xxhash` can then restore.
 
 `Overlapped` hashes the chunks handed to it on a thread of its own, in order, so a reader or
 writer can go on with the next chunk while the previous one is hashed (hashlib and xxhash release
@@ -37,14 +40,19 @@ def _xxhash() -> Any:
     return xxhash
 
 
-def preferred() -> str:
-    """The algorithm new checkpoints are written with."""
+def written() -> tuple[str, ...]:
+    """The algorithms new checkpoints record, fastest first."""
     wanted = os.environ.get(DIGEST_ENV, "").strip()
     if wanted:
         if wanted not in ALGORITHMS:
             raise DigestError(f"{DIGEST_ENV}={wanted!r} is not one of {', '.join(ALGORITHMS)}")
-        return wanted
-    return "xxh3_128" if _xxhash() is not None else "sha256"
+        return (wanted,)
+    return ("xxh3_128", "sha256") if _xxhash() is not None else ("sha256",)
+
+
+def preferred() -> str:
+    """The fastest algorithm new checkpoints record."""
+    return written()[0]
 
 
 def new(algorithm: str) -> Any:
@@ -63,15 +71,25 @@ def new(algorithm: str) -> Any:
 
 
 def expected(info: dict[str, Any]) -> tuple[str, str]:
-    """(algorithm, hex digest) recorded for one file; DigestError when it records none we know."""
-    for algorithm in ALGORITHMS:
-        if algorithm in info:
-            return algorithm, str(info[algorithm])
-    raise DigestError(f"the file record {sorted(info)} has no digest (one of {', '.join(ALGORITHMS)})")
+    """(algorithm, hex digest) to check one file by: the fastest one recorded that this process can
+    compute; DigestError when the record holds none we know, or only one we cannot compute here."""
+    recorded = check_record(info)
+    usable = [a for a in recorded if a != "xxh3_128" or _xxhash() is not None]
+    algorithm = usable[0] if usable else recorded[0]
+    new(algorithm)  # raises, saying what to install, when it cannot be computed here
+    return algorithm, str(info[algorithm])
 
 
-def record(algorithm: str, size: int, hexdigest: str) -> dict[str, Any]:
-    return {"size": size, algorithm: hexdigest}
+def check_record(info: dict[str, Any]) -> list[str]:
+    """The known algorithms a file record holds; DigestError when it holds none."""
+    recorded = [a for a in ALGORITHMS if a in info]
+    if not recorded:
+        raise DigestError(f"the file record {sorted(info)} has no digest (one of {', '.join(ALGORITHMS)})")
+    return recorded
+
+
+def record(size: int, digests: dict[str, str]) -> dict[str, Any]:
+    return {"size": size, **digests}
 
 
 _pool: ThreadPoolExecutor | None = None

@@ -440,7 +440,7 @@ class RunFolder(StoreFolder):
             files = record["files"]
             assert isinstance(files, dict)
             for meta in files.values():
-                int(meta["size"]), digest.expected(meta)
+                int(meta["size"]), digest.check_record(meta)
         except Exception as exc:
             raise CorruptCheckpoint(f"{self.url(name)} is not a valid commit record: {exc}") from exc
         return dict(record)

@@ -277,14 +277,15 @@ def write(
     for name, buf in snap.sections.items():
         files.extend(_shards(name, buf))
 
-    algorithm = digest.preferred()
+    algorithms = digest.written()
 
     def put(item: tuple[str, memoryview]) -> tuple[str, dict[str, Any]]:
         fname, data = item
-        hasher = digest.Overlapped(digest.new(algorithm))
-        hasher.update(data)  # hashed on another thread while this one writes the same bytes
+        hashers = {a: digest.Overlapped(digest.new(a)) for a in algorithms}
+        for hasher in hashers.values():
+            hasher.update(data)  # hashed on other threads while this one writes the same bytes
         folder.write_payload(f"{base}/{fname}", data)
-        return fname, digest.record(algorithm, len(data), hasher.hexdigest())
+        return fname, digest.record(len(data), {a: h.hexdigest() for a, h in hashers.items()})
 
     record = {
         "format": FORMAT,

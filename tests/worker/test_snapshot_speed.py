@@ -88,6 +88,28 @@ def test_commit_records_name_their_digest_and_restore_checks_it(
     assert step == 2
 
 
+def test_by_default_both_digests_are_written_so_a_worker_without_xxhash_restores(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run moves between providers: one written where xxhash is installed must restore where it
+    is not (a hosted provider's image), checked by sha256 there."""
+    folder, _ = save_twice(store, monkeypatch, "")  # RECONCILER_CHECKPOINT_DIGEST unset: the default
+    ckpt = newest(folder)
+    for fname, info in folder.read_commit(ckpt)["files"].items():
+        blob = folder.read_bytes(f"checkpoints/{ckpt.dirname}/{fname}") or b""
+        assert info == {"size": len(blob), "xxh3_128": xxhash.xxh3_128(blob).hexdigest(),
+                        "sha256": hashlib.sha256(blob).hexdigest()}
+    monkeypatch.setattr(digest, "_xxhash", lambda: None)
+    assert digest.expected(folder.read_commit(ckpt)["files"]["meta.pkl"])[0] == "sha256"
+    step, _model = restore_into(store, folder)
+    assert step == 2
+    name = f"checkpoints/{ckpt.dirname}/model.0001.bin"  # and sha256 still catches damage there
+    data = bytearray(folder.read_bytes(name) or b"")
+    data[7] ^= 0x01
+    folder.write_bytes(name, bytes(data))
+    assert restore_into(store, folder)[0] == 1
+
+
 @pytest.mark.parametrize("algorithm", ["xxh3_128", "sha256"])
 @pytest.mark.parametrize("damage", ["flip", "truncate", "extend"])
 def test_a_damaged_shard_is_caught_while_reading_and_the_previous_checkpoint_restored(
