@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -40,6 +41,9 @@ def logs(
         err.print(f"{escape(job)}: attempt {source.number} on {escape(where)}, "
                   f"{escape(_attempt_state(source.attempt))}")
         if follow:
+            # Ctrl-C (SIGINT) stops it even when started from a shell that runs background jobs with
+            # SIGINT ignored, which Python would otherwise inherit.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             follow_log(source, tail, lambda text: typer.echo(text, nl=False), poll=poll)
         else:
             text = source.read(tail)
