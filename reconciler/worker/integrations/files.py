@@ -11,6 +11,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -59,3 +60,12 @@ class Scratch:
         for path in [self.path] if self.own else self.made:
             shutil.rmtree(path, ignore_errors=True)
         self.made = []
+
+    def exit_if_stopping(self, run: Any, step: int) -> None:
+        """`run.exit_if_stopping(step)` (exit 75 after the final checkpoint on a stop notice), tidying
+        this folder first when it does exit."""
+        try:
+            run.exit_if_stopping(step)
+        except SystemExit:
+            self.tidy()
+            raise

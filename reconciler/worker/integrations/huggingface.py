@@ -55,14 +55,6 @@ class ReconcilerCallback(TrainerCallback):  # type: ignore[misc]
         target = f"{PREFIX_CHECKPOINT_DIR}-{self.restored_step}"
         return str(files.unpack(packed, self.scratch.sub(target)))
 
-    def _exit_if_stopping(self, step: int) -> None:
-        """Exit 75 after the final checkpoint when a stop notice came (removing the scratch folder)."""
-        try:
-            self.run.exit_if_stopping(step)
-        except SystemExit:
-            self.scratch.tidy()
-            raise
-
     # ---- hooks -------------------------------------------------------------------------------------------
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        **kwargs: Any) -> None:
@@ -94,7 +86,7 @@ class ReconcilerCallback(TrainerCallback):  # type: ignore[misc]
             self.run.save(step, huggingface=files.pack(folder))
             if self._requested == step:
                 shutil.rmtree(folder, ignore_errors=True)
-        self._exit_if_stopping(step)  # on a stop notice: this was the final checkpoint; exits 75
+        self.scratch.exit_if_stopping(self.run, step)  # on a stop notice: this was the final checkpoint; exits 75
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:

@@ -57,14 +57,6 @@ class ReconcilerCallback(Callback):
         folder = files.unpack(packed, self.scratch.sub(f"restored-{self.restored_step}"))
         return str(folder / CKPT)
 
-    def _exit_if_stopping(self, step: int) -> None:
-        """Exit 75 after the final checkpoint when a stop notice came (removing the scratch folder)."""
-        try:
-            self.run.exit_if_stopping(step)
-        except SystemExit:
-            self.scratch.tidy()
-            raise
-
     # ---- hooks -------------------------------------------------------------------------------------------
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.restored_step is None and self.run.folder.accepted_checkpoints():
@@ -100,7 +92,7 @@ class ReconcilerCallback(Callback):
         self.run.heartbeat(step, **_metrics(outputs))
         if self.run.should_checkpoint(step):
             self.save(trainer)
-        self._exit_if_stopping(step)  # saved just above: should_checkpoint is true on a notice
+        self.scratch.exit_if_stopping(self.run, step)  # saved just above: should_checkpoint is true on a notice
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         # A SIGTERM that lands after on_train_batch_end looked is seen by Lightning's own handler,
@@ -109,7 +101,7 @@ class ReconcilerCallback(Callback):
         if not isinstance(exception, SIGTERMException) or not self.run.stop_requested:
             return
         self.save(trainer)
-        self._exit_if_stopping(trainer.global_step)
+        self.scratch.exit_if_stopping(self.run, trainer.global_step)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.scratch.tidy()
