@@ -229,6 +229,10 @@ class _Handler(BaseHTTPRequestHandler):
         """Answers, closing the connection unless the whole request was read and accepted."""
         if answer.status >= 400:
             self.close_connection = True  # an unread body must not be taken for the next request
+        # Logged before the answer goes out, so that whoever reads the answer finds the line written.
+        sender, event, ident = (delivery.sender, delivery.event, delivery.delivery_id) if delivery else ("?", "", "")
+        log.info("webhook: %s %s delivery %s from %s: %d %s", sender, _printable(event), _printable(ident),
+                 self.client_address[0], answer.status, answer.text)
         data = (json.dumps({"status": answer.status, "result": answer.text}) + "\n").encode()
         self.send_response(answer.status)
         self.send_header("Content-Type", "application/json")
@@ -238,9 +242,6 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
-        sender, event, ident = (delivery.sender, delivery.event, delivery.delivery_id) if delivery else ("?", "", "")
-        log.info("webhook: %s %s delivery %s from %s: %d %s", sender, _printable(event), _printable(ident),
-                 self.client_address[0], answer.status, answer.text)
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - http.server's signature
         """Silences http.server's own access log: `_finish` writes the one line per request."""
