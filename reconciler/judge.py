@@ -156,9 +156,18 @@ def close(attempt: Attempt, outcome: Outcome, now: float, run: RunObservation, d
     })
 
 
-def record_close(st: JobStatus, closed: Attempt) -> None:
+PROVIDER_ENDED = frozenset({WorkerPhase.PREEMPTED, WorkerPhase.LOST, WorkerPhase.SESSION_LIMIT})
+
+
+def record_close(st: JobStatus, closed: Attempt, provider_ended: bool = False) -> None:
     """Folds a closed attempt into the job's counters: charges, free interruptions, and the run
-    of attempts in a row that gained no durable step (the crash-loop guard)."""
+    of attempts in a row that gained no durable step (the crash-loop guard).
+
+    An attempt the provider itself ended (its word: preempted, host lost, session over) says
+    nothing about the job, so without progress it leaves that run as it was, as SkyPilot's
+    managed jobs recover preemptions without limit: a spot market that preempts faster than the
+    job checkpoints is the `repeated-preemptions` notice's business, and the budget's and the
+    deadline's, not a "crash loop" that fails a job which would finish elsewhere."""
     st.attempts[-1] = closed
     st.steps_lost += closed.steps_lost
     st.cost_usd = round(st.cost_usd + closed.cost_usd, 4)
@@ -170,5 +179,7 @@ def record_close(st: JobStatus, closed: Attempt) -> None:
         return  # we ended it: says nothing about the job
     if closed.outcome == Outcome.SUCCEEDED or (closed.step_end or 0) > closed.step_start:
         st.unproductive = 0
+    elif provider_ended and not (closed.outcome is not None and closed.outcome.charged):
+        return
     else:
         st.unproductive += 1

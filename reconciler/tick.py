@@ -14,7 +14,7 @@ from desired.models import Capacity, Job, Provider
 from desired.parse import DesiredState
 from reconciler.deadline import PlacementPolicy, choose
 from reconciler.forecast import Reliability
-from reconciler.judge import close, record_close
+from reconciler.judge import PROVIDER_ENDED, close, record_close
 from status.models import Attempt, JobStatus, Outcome, Phase
 
 # ---- inputs -----------------------------------------------------------------------------------
@@ -162,7 +162,8 @@ class JobTick:
                      if (r.provider, r.id, r.epoch) == (cur.provider, cur.worker, cur.epoch)), None)
         closed = close(cur, outcome, self.now, self.run, detail, exit_code, self.price(cur.provider), ended,
                        seen.cost_usd if seen else None)
-        record_close(self.st, closed.model_copy(update={"host": seen.host}) if seen and seen.host else closed)
+        record_close(self.st, closed.model_copy(update={"host": seen.host}) if seen and seen.host else closed,
+                     provider_ended=seen is not None and seen.phase in PROVIDER_ENDED)
         self.current = None
 
 

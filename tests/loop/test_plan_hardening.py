@@ -80,6 +80,24 @@ def test_attempts_without_progress_back_off_and_then_fail_as_a_crash_loop() -> N
     assert st.failures == 0  # never charged: the guard, not the retry budget, stopped it
 
 
+@pytest.mark.parametrize("phase", [WorkerPhase.PREEMPTED, WorkerPhase.LOST, WorkerPhase.SESSION_LIMIT])
+def test_the_providers_own_ends_never_make_a_crash_loop(phase: WorkerPhase) -> None:
+    """A spot market preempting faster than the job checkpoints is not the job crashing: the
+    provider's word leaves the count as it was, so the job relaunches at once instead of failing."""
+    d = desired(job_yaml(extra="  retry: {max_unproductive_attempts: 2, backoff_seconds: 10}"))
+    p = ended(d, WorkerState(phase, None, phase.value.upper()), unproductive=1)
+    st = p.statuses["train"]
+    assert st.unproductive == 1 and st.phase != Phase.FAILED and st.interruptions == 1
+    assert [type(a) for a in p.actions] == [Launch]
+
+
+def test_a_kill_without_the_providers_word_still_counts_towards_a_crash_loop() -> None:
+    d = desired(job_yaml(extra="  retry: {max_unproductive_attempts: 2, max_retries: 9, backoff_seconds: 0}"))
+    kill = WorkerState(WorkerPhase.EXITED, -9, "killed by SIGKILL", signal="SIGKILL")
+    st = ended(d, kill, unproductive=1).statuses["train"]
+    assert st.phase == Phase.FAILED and "crash loop: 2 attempts in a row" in st.message
+
+
 def test_progress_resets_the_crash_loop_count() -> None:
     p = ended(desired(job_yaml()), WorkerState(WorkerPhase.PREEMPTED, None, "PREEMPTED"), durable=30,
               unproductive=4)
