@@ -76,6 +76,10 @@ class StateRepo:
     def _p(self, rel: str) -> str:
         return f"{self.subdir}/{rel}" if self.subdir else rel
 
+    def repo_relative(self, rel: str) -> str:
+        """A path relative to the state folder (`desired/x.yaml`) as git names it in a monorepo."""
+        return self._p(rel)
+
     # ---- reading ----------------------------------------------------------------------------
     def head(self) -> str:
         """The commit that holds the desired state: the reconciled branch's tip (with a status branch

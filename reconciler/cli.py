@@ -143,10 +143,15 @@ def init(path: Annotated[Path, typer.Argument(help="folder for the new state rep
 
 
 @app.command()
-def validate(repo: RepoOption = Path(".")) -> None:
+def validate(repo: RepoOption = Path("."), path: PathOption = "") -> None:
     """Check every manifest under desired/ in the working tree; exit 1 naming file and field on errors."""
+    from adapters.gitrepo import GitError, clean_subdir
     from desired.parse import SETTINGS_FILE, parse_desired
 
+    try:
+        repo = repo / clean_subdir(path)
+    except GitError as exc:
+        raise _fail(str(exc), 2) from exc
     root = repo / "desired"
     if not root.is_dir():
         raise _fail(f"{root} does not exist; run this in a state repository or pass --repo")

@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from reconciler.cli import RepoOption, _fail, _reconciler, app, console
+from reconciler.source import BranchOption, PathOption, UrlOption
 
 if TYPE_CHECKING:
     from reconciler.loop import Reconciler
@@ -77,7 +78,8 @@ def announce(rec: Reconciler, tick_seconds: float | None) -> None:
 
 # ---- describe -------------------------------------------------------------------------------------
 @app.command()
-def describe(job: Annotated[str, typer.Argument(help="the job to describe")], repo: RepoOption = Path(".")) -> None:
+def describe(job: Annotated[str, typer.Argument(help="the job to describe")], repo: RepoOption = Path("."),
+             repo_url: UrlOption = None, branch: BranchOption = None, path: PathOption = "") -> None:
     """One job in detail: its phase and message, each attempt (provider, start and end, outcome,
     steps gained and lost, cost) and its recent events (the status commits that changed it)."""
     from reconciler.logs import attempt_numbers
@@ -85,7 +87,7 @@ def describe(job: Annotated[str, typer.Argument(help="the job to describe")], re
     from status.models import money, when
     from status.redact import Redactor
 
-    rec = _reconciler(repo)
+    rec = _reconciler(repo, repo_url, branch, path)
     recorded = rec.read_recorded(rec.fresh_status(False))  # the status branch's, when there is one
     head = rec.repo.head()
     desired = rec.read_desired(head)
@@ -152,12 +154,12 @@ def _events(rec: Reconciler, job: str, show: Callable[[str], str]) -> None:
 
 
 # ---- suspend / resume / cancel: a commit to the manifest ------------------------------------------
-def _change(job: str, repo: Path, what: str) -> None:
+def _change(job: str, repo: Path, what: str, subdir: str = "") -> None:
     from reconciler.manifest_edit import Change, EditError, change_job
 
     change = Change(what)
     try:
-        edited = change_job(repo, job, change)
+        edited = change_job(repo, job, change, subdir)
     except EditError as exc:
         raise _fail(str(exc)) from exc
     if edited.commit is None:
@@ -175,22 +177,25 @@ def _change(job: str, repo: Path, what: str) -> None:
 
 
 @app.command()
-def suspend(job: Annotated[str, typer.Argument(help="the job to suspend")], repo: RepoOption = Path(".")) -> None:
+def suspend(job: Annotated[str, typer.Argument(help="the job to suspend")], repo: RepoOption = Path("."),
+            path: PathOption = "") -> None:
     """Set `suspend: true` in the job's manifest and commit it (and push it, when a remote is set): the
     daemon stops its worker after a final checkpoint and keeps its progress."""
-    _change(job, repo, "suspend")
+    _change(job, repo, "suspend", path)
 
 
 @app.command()
-def resume(job: Annotated[str, typer.Argument(help="the job to resume")], repo: RepoOption = Path(".")) -> None:
+def resume(job: Annotated[str, typer.Argument(help="the job to resume")], repo: RepoOption = Path("."),
+           path: PathOption = "") -> None:
     """Set `suspend: false` in the job's manifest and commit it (and push it): the run continues from
     its last checkpoint."""
-    _change(job, repo, "resume")
+    _change(job, repo, "resume", path)
 
 
 @app.command()
-def cancel(job: Annotated[str, typer.Argument(help="the job to cancel")], repo: RepoOption = Path(".")) -> None:
+def cancel(job: Annotated[str, typer.Argument(help="the job to cancel")], repo: RepoOption = Path("."),
+           path: PathOption = "") -> None:
     """Remove the job's manifest (its document; the file when it was the only one) and commit it (and
     push it): the daemon stops the run; its status file stays as history."""
-    _change(job, repo, "cancel")
+    _change(job, repo, "cancel", path)
 

@@ -51,15 +51,16 @@ class Edited:
     push_error: str = ""
 
 
-def change_job(path: Path, job: str, change: Change) -> Edited:
-    """Edits the manifest of `job` in the checkout at `path` and commits it (and pushes it)."""
+def change_job(path: Path, job: str, change: Change, subdir: str = "") -> Edited:
+    """Edits the manifest of `job` in the checkout at `path` (under `subdir` in a monorepo) and
+    commits it (and pushes it)."""
     try:
-        repo = StateRepo(path)
+        repo = StateRepo(path, subdir=subdir)
         head = repo.head()
     except GitError as exc:
         raise EditError(str(exc)) from exc
     desired = parse_desired(repo.read_files(head, DESIRED_DIR), repo.read_settings(head))
-    rel = desired.job_files.get(job)
+    rel = repo.repo_relative(desired.job_files[job]) if job in desired.job_files else None
     if rel is None:
         known = ", ".join(sorted(desired.jobs)) or "none"
         raise EditError(f"no job named {job} in desired/ at HEAD (jobs: {known})")

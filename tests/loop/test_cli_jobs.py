@@ -101,6 +101,23 @@ def test_suspend_resume_cancel_are_commits_that_keep_comments(state_repo: StateR
     assert state_repo.git("status", "--porcelain").strip() == ""
 
 
+def test_a_monorepo_subfolder_is_validated_edited_and_described_with_path(state_repo: StateRepoFixture) -> None:
+    state_repo.write("infra/jobs/desired/jobs.yaml", COMMENTED)
+    state_repo.commit("jobs in a monorepo folder")
+    repo = str(state_repo.path)
+    assert "2 job(s), 1 provider(s), 0 error(s)" in cli("validate", "--repo", repo, "--path", "infra/jobs").stdout
+    res = cli("validate", "--repo", repo, "--path", "../elsewhere", check=False)
+    assert res.returncode == 2 and "must be a folder inside the repository" in res.stderr
+    out = cli("suspend", "sweep", "--repo", repo, "--path", "infra/jobs").stdout
+    assert "sweep suspended: committed" in out and "infra/jobs/desired/jobs.yaml" in out
+    assert "suspend: true" in (state_repo.path / "infra/jobs/desired/jobs.yaml").read_text()
+    assert state_repo.git("status", "--porcelain").strip() == ""
+    cli("cancel", "other", "--repo", repo, "--path", "infra/jobs")
+    assert "name: other" not in (state_repo.path / "infra/jobs/desired/jobs.yaml").read_text()
+    described = cli("describe", "sweep", "--repo", repo, "--path", "infra/jobs").stdout
+    assert "sweep:" in described and "desired/jobs.yaml" in described
+
+
 def test_a_dirty_manifest_or_unknown_job_is_refused(state_repo: StateRepoFixture) -> None:
     state_repo.write("desired/jobs.yaml", COMMENTED)
     state_repo.commit("two jobs")
