@@ -16,10 +16,13 @@ resumed epoch they first put back what the epoch's preamble just rebuilt: the ca
 (`carry=`, a function returning it, restored in place), the RNG states, and skip the batches
 already trained on.
 
-A checkpoint that falls due on an epoch's last batch is taken once the end-of-epoch code has
-run, when the next epoch's batches begin, so a resume does not run that code again. A stop
-notice does not wait: the final checkpoint is taken at the last batch, and the resumed attempt
-runs that epoch's end-of-epoch code (again, after the one the stopped attempt may have run).
+The end-of-epoch code (validation, annealing) runs once per epoch across resumes: a checkpoint
+that falls due on an epoch's last batch is taken after that code, when the next epoch's batches
+begin, together with what it changed. A stop notice does not wait for it: the final checkpoint
+is taken at the last batch and the attempt exits before the end-of-epoch code, which the resumed
+attempt then runs; a notice that comes during that code is acted on when it is over. Only an
+attempt that dies without notice after the end-of-epoch code and before the next checkpoint has
+it run again, with the rest of the work lost since that checkpoint.
 """
 
 from __future__ import annotations
@@ -91,7 +94,7 @@ class EpochLoop:
         self.objects = {**objects, LOOP_KEY: _Saved(self)}
         self.step = 0
         self.index = 0  # which of the epochs runs now, from 0 (len(numbers) once all have run)
-        self.phase = "before"  # "preamble" until the epoch's batches start, then "batches", "after"
+        self.phase = "before"  # then per epoch "preamble", "batches" (from run.batches on); "done" at the end
         self._resume: dict[str, Any] | None = None  # the checkpoint's position, until its epoch used it
         self._rng: dict[str, Any] | None = None  # the RNG states restored, put back after the preamble
         self._values: dict[str, Any] | None = None  # this epoch's run.carry() values
@@ -134,8 +137,10 @@ class EpochLoop:
             if self.phase == "preamble":
                 raise RuntimeError(f"epoch {self.numbers[index]} ran no batches: put a run.batches(...) or "
                                    "run.enumerate(...) loop inside `for epoch in run.epochs(...)`")
-        self.index, self.phase = len(self.numbers), "after"
+        self.index, self.phase = len(self.numbers), "done"
         self._values, self._carried, self._position = None, None, None
+        if self._per_epoch is None:  # resumed after the last epoch: the checkpoint's step is the total
+            self.run.expect_steps(self.step)
         # A notice during the last epoch's end: the final checkpoint says that every epoch is done.
         self.run.exit_if_stopping(self.step, **self.objects)
 
@@ -159,7 +164,7 @@ class EpochLoop:
     def enumerate(self, batches: Any, carry: Callable[[], Any] | None = None) -> Iterator[tuple[int, Any]]:
         """(index in the epoch, batch) for the epoch's remaining batches: see the module docstring."""
         if self.phase != "preamble":
-            where = "once per epoch" if self.phase == "batches" else "inside `for epoch in run.epochs(...)`"
+            where = "inside `for epoch in run.epochs(...)`" if self.phase in ("before", "done") else "once per epoch"
             raise RuntimeError(f"run.batches()/run.enumerate() belongs {where}")
         if carry is not None and not callable(carry):
             raise TypeError("carry= takes a function that returns the carried value, e.g. carry=lambda: hidden")
@@ -226,7 +231,6 @@ class EpochLoop:
             self.step += 1
             yield position.index - 1, batch
             self._after_step(last=position.index == n)
-        self.phase = "after"
 
     def _after_step(self, last: bool) -> None:
         run = self.run
