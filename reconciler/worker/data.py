@@ -179,10 +179,11 @@ class ResumableLoader:
 
 
 class Carry(SimpleNamespace):
-    """Values a loop carries from step to step (a learning rate it anneals, the best loss so far,
-    an RNN's hidden state): `s = Carry(lr=0.1, hidden=None)`, then `s.lr`, `s.hidden = ...`.
-    Saved as a dict, so tensors in it (also in tuples, lists, dicts) are saved as tensors,
-    detached from their graph, and restored in place."""
+    """Values a loop carries from step to step (a running mean, a counter, an RNN's hidden state):
+    `s = Carry(total=0.0, hidden=None)`, then `s.total`, `s.hidden = ...`; inside `run.epochs()`
+    hand it over as `run.batches(loader, carry=lambda: s)`. Saved as a dict, so tensors in it
+    (also in tuples, lists, dicts) are saved as tensors, detached from their graph, and restored
+    in place."""
 
     def state_dict(self) -> dict[str, Any]:
         return dict(vars(self))
