@@ -529,11 +529,14 @@ class Run:
     # ---- epochs and batches as positions ----------------------------------------------------------------
     _loop: loop.EpochLoop | None = None  # the last run.epochs() loop: what batches/carry/step refer to
 
-    def epochs(self, epochs: int | range, **objects: Any) -> loop.EpochLoop:
+    def epochs(self, epochs: int | range, *batches: Any, **objects: Any) -> loop.EpochLoop:
         """`for epoch in run.epochs(n_epochs, model=model, ...)`: restores the objects and the loop's
         position, then yields the epoch numbers still to run (0 to n-1, or those of a range), the
         interrupted one first. Each epoch runs its batches through `run.batches`/`run.enumerate`,
         which set the target to epochs x batches. See reconciler/worker/loop.py."""
+        if batches:
+            raise TypeError("run.epochs() takes the epochs and the objects to restore; the batches go inside "
+                            "each epoch: `for batch in run.batches(loader):`")
         self._loop = loop.EpochLoop(self, epochs, objects)
         return self._loop
 

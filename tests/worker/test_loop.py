@@ -201,6 +201,8 @@ def test_the_loop_is_refused_when_used_out_of_order(tmp_path: Path) -> None:
     with open_run(uri=str(tmp_path / "run"), install_signal_handlers=False) as run:
         with pytest.raises(RuntimeError, match="inside `for epoch in run.epochs"):
             run.batches(range(3))
+        with pytest.raises(TypeError, match=r"the batches go inside each epoch: `for batch in run\.batches"):
+            run.epochs(2, range(3))  # the flat loop of an earlier SDK
         with pytest.raises(TypeError, match="number of epochs or a range"):
             run.epochs(2.0)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="__loop__"):
