@@ -44,6 +44,7 @@ SDK_FILES = (
     "reconciler/worker/snapshot.py",
     "reconciler/worker/staging.py",
     "reconciler/worker/data.py",
+    "reconciler/worker/loop.py",
     "reconciler/worker/dist.py",
     "reconciler/worker/sharded.py",
     "reconciler/worker/integrations/__init__.py",

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from reconciler.worker import Carry, open_run  # SDK
+from reconciler.worker import open_run  # SDK
 
 WORDS = ("the a one my your this that cat dog bird fish tree river hill house road child farmer "
          "sees likes finds follows wants keeps near under over beside quickly slowly often never "
@@ -143,30 +143,28 @@ def main(argv: Sequence[str] | None = None) -> None:
                 total += len(data) * criterion(output, targets).item()
         return total / (len(source) - 1)
 
-    s = Carry(lr=args.lr, best_val_loss=None, hidden=None)  # SDK: carried across a resume
+    lr, best_val_loss = args.lr, None
     positions = range(0, train_data.size(0) - 1, args.bptt)
     run = open_run()  # SDK
     epoch_start_time = time.time()
-    for step, epoch, batch, i in run.epochs(args.epochs, positions, model=model, carry=s):  # SDK
-        if batch == 0:
-            s.hidden = model.init_hidden(args.batch_size)
-        loss, s.hidden = train_batch(i, s.hidden, s.lr)
-        run.heartbeat(step, loss=loss)  # SDK
-        if batch % args.log_interval == 0 and batch > 0:
-            print(f"| epoch {epoch + 1:3d} | {batch:3d}/{len(positions):3d} batches | lr {s.lr:5.2f} "
-                  f"| loss {loss:5.2f} | ppl {math.exp(loss):8.2f}", flush=True)
-        if batch < len(positions) - 1:
-            continue  # SDK: the epoch goes on
+    for epoch in run.epochs(args.epochs, model=model):  # SDK
+        lr, best_val_loss = run.carry(lr=lr, best_val_loss=best_val_loss)  # SDK
+        hidden = model.init_hidden(args.batch_size)
+        for batch, i in run.enumerate(positions, carry=lambda: hidden):  # SDK
+            loss, hidden = train_batch(i, hidden, lr)
+            if batch % args.log_interval == 0 and batch > 0:
+                print(f"| epoch {epoch + 1:3d} | {batch:3d}/{len(positions):3d} batches | lr {lr:5.2f} "
+                      f"| loss {loss:5.2f} | ppl {math.exp(loss):8.2f}", flush=True)
         val_loss = evaluate(val_data)
         print(f"| end of epoch {epoch + 1:3d} | time: {time.time() - epoch_start_time:5.2f}s "
               f"| valid loss {val_loss:5.2f} | valid ppl {math.exp(val_loss):8.2f}", flush=True)
         epoch_start_time = time.time()
-        if s.best_val_loss is None or val_loss < s.best_val_loss:
+        if best_val_loss is None or val_loss < best_val_loss:
             torch.save(model.state_dict(), args.save)
-            s.best_val_loss = val_loss
+            best_val_loss = val_loss
         else:
-            s.lr /= 4.0  # anneal when validation stops improving
-    run.complete(loss=s.best_val_loss)  # SDK
+            lr /= 4.0  # anneal when validation stops improving
+    run.complete(loss=best_val_loss)  # SDK
 
 
 if __name__ == "__main__":

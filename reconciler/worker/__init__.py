@@ -12,9 +12,17 @@
             run.exit_if_stopping(step, model=model, optimizer=opt, scheduler=sched)
         run.complete(total)
 
-A loop over epochs and batches can let `run.epochs(n_epochs, loader, model=model, ...)` restore,
-checkpoint and stop for it, with the data position saved (`ResumableLoader`) and the values the
-loop carries in a `Carry` (see reconciler/worker/data.py).
+A loop over epochs and batches keeps its shape and lets the SDK restore, checkpoint and stop:
+
+    for epoch in run.epochs(n_epochs, model=model, optimizer=opt):
+        lr = run.carry(lr=lr)                                  # what one epoch hands the next
+        hidden = model.init_hidden(batch_size)
+        for i, batch in run.enumerate(loader, carry=lambda: hidden):
+            ...
+    run.complete()
+
+with the data position saved (`ResumableLoader`, or any sized sequence that repeats itself) and
+plain values changed at every step held in a `Carry` (see reconciler/worker/loop.py and data.py).
 Training with PyTorch Lightning or Hugging Face's Trainer: one callback does all of the above
 (`reconciler.worker.integrations.lightning` / `.huggingface`, optional extras).
 
@@ -23,12 +31,14 @@ See "The worker SDK" in README.md for the contract (DESIGN.md §3).
 
 from adapters.storage import CheckpointName, StorageError
 from reconciler.worker.data import Carry, ResumableLoader
+from reconciler.worker.loop import EpochLoop
 from reconciler.worker.run import EXIT_INTERRUPTED, Run, RunConfigError, Superseded, open_run
 
 __all__ = [
     "EXIT_INTERRUPTED",
     "Carry",
     "CheckpointName",
+    "EpochLoop",
     "ResumableLoader",
     "Run",
     "RunConfigError",

@@ -3,9 +3,9 @@ shuffle it), saved with each checkpoint and restored, so that a resumed run read
 batches an uninterrupted run would have read next.
 
 `ResumableLoader` builds a standard `torch.utils.data.DataLoader` and keeps its position; it is
-saved like any other object (it has `state_dict`/`load_state_dict`). `epochs()` (`Run.epochs`)
-turns an epoch/batch loop into one resumable step count. The position counts the batches the
-loop has been handed, not the ones the sampler or the workers have prefetched.
+saved like any other object (it has `state_dict`/`load_state_dict`); `run.batches()` saves it
+with the loop's position (reconciler/worker/loop.py). The position counts the batches the loop
+has been handed, not the ones the sampler or the workers have prefetched.
 
 Shuffling replays from the generators' states at the start of the epoch: restoring them and
 drawing again gives the same permutation (and the same seeds for the loader's workers), and
@@ -15,17 +15,12 @@ the batches already trained on are skipped as indices, without loading them.
 from __future__ import annotations
 
 import itertools
-import logging
-from collections.abc import Iterable, Iterator, Sized
+from collections.abc import Iterable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
-
-log = logging.getLogger("reconciler.worker")
-
-DATA_KEY = "__data__"  # the name the loop's position is saved under by epochs()
 
 
 class _SkipBatches(Sampler[list[int]]):
@@ -184,10 +179,11 @@ class ResumableLoader:
 
 
 class Carry(SimpleNamespace):
-    """Values a loop carries from step to step (a learning rate it anneals, the best loss so far,
-    an RNN's hidden state): `s = Carry(lr=0.1, hidden=None)`, then `s.lr`, `s.hidden = ...`.
-    Saved as a dict, so tensors in it (also in tuples, lists, dicts) are saved as tensors,
-    detached from their graph, and restored in place."""
+    """Values a loop carries from step to step (a running mean, a counter, an RNN's hidden state):
+    `s = Carry(total=0.0, hidden=None)`, then `s.total`, `s.hidden = ...`; inside `run.epochs()`
+    hand it over as `run.batches(loader, carry=lambda: s)`. Saved as a dict, so tensors in it
+    (also in tuples, lists, dicts) are saved as tensors, detached from their graph, and restored
+    in place."""
 
     def state_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -226,41 +222,4 @@ class Position:
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
 
 
-def epochs(run: Any, n_epochs: int, batches: Any, objects: dict[str, Any]) -> Iterator[tuple[int, int, int, Any]]:
-    """Restore `objects` and the data position, then yield (step, epoch, index, batch) to the end
-    of epoch `n_epochs - 1`, checkpointing after each step when due and stopping on a notice.
-
-    Epochs and indices count from 0, steps from 1 across epochs: step = epoch * len(batches) +
-    index + 1, so index == len(batches) - 1 is an epoch's last batch. The run's target is
-    n_epochs * len(batches).
-    """
-    if not isinstance(batches, Sized):
-        raise TypeError(f"epochs() needs batches with a length (len()), not {type(batches).__name__}")
-    if DATA_KEY in objects:
-        raise ValueError(f"{DATA_KEY} is the name epochs() saves the data position under; rename that object")
-    position = batches if isinstance(batches, ResumableLoader) else Position(batches)
-    try:
-        per_epoch = len(position)
-    except TypeError:
-        raise TypeError("epochs() needs to know how many batches an epoch has: give the iterable dataset "
-                        "a __len__") from None
-    if per_epoch == 0:
-        raise ValueError("epochs() was given no batches: the data is empty (or smaller than one batch with drop_last)")
-    run.expect_steps(n_epochs * per_epoch)
-    saved = {**objects, DATA_KEY: position}
-    step = run.restore(**saved)
-    expected = position.epoch * per_epoch + position.index
-    if step != expected:
-        log.warning("the checkpoint is at step %d but its data position is epoch %d, batch %d (step %d): the steps "
-                    "and the data disagree; was the checkpoint written by another loop?",
-                    step, position.epoch, position.index, expected)
-    while position.epoch < n_epochs:
-        for batch in position:
-            step += 1
-            yield step, position.epoch, position.index - 1, batch
-            if run.should_checkpoint(step):
-                run.save(step, **saved)
-            run.exit_if_stopping(step, **saved)
-
-
-__all__ = ["DATA_KEY", "Carry", "Position", "ResumableLoader", "epochs"]
+__all__ = ["Carry", "Position", "ResumableLoader"]

@@ -28,7 +28,7 @@ import torch
 
 from adapters.storage import LEASE_LOG, CheckpointName, CorruptCheckpoint, Fenced, RunFolder, StorageError
 from reconciler.checkpoint_policy import IntervalPolicy
-from reconciler.worker import data, dist, snapshot
+from reconciler.worker import dist, loop, snapshot
 from reconciler.worker import sharded as dcp_format
 from reconciler.worker.dist import Group
 
@@ -527,13 +527,44 @@ class Run:
         self.close()
 
     # ---- epochs and batches as positions ----------------------------------------------------------------
-    def epochs(self, n_epochs: int, batches: Any, **objects: Any) -> Iterator[tuple[int, int, int, Any]]:
-        """`for step, epoch, index, batch in run.epochs(n_epochs, loader, model=model, ...)`: restores the
-        objects and the data position (a `ResumableLoader`, or any sized sequence that repeats
-        itself: a range, a list), yields every remaining batch, and after each one checkpoints
-        when due and stops on a notice, as `should_checkpoint`/`save`/`exit_if_stopping` would.
-        Sets the target to n_epochs * len(batches). See reconciler/worker/data.py."""
-        return data.epochs(self, n_epochs, batches, objects)
+    _loop: loop.EpochLoop | None = None  # the last run.epochs() loop: what batches/carry/step refer to
+
+    def epochs(self, epochs: int | range, *batches: Any, **objects: Any) -> loop.EpochLoop:
+        """`for epoch in run.epochs(n_epochs, model=model, ...)`: restores the objects and the loop's
+        position, then yields the epoch numbers still to run (0 to n-1, or those of a range), the
+        interrupted one first. Each epoch runs its batches through `run.batches`/`run.enumerate`,
+        which set the target to epochs x batches. See reconciler/worker/loop.py."""
+        if batches:
+            raise TypeError("run.epochs() takes the epochs and the objects to restore; the batches go inside "
+                            "each epoch: `for batch in run.batches(loader):`")
+        self._loop = loop.EpochLoop(self, epochs, objects)
+        return self._loop
+
+    def batches(self, batches: Any, carry: Callable[[], Any] | None = None) -> Iterator[Any]:
+        """The epoch's remaining batches (a `ResumableLoader`, or a sized sequence that repeats
+        itself: a range, a list); after each one a heartbeat, a checkpoint when due, a stop on a
+        notice. On the resumed epoch the value `carry()` returns is restored in place first."""
+        return (batch for _, batch in self._active_loop().enumerate(batches, carry))
+
+    def enumerate(self, batches: Any, carry: Callable[[], Any] | None = None) -> Iterator[tuple[int, Any]]:
+        """`run.batches` as (index within the epoch, batch), as `enumerate(batches)` gives them."""
+        return self._active_loop().enumerate(batches, carry)
+
+    def carry(self, **values: Any) -> Any:
+        """At the top of an epoch: `lr, best = run.carry(lr=lr, best=best)` saves the values the
+        epoch starts with, and returns them (on the resumed epoch, the saved ones)."""
+        return self._active_loop().carry(**values)
+
+    @property
+    def step(self) -> int:
+        """The last step the `run.epochs()` loop ran (0 before it)."""
+        return 0 if self._loop is None else self._loop.step
+
+    def _active_loop(self) -> loop.EpochLoop:
+        if self._loop is None:
+            raise RuntimeError("run.batches(), run.enumerate() and run.carry() belong inside "
+                               "`for epoch in run.epochs(...)`")
+        return self._loop
 
     def expect_steps(self, total: int) -> None:
         """The loop will run `total` steps: the target reported in progress.json from now on."""

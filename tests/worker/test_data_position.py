@@ -176,21 +176,28 @@ def test_persistent_workers_and_a_seed_beside_a_generator_are_refused() -> None:
         ResumableLoader(dataset(), batch_size=4, shuffle=True, generator=torch.Generator(), seed=1)
 
 
+def steps_of(run: Any, n_epochs: int, batches: Any, stop_at: int | None = None) -> list[tuple[int, int, int, Any]]:
+    """(step, epoch, index, batch) for every batch the nested loops train on, until step `stop_at`."""
+    seen: list[tuple[int, int, int, Any]] = []
+    for epoch in run.epochs(n_epochs):
+        for index, batch in run.enumerate(batches):
+            seen.append((run.step, epoch, index, batch))
+            if run.step == stop_at:
+                return seen
+    return seen
+
+
 def test_epochs_derive_the_target_and_resume_mid_epoch(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     uri = str(tmp_path / "run")
-    seen: list[tuple[int, int, int, int]] = []
     with open_run(uri=uri, checkpoint_every=4, target=10, install_signal_handlers=False) as run:
         with caplog.at_level(logging.WARNING, logger="reconciler.worker"):
-            for step, epoch, index, batch in run.epochs(3, range(0, 50, 10)):
-                seen.append((step, epoch, index, batch))
-                if step == 6:
-                    break
+            seen = steps_of(run, 3, range(0, 50, 10), stop_at=6)
         assert "the target was 10 steps" in caplog.text
         assert run.target == 15
         run.wait()
     assert seen == [(1, 0, 0, 0), (2, 0, 1, 10), (3, 0, 2, 20), (4, 0, 3, 30), (5, 0, 4, 40), (6, 1, 0, 0)]
     with open_run(uri=uri, checkpoint_every=4, install_signal_handlers=False) as run:
-        rest = list(run.epochs(3, range(0, 50, 10)))
+        rest = steps_of(run, 3, range(0, 50, 10))
         run.complete()
         assert run.folder.done()["step"] == 15
     assert rest[0] == (5, 0, 4, 40) and rest[-1] == (15, 2, 4, 40) and len(rest) == 11
@@ -202,14 +209,15 @@ def test_a_stop_notice_inside_epochs_saves_the_position_and_exits_75(tmp_path: P
     expected = flat(take(ResumableLoader(dataset(), batch_size=5, shuffle=True, seed=8), 16))
     seen: list[Any] = []
     with pytest.raises(SystemExit) as stopped, open_run(uri=uri) as run:
-        for step, _, _, batch in run.epochs(2, loader):
-            seen.append(batch)
-            if step == 11:
-                os.kill(os.getpid(), signal.SIGTERM)
+        for _ in run.epochs(2):
+            for batch in run.batches(loader):
+                seen.append(batch)
+                if run.step == 11:
+                    os.kill(os.getpid(), signal.SIGTERM)
     assert stopped.value.code == 75
     with open_run(uri=uri) as run:
         again = ResumableLoader(dataset(), batch_size=5, shuffle=True, seed=8)
-        rest = [batch for _, _, _, batch in run.epochs(2, again)]
+        rest = [batch for _ in run.epochs(2) for batch in run.batches(again)]
         run.complete()
     assert flat(seen) == expected[:11] and flat(seen + rest) == expected
 

@@ -87,16 +87,17 @@ def main(cfg: dict[str, Any]) -> None:
         else:
             net = model
         order = open(f"{cfg['order']}.{run.rank}" if ddp else cfg["order"], "a")  # noqa: SIM115
-        for step, epoch, _, (x, y, ids) in run.epochs(int(cfg.get("epochs", 3)), loader, model=model, optimizer=opt):
-            loss = ((net(x) - y) ** 2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            order.write(f"{epoch} {ids.tolist()}\n")
-            order.flush()
-            if cfg.get("die_at") == step and run.rank == (1 if ddp else 0):
-                os.kill(os.getpid(), signal.SIGKILL)
-            run.heartbeat(step, loss=float(loss))
+        for epoch in run.epochs(int(cfg.get("epochs", 3)), model=model, optimizer=opt):
+            for x, y, ids in run.batches(loader):
+                loss = ((net(x) - y) ** 2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                order.write(f"{epoch} {ids.tolist()}\n")
+                order.flush()
+                if cfg.get("die_at") == run.step and run.rank == (1 if ddp else 0):
+                    os.kill(os.getpid(), signal.SIGKILL)
+                run.heartbeat(run.step, loss=float(loss))
         if run.rank == 0:
             torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, cfg["out"])
         run.complete()

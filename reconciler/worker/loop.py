@@ -1,0 +1,243 @@
+"""Epochs and batches as positions: the nested loops a training script already has, made resumable.
+
+    for epoch in run.epochs(args.epochs, model=model, optimizer=opt):
+        lr, best = run.carry(lr=lr, best=best)            # what changes from one epoch to the next
+        hidden = model.init_hidden(batch_size)             # the epoch's own preamble, unchanged
+        for i, batch in run.enumerate(loader, carry=lambda: hidden):
+            ...                                            # one step
+        ...                                                # the end of the epoch, unchanged
+    run.complete()
+
+`run.epochs` restores the objects and the loop's position (which epoch, which batch, the values
+given to `run.carry`, the data position) and yields the epoch numbers still to run, the
+interrupted one first. Inside an epoch, `run.batches`/`run.enumerate` count the steps,
+heartbeat, checkpoint on the SDK's schedule and stop on a notice after each batch. On the
+resumed epoch they first put back what the epoch's preamble just rebuilt: the carried value
+(`carry=`, a function returning it, restored in place), the RNG states, and skip the batches
+already trained on.
+
+The end-of-epoch code (validation, annealing) runs once per epoch across resumes: a checkpoint
+that falls due on an epoch's last batch is taken after that code, when the next epoch's batches
+begin, together with what it changed. A stop notice does not wait for it: the final checkpoint
+is taken at the last batch and the attempt exits before the end-of-epoch code, which the resumed
+attempt then runs; a notice that comes during that code is acted on when it is over. Only an
+attempt that dies without notice after the end-of-epoch code and before the next checkpoint has
+it run again, with the rest of the work lost since that checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sized
+from typing import Any
+
+import torch
+
+from reconciler.worker import snapshot
+from reconciler.worker.data import Position, ResumableLoader
+
+log = logging.getLogger("reconciler.worker")
+
+LOOP_KEY = "__loop__"  # the name the loop's position is saved under
+
+
+class _Saved:
+    """The loop's part of a checkpoint, read from the loop at each save."""
+
+    def __init__(self, loop: EpochLoop) -> None:
+        self.loop = loop
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loop.state()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loop.resume_from(state)
+
+
+def load_into(current: Any, saved: Any, what: str) -> None:
+    """Put `saved` into `current` in place: tensors are copied, tuples, lists and dicts are walked,
+    objects with `load_state_dict` load it."""
+    load = getattr(current, "load_state_dict", None)
+    if callable(load) and not isinstance(current, torch.Tensor):
+        load(saved)
+    elif isinstance(current, torch.Tensor) and isinstance(saved, torch.Tensor):
+        if current.shape != saved.shape:
+            raise ValueError(f"{what} has shape {tuple(current.shape)} but the checkpoint's has "
+                             f"{tuple(saved.shape)}: the epoch's preamble must build it as the saved run did")
+        with torch.no_grad():
+            current.copy_(saved)
+    elif isinstance(current, tuple | list) and isinstance(saved, tuple | list) and len(current) == len(saved):
+        for n, (c, s) in enumerate(zip(current, saved, strict=True)):
+            load_into(c, s, f"{what}[{n}]")
+    elif isinstance(current, dict) and isinstance(saved, dict) and current.keys() == saved.keys():
+        for key in current:
+            load_into(current[key], saved[key], f"{what}[{key!r}]")
+    elif current is saved or (type(current) is type(saved) and current == saved):
+        return  # the same immutable value (None, a number): nothing to put back
+    else:
+        raise TypeError(f"{what} is a {type(current).__name__} that cannot take the checkpoint's "
+                        f"{type(saved).__name__} in place: carry= restores tensors (also in tuples, lists, "
+                        "dicts) and objects with load_state_dict; pass other values through run.carry() at "
+                        "the top of the epoch, or hold them in a reconciler.worker.Carry")
+
+
+class EpochLoop:
+    """`for epoch in run.epochs(...)`: see the module's docstring. `step` is the last step run."""
+
+    def __init__(self, run: Any, epochs: int | range, objects: dict[str, Any]) -> None:
+        if isinstance(epochs, bool) or not isinstance(epochs, int | range):
+            raise TypeError(f"run.epochs() takes a number of epochs or a range, not {type(epochs).__name__}")
+        if LOOP_KEY in objects:
+            raise ValueError(f"{LOOP_KEY} is the name run.epochs() saves its position under; rename that object")
+        self.run = run
+        self.numbers = range(epochs) if isinstance(epochs, int) else epochs
+        self.objects = {**objects, LOOP_KEY: _Saved(self)}
+        self.step = 0
+        self.index = 0  # which of the epochs runs now, from 0 (len(numbers) once all have run)
+        self.phase = "before"  # then per epoch "preamble", "batches" (from run.batches on); "done" at the end
+        self._resume: dict[str, Any] | None = None  # the checkpoint's position, until its epoch used it
+        self._rng: dict[str, Any] | None = None  # the RNG states restored, put back after the preamble
+        self._values: dict[str, Any] | None = None  # this epoch's run.carry() values
+        self._carried: Callable[[], Any] | None = None  # this epoch's carry= function
+        self._position: Position | ResumableLoader | None = None
+        self._per_epoch: int | None = None
+        self._started = False
+
+    # ---- saved with each checkpoint ----------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        carried = self._carried
+        return {
+            "epoch": self.index,
+            "data": None if self._position is None else self._position.state_dict(),
+            "values": self._values,
+            "carries": carried is not None,
+            "carried": None if carried is None else snapshot.state_of(carried()),
+        }
+
+    def resume_from(self, state: dict[str, Any]) -> None:
+        self._resume = state
+
+    # ---- the epochs --------------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[int]:
+        if self._started:
+            raise RuntimeError("this run.epochs() loop has already run: call run.epochs() again for another one")
+        self._started = True
+        return self._epochs()
+
+    def _epochs(self) -> Iterator[int]:
+        self.step = self.run.restore(**self.objects)
+        first = 0
+        if self._resume is not None:
+            self._rng = snapshot.rng_state()
+            first = int(self._resume["epoch"])
+        for index in range(first, len(self.numbers)):
+            self.index, self.phase = index, "preamble"
+            self._values, self._carried, self._position = None, None, None
+            yield self.numbers[index]
+            if self.phase == "preamble":
+                raise RuntimeError(f"epoch {self.numbers[index]} ran no batches: put a run.batches(...) or "
+                                   "run.enumerate(...) loop inside `for epoch in run.epochs(...)`")
+        self.index, self.phase = len(self.numbers), "done"
+        self._values, self._carried, self._position = None, None, None
+        if self._per_epoch is None:  # resumed after the last epoch: the checkpoint's step is the total
+            self.run.expect_steps(self.step)
+        # A notice during the last epoch's end: the final checkpoint says that every epoch is done.
+        self.run.exit_if_stopping(self.step, **self.objects)
+
+    def carry(self, **values: Any) -> Any:
+        """Record the values this epoch starts with; on the resumed epoch, return the saved ones."""
+        if self.phase != "preamble" or self._values is not None:
+            raise RuntimeError("run.carry() goes once at the top of each epoch of run.epochs(), before its batches")
+        if not values:
+            raise ValueError("run.carry() needs the values to carry, e.g. lr, best = run.carry(lr=lr, best=best)")
+        if self._resume is not None:
+            saved = self._resume["values"]
+            if saved is None or list(saved) != list(values):
+                raise ValueError(f"run.carry() was given {', '.join(values)} but the checkpoint carries "
+                                 f"{', '.join(saved or ()) or 'nothing'}: call it as the saved run did")
+            values = saved
+        self._values = dict(values)
+        out = tuple(self._values.values())
+        return out[0] if len(out) == 1 else out
+
+    # ---- the batches of one epoch ------------------------------------------------------------------------
+    def enumerate(self, batches: Any, carry: Callable[[], Any] | None = None) -> Iterator[tuple[int, Any]]:
+        """(index in the epoch, batch) for the epoch's remaining batches: see the module docstring."""
+        if self.phase != "preamble":
+            where = "inside `for epoch in run.epochs(...)`" if self.phase in ("before", "done") else "once per epoch"
+            raise RuntimeError(f"run.batches()/run.enumerate() belongs {where}")
+        if carry is not None and not callable(carry):
+            raise TypeError("carry= takes a function that returns the carried value, e.g. carry=lambda: hidden")
+        if not isinstance(batches, Sized):
+            raise TypeError(f"run.batches() needs batches with a length (len()), not {type(batches).__name__}")
+        position = batches if isinstance(batches, ResumableLoader) else Position(batches)
+        try:
+            n = len(position)
+        except TypeError:
+            raise TypeError("run.batches() needs to know how many batches an epoch has: give the iterable "
+                            "dataset a __len__") from None
+        if n == 0:
+            raise ValueError("run.batches() was given no batches: the data is empty (or smaller than one batch "
+                             "with drop_last)")
+        self._position, self._carried, self.phase = position, carry, "batches"
+        resumed, self._resume = self._resume, None
+        if resumed is not None:
+            self._put_back(resumed, position, carry)
+        elif self.step > 0:
+            self._boundary()
+        self._set_target(n, position.index)
+        return self._walk(position, n)
+
+    def _put_back(self, saved: dict[str, Any], position: Position | ResumableLoader,
+                  carry: Callable[[], Any] | None) -> None:
+        """The resumed epoch, once its preamble ran: the carried values, the data position, the RNG."""
+        if saved["values"] is not None and self._values is None:
+            raise RuntimeError(f"the checkpoint carries {', '.join(saved['values'])} but this epoch did not call "
+                               "run.carry() before its batches")
+        if saved["carries"] != (carry is not None):
+            have = "carries a value (carry=)" if saved["carries"] else "carries no value (no carry=)"
+            raise ValueError(f"the checkpoint {have} but run.batches() was called "
+                             f"{'without' if carry is None else 'with'} one: call it as the saved run did")
+        if carry is not None:
+            load_into(carry(), saved["carried"], "the value carry= returns")
+        data = saved["data"]
+        if data is None or set(data) != set(position.state_dict()):
+            raise ValueError(f"the checkpoint's data position ({data}) was not saved from batches like these: "
+                             f"pass run.batches() what the saved run did ({type(position).__name__} here)")
+        position.load_state_dict(data)
+        if self._rng is not None:
+            snapshot.set_rng_state(self._rng)
+            self._rng = None
+
+    def _boundary(self) -> None:
+        """An epoch begins after the previous one's end: the checkpoint that fell due on that
+        epoch's last batch, and the stop a notice during the end-of-epoch code asks for."""
+        if self.run.should_checkpoint(self.step):
+            self.run.save(self.step, **self.objects)
+        self.run.exit_if_stopping(self.step, **self.objects)
+
+    def _set_target(self, n: int, done: int) -> None:
+        total = self.step - done + n * (len(self.numbers) - self.index)
+        if self._per_epoch is None:
+            self.run.expect_steps(total)
+        elif n != self._per_epoch:
+            log.warning("epoch %s has %d batches but the one before had %d: the target is now %d steps",
+                        self.numbers[self.index], n, self._per_epoch, total)
+            self.run.target = total
+        self._per_epoch = n
+
+    def _walk(self, position: Position | ResumableLoader, n: int) -> Iterator[tuple[int, Any]]:
+        for batch in position:
+            self.step += 1
+            yield position.index - 1, batch
+            self._after_step(last=position.index == n)
+
+    def _after_step(self, last: bool) -> None:
+        run = self.run
+        run.heartbeat(self.step)
+        if not last and run.should_checkpoint(self.step):
+            run.save(self.step, **self.objects)
+        run.exit_if_stopping(self.step, **self.objects)
+
+
+__all__ = ["LOOP_KEY", "EpochLoop", "load_into"]
