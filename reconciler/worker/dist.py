@@ -128,7 +128,7 @@ def _expand(item: str) -> list[str]:
     if match is None:
         return [item]
     head, tail = item[: match.start()], item[match.end() :]
-    names = []
+    names: list[str] = []
     for part in match.group(1).split(","):
         low, _, high = part.partition("-")
         if not low.isdigit() or (high and not high.isdigit()):
