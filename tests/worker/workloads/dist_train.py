@@ -1,13 +1,14 @@
-"""A tiny job run by several ranks (torchrun, or the tests' own launcher): one rank per process,
+"""A tiny job run by several ranks (torchrun, srun, or the tests' own launcher): one rank per process,
 gloo on CPU. Every rank writes its notes to `<log>.<rank>`.
 
 cfg keys: mode ("ddp": a DistributedDataParallel model and optimizer, the same on every rank;
 "sharded": a DTensor sharded over the ranks plus a replicated tensor, saved through
 torch.distributed.checkpoint), steps, seed, out (the final state, written by rank 0), log,
-sleep (seconds per step), die_at (step after which this rank SIGKILLs itself), own_group (the
-script initialises torch.distributed itself, as under torch.multiprocessing.spawn), slow_write
-(seconds every DCP write of a sharded save sleeps first: a slow store; each save then also notes
-how long it blocked and whether its checkpoint was committed when it returned).
+sleep (seconds per step), die_at (step after which this rank SIGKILLs itself; only rank
+die_rank when that is given), own_group (the script initialises torch.distributed itself, as
+under torch.multiprocessing.spawn), slow_write (seconds every DCP write of a sharded save sleeps
+first: a slow store; each save then also notes how long it blocked and whether its checkpoint
+was committed when it returned).
 
 Both modes are deterministic and independent of the RNG streams, so a resumed run must end
 bit-identical to an uninterrupted one; the sharded one also to one run on another world size.
@@ -123,7 +124,7 @@ def main(cfg: dict[str, Any]) -> None:
                 _note(cfg, rank, f"saved {step}")
                 if cfg.get("slow_write"):
                     _note(cfg, rank, f"returned {step} {time.monotonic() - entered:.3f} {int(_committed(run, step))}")
-            if cfg.get("die_at") == step:
+            if cfg.get("die_at") == step and cfg.get("die_rank", rank) == rank:
                 os.kill(os.getpid(), signal.SIGKILL)
             if cfg.get("sleep"):
                 time.sleep(float(cfg["sleep"]))
