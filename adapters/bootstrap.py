@@ -181,6 +181,7 @@ def supervise(folder, payload):
             deadline = min(deadline, int(given))
         env["RECONCILER_DEADLINE"] = str(deadline)
     grace = float(payload.get("grace") or 30)
+    stop_signal = getattr(signal, payload.get("stop_signal") or "SIGTERM")
     state = dict(child=None, stop=None, started=time.time())  # type: dict
 
     def signal_child(sig):
@@ -193,7 +194,7 @@ def supervise(folder, payload):
 
     def on_stop(signum, _frame):
         state["stop"] = signum
-        signal_child(signal.SIGTERM)
+        signal_child(stop_signal)
         signal.alarm(max(1, int(grace)))
 
     def on_alarm(_signum, _frame):
@@ -205,11 +206,11 @@ def supervise(folder, payload):
         _write(os.path.join(folder, "warned"), str(int(time.time())))
         held = WARNING_HOLD_SECONDS - (time.time() - state["started"])
         if held > 0:
-            timer = threading.Timer(held, signal_child, (signal.SIGTERM,))
+            timer = threading.Timer(held, signal_child, (stop_signal,))
             timer.daemon = True
             timer.start()
         else:
-            signal_child(signal.SIGTERM)
+            signal_child(stop_signal)
 
     signal.signal(signal.SIGTERM, on_stop)
     signal.signal(signal.SIGINT, on_stop)
@@ -241,7 +242,7 @@ def supervise(folder, payload):
     state["started"] = time.time()
     _write(os.path.join(folder, "child.pid"), _process_record(child.pid))
     if state["stop"] is not None:
-        signal_child(signal.SIGTERM)
+        signal_child(stop_signal)
     code = child.wait()
     signal.alarm(0)
     record = {"signal": -code} if code < 0 else {"code": code}  # type: dict

@@ -14,6 +14,11 @@ Labels: the job comment is `reconciler:<owner>:<provider>:<job>:<run_id>:<epoch>
 `rc-<owner>-<job>`, found again with `scontrol show job -o` after a restart. Jobs of other owners
 (another repository or person on the same cluster) are counted in `foreign_workers` and never
 cancelled or adopted. A job's `gpu_model` becomes `--gres=gpu:<model>:<n>`.
+With the provider's `tasks` above 1 the job asks for that many tasks on one node (the job's CPUs
+shared between them) and the agent starts the command with `srun`, once per task, ending all of
+them when one fails (`--kill-on-bad-exit`); srun passes the environment on, the agent hands a stop
+to the tasks as SIGUSR1 (which srun forwards; on SIGTERM srun would end the step at once), and the
+worker SDK takes each task's rank from Slurm's variables.
 Jobs are submitted with `--no-requeue` (a relaunch is a new
 epoch decided by the planner, never a silent restart of a fenced one). With a time limit the job asks
 for `--signal=B:USR1@<signal_seconds>`; the agent turns that warning into SIGTERM for the worker, which
@@ -440,8 +445,10 @@ class SlurmAdapter:
             "--open-mode=append",
             "--no-requeue",
             f"--chdir={folder}",
-            f"--cpus-per-task={spec.cpus}",
+            f"--cpus-per-task={_cpus_per_task(spec, s)}",
         ]  # fmt: skip
+        if s.tasks > 1:
+            argv += ["--nodes=1", f"--ntasks={s.tasks}"]
         if spec.memory_gb:
             argv.append(f"--mem={math.ceil(spec.memory_gb * 1024)}M")
         if spec.gpus:
@@ -474,13 +481,15 @@ class SlurmAdapter:
         return {
             "labels": {"provider": self.name, "owner": self.owner, "job": spec.job, "run_id": spec.run_id,
                        "epoch": spec.epoch},
-            "command": list(spec.command),
+            "command": _srun(spec, self.settings),
             "env": with_deadline(spec.env, worker_deadline(spec)),  # the agent adds start + time limit
             "secret_env": dict(spec.secret_env),
             "pass_prefixes": ["SLURM_"],  # set by Slurm for the job; nothing else of the node's environment
             "cwd": spec.workdir,
             "grace": 3600,  # Slurm's KillWait decides how long a cancelled job may take
             "deadline_in": time_limit_seconds(self.settings.time_limit),
+            # srun ends its step on SIGTERM; it passes SIGUSR1 on to every task (the SDK stops on both)
+            **({"stop_signal": "SIGUSR1"} if self.settings.tasks > 1 else {}),
         }
 
     def _prepare(self, spec: LaunchSpec, folder: Path) -> Path:
@@ -612,6 +621,19 @@ class SlurmAdapter:
     def capacity(self) -> Capacity | None:
         """Unknown: Slurm itself places the job (or holds it pending) by its --gres and --mem."""
         return None
+
+
+def _cpus_per_task(spec: LaunchSpec, settings: SlurmSettings) -> int:
+    """The job's CPUs shared between its tasks (at least one each)."""
+    return max(1, math.ceil(spec.cpus / settings.tasks))
+
+
+def _srun(spec: LaunchSpec, settings: SlurmSettings) -> list[str]:
+    """The command as the agent starts it: itself, or once per task under srun."""
+    if settings.tasks == 1:
+        return list(spec.command)
+    return ["srun", f"--ntasks={settings.tasks}", f"--cpus-per-task={_cpus_per_task(spec, settings)}",
+            "--kill-on-bad-exit=1", *spec.command]
 
 
 def _with_exit_record(state: WorkerState, folder: Path) -> WorkerState:

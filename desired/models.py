@@ -318,6 +318,8 @@ class SlurmSettings(Strict):
     )
     python: str = Field(default="python3", description="interpreter on the compute nodes")
     command_timeout_seconds: float = Field(default=30.0, gt=0, description="limit for one sbatch/squeue call")
+    tasks: int = Field(default=1, ge=1, description="processes per worker on one node, started with srun, "
+        "each a rank (the worker SDK reads SLURM_PROCID/SLURM_NTASKS as torchrun's ranks); 1 = the command once")
 
 
 class SimSettings(Strict):

@@ -126,6 +126,7 @@ class Run:
         self._stop_at = 0.0
         self._pool = snapshot.io_pool()
         self._upload: snapshot.Background | None = None
+        self._io: Group | None = None  # the sharded writes' own group, made at the first sharded save
         self._upload_error: BaseException | None = None
         self._buffers: dict[str, torch.Tensor] = {}
         self._last_saved_step: int | None = None
@@ -373,8 +374,9 @@ class Run:
         Under torchrun every rank calls it. Replicated state (DDP): rank 0 writes the one
         checkpoint (with every rank's RNG state) and the others go on; the next save, `wait` or
         `complete` is a barrier on which all ranks learn how the write ended. Sharded state
-        (`open_run(sharded=True)`): every rank writes its part through torch.distributed.checkpoint
-        and the call returns once rank 0 has committed the whole.
+        (`open_run(sharded=True)`): every rank copies its part to host memory and writes it in the
+        background through torch.distributed.checkpoint; rank 0 commits the whole once every
+        rank has written, and the next save/wait/complete is where every rank learns how it ended.
         """
         self._check_open()
         entered = self._clock()
@@ -385,7 +387,7 @@ class Run:
             raise ValueError("save() needs the objects to checkpoint, e.g. run.save(step, model=model)")
         started = self._clock()
         if self.sharded:
-            self._save_sharded(step, objects, started)
+            self._save_sharded(step, objects, started, entered)
             return
         rngs = self.group.gather(snapshot.rng_state()) if self.group.distributed else None
         self._last_saved_step = step
@@ -399,19 +401,25 @@ class Run:
         self._upload = snapshot.Background(self._write, snap, started)
         self.interval.saved(blocked=self._clock() - entered)
 
-    def _save_sharded(self, step: int, objects: dict[str, Any], started: float) -> None:
-        err: BaseException | None = None
-        try:
-            ckpt = dcp_format.write(self.folder, self.epoch, step, objects, self.group, self._last_committed)
-            if ckpt is not None:
-                self._after_commit(ckpt)
-        except (StorageError, OSError) as exc:
-            err = exc
-        self._raise_shared(err)
+    def _save_sharded(self, step: int, objects: dict[str, Any], started: float, entered: float) -> None:
+        if self._io is None:  # a gloo group for the background write's collectives (every rank, first save)
+            self._io = Group(self.rank, self.world_size, dist.own_group()) if self.group.distributed else Group()
+        written = dcp_format.begin(self.folder, self.epoch, step, objects, self._io)
         self._last_saved_step = step
         self._last_save_time = started
-        self._save_seconds = self._clock() - started
-        self.interval.saved(blocked=self._save_seconds, durable=self._save_seconds)
+        self._upload = snapshot.Background(self._finish_sharded, step, written, started)
+        self.interval.saved(blocked=self._clock() - entered)
+
+    def _finish_sharded(self, step: int, written: Any, started: float) -> None:
+        try:
+            assert self._io is not None
+            ckpt = dcp_format.finish(self.folder, self.epoch, step, written, self._io, self._last_committed)
+            self._save_seconds = self._clock() - started
+            self.interval.saved(durable=self._save_seconds)
+            if ckpt is not None:
+                self._after_commit(ckpt)
+        except BaseException as exc:  # kept and raised on every rank by the next save/wait/complete
+            self._upload_error = exc
 
     def _write(self, snap: snapshot.Snapshot, started: float) -> None:
         try:

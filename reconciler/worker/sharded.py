@@ -5,21 +5,30 @@ rank), the checkpoint folder holds DCP's files (`.metadata` and one or more `__<
 per rank). DCP records each tensor's global shape and each shard's place in it, so the same
 checkpoint loads on a different number of ranks. The run-folder protocol is unchanged: after
 every rank has written, the ranks hash the files between them, rank 0 writes the one
-`COMMIT.json` (with every file's size and sha256) and acknowledges it in the lease. Restore
-verifies every file against that record (split between the ranks) before DCP reads any of them.
+`COMMIT.json` (every file's size and digests, as adapters/digest.py records them) and
+acknowledges it in the lease. Restore verifies every file against that record (split between the
+ranks) before DCP reads any of them.
 
-DCP writes through a file system path, so sharded checkpoints need a run folder on a file system
-all ranks share (local disk, NFS, a FUSE mount); an S3 run folder is refused with a clear error.
+A save runs in the background: `begin` copies the state to host memory (DCP's staging) and hands
+the write to DCP's `async_save` thread; `finish`, run on a thread of the SDK's, waits for the
+write, hashes and commits. Both threads coordinate over a gloo group of their own, so their
+collectives never interleave with the training's or the SDK's per-step ones.
+
+The files go to local disk (or any file system every rank mounts: NFS, a FUSE mount) through
+DCP's file-system writer, and to S3 (or another fsspec store) through DCP's fsspec writer, with
+the run folder's storage options (endpoint, credentials); hashing and verifying read them back
+through the same store.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
 import time
+from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
-from adapters.storage import CheckpointName, CorruptCheckpoint, RunFolder
+from adapters import digest
+from adapters.storage import CheckpointName, CorruptCheckpoint, RunFolder, StorageError
 from adapters.store import _fault_point
 from reconciler.worker.dist import Group
 
@@ -27,70 +36,137 @@ FORMAT = "dcp-1"
 HASH_CHUNK = 4 << 20
 
 
+@dataclass(frozen=True)
+class Place:
+    """Where a run folder's sharded checkpoints live: a local path, or a URL with its fsspec options."""
+
+    local: bool
+    base: str  # the checkpoints folder: a path on local disk, else the store's URL
+    options: dict[str, Any]
+
+    def dir(self, ckpt: CheckpointName) -> str:
+        return f"{self.base}/{ckpt.dirname}"
+
+    def fs(self) -> Any:
+        from fsspec.core import url_to_fs
+
+        return url_to_fs(self.base, **({} if self.local else self.options))[0]
+
+
+def place(folder: RunFolder) -> Place:
+    """The one place that tells local disk from the other stores."""
+    if folder.uri.startswith("file://"):
+        return Place(True, folder.uri[len("file://") :] + "/checkpoints", {})
+    return Place(False, folder.uri + "/checkpoints", dict(folder.storage_options))
+
+
 def check_folder(folder: RunFolder) -> None:
-    if folder.kind != "local":
-        raise ValueError(
-            f"sharded checkpoints are written by torch.distributed.checkpoint to a shared file system; "
-            f"{folder.uri} is not one: use a file:// run folder on storage every rank can reach"
-        )
+    """Refuse, in one sentence, a run folder whose store cannot be opened here (s3fs missing)."""
+    try:
+        place(folder).fs()
+    except (ImportError, ValueError) as exc:
+        raise ValueError(f"sharded checkpoints cannot be written to {folder.uri}: {exc}") from exc
 
 
-def _sha256(path: str) -> dict[str, Any]:
-    digest = hashlib.sha256()
+def _writer(where: Place, ckpt: CheckpointName) -> Any:
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    if where.local:
+        return FileSystemWriter(where.dir(ckpt))
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+    return FsspecWriter(where.dir(ckpt), **where.options)
+
+
+def _reader(where: Place, ckpt: CheckpointName) -> Any:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    if where.local:
+        return FileSystemReader(where.dir(ckpt))
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+    return FsspecReader(where.dir(ckpt), **where.options)
+
+
+def _hash(fs: Any, path: str, algorithms: tuple[str, ...]) -> dict[str, Any]:
+    """A file's size and digests, read through its store in chunks (hashed beside the reads)."""
+    hashers = {a: digest.Overlapped(digest.new(a)) for a in algorithms}
     size = 0
-    with open(path, "rb", buffering=0) as fh:
-        while chunk := fh.read(HASH_CHUNK):
-            digest.update(chunk)
+    with fs.open(path, "rb", block_size=HASH_CHUNK) as fh:
+        while chunk := fh.read(HASH_CHUNK):  # a fresh bytes object per chunk: safe to hash later
+            for hasher in hashers.values():
+                hasher.update(chunk)
             size += len(chunk)
-    return {"size": size, "sha256": digest.hexdigest()}
+    return digest.record(size, {a: h.hexdigest() for a, h in hashers.items()})
 
 
-def _hash_share(base: str, names: list[str], group: Group) -> dict[str, dict[str, Any]]:
-    """This rank's share of the files' digests (file i is hashed by rank i mod world)."""
+def _hash_share(where: Place, ckpt: CheckpointName, names: list[str], group: Group) -> dict[str, dict[str, Any]]:
+    """This rank's share of the files' records (file i is hashed by rank i mod world)."""
+    fs, algorithms = where.fs(), digest.written()
     mine = {}
     for name in names[group.rank :: group.world]:
-        mine[name] = _sha256(os.path.join(base, name))
+        mine[name] = _hash(fs, f"{where.dir(ckpt)}/{name}", algorithms)
         _fault_point()
     return mine
 
 
-def write(
-    folder: RunFolder, epoch: int, step: int, objects: dict[str, Any], group: Group, parent: str | None
-) -> CheckpointName | None:
-    """Collective: every rank writes its shards, then rank 0 commits. Returns the checkpoint on
-    rank 0 (None elsewhere); raises on rank 0 what the commit raised (Fenced when replaced)."""
+def _listing(where: Place, ckpt: CheckpointName) -> list[str]:
+    fs = where.fs()
+    fs.invalidate_cache()
+    return sorted(str(p).rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(where.dir(ckpt), detail=False))
+
+
+def begin(folder: RunFolder, epoch: int, step: int, objects: dict[str, Any], io: Group) -> Future[Any]:
+    """Collective: copy this rank's state to host memory and start writing it (DCP's async_save,
+    over the `io` group). Returns once the copy is made: the training may change `objects` then."""
     import torch.distributed.checkpoint as dcp
 
     ckpt = CheckpointName(step, epoch)
-    base = folder.path("checkpoints", ckpt.dirname)
-    dcp.save(dict(objects), checkpoint_id=base, process_group=group.pg)
-    group.barrier()  # every rank's files and the .metadata are in place
-    names = sorted(os.listdir(base)) if group.main else None
-    names = group.broadcast(names)
-    shares = group.gather(_hash_share(base, names, group))
-    if not group.main:
+    future = dcp.async_save(dict(objects), storage_writer=_writer(place(folder), ckpt), process_group=io.pg)
+    return future if isinstance(future, Future) else future.upload_completion
+
+
+def finish(
+    folder: RunFolder, epoch: int, step: int, written: Future[Any], io: Group, parent: str | None
+) -> CheckpointName | None:
+    """Collective over `io`, on a background thread: wait for the write, hash the files between the
+    ranks, and commit on rank 0. Returns the checkpoint on rank 0 (None elsewhere); raises what the
+    write or the commit raised (Fenced when the lease moved on)."""
+    ckpt = CheckpointName(step, epoch)
+    where = place(folder)
+    written.result()
+    io.barrier()  # every rank's files and the .metadata are in place
+    names = io.broadcast(_listing(where, ckpt) if io.main else None)
+    shares = io.gather(_hash_share(where, ckpt, names, io))
+    if not io.main:
         return None
     files: dict[str, Any] = {}
     for share in shares or []:
         files.update(share)
     record = {"format": FORMAT, "step": step, "epoch": epoch, "parent": parent, "time": time.time(),
-              "world_size": group.world, "files": files}
+              "world_size": io.world, "files": files}
     folder.commit_checkpoint(epoch, ckpt, record)
     return ckpt
 
 
 def verify(folder: RunFolder, ckpt: CheckpointName, record: dict[str, Any], group: Group) -> str | None:
     """This rank's share of the verification: None when its files match the record, else why not."""
-    base = folder.path("checkpoints", ckpt.dirname)
+    where = place(folder)
+    fs = where.fs()
     names = sorted(record["files"])
     for name in names[group.rank :: group.world]:
         want = record["files"][name]
+        url = folder.url(f"checkpoints/{ckpt.dirname}/{name}")
         try:
-            got = _sha256(os.path.join(base, name))
+            algorithm, expected = digest.expected(want)
+        except digest.DigestError as exc:
+            raise StorageError(f"cannot verify {url}: {exc}") from exc
+        try:
+            got = _hash(fs, f"{where.dir(ckpt)}/{name}", (algorithm,))
         except FileNotFoundError:
-            return f"{folder.url(f'checkpoints/{ckpt.dirname}/{name}')} is missing"
-        if got != {"size": int(want["size"]), "sha256": str(want["sha256"])}:
-            return f"{folder.url(f'checkpoints/{ckpt.dirname}/{name}')} does not match its commit record"
+            return f"{url} is missing"
+        if got["size"] != int(want["size"]) or got[algorithm] != expected:
+            return f"{url} does not match its commit record"
     return None
 
 
@@ -99,7 +175,7 @@ def load(folder: RunFolder, ckpt: CheckpointName, objects: dict[str, Any], group
     import torch.distributed.checkpoint as dcp
 
     try:
-        dcp.load(objects, checkpoint_id=folder.path("checkpoints", ckpt.dirname), process_group=group.pg)
+        dcp.load(objects, storage_reader=_reader(place(folder), ckpt), process_group=group.pg)
     except KeyError as exc:
         raise KeyError(f"checkpoint {folder.url('checkpoints/' + ckpt.dirname)} has no {exc}") from None
 
@@ -108,4 +184,4 @@ def is_sharded(record: dict[str, Any]) -> bool:
     return record.get("format") == FORMAT
 
 
-__all__ = ["FORMAT", "CorruptCheckpoint", "check_folder", "is_sharded", "load", "verify", "write"]
+__all__ = ["FORMAT", "CorruptCheckpoint", "begin", "check_folder", "finish", "is_sharded", "load", "verify"]

@@ -1,11 +1,14 @@
-"""A tiny job run by several ranks (torchrun, or the tests' own launcher): one rank per process,
+"""A tiny job run by several ranks (torchrun, srun, or the tests' own launcher): one rank per process,
 gloo on CPU. Every rank writes its notes to `<log>.<rank>`.
 
 cfg keys: mode ("ddp": a DistributedDataParallel model and optimizer, the same on every rank;
 "sharded": a DTensor sharded over the ranks plus a replicated tensor, saved through
 torch.distributed.checkpoint), steps, seed, out (the final state, written by rank 0), log,
-sleep (seconds per step), die_at (step after which this rank SIGKILLs itself), own_group (the
-script initialises torch.distributed itself, as under torch.multiprocessing.spawn).
+sleep (seconds per step), die_at (step after which this rank SIGKILLs itself; only rank
+die_rank when that is given), own_group (the script initialises torch.distributed itself, as
+under torch.multiprocessing.spawn), slow_write (seconds every DCP write of a sharded save sleeps
+first: a slow store; each save then also notes how long it blocked and whether its checkpoint
+was committed when it returned).
 
 Both modes are deterministic and independent of the RNG streams, so a resumed run must end
 bit-identical to an uninterrupted one; the sharded one also to one run on another world size.
@@ -31,6 +34,25 @@ def _note(cfg: dict[str, Any], rank: int, line: str) -> None:
     if cfg.get("log"):
         with open(f"{cfg['log']}.{rank}", "a") as fh:
             fh.write(line + "\n")
+
+
+def _slow_dcp_writes(seconds: float) -> None:
+    """Every DCP write (file system or fsspec) sleeps `seconds` first, on the thread that writes."""
+    from torch.distributed.checkpoint import filesystem
+
+    original = filesystem._FileSystemWriter.write_data
+
+    def slow(self: Any, plan: Any, planner: Any) -> Any:
+        time.sleep(seconds)
+        return original(self, plan, planner)
+
+    filesystem._FileSystemWriter.write_data = slow
+
+
+def _committed(run: Any, step: int) -> bool:
+    """Whether this step's checkpoint has its commit record yet (a run folder on local disk)."""
+    base = os.environ["RECONCILER_RUN_URI"].removeprefix("file://")
+    return os.path.exists(f"{base}/checkpoints/{step:012d}-e{run.epoch}/COMMIT.json")
 
 
 def _ddp_state(seed: int) -> tuple[Any, Any, dict[str, Any]]:
@@ -78,6 +100,8 @@ def main(cfg: dict[str, Any]) -> None:
         rank, world = int(os.environ.pop("RANK")), int(os.environ.pop("WORLD_SIZE"))
         address = f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
         torch.distributed.init_process_group("gloo", init_method=address, rank=rank, world_size=world)
+    if cfg.get("slow_write"):
+        _slow_dcp_writes(float(cfg["slow_write"]))
     with open_run(sharded=mode == "sharded") as run:
         rank, world = run.rank, run.world_size
         if mode == "ddp":
@@ -95,9 +119,12 @@ def main(cfg: dict[str, Any]) -> None:
             run.heartbeat(step)
             objects = state if mode == "ddp" else {"state": state}
             if run.should_checkpoint(step):
+                entered = time.monotonic()
                 run.save(step, **objects)
                 _note(cfg, rank, f"saved {step}")
-            if cfg.get("die_at") == step:
+                if cfg.get("slow_write"):
+                    _note(cfg, rank, f"returned {step} {time.monotonic() - entered:.3f} {int(_committed(run, step))}")
+            if cfg.get("die_at") == step and cfg.get("die_rank", rank) == rank:
                 os.kill(os.getpid(), signal.SIGKILL)
             if cfg.get("sleep"):
                 time.sleep(float(cfg["sleep"]))
