@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from adapters.storage import CheckpointName, CorruptCheckpoint, RunFolder
-from adapters.store import _fault_point
+from adapters.stores import fault_point
 from reconciler.worker.dist import Group
 
 FORMAT = "dcp-1"
@@ -28,7 +28,7 @@ HASH_CHUNK = 4 << 20
 
 
 def check_folder(folder: RunFolder) -> None:
-    if folder.kind != "local":
+    if not folder.store.os_paths:
         raise ValueError(
             f"sharded checkpoints are written by torch.distributed.checkpoint to a shared file system; "
             f"{folder.uri} is not one: use a file:// run folder on storage every rank can reach"
@@ -50,7 +50,7 @@ def _hash_share(base: str, names: list[str], group: Group) -> dict[str, dict[str
     mine = {}
     for name in names[group.rank :: group.world]:
         mine[name] = _sha256(os.path.join(base, name))
-        _fault_point()
+        fault_point()
     return mine
 
 
@@ -62,7 +62,7 @@ def write(
     import torch.distributed.checkpoint as dcp
 
     ckpt = CheckpointName(step, epoch)
-    base = folder.path("checkpoints", ckpt.dirname)
+    base = folder.store.os_path(f"checkpoints/{ckpt.dirname}")
     dcp.save(dict(objects), checkpoint_id=base, process_group=group.pg)
     group.barrier()  # every rank's files and the .metadata are in place
     names = sorted(os.listdir(base)) if group.main else None
@@ -81,7 +81,7 @@ def write(
 
 def verify(folder: RunFolder, ckpt: CheckpointName, record: dict[str, Any], group: Group) -> str | None:
     """This rank's share of the verification: None when its files match the record, else why not."""
-    base = folder.path("checkpoints", ckpt.dirname)
+    base = folder.store.os_path(f"checkpoints/{ckpt.dirname}")
     names = sorted(record["files"])
     for name in names[group.rank :: group.world]:
         want = record["files"][name]
@@ -99,7 +99,7 @@ def load(folder: RunFolder, ckpt: CheckpointName, objects: dict[str, Any], group
     import torch.distributed.checkpoint as dcp
 
     try:
-        dcp.load(objects, checkpoint_id=folder.path("checkpoints", ckpt.dirname), process_group=group.pg)
+        dcp.load(objects, checkpoint_id=folder.store.os_path(f"checkpoints/{ckpt.dirname}"), process_group=group.pg)
     except KeyError as exc:
         raise KeyError(f"checkpoint {folder.url('checkpoints/' + ckpt.dirname)} has no {exc}") from None
 
