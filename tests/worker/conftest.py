@@ -90,7 +90,11 @@ def _store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         return Store("file", str(tmp_path_factory.mktemp("runs")))
     if request.param == "memory":
         return Store("memory", f"memory://runs-{uuid.uuid4().hex[:12]}")
-    endpoint = request.getfixturevalue("s3_endpoint")
+    return s3_store(request.getfixturevalue("s3_endpoint"))
+
+
+def s3_store(endpoint: str) -> Store:
+    """Run folders in a fresh bucket of the loopback S3 server."""
     options = {
         "endpoint_url": endpoint,
         "key": S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],

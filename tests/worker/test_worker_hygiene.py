@@ -17,6 +17,7 @@ from reconciler.judge import close
 from reconciler.loop import read_run
 from reconciler.worker import open_run
 from status.models import Attempt, Outcome
+from tests.worker.conftest import s3_store
 from tests.worker.harness import Store, attempt
 
 
@@ -88,6 +89,20 @@ def test_steps_lost_are_the_steps_the_next_attempt_recomputes(tmp_path: Path) ->
     restored = _notes(log, "restored")[-1]
     assert restored == seen.durable_step and restored in (5, 10)  # save(10) may still be uploading
     assert closed.steps_lost == 13 - restored
+
+
+def test_on_s3_the_steps_after_the_last_heartbeat_are_reported_within_about_a_second(s3_endpoint: str) -> None:
+    store = s3_store(s3_endpoint)
+    folder = store.folder()
+    run_id = folder.uri.rsplit("/", 1)[-1]
+    slow_beats = {"RECONCILER_CHECKPOINT_EVERY": 1000, "RECONCILER_HEARTBEAT_INTERVAL": 1000}
+    # About 0.1 s a step: killed after step 25, 2.4 s after its only heartbeat (step 1).
+    cfg = {"steps": 40, "seed": 1, "sleep": 0.1, "die_at": 25}
+    assert attempt(store.env(folder, folder.bump_lease(), **slow_beats), cfg) == -9
+    seen = read_run(store.base, "job", run_id, store.options)
+    assert seen.heartbeat_step == 1, "the heartbeat alone never saw the steps after step 1"
+    assert seen.reached_step is not None and 25 - 12 <= seen.reached_step <= 25, (
+        f"the mark says step {seen.reached_step}: it should trail the kill at step 25 by about a second at most")
 
 
 def test_only_temp_files_of_dead_or_long_gone_writers_are_removed(tmp_path: Path) -> None:
