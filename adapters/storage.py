@@ -46,7 +46,6 @@ from typing import Any
 
 from adapters import digest
 from adapters.stores import (  # noqa: F401 - the stores' errors and helpers are part of this module's API
-    ALLOW_UNFENCED_ENV,
     CorruptCheckpoint,
     StorageError,
     Store,
