@@ -9,7 +9,7 @@ workers. So the daemons also share a lease, as Kubernetes controllers share a Le
 `key` is the repository's identity (the same for every clone). A daemon takes the lease when it
 is absent, expired or already its own, and renews it every tick; the others stand by, say so once,
 and take over when it expires. A daemon that stops cleanly lets it expire at once. Every write is a
-compare-and-swap (`RunFolder.swap_if_unchanged`: S3 If-Match/If-None-Match; local disk an flock and
+compare-and-swap (`Store.swap`: S3 If-Match/If-None-Match; local disk an flock and
 an atomic rename). Expiry is wall-clock time, so the hosts' clocks must roughly agree (NTP).
 """
 
@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from adapters.storage import RunFolder, StorageError, expand_url
+from adapters.stores import StorageError, Store, expand_url, open_store
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class Election:
         # The clone this process holds the .git/ lock of: a lease held from that same clone belongs
         # to a process that has died (the lock would have stopped us otherwise), so it is ours now.
         self.clone = f"{host}:{clone}" if clone else None
-        self._lease: tuple[RunFolder, str] | None = None
+        self._lease: tuple[Store, str] | None = None
         self._last: Leadership | None = None
         self._seconds = MIN_SECONDS
         self._written = 0.0  # when we last wrote our lease
@@ -71,7 +71,7 @@ class Election:
     def hold(self, storage: str, options: dict[str, Any], key: str, tick_seconds: float, now: float) -> Leadership:
         """Take or renew the lease; says who leads. Raises StorageError when storage cannot answer
         (then nobody should act: the caller skips the tick)."""
-        folder = RunFolder(f"{expand_url(storage).rstrip('/')}/{LEADER_DIR}", options)
+        folder = open_store(f"{expand_url(storage).rstrip('/')}/{LEADER_DIR}", options)
         name = f"{key}.json"
         with self._lock:
             if self._lease is not None and (self._lease[0].uri, self._lease[1]) != (folder.uri, name):
@@ -89,16 +89,16 @@ class Election:
                 return
             self._say(self._hold_at(*self._lease, now))
 
-    def _hold_at(self, folder: RunFolder, name: str, now: float) -> Leadership:
+    def _hold_at(self, folder: Store, name: str, now: float) -> Leadership:
         url = folder.url(name)
         for _ in range(10):
-            blob, tag = folder.read_versioned(name)
+            blob, tag = folder.read_tagged(name)
             record = _record(blob)
             if self._held_by_another(record, now):
                 return Leadership(False, str(record["holder"]), float(record["expires"]), url)
             since = record.get("since", now) if record.get("holder") == self.holder else now
             new = {"holder": self.holder, "expires": now + self._seconds, "since": since, "clone": self.clone}
-            if folder.swap_if_unchanged(name, json.dumps(new, sort_keys=True).encode(), tag):
+            if folder.swap(name, json.dumps(new, sort_keys=True).encode(), tag) is not None:
                 self._lease, self._written = (folder, name), now
                 return Leadership(True, self.holder, now + self._seconds, url)
         raise StorageError(f"the leader lease at {url} keeps changing under us")
@@ -119,11 +119,11 @@ class Election:
         folder, name = self._lease
         self._lease, self._last = None, None
         try:
-            blob, tag = folder.read_versioned(name)
+            blob, tag = folder.read_tagged(name)
             record = _record(blob)
             if record.get("holder") == self.holder:
                 record["expires"] = now
-                folder.swap_if_unchanged(name, json.dumps(record, sort_keys=True).encode(), tag)
+                folder.swap(name, json.dumps(record, sort_keys=True).encode(), tag)
         except StorageError as exc:
             log.warning("could not give up the leader lease %s: %s; it expires by itself", folder.url(name), exc)
 

@@ -32,13 +32,13 @@ def migrate_run(source: RunFolder, target: RunFolder) -> int:
     if target.lease_epoch() > source.lease_epoch():
         raise MigrationError(f"{target.url()} already holds this run at a later epoch "
                              f"({target.lease_epoch()} > {source.lease_epoch()}); move it aside first")
-    names = sorted(source.list_files(""), key=_order)
+    names = sorted(source.store.list(""), key=_order)
     for name in names:
-        data = source.read_bytes(name)
+        data = source.store.read(name)
         if data is None:
             continue  # removed since the listing (collection of an old checkpoint)
-        target.write_bytes(name, data)
-        if _digest(target.read_bytes(name)) != _digest(data):
+        target.store.write(name, data)
+        if _digest(target.store.read(name)) != _digest(data):
             raise MigrationError(f"{target.url(name)} does not read back as written")
     _verify(source, target)
     return len(names)

@@ -1,6 +1,5 @@
-"""The S3 side of run storage, kept apart from the run-folder logic of adapters/storage.py: one
-botocore client per configuration, how S3 errors read, uploads from memory without a copy, and
-what an s3:// URL needs installed.
+"""Our botocore helpers for the S3 store (adapters/stores/s3.py): one client per configuration,
+how S3 errors read, and uploads from memory without a copy.
 """
 
 from __future__ import annotations

@@ -256,7 +256,7 @@ class SimWorker:
                   "step": step, "epoch": self.ref.epoch, "parent": self.durable}
         try:
             if step > self.durable:
-                self.folder.write_payload(f"checkpoints/{ckpt.dirname}/state", memoryview(payload))
+                self.folder.store.write_payload(f"checkpoints/{ckpt.dirname}/state", memoryview(payload))
                 if self.model.fencing:
                     self.folder.commit_checkpoint(self.ref.epoch, ckpt, record)
                 else:

@@ -1,29 +1,33 @@
-"""Run data in storage over fsspec: the contract between the reconciler and its workers.
+"""Run data in a store: the contract between the reconciler and its workers.
 
 Layout of one run (DESIGN.md §3)::
 
     <storage>/<job>/<run-id>/lease.json                      the lease: epoch, acknowledged checkpoints, done
     <storage>/<job>/<run-id>/progress.json                   heartbeat of the live attempt
-    <storage>/<job>/<run-id>/reached-e<epoch>                 the highest step an attempt finished (local disk)
+    <storage>/<job>/<run-id>/reached-e<epoch>                 the highest step an attempt finished
     <storage>/<job>/<run-id>/checkpoints/<step>-e<epoch>/... payload, then COMMIT.json (written last)
     <storage>/<job>/<run-id>/done.json                       completion record, created once
     <storage>/<job>/<run-id>/stop.json                       the reconciler's stop request (epoch, reason)
 
-Fencing. The lease is changed only by compare-and-swap: on S3 by `If-Match` on the object's
-ETag (and `If-None-Match: *` to create it); on local disk and other stores by exclusive creation
-of the next numbered version in `.lease/` (the newest version is the lease; `lease.json` is a
-mirror for people and is not trusted). The reconciler's bump and the worker's commit are both
-CASes on that one record, so a worker that was replaced cannot commit anything afterwards: its
-swap fails. A checkpoint is *accepted* only if its `COMMIT.json` exists and either its epoch is
-the lease's current epoch or the lease lists it as acknowledged; `bump_lease` seals the outgoing
-epoch by acknowledging what it had committed at that moment, so a zombie's later commits are
-never accepted. Completion goes through the same swap before `done.json` is created, so a zombie
-cannot complete a run.
+The folder is a `Store` (adapters/stores/): RunFolder holds one and asks only its capabilities,
+never which backend it is.
 
-Heartbeats: on S3, progress.json is written with `If-Match` on the ETag this attempt wrote last,
-so a replaced worker cannot overwrite its successor's heartbeat; elsewhere the lease is checked
-just before the write (a worker frozen inside that window may land one stale heartbeat, which
-carries its old epoch; readers compare `Progress.epoch` with the lease).
+Fencing. The lease is changed only by compare-and-swap: where the store's swap is atomic across
+hosts (S3's `If-Match` on the ETag, memory) by `swap` on `lease.json`; elsewhere (local disk,
+NFS, generic fsspec) by exclusive creation of the next numbered version in `.lease/` (the
+newest version is the lease; `lease.json` is a mirror for people and is not trusted). The
+reconciler's bump and the worker's commit are both CASes on that one record, so a worker
+that was replaced cannot commit anything afterwards: its swap fails. A checkpoint is
+*accepted* only if its `COMMIT.json` exists and either its epoch is the lease's current epoch
+or the lease lists it as acknowledged; `bump_lease` seals the outgoing epoch by acknowledging
+what it had committed at that moment, so a zombie's later commits are never accepted.
+Completion goes through the same swap before `done.json` is created, so a zombie cannot
+complete a run.
+
+Heartbeats: where swaps are atomic across hosts, progress.json is swapped on the tag this
+attempt wrote last, so a replaced worker cannot overwrite its successor's heartbeat; elsewhere
+the lease is checked just before the write (a worker frozen inside that window may land one
+stale heartbeat, which carries its old epoch; readers compare `Progress.epoch` with the lease).
 
 A store that silently ignores conditional writes would void all of this, so the first
 conditional write on a store probes it, and an ignoring store is refused with a clear error
@@ -34,7 +38,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 import re
 import time
@@ -42,16 +45,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from adapters import digest
-from adapters.store import (  # noqa: F401 - StoreFolder's errors and helpers are part of this module's API
-    ALLOW_UNFENCED_ENV,
-    READ_CHUNK,
+from adapters.stores import (  # noqa: F401 - the stores' errors and helpers are part of this module's API
     CorruptCheckpoint,
     StorageError,
-    StoreFolder,
+    Store,
     UnsafeStoreError,
     check_backend,
     expand_url,
+    open_store,
 )
+from adapters.stores.marks import Marks
 
 log = logging.getLogger(__name__)
 CHECKPOINT_DIR = re.compile(r"^(?P<step>\d+)-e(?P<epoch>\d+)$")
@@ -100,12 +103,32 @@ class CheckpointName:
         return cls(int(m["step"]), int(m["epoch"])) if m else None
 
 
-class RunFolder(StoreFolder):
-    """One run's folder: its lease, heartbeat, stop request, attempt logs, completion and checkpoints."""
+class RunFolder:
+    """One run's folder: its lease, heartbeat, stop request, attempt logs, completion and checkpoints,
+    on top of a `Store` (`self.store`)."""
 
-    def __init__(self, uri: str, storage_options: dict[str, Any] | None = None) -> None:
-        super().__init__(uri, storage_options)
-        self._reached_fds: dict[int, int] = {}
+    def __init__(self, uri: str, storage_options: dict[str, Any] | None = None, store: Store | None = None) -> None:
+        self.store = store if store is not None else open_store(uri, storage_options)
+        self.uri = self.store.uri
+        self._marks = Marks(self.store)
+
+    def url(self, name: str = "") -> str:
+        return self.store.url(name)
+
+    def read_json(self, name: str) -> dict[str, Any] | None:
+        """A small JSON object, or None when the file is missing (or holds no object)."""
+        blob = self.store.read(name)
+        if blob is None:
+            return None
+        try:
+            data = json.loads(blob)
+        except ValueError as exc:
+            raise StorageError(f"cannot read {self.url(name)}: {exc}") from exc
+        return data if isinstance(data, dict) else None
+
+    def write_json(self, name: str, data: dict[str, Any]) -> None:
+        """Write whole-file: readers see the old or the new version, never a mix."""
+        self.store.write(name, json.dumps(data, sort_keys=True).encode())
 
     @classmethod
     def for_run(cls, storage: str, job: str, run_id: str, storage_options: dict[str, Any] | None = None) -> RunFolder:
@@ -113,46 +136,41 @@ class RunFolder(StoreFolder):
 
     # ---- the lease: compare-and-swap on one record ----------------------------------------------------
     def _lease_read(self) -> tuple[dict[str, Any], Any]:
-        """The lease record and a token for `_lease_cas` (ETag on S3, version number elsewhere)."""
-        if self.kind == "s3":
-            blob, etag = self.read_with_tag(LEASE_FILE)
-            return (_loads(blob, self.url(LEASE_FILE)) if blob else {}), etag
+        """The lease record and a token for `_lease_cas` (the store's tag where swaps are atomic
+        across hosts, the lease log's version number elsewhere)."""
+        if self.store.cas_across_hosts:
+            blob, tag = self.store.read_tagged(LEASE_FILE)
+            return (_loads(blob, self.url(LEASE_FILE)) if blob else {}), tag
         for _ in range(10):
             versions = self._lease_versions()
             if not versions:
                 return (self.read_json(LEASE_FILE) or {}), 0
-            blob = self.read_bytes(f"{LEASE_LOG}/{versions[-1]:012d}.json")
+            blob = self.store.read(f"{LEASE_LOG}/{versions[-1]:012d}.json")
             if blob is not None:
                 return _loads(blob, self.url(LEASE_LOG)), versions[-1]
         raise StorageError(f"cannot read the lease at {self.url(LEASE_LOG)}: it keeps changing")
 
     def _lease_versions(self) -> list[int]:
-        if self.kind == "local":
-            try:
-                names = os.listdir(self.path(LEASE_LOG))
-            except FileNotFoundError:
-                return []
-        else:
-            names = list(self.list_files(LEASE_LOG))
+        names = self.store.list(LEASE_LOG)
         return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
 
     def _lease_cas(self, token: Any, record: dict[str, Any]) -> bool:
         blob = json.dumps(record, sort_keys=True).encode()
-        if self.kind == "s3":
-            return self.replace_if_match(LEASE_FILE, blob, token) is not None
+        if self.store.cas_across_hosts:
+            return self.store.swap(LEASE_FILE, blob, token) is not None
         version = int(token) + 1
-        if not self.create_exclusive(f"{LEASE_LOG}/{version:012d}.json", blob):
+        if not self.store.create(f"{LEASE_LOG}/{version:012d}.json", blob):
             return False
         try:  # the mirror and the pruning are for people and disk space; the log is the truth
-            self.write_bytes(LEASE_FILE, blob)
+            self.store.write(LEASE_FILE, blob)
             versions = self._lease_versions()
             if versions and versions[-1] > version:  # a newer lease landed meanwhile: mirror that one
-                newest = self.read_bytes(f"{LEASE_LOG}/{versions[-1]:012d}.json")
+                newest = self.store.read(f"{LEASE_LOG}/{versions[-1]:012d}.json")
                 if newest is not None:
-                    self.write_bytes(LEASE_FILE, newest)
+                    self.store.write(LEASE_FILE, newest)
             for old in versions:
                 if old <= version - LEASE_LOG_KEEP:
-                    self.delete(f"{LEASE_LOG}/{old:012d}.json")
+                    self.store.delete(f"{LEASE_LOG}/{old:012d}.json")
         except StorageError as exc:
             log.debug("lease mirror/prune failed: %s", exc)
         return True
@@ -225,21 +243,21 @@ class RunFolder(StoreFolder):
     def write_progress(self, epoch: int, record: dict[str, Any], tag: str | None = None) -> str | None:
         """Write progress.json as the holder of `epoch`; returns a tag to pass next time.
 
-        Raises Fenced when the lease or a newer heartbeat shows this attempt was replaced. On S3
-        the write is conditional on the heartbeat this attempt last wrote, so a replaced worker
-        that wakes up cannot overwrite its successor's heartbeat.
+        Raises Fenced when the lease or a newer heartbeat shows this attempt was replaced. Where
+        swaps are atomic across hosts the write is conditional on the heartbeat this attempt last
+        wrote, so a replaced worker that wakes up cannot overwrite its successor's heartbeat.
         """
         self.check_epoch(epoch)
         blob = json.dumps(record, sort_keys=True).encode()
-        if self.kind != "s3":
-            self.write_bytes("progress.json", blob)
+        if not self.store.cas_across_hosts:
+            self.store.write("progress.json", blob)
             return None
         for _ in range(5):
             if tag is None:
-                current, tag = self.read_with_tag("progress.json")
+                current, tag = self.store.read_tagged("progress.json")
                 if current is not None and int(_loads(current, "progress").get("epoch", 0)) > epoch:
                     raise Fenced(f"{self.url('progress.json')} is written by a newer attempt: this one was replaced")
-            new_tag = self.replace_if_match("progress.json", blob, tag)
+            new_tag = self.store.swap("progress.json", blob, tag)
             if new_tag is not None:
                 return new_tag
             tag = None  # someone else wrote it: look at who, then retry or stop
@@ -264,25 +282,17 @@ class RunFolder(StoreFolder):
 
     # ---- the step reached, between heartbeats ------------------------------------------------------------
     def mark_reached(self, epoch: int, step: int) -> None:
-        """Record cheaply that attempt `epoch` finished `step`: on local disk an in-place write of a
-        few bytes into `reached-e<epoch>` (no fsync, no rename: it survives the process being
-        killed, and a kill leaves nothing half-written behind), so the steps a killed attempt did
-        after its last heartbeat are counted as lost. Other stores rely on the heartbeat alone
-        (one request per step would cost more than it tells). Not fenced: each epoch has its own file.
+        """Record that attempt `epoch` finished `step`, never making the step wait: on local disk an
+        in-place write of a few bytes into `reached-e<epoch>` every step; on other stores the newest
+        step is written by a background thread at most about once a second. So the steps a killed
+        attempt did after its last heartbeat are counted as lost (on local disk all of them, else
+        all but about a second's worth). Not fenced: each epoch has its own file.
         """
-        if self.kind != "local":
-            return
-        fd = self._reached_fds.get(epoch)
-        if fd is None:
-            fd = os.open(self.path(REACHED_FILE.format(epoch=int(epoch))), os.O_WRONLY | os.O_CREAT, 0o644)
-            self._reached_fds[epoch] = fd
-        os.pwrite(fd, f"{int(step):019d}\n".encode(), 0)
+        self._marks.post(REACHED_FILE.format(epoch=int(epoch)), f"{int(step):019d}\n".encode())
 
     def reached(self, epoch: int) -> int | None:
         """What `mark_reached` last recorded for `epoch`, or None."""
-        if self.kind != "local":
-            return None
-        blob = self.read_bytes(REACHED_FILE.format(epoch=int(epoch)))
+        blob = self.store.read(REACHED_FILE.format(epoch=int(epoch)))
         try:
             return int(blob) if blob else None
         except ValueError:
@@ -290,21 +300,15 @@ class RunFolder(StoreFolder):
 
     def forget_reached(self, before_epoch: int) -> None:
         """Delete the marks of epochs older than `before_epoch` (the reconciler has judged them)."""
-        if self.kind != "local":
-            return
-        try:
-            names = os.listdir(self.root)
-        except FileNotFoundError:
-            return
-        for n in names:
+        for n in self.store.list(""):
             m = REACHED_NAME.match(n)
             if m and int(m["epoch"]) < before_epoch:
-                self.delete(n)
+                self.store.delete(n)
 
     def close_marks(self) -> None:
-        for fd in self._reached_fds.values():
-            os.close(fd)
-        self._reached_fds = {}
+        """Write the last mark (waiting a few seconds at most) and release the store's handles."""
+        self._marks.close()
+        self._marks = Marks(self.store)
 
     # ---- stop requests ------------------------------------------------------------------------------------
     def request_stop(self, epoch: int, reason: str) -> None:
@@ -325,7 +329,7 @@ class RunFolder(StoreFolder):
         A torn or foreign stop.json reads as no request: a bad file must never end training.
         Raises StorageError only when the store cannot be read (the caller decides what that means).
         """
-        blob = self.read_bytes(STOP_FILE)
+        blob = self.store.read(STOP_FILE)
         if blob is None:
             return None
         try:
@@ -341,11 +345,11 @@ class RunFolder(StoreFolder):
         """The tail of attempt `epoch`'s output, for providers without a log API (RunPod): written by
         the hosted bootstrap, read by the reconciler for the status of a failed attempt. Not fenced:
         each attempt writes only its own file."""
-        self.write_bytes(f"logs/e{int(epoch)}.log", text.encode())
+        self.store.write(f"logs/e{int(epoch)}.log", text.encode())
 
     def attempt_log(self, epoch: int) -> str:
         """What `write_attempt_log` wrote for `epoch`, or '' (never raises for a missing file)."""
-        blob = self.read_bytes(f"logs/e{int(epoch)}.log")
+        blob = self.store.read(f"logs/e{int(epoch)}.log")
         return blob.decode(errors="replace") if blob else ""
 
     # ---- completion ---------------------------------------------------------------------------------------
@@ -363,7 +367,7 @@ class RunFolder(StoreFolder):
 
         lease = self._update_own_lease(epoch, change)
         final = lease["done"]
-        if not self.create_exclusive("done.json", json.dumps(final, sort_keys=True).encode()):
+        if not self.store.create("done.json", json.dumps(final, sort_keys=True).encode()):
             existing = self.read_json("done.json") or {}
             if int(existing.get("epoch", -1)) != int(final.get("epoch", -2)):
                 raise StorageError(
@@ -384,21 +388,7 @@ class RunFolder(StoreFolder):
     def _checkpoint_dirs(self) -> dict[CheckpointName, set[str]]:
         """Every checkpoint folder (complete or not) with the files it holds."""
         out: dict[CheckpointName, set[str]] = {}
-        if self.kind == "local":
-            base = self.path("checkpoints")
-            try:
-                names = os.listdir(base)
-            except FileNotFoundError:
-                return {}
-            for n in names:
-                c = CheckpointName.parse(n)
-                if c is not None:
-                    try:
-                        out[c] = set(os.listdir(os.path.join(base, n)))
-                    except (FileNotFoundError, NotADirectoryError):
-                        continue
-            return out
-        for rel in self.list_files("checkpoints"):
+        for rel in self.store.list("checkpoints"):
             head, _, tail = rel.partition("/")
             c = CheckpointName.parse(head)
             if c is not None and tail:
@@ -432,7 +422,7 @@ class RunFolder(StoreFolder):
     def read_commit(self, ckpt: CheckpointName) -> dict[str, Any]:
         """The commit record of a checkpoint; CorruptCheckpoint when missing or unreadable."""
         name = f"checkpoints/{ckpt.dirname}/{COMMIT_FILE}"
-        blob = self.read_bytes(name)
+        blob = self.store.read(name)
         if blob is None:
             raise CorruptCheckpoint(f"{self.url(name)} is missing")
         try:
@@ -459,44 +449,14 @@ class RunFolder(StoreFolder):
         except digest.DigestError as exc:
             raise StorageError(f"cannot verify {self.url(name)}: {exc}") from exc
         if isinstance(out, list):
-            got = self._read_parts(name, out, hasher)
+            got = self.store.read_parts_into(name, out, hasher)
         else:
-            got = self.read_payload_into(name, out, hasher)
+            got = self.store.read_payload_into(name, out, hasher)
         found = hasher.hexdigest()
         if got != size:
             raise CorruptCheckpoint(f"{self.url(name)} has {got} bytes, its commit record says {size}")
         if found != want:
             raise CorruptCheckpoint(f"{self.url(name)} does not match its {algorithm} in the commit record")
-
-    def _read_parts(self, name: str, parts: list[memoryview], hasher: Any) -> int:
-        """Read a file into `parts` one after the other (a scatter read); returns its size, or
-        more than the parts hold when it is longer."""
-        total = sum(len(p) for p in parts)
-        if self.kind != "local":
-            whole = memoryview(bytearray(total))
-            got = self.read_payload_into(name, whole, hasher)
-            offset = 0
-            for part in parts:
-                part[:] = whole[offset : offset + len(part)]
-                offset += len(part)
-            return got
-        try:
-            with open(self.path(name), "rb", buffering=0) as fh:
-                n = 0
-                for part in parts:
-                    for i in range(0, len(part), READ_CHUNK):
-                        piece = part[i : i + READ_CHUNK]
-                        got = fh.readinto(piece)
-                        if got:
-                            hasher.update(piece[:got])
-                            n += got
-                        if got != len(piece):
-                            return n
-                return total + 1 if fh.read(1) else n
-        except FileNotFoundError as exc:
-            raise CorruptCheckpoint(f"{self.url(name)} is missing") from exc
-        except OSError as exc:
-            raise StorageError(f"cannot read {self.url(name)}: {exc}") from exc
 
     def commit_checkpoint(self, epoch: int, ckpt: CheckpointName, record: dict[str, Any]) -> None:
         """Make a fully uploaded checkpoint visible: COMMIT.json (exclusive), then the lease ack.
@@ -505,7 +465,7 @@ class RunFolder(StoreFolder):
         lease swap, not an earlier read, is the fence, so there is no window to slip through).
         """
         name = f"checkpoints/{ckpt.dirname}/{COMMIT_FILE}"
-        if not self.create_exclusive(name, json.dumps(record, sort_keys=True).encode()):
+        if not self.store.create(name, json.dumps(record, sort_keys=True).encode()):
             raise StorageError(f"{self.url(name)} already exists: checkpoint folders are never reused")
 
         def ack(lease: dict[str, Any]) -> dict[str, Any]:
@@ -523,7 +483,7 @@ class RunFolder(StoreFolder):
             return lease
 
         self._update_own_lease(epoch, drop)
-        self.delete(f"checkpoints/{ckpt.dirname}/{COMMIT_FILE}")
+        self.store.delete(f"checkpoints/{ckpt.dirname}/{COMMIT_FILE}")
 
     def collect(self, epoch: int, keep: int = 2, protect: frozenset[str] = frozenset()) -> list[str]:
         """Delete checkpoints beyond the `keep` newest accepted ones, and abandoned partial folders.
@@ -540,7 +500,7 @@ class RunFolder(StoreFolder):
         for c in sorted(self._checkpoint_dirs(), key=lambda c: (c.step, c.epoch)):
             if c.dirname in keep_set or c.epoch > epoch:
                 continue
-            self.delete_tree(f"checkpoints/{c.dirname}")
+            self.store.delete_tree(f"checkpoints/{c.dirname}")
             removed.append(c.dirname)
         return removed
 

@@ -41,9 +41,8 @@ class ExecutionReport:
 def worker_env(job: Job, folder: RunFolder, run_id: str, epoch: int) -> dict[str, str]:
     """The worker environment every adapter passes on (DESIGN.md §3), secrets excluded."""
     env = dict(job.spec.env)
-    endpoint = folder.storage_options.get("endpoint_url")
-    if endpoint and folder.kind == "s3" and "AWS_ENDPOINT_URL" not in env:  # a worker elsewhere needs it too
-        env["AWS_ENDPOINT_URL_S3"] = str(endpoint)
+    if "AWS_ENDPOINT_URL" not in env:  # a worker elsewhere needs the store's endpoint too
+        env.update(folder.store.worker_env())
     env.update({
         "RECONCILER_JOB": job.name,
         "RECONCILER_RUN_URI": folder.uri,

@@ -91,7 +91,7 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         folder = RunFolder(uri)
-        folder.check_conditional_writes()
+        folder.store.check_conditional_writes()
         if epoch is None:
             epoch = folder.bump_lease(holder=f"exec:{socket.gethostname()}:{os.getpid()}")
         folder.check_epoch(epoch)

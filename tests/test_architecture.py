@@ -9,7 +9,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 IO_MODULES = {"git", "fsspec", "s3fs", "subprocess", "socket", "requests", "time", "shutil", "watchfiles",
-              "apscheduler", "adapters.storage", "adapters.gitrepo", "adapters.local", "adapters.registry"}
+              "apscheduler", "adapters.storage", "adapters.stores", "adapters.gitrepo", "adapters.local",
+              "adapters.registry"}
 
 
 def imported_modules(path: Path) -> set[str]:

@@ -688,7 +688,7 @@ def open_run(
         grace = _env_float("RECONCILER_GRACE", env.get("RECONCILER_GRACE"))
     if heartbeat_interval is None:
         heartbeat_interval = _env_float("RECONCILER_HEARTBEAT_INTERVAL", env.get("RECONCILER_HEARTBEAT_INTERVAL"))
-    folder.check_conditional_writes()
+    folder.store.check_conditional_writes()
     if sharded:
         dcp_format.check_folder(folder)
     group = dist.from_env()
@@ -727,7 +727,7 @@ def _tidy(folder: RunFolder, epoch: int) -> None:
     """What killed attempts left behind: temp files of interrupted atomic writes, and the step
     marks of attempts the reconciler has already judged (the previous epoch's is kept for it)."""
     try:
-        removed = folder.remove_stale_temp_files("", LEASE_LOG, "logs")
+        removed = folder.store.remove_stale_temp_files("", LEASE_LOG, "logs")
         folder.forget_reached(before_epoch=epoch - 1)
     except (StorageError, OSError) as exc:
         log.debug("could not tidy the run folder: %s", exc)

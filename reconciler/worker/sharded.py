@@ -29,7 +29,8 @@ from typing import Any
 
 from adapters import digest
 from adapters.storage import CheckpointName, CorruptCheckpoint, RunFolder, StorageError
-from adapters.store import _fault_point
+from adapters.stores import fault_point
+from adapters.stores.memory import MemoryStore
 from reconciler.worker.dist import Group
 
 FORMAT = "dcp-1"
@@ -54,14 +55,19 @@ class Place:
 
 
 def place(folder: RunFolder) -> Place:
-    """The one place that tells local disk from the other stores."""
-    if folder.uri.startswith("file://"):
-        return Place(True, folder.uri[len("file://") :] + "/checkpoints", {})
-    return Place(False, folder.uri + "/checkpoints", dict(folder.storage_options))
+    """The one place that tells a file system from the other stores (DCP writes through fsspec there)."""
+    store = folder.store
+    if store.os_paths:
+        return Place(True, store.os_path("checkpoints"), {})
+    return Place(False, store.url("checkpoints"), dict(store.storage_options))
 
 
 def check_folder(folder: RunFolder) -> None:
-    """Refuse, in one sentence, a run folder whose store cannot be opened here (s3fs missing)."""
+    """Refuse, in one sentence, a run folder DCP cannot write to from every rank: an in-process
+    memory store (other processes cannot see it), or a store whose fsspec backend is missing."""
+    if isinstance(folder.store, MemoryStore):
+        raise ValueError(f"sharded checkpoints need a store every rank can reach; {folder.uri} lives in "
+                         "one process's memory: use a file:// or s3:// run folder")
     try:
         place(folder).fs()
     except (ImportError, ValueError) as exc:
@@ -106,7 +112,7 @@ def _hash_share(where: Place, ckpt: CheckpointName, names: list[str], group: Gro
     mine = {}
     for name in names[group.rank :: group.world]:
         mine[name] = _hash(fs, f"{where.dir(ckpt)}/{name}", algorithms)
-        _fault_point()
+        fault_point()
     return mine
 
 

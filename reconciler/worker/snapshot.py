@@ -284,7 +284,7 @@ def write(
         hashers = {a: digest.Overlapped(digest.new(a)) for a in algorithms}
         for hasher in hashers.values():
             hasher.update(data)  # hashed on other threads while this one writes the same bytes
-        folder.write_payload(f"{base}/{fname}", data)
+        folder.store.write_payload(f"{base}/{fname}", data)
         return fname, digest.record(len(data), {a: h.hexdigest() for a, h in hashers.items()})
 
     record = {

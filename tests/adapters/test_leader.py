@@ -1,4 +1,4 @@
-"""The leader lease on both stores: one holder at a time, renewal, takeover after expiry, a clean
+"""The leader lease on every store: one holder at a time, renewal, takeover after expiry, a clean
 give-up, and many contenders racing for a free lease (compare-and-swap, not last-writer-wins)."""
 
 from __future__ import annotations
@@ -6,12 +6,20 @@ from __future__ import annotations
 import json
 import threading
 
+import pytest
+
 from adapters.leader import Election
-from adapters.storage import RunFolder
-from tests.worker.conftest import s3_endpoint, store  # noqa: F401 - fixtures
+from adapters.stores import open_store
+from tests.worker.conftest import in_process_store, s3_endpoint  # noqa: F401 - fixtures
 from tests.worker.harness import Store
 
 NOW = 1_800_000_000.0
+
+
+@pytest.fixture
+def store(in_process_store: Store) -> Store:  # noqa: F811
+    """Run folders and leases in this process: memory:// as well as local disk and S3."""
+    return in_process_store
 
 
 def hold(election: Election, st: Store, now: float) -> bool:
@@ -30,7 +38,7 @@ def test_one_holder_renews_and_the_other_waits_until_it_expires(store: Store) ->
 
 
 def expires(st: Store) -> float:
-    record = json.loads(RunFolder(f"{st.base}/.leader", st.options).read_bytes("repo-key.json") or b"{}")
+    record = json.loads(open_store(f"{st.base}/.leader", st.options).read("repo-key.json") or b"{}")
     return float(record["expires"])
 
 

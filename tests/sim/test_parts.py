@@ -122,7 +122,7 @@ def test_simfs_lists_by_index_fails_on_purpose_and_keeps_worlds_apart() -> None:
         assert folder.bump_lease() == 1
         assert other.lease_epoch() == 0
         ckpt = CheckpointName(10, 1)
-        folder.write_payload(f"checkpoints/{ckpt.dirname}/state", memoryview(b"abc"))
+        folder.store.write_payload(f"checkpoints/{ckpt.dirname}/state", memoryview(b"abc"))
         folder.commit_checkpoint(1, ckpt, {"files": {"state": {"size": 3, "sha256": "0"}}})
         assert folder.durable_step() == 10
         assert folder.bump_lease() == 2

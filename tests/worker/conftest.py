@@ -1,4 +1,4 @@
-"""Fixtures for the worker tests: a real S3 server (moto) on loopback, and stores on both backends.
+"""Fixtures for the worker tests: a real S3 server (moto) on loopback, and stores on each backend.
 
 The server is started here, by the tests; with CI=true a server that cannot start fails the run
 instead of skipping the S3 half.
@@ -75,9 +75,26 @@ def make_bucket(endpoint: str) -> str:
 
 @pytest.fixture(params=["file", "s3"])
 def store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Store:
+    """A place for run folders that worker processes can reach too."""
+    return _store(request, tmp_path_factory)
+
+
+@pytest.fixture(params=["file", "s3", "memory"])
+def in_process_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Store:
+    """Also memory://, which only this process sees: for tests that start no worker process."""
+    return _store(request, tmp_path_factory)
+
+
+def _store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Store:
     if request.param == "file":
         return Store("file", str(tmp_path_factory.mktemp("runs")))
-    endpoint = request.getfixturevalue("s3_endpoint")
+    if request.param == "memory":
+        return Store("memory", f"memory://runs-{uuid.uuid4().hex[:12]}")
+    return s3_store(request.getfixturevalue("s3_endpoint"))
+
+
+def s3_store(endpoint: str) -> Store:
+    """Run folders in a fresh bucket of the loopback S3 server."""
     options = {
         "endpoint_url": endpoint,
         "key": S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],

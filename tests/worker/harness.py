@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from adapters.storage import RunFolder
+from adapters.stores import Store as BaseStore
 
 S3_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -60,6 +61,44 @@ class Store:
             env.update(S3_CREDENTIALS, AWS_ENDPOINT_URL=self.endpoint)
         env.update({k: str(v) for k, v in extra.items()})
         return env
+
+
+class IgnoringStore(BaseStore):
+    """Another store with its conditions dropped: creation and swaps simply write (as some
+    S3-compatible stores do with If-None-Match/If-Match). Fencing must refuse it."""
+
+    probe_conditional_writes = True
+
+    def __init__(self, inner: BaseStore) -> None:
+        super().__init__(inner.uri, inner.storage_options)
+        self.inner = inner
+        self.cas_across_hosts = inner.cas_across_hosts
+
+    def read_tagged(self, name: str) -> tuple[bytes | None, str | None]:
+        return self.inner.read_tagged(name)
+
+    def _write(self, name: str, data: bytes) -> None:
+        self.inner.write(name, data)
+
+    def _create(self, name: str, data: bytes) -> bool:
+        self.inner.write(name, data)
+        return True
+
+    def _swap(self, name: str, data: bytes, tag: str | None) -> str | None:
+        self.inner.write(name, data)
+        return self.inner.read_tagged(name)[1]
+
+    def _delete(self, name: str) -> None:
+        self.inner.delete(name)
+
+    def _delete_tree(self, name: str) -> None:
+        self.inner.delete_tree(name)
+
+    def _list(self, prefix: str) -> dict[str, int]:
+        return self.inner.list(prefix)
+
+    def read_payload_into(self, name: str, out: memoryview, hasher: Any = None) -> int:
+        return self.inner.read_payload_into(name, out, hasher)
 
 
 def _child(env: dict[str, str], cfg: dict[str, Any]) -> None:

@@ -80,7 +80,7 @@ def test_commit_records_name_their_digest_and_restore_checks_it(
     record = folder.read_commit(ckpt)
     assert len([f for f in record["files"] if f.startswith("model.")]) >= 2
     for fname, info in record["files"].items():
-        blob = folder.read_bytes(f"checkpoints/{ckpt.dirname}/{fname}") or b""
+        blob = folder.store.read(f"checkpoints/{ckpt.dirname}/{fname}") or b""
         want = xxhash.xxh3_128(blob).hexdigest() if algorithm == "xxh3_128" else hashlib.sha256(blob).hexdigest()
         assert info == {"size": len(blob), algorithm: want}
     monkeypatch.delenv(digest.DIGEST_ENV)  # the reader follows the record, whatever it would write
@@ -96,7 +96,7 @@ def test_by_default_both_digests_are_written_so_a_worker_without_xxhash_restores
     folder, _ = save_twice(store, monkeypatch, "")  # RECONCILER_CHECKPOINT_DIGEST unset: the default
     ckpt = newest(folder)
     for fname, info in folder.read_commit(ckpt)["files"].items():
-        blob = folder.read_bytes(f"checkpoints/{ckpt.dirname}/{fname}") or b""
+        blob = folder.store.read(f"checkpoints/{ckpt.dirname}/{fname}") or b""
         assert info == {"size": len(blob), "xxh3_128": xxhash.xxh3_128(blob).hexdigest(),
                         "sha256": hashlib.sha256(blob).hexdigest()}
     monkeypatch.setattr(digest, "_xxhash", lambda: None)
@@ -104,9 +104,9 @@ def test_by_default_both_digests_are_written_so_a_worker_without_xxhash_restores
     step, _model = restore_into(store, folder)
     assert step == 2
     name = f"checkpoints/{ckpt.dirname}/model.0001.bin"  # and sha256 still catches damage there
-    data = bytearray(folder.read_bytes(name) or b"")
+    data = bytearray(folder.store.read(name) or b"")
     data[7] ^= 0x01
-    folder.write_bytes(name, bytes(data))
+    folder.store.write(name, bytes(data))
     assert restore_into(store, folder)[0] == 1
 
 
@@ -117,14 +117,14 @@ def test_a_damaged_shard_is_caught_while_reading_and_the_previous_checkpoint_res
 ) -> None:
     folder, at_1 = save_twice(store, monkeypatch, algorithm)
     name = f"checkpoints/{newest(folder).dirname}/model.0001.bin"
-    data = bytearray(folder.read_bytes(name) or b"")
+    data = bytearray(folder.store.read(name) or b"")
     if damage == "flip":
         data[len(data) - 5] ^= 0x01
     elif damage == "truncate":
         del data[-100:]
     else:
         data += b"\0"
-    folder.write_bytes(name, bytes(data))
+    folder.store.write(name, bytes(data))
     step, model = restore_into(store, folder)
     assert step == 1
     assert_same(at_1, model.state_dict())
@@ -198,9 +198,9 @@ def test_digest_settings_and_records_that_cannot_be_checked_fail_clearly(
     assert not isinstance(err.value, CorruptCheckpoint)
     # a record without any digest is not a valid commit record
     name = f"checkpoints/{ckpt.dirname}/COMMIT.json"
-    record = json.loads(folder.read_bytes(name) or b"")
+    record = json.loads(folder.store.read(name) or b"")
     record["files"]["meta.pkl"].pop("xxh3_128")
-    folder.write_bytes(name, json.dumps(record).encode())
+    folder.store.write(name, json.dumps(record).encode())
     with pytest.raises(CorruptCheckpoint, match="has no digest"):
         folder.read_commit(ckpt)
 

@@ -57,7 +57,7 @@ def test_stopping_an_old_zombie_does_not_withdraw_the_newer_stop(tmp_path: Path)
 @pytest.mark.parametrize("blob", GARBAGE)
 def test_a_torn_or_foreign_stop_file_is_no_request(tmp_path: Path, blob: bytes) -> None:
     folder = RunFolder.for_run(str(tmp_path), "job", "r1")
-    folder.write_bytes("stop.json", blob)
+    folder.store.write("stop.json", blob)
     assert folder.stop_request(0) is None
 
 
@@ -146,7 +146,7 @@ def test_a_stop_request_for_an_older_epoch_does_not_stop_a_newer_worker(store: S
 
 def test_a_garbage_stop_file_does_not_crash_a_real_worker(store: Store) -> None:
     folder = store.folder()
-    folder.write_bytes("stop.json", b'{"epoch": 99, "rea')
+    folder.store.write("stop.json", b'{"epoch": 99, "rea')
     env = store.env(folder, folder.bump_lease(), RECONCILER_CHECKPOINT_EVERY=10)
     assert attempt(env, {"steps": 30, "seed": 1}) == 0
     assert folder.done() is not None

@@ -16,12 +16,18 @@ from adapters.storage import (
     UnsafeStoreError,
     expand_url,
 )
-from tests.worker.harness import Store
+from tests.worker.harness import IgnoringStore, Store
+
+
+@pytest.fixture
+def store(in_process_store: Store) -> Store:
+    """Run folders and leases in this process: memory:// as well as local disk and S3."""
+    return in_process_store
 
 
 def commit(folder: RunFolder, epoch: int, step: int) -> CheckpointName:
     ckpt = CheckpointName(step, epoch)
-    folder.write_payload(f"checkpoints/{ckpt.dirname}/data.bin", memoryview(b"x"))
+    folder.store.write_payload(f"checkpoints/{ckpt.dirname}/data.bin", memoryview(b"x"))
     folder.commit_checkpoint(epoch, ckpt, {"files": {}})
     return ckpt
 
@@ -62,7 +68,7 @@ def test_replaced_attempt_cannot_commit_and_its_late_commits_are_never_accepted(
         commit(folder, old, 20)
     # A zombie that passed its epoch check just before the bump still writes COMMIT.json:
     late = CheckpointName(30, old)
-    folder.create_exclusive(f"checkpoints/{late.dirname}/COMMIT.json", json.dumps({"files": {}}).encode())
+    folder.store.create(f"checkpoints/{late.dirname}/COMMIT.json", json.dumps({"files": {}}).encode())
     assert folder.committed_checkpoints() == [kept]
     assert folder.durable_step() == 10
     mine = commit(folder, new, 15)
@@ -73,7 +79,7 @@ def test_bump_keeps_the_outgoing_epochs_unacknowledged_commits(store: Store) -> 
     folder = store.folder()
     old = folder.bump_lease()
     c = CheckpointName(5, old)
-    folder.create_exclusive(f"checkpoints/{c.dirname}/COMMIT.json", b'{"files": {}}')
+    folder.store.create(f"checkpoints/{c.dirname}/COMMIT.json", b'{"files": {}}')
     folder.bump_lease()
     assert folder.committed_checkpoints() == [c]
 
@@ -109,9 +115,9 @@ def test_collection_keeps_the_two_newest_and_removes_partial_folders(store: Stor
     epoch = folder.bump_lease()
     for step in (1, 2, 3, 4):
         commit(folder, epoch, step)
-    folder.write_payload("checkpoints/000000000003-e0/half.bin", memoryview(b"partial"))
+    folder.store.write_payload("checkpoints/000000000003-e0/half.bin", memoryview(b"partial"))
     folder.collect(epoch, keep=2)
-    left = {name.split("/")[0] for name in folder.list_files("checkpoints")}
+    left = {name.split("/")[0] for name in folder.store.list("checkpoints")}
     assert left == {CheckpointName(4, epoch).dirname, CheckpointName(3, epoch).dirname}
 
 
@@ -124,29 +130,12 @@ def test_collection_by_a_replaced_attempt_is_refused(store: Store) -> None:
         folder.collect(old)
 
 
-class _IgnoringClient:
-    """An S3 client in front of a store that drops conditional headers (as some stores do)."""
-
-    def __init__(self, real: Any) -> None:
-        self._real = real
-
-    def put_object(self, **kw: Any) -> Any:
-        kw.pop("IfNoneMatch", None)
-        kw.pop("IfMatch", None)
-        return self._real.put_object(**kw)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
-
-
 def test_a_store_that_ignores_conditional_writes_is_refused_at_start(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if store.kind != "s3":
-        pytest.skip("local disk always has exclusive create")
-    folder = store.folder()
-    folder._client_obj = _IgnoringClient(folder._client)
-    monkeypatch.setattr("adapters.store._probed", {})
+    plain = store.folder()
+    folder = RunFolder(plain.uri, store=IgnoringStore(plain.store))
+    monkeypatch.setattr("adapters.stores.base._probed", {})
     with pytest.raises(UnsafeStoreError, match="ignores conditional writes"):
         folder.bump_lease()
     monkeypatch.setenv("RECONCILER_ALLOW_UNFENCED_STORE", "1")
@@ -155,9 +144,9 @@ def test_a_store_that_ignores_conditional_writes_is_refused_at_start(
 
 def test_exclusive_create_refuses_an_existing_file(store: Store) -> None:
     folder = store.folder()
-    assert folder.create_exclusive("x.json", b"1")
-    assert not folder.create_exclusive("x.json", b"2")
-    assert folder.read_bytes("x.json") == b"1"
+    assert folder.store.create("x.json", b"1")
+    assert not folder.store.create("x.json", b"2")
+    assert folder.store.read("x.json") == b"1"
 
 
 def test_expand_url_makes_local_paths_absolute(tmp_path: Any) -> None:

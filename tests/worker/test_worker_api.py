@@ -75,7 +75,7 @@ def test_a_failed_upload_is_raised_at_the_next_save(tmp_path: Path) -> None:
     folder = RunFolder(str(tmp_path / "run"))
     model = torch.nn.Linear(2, 2)
     with open_run(uri=folder.uri, install_signal_handlers=False) as run:
-        blocker = Path(folder.path("checkpoints", CheckpointName(1, run.epoch).dirname))
+        blocker = Path(folder.store.os_path(f"checkpoints/{CheckpointName(1, run.epoch).dirname}"))
         os.makedirs(blocker.parent, exist_ok=True)
         blocker.write_text("a file where the checkpoint folder should go")
         run.save(1, model=model)  # returns: the upload fails in the background

@@ -56,27 +56,27 @@ def newest(folder: RunFolder) -> str:
 
 def flip_bit(folder: RunFolder) -> None:
     name = f"{newest(folder)}/model.0000.bin"
-    data = bytearray(folder.read_bytes(name) or b"")
+    data = bytearray(folder.store.read(name) or b"")
     data[len(data) // 2] ^= 0x10
-    folder.write_bytes(name, bytes(data))
+    folder.store.write(name, bytes(data))
 
 
 def truncate(folder: RunFolder) -> None:
     name = f"{newest(folder)}/optimizer.0000.bin"
-    data = folder.read_bytes(name) or b""
-    folder.write_bytes(name, data[: len(data) // 2])
+    data = folder.store.read(name) or b""
+    folder.store.write(name, data[: len(data) // 2])
 
 
 def remove_file(folder: RunFolder) -> None:
-    folder.delete(f"{newest(folder)}/meta.pkl")
+    folder.store.delete(f"{newest(folder)}/meta.pkl")
 
 
 def remove_commit(folder: RunFolder) -> None:
-    folder.delete(f"{newest(folder)}/COMMIT.json")
+    folder.store.delete(f"{newest(folder)}/COMMIT.json")
 
 
 def garble_commit(folder: RunFolder) -> None:
-    folder.write_bytes(f"{newest(folder)}/COMMIT.json", b'{"files": ')
+    folder.store.write(f"{newest(folder)}/COMMIT.json", b'{"files": ')
 
 
 @pytest.mark.parametrize(
@@ -103,7 +103,7 @@ def test_damaged_newest_checkpoint_is_detected_before_load_and_previous_is_used(
 def test_no_good_checkpoint_means_a_fresh_start(store: Store) -> None:
     folder, _ = two_checkpoints(store)
     for c in folder.committed_checkpoints():
-        folder.delete(f"checkpoints/{c.dirname}/meta.pkl")
+        folder.store.delete(f"checkpoints/{c.dirname}/meta.pkl")
     model = RecordingModel()
     with open_attempt(store, folder) as run:
         assert run.restore(model=model) == 0
@@ -117,7 +117,7 @@ def test_saves_keep_only_the_two_newest_checkpoints(store: Store) -> None:
         for step in range(1, 6):
             run.save(step, model=model)
         run.wait()
-    dirs = {name.split("/")[0] for name in folder.list_files("checkpoints")}
+    dirs = {name.split("/")[0] for name in folder.store.list("checkpoints")}
     assert dirs == {CheckpointName(5, run.epoch).dirname, CheckpointName(4, run.epoch).dirname}
 
 

@@ -39,7 +39,7 @@ def notes(log: Path, rank: int, word: str) -> list[int]:
 
 
 def checkpoint_dirs(folder: RunFolder) -> dict[str, set[str]]:
-    base = Path(folder.path("checkpoints"))
+    base = Path(folder.store.os_path("checkpoints"))
     return {d.name: {f.name for f in d.iterdir()} for d in base.iterdir()} if base.exists() else {}
 
 

@@ -17,12 +17,13 @@ from reconciler.judge import close
 from reconciler.loop import read_run
 from reconciler.worker import open_run
 from status.models import Attempt, Outcome
+from tests.worker.conftest import s3_store
 from tests.worker.harness import Store, attempt
 
 
 def _payload(folder: RunFolder) -> dict[str, bytes]:
     (ckpt,) = folder.accepted_checkpoints()
-    base = Path(folder.path("checkpoints", ckpt.dirname))
+    base = Path(folder.store.os_path(f"checkpoints/{ckpt.dirname}"))
     return {p.name: p.read_bytes() for p in sorted(base.iterdir()) if p.name != "COMMIT.json"}
 
 
@@ -56,7 +57,7 @@ def test_a_kill_inside_a_heartbeat_leaves_no_temp_file_after_the_next_start(tmp_
     # temporary file is complete and just before it replaces progress.json.
     env = store.env(folder, folder.bump_lease(), RECONCILER_FAULT_KILL_AT=2, RECONCILER_CHECKPOINT_EVERY=5)
     assert attempt(env, {"steps": 10, "seed": 1}) == -9
-    root = Path(folder.path())
+    root = Path(folder.store.os_path())
     left = [p.name for p in root.iterdir() if ".tmp-" in p.name]
     assert left and left[0].startswith("progress.json.tmp-"), f"the kill should land mid-write: {left}"
     env = store.env(folder, folder.bump_lease(), RECONCILER_CHECKPOINT_EVERY=5)
@@ -90,14 +91,28 @@ def test_steps_lost_are_the_steps_the_next_attempt_recomputes(tmp_path: Path) ->
     assert closed.steps_lost == 13 - restored
 
 
+def test_on_s3_the_steps_after_the_last_heartbeat_are_reported_within_about_a_second(s3_endpoint: str) -> None:
+    store = s3_store(s3_endpoint)
+    folder = store.folder()
+    run_id = folder.uri.rsplit("/", 1)[-1]
+    slow_beats = {"RECONCILER_CHECKPOINT_EVERY": 1000, "RECONCILER_HEARTBEAT_INTERVAL": 1000}
+    # About 0.1 s a step: killed after step 25, 2.4 s after its only heartbeat (step 1).
+    cfg = {"steps": 40, "seed": 1, "sleep": 0.1, "die_at": 25}
+    assert attempt(store.env(folder, folder.bump_lease(), **slow_beats), cfg) == -9
+    seen = read_run(store.base, "job", run_id, store.options)
+    assert seen.heartbeat_step == 1, "the heartbeat alone never saw the steps after step 1"
+    assert seen.reached_step is not None and 25 - 12 <= seen.reached_step <= 25, (
+        f"the mark says step {seen.reached_step}: it should trail the kill at step 25 by about a second at most")
+
+
 def test_only_temp_files_of_dead_or_long_gone_writers_are_removed(tmp_path: Path) -> None:
-    from adapters.store import _HOST, STALE_TEMP_SECONDS
+    from adapters.stores.local import HOST, STALE_TEMP_SECONDS
 
     folder = RunFolder(str(tmp_path))
     gone_pid = _reaped_pid()
     files = {
-        f"progress.json.tmp-{_HOST}-{os.getpid()}-aaaa": True,  # this process: being written
-        f"progress.json.tmp-{_HOST}-{gone_pid}-bbbb": False,  # this host, writer gone
+        f"progress.json.tmp-{HOST}-{os.getpid()}-aaaa": True,  # this process: being written
+        f"progress.json.tmp-{HOST}-{gone_pid}-bbbb": False,  # this host, writer gone
         "stop.json.tmp-otherhost-12-cccc": True,  # another host, recent: may be in flight
         "lease.json.tmp-otherhost-13-dddd": False,  # another host, long ago
     }
@@ -105,7 +120,7 @@ def test_only_temp_files_of_dead_or_long_gone_writers_are_removed(tmp_path: Path
         (tmp_path / name).write_bytes(b"x")
     old = time.time() - STALE_TEMP_SECONDS - 60
     os.utime(tmp_path / "lease.json.tmp-otherhost-13-dddd", (old, old))
-    removed = folder.remove_stale_temp_files()
+    removed = folder.store.remove_stale_temp_files()
     assert sorted(removed) == sorted(n for n, kept in files.items() if not kept)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(n for n, kept in files.items() if kept)
 

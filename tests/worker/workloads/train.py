@@ -80,9 +80,9 @@ def main(cfg: dict[str, Any]) -> None:
             torch.save({**state, "extra": extra}, cfg["out"])
         run.complete(steps, loss=last_loss)
     if os.environ.get("RECONCILER_FAULT_KILL_AT"):
-        import adapters.store
+        import adapters.stores.base
 
-        _note(cfg, f"points {adapters.store._fault_count}")
+        _note(cfg, f"points {adapters.stores.base.fault_count}")
 
 
 if __name__ == "__main__":
