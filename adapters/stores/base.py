@@ -62,6 +62,9 @@ def check_backend(url: str) -> None:
     URL cannot be imported: checked at start-up so that a missing module is not a job that sits
     Pending with "No module named ..." while every command exits 0."""
     protocol = expand_url(url).split("://", 1)[0]
+    if protocol == "memory":
+        raise StorageError(f"storage {url} lives in the memory of one process, which workers cannot reach: "
+                           "use a folder (file://) or a bucket (s3://)")
     try:
         fsspec.get_filesystem_class(protocol)
     except ValueError as exc:

@@ -135,6 +135,16 @@ def test_a_storage_backend_that_is_not_installed_is_one_error_at_start_up(state_
     assert not (state_repo.path / "status").exists()
 
 
+def test_memory_storage_is_refused_at_start_up(state_repo: StateRepoFixture) -> None:
+    """memory:// is a store for tests inside one process: a worker could never reach it."""
+    state_repo.write("reconciler.yaml", "storage: memory://runs\n")
+    state_repo.write("desired/count.yaml", job("count", counter(1.0)))
+    state_repo.commit("memory storage")
+    res = cli("run", "--once", "--repo", str(state_repo.path), check=False)
+    assert res.returncode == 1 and "lives in the memory of one process" in res.stderr
+    assert not (state_repo.path / "status").exists()
+
+
 def test_s3_storage_needs_no_boto3(state_repo: StateRepoFixture, tmp_path: Path,
                                    s3_endpoint: str) -> None:  # noqa: F811 - a fixture
     """The s3 extra cannot name boto3 (pip cannot resolve it beside s3fs), so nothing needs it."""
