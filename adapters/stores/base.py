@@ -200,11 +200,22 @@ class Store(ABC):
         fault_point()
         self._guard("upload", name, self._write_payload, name, buf)
 
-    @abstractmethod
     def read_payload_into(self, name: str, out: memoryview, hasher: Any = None) -> int:
         """Read a whole file into `out` (sized for it), feeding each chunk to `hasher` (anything
         with `update`) as it lands. Returns the bytes read: fewer when the file is shorter, more
-        than len(out) when it is longer. CorruptCheckpoint when the file is missing."""
+        than len(out) when it is longer. CorruptCheckpoint when the file is missing.
+
+        This default reads the file whole (stores held in memory); disk and S3 stream it in chunks."""
+        out = out.cast("B") if out.format != "B" else out
+        data = self.read(name)
+        if data is None:
+            raise CorruptCheckpoint(f"{self.url(name)} is missing")
+        if len(data) > len(out):
+            return len(out) + 1
+        out[: len(data)] = data
+        if hasher is not None:
+            hasher.update(data)
+        return len(data)
 
     def read_parts_into(self, name: str, parts: builtins.list[memoryview], hasher: Any = None) -> int:
         """Read a file into `parts` one after the other (a scatter read); as `read_payload_into`."""

@@ -13,7 +13,7 @@ from typing import Any
 from fsspec import AbstractFileSystem
 from fsspec.core import url_to_fs
 
-from adapters.stores.base import CorruptCheckpoint, Store
+from adapters.stores.base import Store
 
 
 class FsspecStore(Store):
@@ -87,15 +87,3 @@ class FsspecStore(Store):
         except FileNotFoundError:
             return {}
         return {p[len(top) + 1 :]: int(d.get("size") or 0) for p, d in detail.items()}
-
-    def read_payload_into(self, name: str, out: memoryview, hasher: Any = None) -> int:
-        out = out.cast("B") if out.format != "B" else out
-        data = self.read(name)
-        if data is None:
-            raise CorruptCheckpoint(f"{self.url(name)} is missing")
-        if len(data) > len(out):
-            return len(out) + 1
-        out[: len(data)] = data
-        if hasher is not None:
-            hasher.update(data)
-        return len(data)

@@ -11,7 +11,7 @@ import itertools
 import threading
 from typing import Any
 
-from adapters.stores.base import CorruptCheckpoint, Store
+from adapters.stores.base import Store
 
 _files: dict[str, tuple[bytes, str]] = {}  # full path -> (content, tag)
 _lock = threading.Lock()
@@ -72,15 +72,3 @@ class MemoryStore(Store):
         top = top + "/" if top else ""
         with _lock:
             return {p[len(top) :]: len(blob) for p, (blob, _) in _files.items() if p.startswith(top)}
-
-    def read_payload_into(self, name: str, out: memoryview, hasher: Any = None) -> int:
-        out = out.cast("B") if out.format != "B" else out
-        blob = self.read(name)
-        if blob is None:
-            raise CorruptCheckpoint(f"{self.url(name)} is missing")
-        if len(blob) > len(out):
-            return len(out) + 1
-        out[: len(blob)] = blob
-        if hasher is not None:
-            hasher.update(blob)
-        return len(blob)
