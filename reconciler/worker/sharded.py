@@ -22,6 +22,7 @@ through the same store.
 
 from __future__ import annotations
 
+import importlib
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -68,10 +69,24 @@ def check_folder(folder: RunFolder) -> None:
     if isinstance(folder.store, MemoryStore):
         raise ValueError(f"sharded checkpoints need a store every rank can reach; {folder.uri} lives in "
                          "one process's memory: use a file:// or s3:// run folder")
+    where = place(folder)
     try:
-        place(folder).fs()
+        where.fs()
     except (ImportError, ValueError) as exc:
         raise ValueError(f"sharded checkpoints cannot be written to {folder.uri}: {exc}") from exc
+    if not where.local:
+        try:  # a private module of torch's: a later release may move it
+            importlib.import_module("torch.distributed.checkpoint._fsspec_filesystem")
+        except ImportError as exc:
+            raise ValueError(f"sharded checkpoints to {folder.uri} need torch.distributed.checkpoint's fsspec "
+                             f"writer, which this torch ({_torch_version()}) lacks: use a file:// run folder "
+                             "on storage every rank shares") from exc
+
+
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
 
 
 def _writer(where: Place, ckpt: CheckpointName) -> Any:

@@ -128,3 +128,18 @@ def test_a_sharded_save_returns_before_its_commit_and_a_kill_before_the_commit_k
     assert [notes(log, r, "restored")[-1] for r in (0, 1)] == [EVERY, EVERY]
     assert_same(sharded_reference, load(str(out)), "resumed after a kill before the commit")
     assert folder.done()["step"] == STEPS
+
+
+def test_a_run_folder_that_ranks_cannot_share_or_reach_is_refused_in_one_sentence(
+        s3_store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from reconciler.worker import sharded
+
+    with pytest.raises(ValueError, match="lives in one process's memory: use a file:// or s3:// run folder"):
+        sharded.check_folder(RunFolder("memory://sharded-refused/run"))
+    folder = s3_store.folder()
+    sharded.check_folder(folder)  # torch 2.13 has DCP's fsspec writer
+    monkeypatch.setitem(sys.modules, "torch.distributed.checkpoint._fsspec_filesystem", None)
+    with pytest.raises(ValueError, match="lacks: use a file:// run folder"):
+        sharded.check_folder(folder)
