@@ -3,7 +3,7 @@
 A hosted worker (a Kaggle kernel, a Lightning job, a rented container) cannot see the daemon's
 disk or its Python packages. So the launch carries:
 
-- the worker SDK (`sdk_bundle()`: a zip of the modules a worker imports, base64 inside the script;
+- the worker SDK (`sdk_bundle()`: a compressed tar of the modules a worker imports, base64 inside the script;
   the SDK is not published to a package index), unpacked to a temporary folder put on PYTHONPATH,
   with a `reconciler` command on PATH for `reconciler exec -- ...`;
 - the job's code: `code.git` cloned at `code.ref` (or the provider's container `image`);
@@ -27,13 +27,14 @@ import base64
 import hashlib
 import io
 import json
-import zipfile
+import tarfile
+import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from adapters.compute import BASE_ENV, BASE_ENV_PREFIXES, LaunchSpec
+from adapters.compute import BASE_ENV, BASE_ENV_PREFIXES, JobConfigError, LaunchSpec
 
 # The modules a worker imports (reconciler.worker and `reconciler exec`, with their storage layer);
 # tests/adapters/test_hosted.py imports the bundle alone to prove the list is complete.
@@ -78,14 +79,23 @@ def package_root() -> Path:
 
 @lru_cache(maxsize=1)
 def sdk_bundle() -> bytes:
-    """The worker SDK as a zip (deterministic: fixed timestamps, sorted names)."""
+    """The worker SDK as one zlib-compressed tar (deterministic: sorted names, no times or owners).
+    Compressed as one stream, not file by file as a zip is, it is a fifth smaller, which counts
+    where the whole launch must fit in one 128 KiB argument (see `packed`)."""
     out = io.BytesIO()
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
-        for name in SDK_FILES:
-            info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
-            info.compress_type = zipfile.ZIP_DEFLATED
-            zf.writestr(info, (package_root() / name).read_bytes())
-    return out.getvalue()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name in sorted(SDK_FILES):
+            data = (package_root() / name).read_bytes()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return zlib.compress(out.getvalue(), 9)
+
+
+def unpack_bundle(bundle: bytes, root: str) -> None:
+    """What `sdk_bundle` packed, written under `root` (the bootstrap does the same in its own words)."""
+    with tarfile.open(fileobj=io.BytesIO(zlib.decompress(bundle))) as tar:
+        tar.extractall(root, filter="data")
 
 
 def sdk_digest() -> str:
@@ -117,7 +127,7 @@ def load_secrets(names):
 
 def bootstrap_script(spec: LaunchSpec, labels: dict[str, Any], boot: Bootstrap, *, code_git: str | None = None,
                      code_ref: str | None = None) -> str:
-    """The Python script a hosted worker runs: readable on top, the SDK zip at the bottom.
+    """The Python script a hosted worker runs: readable on top, the SDK archive at the bottom.
     Holds no secret value: only the names of the secrets to fetch."""
     plan = {
         "labels": labels,
@@ -139,6 +149,29 @@ def bootstrap_script(spec: LaunchSpec, labels: dict[str, Any], boot: Bootstrap, 
         plan=json.dumps(plan, indent=1, sort_keys=True), secrets_source=boot.secrets_source.strip(),
         digest=sdk_digest(), sdk="\n".join(lines), mark=EXIT_MARK, unreachable=STORAGE_UNREACHABLE,
     )
+
+
+# Linux refuses one argument or environment string longer than this (MAX_ARG_STRLEN, 32 pages):
+# a launch that hands the packed bootstrap to `sh -c` (Vast.ai, RunPod, Lightning AI) must fit.
+ARG_LIMIT = 128 * 1024
+UNPACK_PY = "import base64,sys,zlib; sys.stdout.buffer.write(zlib.decompress(base64.b64decode(sys.stdin.read())))"
+
+
+class LaunchTooLarge(JobConfigError):
+    """The packed bootstrap would not fit in one command-line argument: the job's own doing (its
+    command and env are what grows), so the job fails with the reason instead of looping."""
+
+
+def packed(script: str) -> str:
+    """The bootstrap zlib-compressed and in base64 (no character of it means anything to a shell),
+    for a launch that carries it in one argument; `python3 -c UNPACK_PY` turns it back. Raises
+    LaunchTooLarge rather than let the provider's machine fail with "Argument list too long"."""
+    blob = base64.b64encode(zlib.compress(script.encode(), 9)).decode()
+    if len(blob) > ARG_LIMIT - 1024:  # room for the few words of shell around it
+        raise LaunchTooLarge(f"the worker's bootstrap packs to {len(blob)} bytes, over the {ARG_LIMIT}-byte limit "
+                             "of one command-line argument on the provider's machine: shorten the job's command "
+                             "and env (or give large inputs through code.git or storage)")
+    return blob
 
 
 def parse_exit_record(log_text: str) -> dict[str, Any] | None:
@@ -182,7 +215,7 @@ _TEMPLATE = '''#!/usr/bin/env python3
 # job's code, read the named secrets from the provider's secret store, check that run storage
 # answers, run the command with a minimal environment (its output's tail also goes to the run
 # folder as logs/e<epoch>.log), and print one exit line for the reconciler.
-import base64, collections, io, json, os, signal, subprocess, sys, tempfile, threading, time, zipfile
+import base64, collections, io, json, os, signal, subprocess, sys, tarfile, tempfile, threading, time, zlib
 
 PLAN = json.loads(r"""
 {plan}
@@ -218,7 +251,8 @@ def deadline():
 def unpack_sdk():
     """The worker SDK (sha256 {digest}) into a private folder; a `reconciler` command beside it."""
     root = tempfile.mkdtemp(prefix="reconciler-sdk-")
-    zipfile.ZipFile(io.BytesIO(base64.b64decode(SDK))).extractall(root)
+    with tarfile.open(fileobj=io.BytesIO(zlib.decompress(base64.b64decode(SDK)))) as tar:
+        tar.extractall(root, **({{"filter": "data"}} if hasattr(tarfile, "data_filter") else {{}}))
     bin_dir = os.path.join(root, "bin")
     os.mkdir(bin_dir)
     helper = os.path.join(bin_dir, "reconciler")

@@ -64,7 +64,6 @@ import hashlib
 import json
 import os
 import re
-import zlib
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
@@ -86,7 +85,7 @@ from adapters.compute import (
     check_label,
     check_owner,
 )
-from adapters.hosted import SECRETS_FROM_ENV, Bootstrap, bootstrap_script, parse_exit_record
+from adapters.hosted import SECRETS_FROM_ENV, UNPACK_PY, Bootstrap, bootstrap_script, packed, parse_exit_record
 from adapters.http import HostedApi, HttpRefused
 from desired.models import Capacity, LightningSettings
 
@@ -148,11 +147,9 @@ def shell_command(script: str) -> str:
     """The job's `command` (run by `sh -c`, or by bash with set -e in a Studio): the bootstrap,
     zlib-compressed and base64 in single quotes (no character of it can mean anything to a shell),
     decoded to a file by python3 and exec'd, so the bootstrap is the machine's main process and gets
-    its signals. About 40 KB, well under Linux's 128 KB limit on one argument (`sh -c <command>`)."""
-    blob = base64.b64encode(zlib.compress(script.encode(), 9)).decode()
-    decode = "import base64,sys,zlib; sys.stdout.buffer.write(zlib.decompress(base64.b64decode(sys.stdin.read())))"
-    return (f"B='{blob}'\nF=\"${{TMPDIR:-/tmp}}/reconciler-bootstrap-$$.py\"\n"
-            f"printf %s \"$B\" | python3 -c '{decode}' > \"$F\" && exec python3 \"$F\"\n")
+    its signals. `packed` keeps it under Linux's 128 KiB limit on one argument (`sh -c <command>`)."""
+    return (f"B='{packed(script)}'\nF=\"${{TMPDIR:-/tmp}}/reconciler-bootstrap-$$.py\"\n"
+            f"printf %s \"$B\" | python3 -c '{UNPACK_PY}' > \"$F\" && exec python3 \"$F\"\n")
 
 
 def machine_capacity(slug: str) -> Capacity | None:

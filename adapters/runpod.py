@@ -53,14 +53,12 @@ without our labels are not ours and not counted.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import logging
 import math
 import os
 import time
 import tomllib
-import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -79,7 +77,7 @@ from adapters.compute import (
     with_deadline,
     worker_deadline,
 )
-from adapters.hosted import SECRETS_FROM_ENV, Bootstrap, bootstrap_script, parse_exit_record
+from adapters.hosted import SECRETS_FROM_ENV, UNPACK_PY, Bootstrap, bootstrap_script, packed, parse_exit_record
 from adapters.http import HostedApi
 from desired.models import Capacity, RunpodSettings
 
@@ -140,10 +138,8 @@ def start_command(script: str) -> str:
     """dockerArgs: `sh -c '...'` decoding the bootstrap to a file and exec'ing it. The inner script
     holds no single quote (base64 in double quotes, a Python one-liner without quotes of either
     kind inside), so it is one argument whether RunPod runs dockerArgs through a shell or splits it."""
-    blob = base64.b64encode(zlib.compress(script.encode(), 9)).decode()
-    decode = "import base64,sys,zlib; sys.stdout.buffer.write(zlib.decompress(base64.b64decode(sys.stdin.read())))"
-    inner = (f'B="{blob}"; F="${{TMPDIR:-/tmp}}/reconciler-bootstrap-$$.py"; '
-             f'printf %s "$B" | python3 -c "{decode}" > "$F" && exec python3 "$F"')
+    inner = (f'B="{packed(script)}"; F="${{TMPDIR:-/tmp}}/reconciler-bootstrap-$$.py"; '
+             f'printf %s "$B" | python3 -c "{UNPACK_PY}" > "$F" && exec python3 "$F"')
     return f"sh -c '{inner}'"
 
 

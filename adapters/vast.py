@@ -50,7 +50,6 @@ not confirmed by its docs (intended running + actual stopped is assumed).
 
 from __future__ import annotations
 
-import base64
 import os
 import time
 from dataclasses import replace
@@ -71,7 +70,7 @@ from adapters.compute import (
     check_label,
     check_owner,
 )
-from adapters.hosted import SECRETS_FROM_ENV, Bootstrap, bootstrap_script, parse_exit_record
+from adapters.hosted import SECRETS_FROM_ENV, UNPACK_PY, Bootstrap, bootstrap_script, packed, parse_exit_record
 from adapters.http import HostedApi, HttpRefused
 from desired.models import Capacity, VastSettings
 
@@ -105,10 +104,10 @@ def read_api_key(environ: dict[str, str] | None = None) -> str | None:
 
 
 def onstart_script(bootstrap: str) -> str:
-    """The `sh -c` script that writes the bootstrap (base64: nothing in it can mean anything to a
-    shell) and execs it with python3 as the container's main process."""
-    blob = base64.b64encode(bootstrap.encode()).decode()
-    return (f'cd "$(mktemp -d)" && echo {blob} | base64 -d > bootstrap.py && exec python3 -u bootstrap.py\n')
+    """The `sh -c` script that unpacks the bootstrap (zlib and base64: nothing in it can mean
+    anything to a shell) and execs it with python3 as the container's main process."""
+    return (f'cd "$(mktemp -d)" && printf %s {packed(bootstrap)} | python3 -c "{UNPACK_PY}" > bootstrap.py '
+            f"&& exec python3 -u bootstrap.py\n")
 
 
 def instance_label(owner: str, job: str, run_id: str, epoch: int) -> str:

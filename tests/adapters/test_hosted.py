@@ -15,16 +15,20 @@ from pathlib import Path
 import httpx
 import pytest
 
-from adapters.compute import LaunchSpec, ProviderConfigError, ProviderUnavailable
+from adapters.compute import JobConfigError, LaunchSpec, ProviderConfigError, ProviderUnavailable
 from adapters.hosted import (
+    ARG_LIMIT,
     EXIT_MARK,
     SDK_FILES,
     SECRETS_FROM_ENV,
     STORAGE_UNREACHABLE,
     Bootstrap,
+    LaunchTooLarge,
     bootstrap_script,
+    packed,
     parse_exit_record,
     sdk_bundle,
+    unpack_bundle,
 )
 from adapters.http import HostedApi, HttpRefused, retry_after_seconds
 from adapters.storage import RunFolder
@@ -190,10 +194,7 @@ def test_bootstrap_fails_once_with_the_reason_when_storage_cannot_be_reached(tmp
 
 def test_the_sdk_bundle_alone_imports_the_worker_sdk_and_exec(tmp_path: Path) -> None:
     """SDK_FILES is complete: with only the bundle on the path, the worker modules import from it."""
-    import zipfile
-    from io import BytesIO
-
-    zipfile.ZipFile(BytesIO(sdk_bundle())).extractall(tmp_path / "sdk")
+    unpack_bundle(sdk_bundle(), str(tmp_path / "sdk"))
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import reconciler.worker, reconciler.execwrap; "
             "mods = [m for m in sys.modules.values() if (m.__name__.split('.')[0] in "
             "('reconciler', 'adapters', 'status', 'desired')) and getattr(m, '__file__', None)]; "
@@ -214,3 +215,28 @@ def test_exit_record_is_the_last_one_and_garbage_is_none() -> None:
     log = f"x\n{EXIT_MARK}{{\"code\": 1}}\nmore\n{EXIT_MARK}{{\"code\": 75}}\n"
     assert parse_exit_record(log) == {"code": 75}
     assert parse_exit_record(f"{EXIT_MARK}not json") is None and parse_exit_record("") is None
+
+
+def test_every_packed_launch_fits_one_argument_with_room_to_grow(tmp_path: Path) -> None:
+    """Vast.ai, RunPod and Lightning AI start the worker with `sh -c <the packed bootstrap>`: one
+    argument, which Linux caps at 128 KiB. The SDK bundle grows with the SDK; this fails while there
+    is still a quarter of the limit left, so the next module added says so here and not on a rented
+    machine as "Argument list too long"."""
+    from adapters.lightning import shell_command
+    from adapters.runpod import start_command
+    from adapters.vast import onstart_script
+
+    text = bootstrap_script(spec(tmp_path), {"job": "train"}, Bootstrap("test", SECRETS_FROM_ENV))
+    for launch in (onstart_script(text), start_command(text), shell_command(text)):
+        assert len(launch.encode()) < 0.75 * ARG_LIMIT, len(launch)
+    unpack_only = onstart_script(text).replace("exec python3 -u bootstrap.py", "wc -c bootstrap.py")
+    done = subprocess.run(["sh", "-c", unpack_only], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and int(done.stdout.split()[0]) == len(text.encode()), done.stderr
+
+
+def test_a_bootstrap_too_big_for_one_argument_is_the_jobs_config_error_in_one_sentence(tmp_path: Path) -> None:
+    huge = spec(tmp_path)
+    huge.env["NOISE"] = os.urandom(120 * 1024).hex()  # incompressible
+    with pytest.raises(LaunchTooLarge, match="over the 131072-byte limit of one command-line argument"):
+        packed(bootstrap_script(huge, {"job": "train"}, Bootstrap("test", SECRETS_FROM_ENV)))
+    assert issubclass(LaunchTooLarge, JobConfigError)

@@ -292,15 +292,16 @@ def test_hostile_argv_env_and_secrets_reach_the_worker_verbatim(fake: FakeVast, 
     created = fake.creates[0]
     assert (created["runtype"], created["onstart"], created["args"][0]) == ("args", "sh", "-c")
     onstart = created["args"][1]
-    assert re.fullmatch(r'cd "\$\(mktemp -d\)" && echo [A-Za-z0-9+/=]+ \| base64 -d > bootstrap\.py '
+    assert re.fullmatch(r'cd "\$\(mktemp -d\)" && printf %s [A-Za-z0-9+/=]+ \| python3 -c "[^"]+" > bootstrap\.py '
                         r"&& exec python3 -u bootstrap\.py\n", onstart)
     assert onstart == onstart_script(onstart and _decoded(onstart))
 
 
 def _decoded(onstart: str) -> str:
     import base64
+    import zlib
 
-    return base64.b64decode(onstart.split("echo ", 1)[1].split(" ", 1)[0]).decode()
+    return zlib.decompress(base64.b64decode(onstart.split("printf %s ", 1)[1].split(" ", 1)[0])).decode()
 
 
 def test_secrets_never_reach_a_message_a_label_or_the_logs(fake: FakeVast, tmp_path: Path) -> None:
