@@ -263,7 +263,9 @@ class RunFolder:
             tag = None  # someone else wrote it: look at who, then retry or stop
         raise StorageError(f"cannot write {self.url('progress.json')}: it keeps changing under us")
 
-    def progress(self) -> Progress | None:
+    def progress(self, with_reached: bool = True) -> Progress | None:
+        """The last heartbeat; with `with_reached`, also the step reached since (one more read:
+        the reconciler needs it to count lost work, a page showing progress does not)."""
         data = self.read_json("progress.json")
         if not data:
             return None
@@ -275,7 +277,8 @@ class RunFolder:
                 time=float(data.get("time", 0.0)),
                 metrics={k: float(v) for k, v in (data.get("metrics") or {}).items()},
                 stopping=str(data["stopping"]) if data.get("stopping") else None,
-                reached=max(int(data.get("step", 0)), self.reached(int(data.get("epoch", 0))) or 0),
+                reached=max(int(data.get("step", 0)),
+                            (self.reached(int(data.get("epoch", 0))) if with_reached else None) or 0),
             )
         except (TypeError, ValueError):
             return None

@@ -94,7 +94,7 @@ class PageData:
         storage = (st.storage if st and st.storage else "") or snap.desired.settings.storage
         try:
             folder = RunFolder.for_run(storage, name, run_id, dict(snap.desired.settings.storage_options))
-            return folder.progress()
+            return folder.progress(with_reached=False)  # the page shows the heartbeat: one read, not two
         except (StorageError, OSError, ValueError):
             return None
 
