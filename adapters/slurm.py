@@ -16,7 +16,9 @@ Labels: the job comment is `reconciler:<owner>:<provider>:<job>:<run_id>:<epoch>
 cancelled or adopted. A job's `gpu_model` becomes `--gres=gpu:<model>:<n>`.
 With the provider's `tasks` above 1 the job asks for that many tasks on one node (the job's CPUs
 shared between them) and the agent starts the command with `srun`, once per task, ending all of
-them when one fails (`--kill-on-bad-exit`); srun passes the environment on, the agent hands a stop
+the others `SRUN_WAIT_SECONDS` after the first one ends (`--wait`; not `--kill-on-bad-exit`, which
+would kill the other ranks the moment the first exits 75 after a clean stop, before they finish
+theirs); srun passes the environment on, the agent hands a stop
 to the tasks as SIGUSR1 (which srun forwards; on SIGTERM srun would end the step at once), and the
 worker SDK takes each task's rank from Slurm's variables.
 Jobs are submitted with `--no-requeue` (a relaunch is a new
@@ -623,6 +625,12 @@ class SlurmAdapter:
         return None
 
 
+# After the first task of an srun step ends, the others get this long to end on their own: after a
+# clean stop they exit 75 within moments; after a crash they are stuck in a collective, and srun
+# then ends them.
+SRUN_WAIT_SECONDS = 30
+
+
 def _cpus_per_task(spec: LaunchSpec, settings: SlurmSettings) -> int:
     """The job's CPUs shared between its tasks (at least one each)."""
     return max(1, math.ceil(spec.cpus / settings.tasks))
@@ -633,7 +641,7 @@ def _srun(spec: LaunchSpec, settings: SlurmSettings) -> list[str]:
     if settings.tasks == 1:
         return list(spec.command)
     return ["srun", f"--ntasks={settings.tasks}", f"--cpus-per-task={_cpus_per_task(spec, settings)}",
-            "--kill-on-bad-exit=1", *spec.command]
+            "--kill-on-bad-exit=0", f"--wait={SRUN_WAIT_SECONDS}", *spec.command]
 
 
 def _with_exit_record(state: WorkerState, folder: Path) -> WorkerState:

@@ -109,9 +109,11 @@ def _evidence_verdict(attempt: Attempt, state: WorkerState, run: RunObservation,
 
 
 def _stopped_by_sdk(attempt: Attempt, state: WorkerState, run: RunObservation) -> bool:
-    """Exited 1 (torchrun's code for any failed rank) right after this attempt's SDK wrote its
-    stopping beat, which it writes only once the final checkpoint is committed."""
-    return state.exit_code == 1 and run.heartbeat_epoch == attempt.epoch and run.heartbeat_stopping is not None
+    """Exited non-zero right after this attempt's SDK wrote its stopping beat, which it writes only
+    once the final checkpoint is committed: a launcher's code for its ranks' exit 75 (torchrun
+    reports any failed rank as 1; srun the highest of its tasks' codes, 137 for one it ended)."""
+    return state.exit_code not in (None, 0, EXIT_INTERRUPTED) and run.heartbeat_epoch == attempt.epoch \
+        and run.heartbeat_stopping is not None
 
 
 def end_time(attempt: Attempt, now: float, *candidates: float | None) -> float:

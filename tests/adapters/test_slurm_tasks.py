@@ -35,7 +35,7 @@ def test_tasks_become_ntasks_on_one_node_and_an_srun_command() -> None:
     argv = adapter._sbatch_argv(spec, Path("/tmp/wd/f"), Path("/tmp/wd/f/batch.sh"))
     assert {"--nodes=1", "--ntasks=4", "--cpus-per-task=2"} <= set(argv), argv
     command = adapter._payload(spec)["command"]
-    assert command[0] == "srun" and "--ntasks=4" in command and "--kill-on-bad-exit=1" in command
+    assert command[0] == "srun" and {"--ntasks=4", "--kill-on-bad-exit=0", "--wait=30"} <= set(command)
     assert command[-2:] == ["python3", "train.py"]
     single = SlurmAdapter("slurm", SlurmSettings(workdir="/tmp/wd"), owner="o")
     assert single._payload(spec)["command"] == ["python3", "train.py"]

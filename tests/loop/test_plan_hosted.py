@@ -159,14 +159,17 @@ def test_an_exit_75_after_the_sdk_saw_its_deadline_is_a_session_end(stopping: st
 
 @pytest.mark.parametrize(("stopping", "outcome"), [("deadline", Outcome.SESSION_END), ("signal", Outcome.INTERRUPTION),
                                                    ("request", Outcome.INTERRUPTION), (None, Outcome.JOB_ERROR)])
-def test_torchruns_exit_1_after_the_sdks_stopping_beat_is_a_clean_stop(stopping: str | None, outcome: Outcome) -> None:
-    # torchrun exits 1 when its ranks exit 75; without the SDK's stopping beat, 1 stays a failure.
+@pytest.mark.parametrize("code", [1, 137])
+def test_a_launchers_exit_after_the_sdks_stopping_beat_is_a_clean_stop(stopping: str | None, outcome: Outcome,
+                                                                       code: int) -> None:
+    # torchrun exits 1 when its ranks exit 75, srun the highest task code (137 for a task it ended
+    # after the first exited); without the SDK's stopping beat, such a code stays a failure.
     d = desired(job_yaml())
     run_id = d.jobs["train"].run_id()
     ref, _ = running("train", run_id, 1)
     run = RunObservation(lease_epoch=1, durable_step=40, heartbeat_step=40, heartbeat_epoch=1,
                          heartbeat_stopping=stopping)
-    p = plan(d, Observed(workers={ref: WorkerState(WorkerPhase.EXITED, 1, "COMPLETED")},
+    p = plan(d, Observed(workers={ref: WorkerState(WorkerPhase.EXITED, code, "COMPLETED")},
                          runs={("train", run_id): run}), {"train": with_attempt(d)}, NOW)
     assert p.statuses["train"].attempts[0].outcome == outcome
 
