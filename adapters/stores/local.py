@@ -54,13 +54,8 @@ class LocalStore(Store):
     def _write(self, name: str, data: bytes | memoryview) -> None:
         path = self.os_path(name)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = temp_name(path)
+        tmp = _durable_temp(path, data)
         try:
-            with open(tmp, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            fault_point()
             os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):
@@ -70,13 +65,8 @@ class LocalStore(Store):
         path = self.os_path(name)
         directory = os.path.dirname(path)
         os.makedirs(directory, exist_ok=True)
-        tmp = temp_name(path)
+        tmp = _durable_temp(path, data)
         try:
-            with open(tmp, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            fault_point()
             try:
                 os.link(tmp, path)
             except FileExistsError:
@@ -195,6 +185,23 @@ def temp_name(path: str) -> str:
     """`<path>.tmp-<host>-<pid>-<random>`: who wrote it, so a later attempt can tell a dead
     writer's leftover from a file being written right now."""
     return f"{path}.tmp-{HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _durable_temp(path: str, data: bytes | memoryview) -> str:
+    """`data` written and fsynced to a fresh temporary name beside `path`, ready to be renamed or
+    linked into place (a fault point follows, so the tests can stop a writer right there)."""
+    tmp = temp_name(path)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        fault_point()
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return tmp
 
 
 def _create_without_links(path: str, data: bytes) -> bool:
