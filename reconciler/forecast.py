@@ -73,6 +73,7 @@ class Reliability:
     interruptions: float = 0.0  # the provider's ends, weighed by their age (reconciler.reliability)
     exposure_seconds: float = 0.0  # machine time, weighed by its age
     prior_seconds: float = PRIOR_SPOT_MTBF_SECONDS  # the MTBF it starts from, for its kind
+    interruptible: bool = False  # its kind: machines that can be taken away (spot)
 
 
 def _gained(attempt: Attempt, durable_step: int) -> int:
@@ -119,7 +120,7 @@ def reliabilities(statuses: Iterable[JobStatus], interruptible: dict[str, bool],
             measured=rec is not None,
             interruptions=rec.interruptions if rec else 0.0,
             exposure_seconds=rec.exposure_seconds if rec else 0.0,
-            prior_seconds=prior_mtbf(spot))
+            prior_seconds=prior_mtbf(spot), interruptible=spot)
     return out
 
 
