@@ -14,11 +14,10 @@ from dataclasses import replace
 
 from adapters.compute import WorkerPhase
 from desired.models import Job
-from reconciler.checkpoint_policy import estimate_mtbf
 from reconciler.deadline import RISK_INFEASIBLE
 from reconciler.outlook import Outlook, forecast, outlook, over_budget
 from reconciler.placement import Placement, place
-from reconciler.reliability import Record, change
+from reconciler.reliability import Record, change, mtbf
 from reconciler.tick import JobTick, Launch, MoveRunData, fail, last_detail, stop_current
 from status.models import JobStatus, Outcome, Phase, iso
 
@@ -208,7 +207,7 @@ def worker_mtbf(t: JobTick, provider: str) -> float | None:
     if rel is None:
         return None
     seen = Record(rel.exposure_seconds, rel.interruptions) + change(t.recorded, t.st, provider, t.now)
-    m = estimate_mtbf(seen.exposure_seconds, seen.interruptions, rel.prior_seconds)
+    m = mtbf(seen, rel.interruptible)
     return float(round(m)) if math.isfinite(m) and m > 0 else None
 
 
