@@ -26,6 +26,8 @@ import math
 from dataclasses import dataclass
 
 DEFAULT_PRIOR_MTBF_SECONDS = 6 * 3600.0
+MIN_MTBF_SECONDS = 1.0  # no estimate or interval below this, whatever the record says
+FLOOR_SHARE_OF_MTBF = 0.1  # the interval's floor is at most this share of the MTBF
 
 
 def young_interval(checkpoint_cost: float, mtbf: float) -> float:
@@ -73,21 +75,33 @@ def optimal_interval(checkpoint_cost: float, restart_cost: float, mtbf: float) -
     return (lo + hi) / 2.0
 
 
-def estimate_mtbf(exposure_seconds: float, failures: int, prior_mtbf: float = DEFAULT_PRIOR_MTBF_SECONDS,
-                  prior_weight: float = 1.0) -> float:
-    """Mean time between failures from what was seen, pulled towards a prior while there is
-    little evidence (a gamma prior worth `prior_weight` failures), so one early preemption does
-    not make the worker checkpoint every few seconds."""
-    return (exposure_seconds + prior_weight * prior_mtbf) / (failures + prior_weight)
+def estimate_mtbf(exposure_seconds: float, failures: float, prior_mtbf: float = DEFAULT_PRIOR_MTBF_SECONDS) -> float:
+    """Mean time between failures: the mean of a Gamma posterior whose prior keeps the prior's mean
+    but weighs one pseudo-failure at most, and never more machine time than one interval observed
+    (exposure / failures). Without failures it is one pseudo-failure over `prior_mtbf` (quiet time
+    lengthens the estimate); failures overturn it within a few. A prior worth its own length of
+    exposure (30 days) outweighed twelve interruptions in ten minutes. `failures` may be fractional
+    (reconciler.reliability weighs old ones less)."""
+    if failures <= 0:
+        return exposure_seconds + prior_mtbf
+    weight = min(prior_mtbf, exposure_seconds / failures)  # the prior's pseudo-exposure
+    return max(MIN_MTBF_SECONDS, (exposure_seconds + weight) / (failures + weight / prior_mtbf))
+
+
+def interval_floor(minimum: float, mtbf: float) -> float:
+    """The shortest interval: `minimum`, unless failures come so often that a tenth of the MTBF is
+    shorter (a once-a-minute floor would lose most work on machines that fail every minute)."""
+    return max(MIN_MTBF_SECONDS, min(minimum, FLOOR_SHARE_OF_MTBF * mtbf))
 
 
 def checkpoint_interval(checkpoint_cost: float, mtbf: float | None, *, minimum: float = 60.0,
                         maximum: float = 6 * 3600.0) -> float:
     """Seconds of compute between checkpoints. Without a failure estimate, use the prior. The
-    bounds keep a tiny measured cost from making saves continuous and a huge MTBF from leaving
-    hours unsaved (a failure the estimate does not know about still loses at most `maximum`)."""
+    bounds keep a tiny measured cost from making saves continuous (`interval_floor`) and a huge
+    MTBF from leaving hours unsaved (a failure the estimate does not know about still loses at
+    most `maximum`)."""
     m = mtbf if mtbf and mtbf > 0 else DEFAULT_PRIOR_MTBF_SECONDS
-    return min(maximum, max(minimum, daly_interval(max(checkpoint_cost, 0.0), m)))
+    return min(maximum, max(interval_floor(minimum, m), daly_interval(max(checkpoint_cost, 0.0), m)))
 
 
 @dataclass
@@ -96,7 +110,8 @@ class IntervalPolicy:
     (`saved`), the MTBF the reconciler passed at launch (RECONCILER_MTBF_SECONDS), and, optionally,
     interruptions the worker sees itself (`interrupted`, pooled with that MTBF as `estimate_mtbf`
     pools evidence with a prior). Until a save is measured it asks for the first checkpoint after
-    `minimum` seconds, which measures the cost and secures the first progress early."""
+    the floor (`minimum` seconds, less for a short MTBF), which measures the cost and secures the
+    first progress early."""
 
     mtbf: float | None = None  # what the reconciler measured for the provider; None: the prior
     minimum: float = 60.0
@@ -128,8 +143,8 @@ class IntervalPolicy:
 
     def interval(self) -> float:
         """Seconds of compute between checkpoints (Daly's estimate within the bounds, and not
-        shorter than the last durable write); `minimum` until a save was measured."""
+        shorter than the last durable write); the floor until a save was measured."""
         if self.blocked is None and self.durable is None:
-            return self.minimum
+            return interval_floor(self.minimum, self.failure_mtbf)
         tau = checkpoint_interval(self.blocked or 0.0, self.failure_mtbf, minimum=self.minimum, maximum=self.maximum)
         return max(tau, min(self.durable or 0.0, self.maximum))

@@ -12,10 +12,10 @@ both. A provider's rate is pulled towards the job's rate everywhere while its ow
 and a provider the job has not run on yet borrows that rate and says so. Until the run has
 progress over MIN_MEASURED_SECONDS in all, nothing is guessed.
 
-A provider's reliability is measured across every job's attempts on it: interruptions (and
-session ends) per hour, and the changeover (launch to first heartbeat). A provider with little
-record leans on a prior: interruptible (spot) machines one interruption per PRIOR_SPOT_MTBF, and a
-changeover as long as the median seen on the other providers (PRIOR_CHANGEOVER until one is seen).
+A provider's reliability is measured across every job's attempts on it: its mean time between
+interruptions (reconciler.reliability: learned, recent evidence weighing most, leaning on a prior
+for its kind while the record is short), and the changeover (launch to first heartbeat), as long as
+the median seen on the other providers (PRIOR_CHANGEOVER until one is seen) while it has none.
 """
 
 from __future__ import annotations
@@ -25,14 +25,13 @@ from dataclasses import dataclass
 from math import floor, log10
 from statistics import median
 
-from reconciler.checkpoint_policy import estimate_mtbf
+from desired.models import Provider
+from reconciler.reliability import PRIOR_SPOT_MTBF_SECONDS, mtbf, prior_mtbf, records
 from status.models import Attempt, JobStatus, Outcome
 
 MIN_MEASURED_SECONDS = 900.0  # less attempt time than this, all providers together, measures nothing yet
 PRIOR_WEIGHT_SECONDS = 3600.0  # a provider's own record outweighs the job's overall rate after this long
 PRIOR_CHANGEOVER_SECONDS = 600.0  # launch + restore, until one is seen
-PRIOR_SPOT_MTBF_SECONDS = 6 * 3600.0
-PRIOR_RELIABLE_MTBF_SECONDS = 30 * 24 * 3600.0  # machines nobody takes away still die, rarely
 
 
 @dataclass(frozen=True)
@@ -68,9 +67,13 @@ def provider_rate(track: Track | None, job_rate: float | None) -> float | None:
 class Reliability:
     """One provider's record across all jobs."""
 
-    mtbf_seconds: float  # mean attempt time between interruptions or session ends
+    mtbf_seconds: float  # mean machine time between interruptions or session ends (learned)
     changeover_seconds: float  # launch to first heartbeat: paid again on every move
     measured: bool  # False: the priors alone
+    interruptions: float = 0.0  # the provider's ends, weighed by their age (reconciler.reliability)
+    exposure_seconds: float = 0.0  # machine time, weighed by its age
+    prior_seconds: float = PRIOR_SPOT_MTBF_SECONDS  # the MTBF it starts from, for its kind
+    interruptible: bool = False  # its kind: machines that can be taken away (spot)
 
 
 def _gained(attempt: Attempt, durable_step: int) -> int:
@@ -98,28 +101,34 @@ def job_tracks(st: JobStatus, durable_step: int, now: float, live_step: int | No
 
 def reliabilities(statuses: Iterable[JobStatus], interruptible: dict[str, bool], now: float) -> dict[str, Reliability]:
     """Every provider in `interruptible` (name -> whether its machines can be taken away)."""
-    exposure: dict[str, float] = {}
-    ends: dict[str, int] = {}
+    statuses = list(statuses)
+    seen = records(statuses, now)
     changeovers: dict[str, list[float]] = {}
     for st in statuses:
         for a in st.attempts:
-            end = a.ended if a.ended is not None else now
-            exposure[a.provider] = exposure.get(a.provider, 0.0) + max(0.0, end - a.started)
-            if a.outcome in (Outcome.INTERRUPTION, Outcome.SESSION_END):
-                ends[a.provider] = ends.get(a.provider, 0) + 1
             if a.first_beat is not None:
                 changeovers.setdefault(a.provider, []).append(max(0.0, a.first_beat - a.started))
-    everywhere = [x for seen in changeovers.values() for x in seen]
+    everywhere = [x for c in changeovers.values() for x in c]
     borrowed = median(everywhere) if everywhere else PRIOR_CHANGEOVER_SECONDS
     out = {}
     for name, spot in interruptible.items():
-        prior = PRIOR_SPOT_MTBF_SECONDS if spot else PRIOR_RELIABLE_MTBF_SECONDS
-        seen = changeovers.get(name)
+        rec = seen.get(name)
+        own = changeovers.get(name)
         out[name] = Reliability(
-            mtbf_seconds=estimate_mtbf(exposure.get(name, 0.0), ends.get(name, 0), prior),
-            changeover_seconds=median(seen) if seen else borrowed,
-            measured=bool(seen) or name in exposure)
+            mtbf_seconds=mtbf(rec, spot) if rec else prior_mtbf(spot),
+            changeover_seconds=median(own) if own else borrowed,
+            measured=rec is not None,
+            interruptions=rec.interruptions if rec else 0.0,
+            exposure_seconds=rec.exposure_seconds if rec else 0.0,
+            prior_seconds=prior_mtbf(spot), interruptible=spot)
     return out
+
+
+def provider_reliabilities(providers: dict[str, Provider], statuses: Iterable[JobStatus],
+                           now: float) -> dict[str, Reliability]:
+    """`reliabilities` of the declared providers, each with the prior of its kind (interruptible or not)."""
+    kinds = {name: bool(getattr(p.spec.settings, "interruptible", False)) for name, p in providers.items()}
+    return reliabilities(statuses, kinds, now)
 
 
 def job_rate(tracks: dict[str, Track]) -> float | None:

@@ -17,6 +17,7 @@ from desired.models import Job
 from reconciler.deadline import RISK_INFEASIBLE
 from reconciler.outlook import Outlook, forecast, outlook, over_budget
 from reconciler.placement import Placement, place
+from reconciler.reliability import Record, change, mtbf
 from reconciler.tick import JobTick, Launch, MoveRunData, fail, last_detail, stop_current
 from status.models import JobStatus, Outcome, Phase, iso
 
@@ -199,13 +200,15 @@ def _launch(t: JobTick, name: str) -> None:
 
 def worker_mtbf(t: JobTick, provider: str) -> float | None:
     """RECONCILER_MTBF_SECONDS for a worker launched on `provider`: its mean time between
-    interruptions as reconciler.forecast measures it (machine time over interruptions and session
-    ends of every job's attempts there, this job's included, pulled towards the prior for
-    interruptible or reliable machines while the record is short), in whole seconds."""
+    interruptions as reconciler.reliability learns it from every job's attempts there, this job's
+    as they stand now (an interruption closed in this tick counts for the relaunch it causes), in
+    whole seconds."""
     rel = t.reliability.get(provider)
-    if rel is None or not math.isfinite(rel.mtbf_seconds) or rel.mtbf_seconds <= 0:
+    if rel is None:
         return None
-    return float(round(rel.mtbf_seconds))
+    seen = Record(rel.exposure_seconds, rel.interruptions) + change(t.recorded, t.st, provider, t.now)
+    m = mtbf(seen, rel.interruptible)
+    return float(round(m)) if math.isfinite(m) and m > 0 else None
 
 
 def _moving_worker_still_live(t: JobTick) -> bool:

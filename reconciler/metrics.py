@@ -20,6 +20,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from adapters.notify import Notifier
+from desired.models import Provider
+from reconciler.forecast import provider_reliabilities
 from reconciler.loop import TickReport
 from status.models import JobStatus, Phase
 
@@ -49,6 +51,7 @@ class Metrics(Collector):
         self.since = time.time() if since is None else since  # attempts before this are not counted
         self._lock = threading.Lock()
         self._statuses: dict[str, JobStatus] = {}
+        self._providers: dict[str, Provider] = {}
         self._attempts: dict[tuple[str, str, int], bool] = {}  # (job, run, epoch) -> ended
         self.tick_seconds = Histogram("reconciler_tick_duration_seconds", "Time one tick took",
                                       buckets=TICK_BUCKETS, registry=self.registry)
@@ -73,6 +76,8 @@ class Metrics(Collector):
         if report.statuses or not report.errors:  # a tick held by broken settings keeps the last view
             with self._lock:
                 self._statuses = dict(report.statuses)
+                if report.desired is not None:
+                    self._providers = dict(report.desired.providers)
             self._count_attempts(report.statuses.values())
 
     def _count_attempts(self, statuses: Iterable[JobStatus]) -> None:
@@ -93,6 +98,7 @@ class Metrics(Collector):
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             statuses = sorted(self._statuses.values(), key=lambda s: s.job)
+            providers = self._providers
         phase = GaugeMetricFamily("reconciler_job_phase", "1 for the job's current phase, 0 for the others",
                                   labels=["job", "phase"])
         steps = GaugeMetricFamily("reconciler_job_progress_steps", "Durable progress: the newest checkpoint's step",
@@ -125,12 +131,26 @@ class Metrics(Collector):
             for (provider, outcome), n in sorted(kept.items()):
                 recent.add_metric([st.job, provider, outcome], n)
         yield from (phase, steps, target, ratio, cost, attempts, interruptions, recent)
+        yield from _reliability(providers, statuses)
         if self.notifier is not None:
             notes = CounterMetricFamily("reconciler_notifications", "Notifications sent since the daemon started, "
                                         "by result", labels=["result"])
             notes.add_metric(["delivered"], self.notifier.sent)
             notes.add_metric(["failed"], self.notifier.failed)
             yield notes
+
+
+def _reliability(providers: dict[str, Provider], statuses: list[JobStatus]) -> Iterator[Metric]:
+    """Each declared provider's learned failure rate, as the planner would hand it out now."""
+    mtbf = GaugeMetricFamily("reconciler_provider_mtbf_seconds", "Mean time between interruptions the next "
+                             "worker on the provider is told (RECONCILER_MTBF_SECONDS), learned from every job's "
+                             "attempts there", labels=["provider"])
+    seen = GaugeMetricFamily("reconciler_provider_recent_interruptions", "Interruptions the provider confirmed, "
+                             "each weighed by its age (half after the estimate's half-life)", labels=["provider"])
+    for name, rel in sorted(provider_reliabilities(providers, statuses, time.time()).items()):
+        mtbf.add_metric([name], float(round(rel.mtbf_seconds)))
+        seen.add_metric([name], rel.interruptions)
+    yield from (mtbf, seen)
 
 
 def serve(metrics: Metrics, host: str, port: int) -> tuple[WSGIServer, int]:

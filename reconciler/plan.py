@@ -21,7 +21,7 @@ from adapters.compute import Allowance, WorkerPhase, WorkerRef, WorkerState
 from desired.models import Job
 from desired.parse import DesiredState
 from reconciler.deadline import PlacementPolicy, choose
-from reconciler.forecast import Reliability, open_cost, reliabilities
+from reconciler.forecast import Reliability, open_cost, provider_reliabilities
 from reconciler.judge import EXIT_INTERRUPTED, classify, close, end_time, record_close
 from reconciler.launching import (
     HOST_COOLDOWN_SECONDS,
@@ -80,8 +80,7 @@ def plan(desired: DesiredState, observed: Observed, recorded: dict[str, JobStatu
     that cancels most jobs at once is meant (otherwise it is held, as Argo CD guards pruning).
     `policy` places runs that have a deadline (reconciler.deadline; benchmarks pass baselines)."""
     out = Plan()
-    spot = {name: bool(getattr(p.spec.settings, "interruptible", False)) for name, p in desired.providers.items()}
-    reliability = reliabilities(recorded.values(), spot, now)
+    reliability = provider_reliabilities(desired.providers, recorded.values(), now)
     observed = replace(observed, allowances={**own_quotas(desired, recorded, observed, now), **observed.allowances},
                        bad_hosts=observed.bad_hosts | bad_hosts(recorded.values(), now))
     busy: dict[str, int] = {}
@@ -122,7 +121,7 @@ def _plan_job(out: Plan, job: Job, rec: JobStatus | None, workers: dict[WorkerRe
               policy: PlacementPolicy, reliability: dict[str, Reliability]) -> None:
     st = identify(job, rec, desired, observed, now, commit)
     run = observed.runs.get((job.name, st.run_id), RunObservation())
-    t = JobTick(job, st, run, workers, desired, observed, now, out, busy, st.current, policy, reliability)
+    t = JobTick(job, st, run, workers, desired, observed, now, out, busy, st.current, policy, reliability, rec)
     for step in STEPS:
         if step(t):
             break

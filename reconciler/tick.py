@@ -141,6 +141,7 @@ class JobTick:
     current: Attempt | None = None
     policy: PlacementPolicy = choose
     reliability: dict[str, Reliability] = field(default_factory=dict)
+    recorded: JobStatus | None = None  # the job's status as the tick read it (`reliability` counts it)
 
     def price(self, provider: str) -> float:
         prov = self.desired.providers.get(provider) or self.observed.retired.get(provider)

@@ -89,7 +89,9 @@ class SimConfig:
     seed: int = 0
     tick_seconds: float = 30.0
     faults: Faults = field(default_factory=Faults)
-    policy: str = "hint"  # "hint": the job's checkpoint_every; "young-daly": the SDK's IntervalPolicy; "fixed-30m"
+    # "hint": the job's checkpoint_every; "young-daly": the SDK's IntervalPolicy with the planner's
+    # RECONCILER_MTBF_SECONDS; "true-rate": the same policy told the provider's true MTBF; "fixed-30m"
+    policy: str = "hint"
     check: bool = True  # run the invariant checker after every step (off only to time the tick alone)
     placement_policy: PlacementPolicy | None = None  # None: the product's (reconciler.deadline.choose)
 
@@ -215,11 +217,13 @@ class Simulation:
         policy = self.config.policy
         if policy == "fixed-30m":
             return 1800.0
-        if policy == "young-daly":
-            # The SDK's own policy: the MTBF the planner passed in the launch environment, and the
-            # save cost the worker measures (a simulated save blocks for its whole cost).
+        if policy in ("young-daly", "true-rate"):
+            # The SDK's own policy: the MTBF the planner passed in the launch environment (or the
+            # world's true one, as a yardstick), and the save cost the worker measures (a
+            # simulated save blocks for its whole cost).
             given = w.spec.env.get("RECONCILER_MTBF_SECONDS")
-            sdk = IntervalPolicy(mtbf=float(given) if given else None)
+            told = w.provider.mtbf_seconds if policy == "true-rate" else float(given) if given else None
+            sdk = IntervalPolicy(mtbf=told)
             sdk.saved(blocked=w.model.checkpoint_cost_seconds, durable=w.model.checkpoint_cost_seconds)
             return sdk.interval()
         return w.interval

@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from reconciler.forecast import Reliability
+from reconciler.reliability import HALF_LIFE_SECONDS
 from status.models import Attempt, JobStatus, Outcome, Phase, cost_text, eta_text, risk_text, when
 
 # How an attempt ended, as the page colours it (DESIGN.md §5 classes, folded into five colours).
@@ -69,6 +71,47 @@ def phase_counts(rows: list[Row]) -> list[tuple[str, int]]:
         counts[r.phase] = counts.get(r.phase, 0) + 1
     order = [p.value for p in Phase] + ["New"]
     return sorted(counts.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order))
+
+
+# ---- the providers' failure rates -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProviderRow:
+    provider: str
+    kind: str  # "interruptible" or "reliable": which prior it starts from
+    mtbf: str  # what the next worker there is told (RECONCILER_MTBF_SECONDS)
+    interruptions: str  # the provider's ends, weighed by their age
+    machine_time: str  # weighed by its age
+    prior: str
+
+
+def span(seconds: float) -> str:
+    """A duration as a person reads it: 49 s, 12 min, 5.5 h, 30 d."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h".replace(".0 h", " h")
+    return f"{seconds / 86400:.1f} d".replace(".0 d", " d")
+
+
+def provider_rows(reliability: dict[str, Reliability]) -> list[ProviderRow]:
+    """One line per declared provider: the MTBF its next worker is told, in whole seconds as the
+    worker reads it, and the evidence it was learned from (HALF_LIFE_SECONDS: older counts less)."""
+    rows = []
+    for name in sorted(reliability):
+        rel = reliability[name]
+        told = round(rel.mtbf_seconds)
+        mtbf = f"{told} s" if told < 120 else f"{span(told)} ({told:,} s)"
+        rows.append(ProviderRow(name, "interruptible" if rel.interruptible else "reliable", mtbf,
+                                f"{rel.interruptions:.1f}", span(rel.exposure_seconds) if rel.measured else "none",
+                                span(rel.prior_seconds)))
+    return rows
+
+
+HALF_LIFE_TEXT = span(HALF_LIFE_SECONDS)
 
 
 # ---- the attempt timeline ------------------------------------------------------------------------

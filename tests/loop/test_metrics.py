@@ -13,6 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.notify import Notifier
@@ -153,3 +154,25 @@ def test_metrics_with_once_or_a_bad_address_is_one_clear_error(state_repo: State
         busy = subprocess.run([*base, "--metrics", f"127.0.0.1:{port}"], capture_output=True, text=True,
                               timeout=60)
     assert busy.returncode == 1 and "cannot listen on 127.0.0.1" in busy.stderr, busy.stderr
+
+
+def test_each_provider_s_learned_mtbf_is_a_gauge() -> None:
+    from reconciler.reliability import PRIOR_RELIABLE_MTBF_SECONDS
+    from status.models import Outcome
+    from tests.loop.test_plan import PROVIDERS, desired, job_yaml
+    from tests.loop.test_plan_interval import SPOT, history
+
+    d = desired(job_yaml(), providers=PROVIDERS + "---" + SPOT)
+    stormy = history("old", "spot", [3 / 3600] * 5, Outcome.INTERRUPTION, end=time.time() - 1)  # 3 s each
+    metrics = Metrics()
+    metrics.record(TickReport(statuses={"old": stormy}, desired=d))
+    server, port = serve(metrics, "127.0.0.1", 0)
+    try:
+        samples = scrape(port)
+    finally:
+        server.shutdown()
+    spot = value(samples, "reconciler_provider_mtbf_seconds", provider="spot")
+    assert spot is not None and 3 <= spot <= 30  # five interruptions 3 s apart: within ten times that
+    assert value(samples, "reconciler_provider_recent_interruptions", provider="spot") == pytest.approx(5, rel=1e-3)
+    assert value(samples, "reconciler_provider_mtbf_seconds", provider="free") == PRIOR_RELIABLE_MTBF_SECONDS
+    assert value(samples, "reconciler_provider_recent_interruptions", provider="free") == 0

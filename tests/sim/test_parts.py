@@ -38,7 +38,9 @@ def test_the_mtbf_estimate_starts_at_the_prior_and_follows_the_evidence() -> Non
 
 
 def test_the_interval_is_bounded_whatever_the_inputs() -> None:
-    assert checkpoint_interval(0.0, 10.0) == 60.0
+    assert checkpoint_interval(0.0, 3600.0) == 60.0  # a free save: once a minute at most
+    assert checkpoint_interval(0.0, 10.0) == 1.0  # unless failures come faster: a tenth of the MTBF
+    assert checkpoint_interval(0.0, 0.5) == 1.0  # never below a second
     assert checkpoint_interval(60.0, None) == pytest.approx(daly_interval(60.0, 6 * 3600.0))
     assert checkpoint_interval(600.0, 10**9) == 6 * 3600.0
 

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -168,3 +169,32 @@ def test_a_finished_job_s_timeline_ends_with_its_last_attempt() -> None:
     tl = timeline(attempts, now=10_000)
     last = tl.bars[-1]
     assert last.x + last.width == pytest.approx(tl.width - 10, abs=1)  # the plot's right edge, not `now`
+
+
+def test_the_overview_shows_each_provider_s_learned_mtbf(tmp_path: Path) -> None:
+    from status.models import render_status
+    from tests.loop.test_plan import PROVIDERS
+    from tests.loop.test_plan_interval import SPOT, history
+
+    repo = tmp_path / "state"
+    (repo / "desired").mkdir(parents=True)
+    (repo / "status").mkdir()
+    (repo / "reconciler.yaml").write_text(f"storage: file://{tmp_path}/runs\n")
+    (repo / "desired" / "providers.yaml").write_text(PROVIDERS + "---" + SPOT)
+    stormy = history("old", "spot", [3 / 3600] * 5, Outcome.INTERRUPTION, end=time.time() - 1)  # 3 s each
+    (repo / "status" / "old.yaml").write_text(render_status(stormy))
+    scenario = Scenario(repo, tmp_path / "runs", time.time())
+    scenario.git("init", "-q")
+    scenario.git("add", "-A")
+    scenario.git("commit", "-q", "-m", "five interruptions on spot")
+    server = start_server(repo)
+    try:
+        html = httpx.get(server.url + "/").text
+    finally:
+        stop_server(server)
+    rows = dict(re.findall(r'<tr data-provider="([^"]+)">(.*?)</tr>', html))
+    cells = {name: re.findall(r"<td[^>]*>(.*?)</td>", row) for name, row in rows.items()}
+    assert cells["spot"][:2] == ["spot", "interruptible"]
+    told = int(re.fullmatch(r"(\d+) s", cells["spot"][2])[1])
+    assert 3 <= told <= 30 and cells["spot"][3] == "5.0"  # within ten times the 3 s observed
+    assert cells["free"][1:] == ["reliable", "30 d (2,592,000 s)", "0.0", "none", "30 d"]

@@ -115,7 +115,19 @@ def test_interruptions_the_worker_sees_pool_with_the_given_mtbf() -> None:
     before = policy.interval()
     policy.interrupted(600.0)
     assert policy.failure_mtbf == estimate_mtbf(600.0, 1, M)
-    assert policy.interval() == pytest.approx(checkpoint_interval(2.0, (600.0 + M) / 2)) and policy.interval() < before
+    assert 600.0 <= policy.failure_mtbf <= 2 * 600.0  # its own interruption outweighs the figure it was given
+    assert policy.interval() == pytest.approx(checkpoint_interval(2.0, policy.failure_mtbf))
+    assert policy.interval() < before
+
+
+def test_on_machines_that_fail_every_minute_the_sdk_saves_at_daly_s_interval_not_once_a_minute() -> None:
+    policy = IntervalPolicy(mtbf=60.0)
+    assert policy.interval() == pytest.approx(6.0)  # the first save: a tenth of the MTBF, not a minute
+    policy.saved(blocked=5.0, durable=5.0)
+    assert policy.interval() == pytest.approx(daly_interval(5.0, 60.0))  # about 21 s
+    hourly = IntervalPolicy(mtbf=3600.0)
+    hourly.saved(blocked=0.01, durable=0.01)
+    assert hourly.interval() == 60.0  # a tiny cost on reliable machines: still once a minute at most
 
 
 def test_the_sdk_saves_at_the_young_daly_interval_of_its_measured_cost(

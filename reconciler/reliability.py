@@ -1,0 +1,85 @@
+"""A provider's mean time between interruptions, learned from every job's attempts on it. Pure.
+
+What counts: machine time (each attempt from its launch to its end, or now) as exposure, and each
+end the provider made as an interruption (`PROVIDER_ENDS`: preempted, host lost, vanished from
+its listing, stopped on its notice, the session's limit), whether or not the worker saved first.
+Both are read from the attempts kept in the job statuses, so the estimate survives a restart of
+the daemon, and both are weighed by their age with a half-life (HALF_LIFE_SECONDS): a provider
+that changes is followed within a few interruptions, and after a quiet spell the estimate drifts
+back to its prior (at once where machines keep running there without interruption, within days
+where none runs).
+
+The estimate is `checkpoint_policy.estimate_mtbf`: a Gamma posterior whose prior (PRIOR_SPOT for
+interruptible machines, PRIOR_RELIABLE for others) weighs one pseudo-interruption at most, so that
+five interruptions a few seconds apart read as a few seconds. Weighed as the prior's own length of
+exposure (30 days), it had outweighed twelve interruptions in ten minutes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from reconciler.checkpoint_policy import estimate_mtbf
+from status.models import Attempt, JobStatus, Outcome
+
+HALF_LIFE_SECONDS = 6 * 3600.0  # an interruption (or an hour of machine time) this old counts half
+PRIOR_SPOT_MTBF_SECONDS = 6 * 3600.0
+PRIOR_RELIABLE_MTBF_SECONDS = 30 * 24 * 3600.0  # machines nobody takes away still die, rarely
+PROVIDER_ENDS = frozenset({Outcome.INTERRUPTION, Outcome.SESSION_END})
+
+
+@dataclass(frozen=True)
+class Record:
+    """One provider's evidence, every item weighed by its age."""
+
+    exposure_seconds: float = 0.0  # machine time
+    interruptions: float = 0.0  # ends the provider made
+
+    def __add__(self, other: Record) -> Record:
+        return Record(self.exposure_seconds + other.exposure_seconds, self.interruptions + other.interruptions)
+
+    def __sub__(self, other: Record) -> Record:
+        return Record(max(0.0, self.exposure_seconds - other.exposure_seconds),
+                      max(0.0, self.interruptions - other.interruptions))
+
+
+def prior_mtbf(interruptible: bool) -> float:
+    return PRIOR_SPOT_MTBF_SECONDS if interruptible else PRIOR_RELIABLE_MTBF_SECONDS
+
+
+def mtbf(record: Record, interruptible: bool) -> float:
+    """The provider's MTBF now: what RECONCILER_MTBF_SECONDS tells its next worker."""
+    return estimate_mtbf(record.exposure_seconds, record.interruptions, prior_mtbf(interruptible))
+
+
+def weight(age: float) -> float:
+    """What one item of evidence `age` seconds old counts for (1 when new)."""
+    return 0.5 ** (max(0.0, age) / HALF_LIFE_SECONDS)
+
+
+def attempt_record(a: Attempt, now: float) -> Record:
+    """One attempt's machine time (each second weighed by its age: the integral of `weight`
+    from its start to its end) and, if the provider ended it, one interruption at its end."""
+    end = min(now, a.ended if a.ended is not None else now)
+    start = min(a.started, end)
+    exposure = HALF_LIFE_SECONDS / math.log(2.0) * (weight(now - end) - weight(now - start))
+    return Record(exposure, weight(now - end) if a.outcome in PROVIDER_ENDS else 0.0)
+
+
+def records(statuses: Iterable[JobStatus], now: float) -> dict[str, Record]:
+    """Every provider's evidence across all jobs' attempts, at `now`."""
+    out: dict[str, Record] = {}
+    for st in statuses:
+        for a in st.attempts:
+            out[a.provider] = out.get(a.provider, Record()) + attempt_record(a, now)
+    return out
+
+
+def change(before: JobStatus | None, after: JobStatus, provider: str, now: float) -> Record:
+    """What one job's status adds to `provider`'s record between the recorded version the
+    planner's figures were read from (`before`) and the one it is writing (`after`): the
+    interruption it has just closed, which the relaunch it causes must count."""
+    mine = records([after], now).get(provider, Record())
+    return mine - records([before], now).get(provider, Record()) if before is not None else mine
