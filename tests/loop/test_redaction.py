@@ -173,3 +173,36 @@ def test_a_tick_masks_a_jobs_own_secret_from_its_first_log_line(state_repo) -> N
     assert SECRET in rec.redactor.redact(f"url={SECRET}")  # a plain name: not known before reading
     rec.preview()
     assert rec.redactor.redact(f"url={SECRET}") == f"url={MASK}"
+
+
+def _masked_stream(chunks: list[bytes], redactor: Redactor, limit: int | None = None) -> bytes:
+    from adapters.bootstrap import OutputMasker
+
+    out: list[bytes] = []
+    masker = OutputMasker(redactor.pattern, redactor.longest, out.append)
+    if limit is not None:  # write parts of an unended line once it is longer than the longest form + `limit`
+        masker.limit = masker.keep + limit
+    for chunk in chunks:
+        masker.feed(chunk)
+    masker.close()
+    return b"".join(out)
+
+
+def test_a_stream_is_masked_whatever_its_writes_split_even_inside_a_character() -> None:
+    redactor = Redactor([HARD])
+    data = f"a {HARD} b {quote(HARD).lower()} c\r{html.escape(HARD)}".encode() + b"\xff raw\n"
+    one_by_one = _masked_stream([data[i:i + 1] for i in range(len(data))], redactor)
+    assert one_by_one == b"a *** b *** c\r***\xff raw\n"
+    unended = _masked_stream([data[i:i + 5] for i in range(0, len(data), 5)], redactor, limit=8)
+    assert unended == one_by_one
+
+
+def test_a_stream_writes_whole_lines_as_they_come_and_holds_only_an_unended_one() -> None:
+    from adapters.bootstrap import OutputMasker
+
+    out: list[bytes] = []
+    masker = OutputMasker(Redactor([HARD]).pattern, Redactor([HARD]).longest, out.append)
+    masker.feed(b"step 1\nstep 2\rpart")
+    assert b"".join(out) == b"step 1\nstep 2\r"
+    masker.close()
+    assert b"".join(out) == b"step 1\nstep 2\rpart"
