@@ -479,7 +479,8 @@ class Reconciler:
             return
         budgets = {name: job.spec.budget_usd for name, job in desired.jobs.items()}
         for msg in messages(events(recorded, report.statuses, budgets, rules), rules):
-            self.notifier.submit(msg.url_env, self.redactor.redact(msg.title), self.redactor.redact(msg.body))
+            self.notifier.submit(msg.url_env, self.redactor.redact(msg.title), self.redactor.redact(msg.body),
+                                 msg.level)
 
     def _learn_secrets(self, desired: DesiredState) -> None:
         """The values to mask: those named by the manifests, as the daemon's environment holds them."""
