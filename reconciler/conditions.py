@@ -17,11 +17,11 @@ class Conditions:
         self.log, self.level = logger, level
         self._holding: dict[Hashable, str] = {}
 
-    def holds(self, key: Hashable, message: str) -> None:
+    def holds(self, key: Hashable, message: str, level: int | None = None) -> None:
         """The condition `key` holds now, as `message` says: logged when it starts or its words change."""
         if self._holding.get(key) != message:
             self._holding[key] = message
-            self.log.log(self.level, "%s", message)
+            self.log.log(self.level if level is None else level, "%s", message)
 
     def ended(self, key: Hashable, message: str | None = None) -> None:
         """The condition `key` no longer holds: said once, in `message` or as "resolved: <what it was>"."""

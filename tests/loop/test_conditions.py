@@ -56,7 +56,7 @@ def test_a_fetch_error_on_every_tick_is_logged_once_in_full_and_its_end_once(
 
 
 def test_a_held_change_is_warned_about_once_while_it_is_held(
-        signed_repo: tuple[StateRepoFixture, Path, Path], local_workdir: Path,
+        signed_repo: tuple[StateRepoFixture, Path, Path], local_workdir: Path,  # noqa: F811 - a fixture
         caplog: pytest.LogCaptureFixture) -> None:
     from tests.loop.test_loop_local import job
 
@@ -73,3 +73,21 @@ def test_a_held_change_is_warned_about_once_while_it_is_held(
     rec.tick()
     held = said(caplog, f"commit {unsigned[:12]} is held")
     assert len(held) == 2 and held[1] == f"resolved: {held[0]}", held
+
+
+def test_a_tick_that_keeps_failing_is_logged_once_and_its_recovery_once(
+        state_repo: StateRepoFixture, caplog: pytest.LogCaptureFixture) -> None:
+    from reconciler.daemon import Daemon
+
+    daemon = Daemon(Reconciler(state_repo.path), watch=False)
+    caplog.set_level(logging.INFO, logger="reconciler")
+    head = state_repo.path / ".git" / "HEAD"
+    kept = head.read_text()
+    head.write_text("ref: refs/heads/no-such-branch\n")  # the repository cannot say what HEAD is
+    for _ in range(3):
+        daemon._tick()  # noqa: SLF001 - one tick, as the scheduler runs it
+    head.write_text(kept)
+    daemon._tick()  # noqa: SLF001
+    daemon._tick()  # noqa: SLF001
+    failed = said(caplog, "tick failed")
+    assert len(failed) == 1 and said(caplog, "ticks work again") == ["ticks work again"], caplog.text
