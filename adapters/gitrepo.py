@@ -479,7 +479,10 @@ def _first_line(exc: Exception | None) -> str:
         return "unknown error"
     if isinstance(exc, git.GitCommandError):
         text = (exc.stderr or str(exc)).strip().replace("stderr: ", "").strip("' ")
-        return _scrub(text.splitlines()[-1] if text else str(exc))
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        # git's reason is its first fatal/error line; the lines after it are advice ("Please make sure...")
+        reason = next((line for line in lines if line.startswith(("fatal:", "error:"))), lines[-1] if lines else "")
+        return _scrub(reason or str(exc))
     return _scrub(str(exc).splitlines()[0])
 
 

@@ -49,6 +49,7 @@ from adapters.compute import (
     WorkerRef,
     WorkerState,
     check_owner,
+    output_mask,
     with_deadline,
     worker_base_env,
     worker_deadline,
@@ -196,8 +197,9 @@ class LocalAdapter:
         return WorkerState(WorkerPhase.LOST, None, "supervisor gone without an exit code")
 
     def _start(self, folder: Path, spec: LaunchSpec) -> None:
-        """Starts the supervisor with a minimal environment; the command's own environment goes to
-        it on stdin, so no secret is in the supervisor's environment or in a file."""
+        """Starts the supervisor with a minimal environment; the command's own environment and the
+        mask of its secrets go to it on stdin, so no secret is in the supervisor's environment, argv
+        or a file, and none reaches the log."""
         child_env = {**worker_base_env(os.environ), **with_deadline(spec.env, worker_deadline(spec)),
                      **spec.secret_env}
         own_env = {**worker_base_env(os.environ), "PYTHONPATH": package_root()}
@@ -219,7 +221,7 @@ class LocalAdapter:
             os.close(log)
         assert proc.stdin is not None
         try:
-            proc.stdin.write(json.dumps(child_env).encode())
+            proc.stdin.write(json.dumps({"env": child_env, "mask": output_mask(spec)}).encode())
             proc.stdin.close()
         except BrokenPipeError:
             pass  # the supervisor died at once; it records nothing, so observe reports the worker lost

@@ -80,6 +80,7 @@ from adapters.compute import (
     WorkerState,
     check_label,
     check_owner,
+    output_mask,
     with_deadline,
     worker_deadline,
     worker_folder_name,
@@ -486,6 +487,7 @@ class SlurmAdapter:
             "command": _srun(spec, self.settings),
             "env": with_deadline(spec.env, worker_deadline(spec)),  # the agent adds start + time limit
             "secret_env": dict(spec.secret_env),
+            "mask": output_mask(spec),  # the agent masks the job's secrets in its log
             "pass_prefixes": ["SLURM_"],  # set by Slurm for the job; nothing else of the node's environment
             "cwd": spec.workdir,
             "grace": 3600,  # Slurm's KillWait decides how long a cancelled job may take

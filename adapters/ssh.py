@@ -63,6 +63,7 @@ from adapters.compute import (
     WorkerState,
     check_label,
     check_owner,
+    output_mask,
     with_deadline,
     worker_deadline,
     worker_folder_name,
@@ -408,6 +409,7 @@ class SshAdapter:
             "command": list(spec.command),
             "env": with_deadline(spec.env, worker_deadline(spec)),
             "secret_env": dict(spec.secret_env),
+            "mask": output_mask(spec),  # the agent masks the job's secrets in its log
             "cwd": spec.workdir,
             "grace": self.settings.terminate_grace_seconds,
         }

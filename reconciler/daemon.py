@@ -94,8 +94,11 @@ class Daemon:
             report = self.rec.tick()
             report.seconds = time.monotonic() - started
         except Exception as exc:  # one bad tick must not end the daemon
-            log.error("tick failed: %s; the next tick tries again", exc)
+            self.rec.conditions.holds("tick failed", f"tick failed: {exc}; the next tick tries again",
+                                     logging.ERROR)
             log.debug("tick failure detail", exc_info=True)
+        else:
+            self.rec.conditions.ended("tick failed", "ticks work again")
         self._seen_desired = self._desired_id()
         try:
             self._follow_settings(report)
@@ -117,7 +120,9 @@ class Daemon:
         try:
             election.keep_alive(self.rec.clock.now())
         except Exception as exc:
-            log.warning("cannot renew the leader lease: %s; the next tick tries again", exc)
+            self.rec.conditions.holds("lease", f"cannot renew the leader lease: {exc}; the next tick tries again")
+        else:
+            self.rec.conditions.ended("lease", "the leader lease is renewed again")
 
     def trigger(self) -> None:
         """Run a tick now (coalesced with any pending one). Safe from any thread: it only sets an event."""

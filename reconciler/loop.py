@@ -26,6 +26,7 @@ from adapters.storage import RunFolder, StorageError
 from desired.models import Capacity, Provider, Settings
 from desired.parse import SETTINGS_FILE, DesiredState, parse_desired, parse_settings
 from reconciler.clock import Clock, SystemClock
+from reconciler.conditions import Conditions
 from reconciler.deadline import PlacementPolicy, choose
 from reconciler.execute import execute, store_options
 from reconciler.ledger import build_ledger
@@ -88,6 +89,7 @@ class Reconciler:
         self._adapters: dict[str, tuple[str, ComputeAdapter]] = {}
         self._root_identity: str | None = None
         self._foreign_seen: dict[str, int] = {}
+        self.conditions = Conditions(log)  # tick errors and warnings: said when they start and end
         self._lock: IO[str] | None = None
         self._heartbeats: dict[tuple[str, str], tuple[object, float, int]] = {}
         # Status commits a push did not deliver go out with the next push, even in a tick that
@@ -280,16 +282,18 @@ class Reconciler:
         """Providers that live attempts ran on but that desired/ no longer defines, as the newest
         earlier state of desired/ defined them (looked up only when one is missing)."""
         out: dict[str, Provider] = {}
+        lost: list[str] = []
         for st in recorded.values():
             att = st.current
             if att is None or att.provider in desired.providers or att.provider in out or not st.desired_commit:
                 continue
             found = self._last_definition(att.provider, st.desired_commit)
             if found is None:
-                log.warning("%s: provider %s is defined in no recent commit; its worker %s cannot be stopped "
-                            "from here", st.job, att.provider, att.worker)
+                lost.append(f"{st.job}: provider {att.provider} is defined in no recent commit; its worker "
+                            f"{att.worker} cannot be stopped from here")
             else:
                 out[att.provider] = found
+        self.conditions.exactly("retired", lost)
         return out
 
     def _last_definition(self, provider: str, commit: str, depth: int = 50) -> Provider | None:
@@ -409,8 +413,7 @@ class Reconciler:
             the_plan, desired, recorded, adapters, observed, now = self._look_and_plan(report)
         except SettingsHold as exc:
             report.errors.append(str(exc))
-            for err in report.errors:
-                log.warning("%s", err)
+            self.conditions.exactly("tick", report.errors)
             return report
         commit = report.commit
         result = execute(the_plan.actions, jobs=desired.jobs, adapters=adapters, settings=desired.settings,
@@ -421,8 +424,7 @@ class Reconciler:
         ledger = build_ledger(desired.providers, the_plan.statuses.values(), desired.jobs, observed.allowances, now)
         self._commit(the_plan, recorded, desired, commit, report, ledger)
         self._notify(recorded, desired, report)
-        for err in report.errors:
-            log.warning("%s", err)
+        self.conditions.exactly("tick", report.errors)  # a fetch error, a held change: once, not every tick
         return report
 
     def _commit(self, the_plan: Plan, recorded: dict[str, JobStatus], desired: DesiredState, commit: str,
@@ -479,7 +481,8 @@ class Reconciler:
             return
         budgets = {name: job.spec.budget_usd for name, job in desired.jobs.items()}
         for msg in messages(events(recorded, report.statuses, budgets, rules), rules):
-            self.notifier.submit(msg.url_env, self.redactor.redact(msg.title), self.redactor.redact(msg.body))
+            self.notifier.submit(msg.url_env, self.redactor.redact(msg.title), self.redactor.redact(msg.body),
+                                 msg.level)
 
     def _learn_secrets(self, desired: DesiredState) -> None:
         """The values to mask: those named by the manifests, as the daemon's environment holds them."""

@@ -23,6 +23,9 @@ from desired.models import Notifications, NotifyTarget
 from status.models import JobStatus, Outcome, Phase
 
 AT_RISK = ("at risk", "infeasible")
+# How each event is sent: apprise's notify types, which targets show as a colour or an icon.
+LEVELS = {"succeeded": "success", "failed": "failure", "deadline-at-risk": "warning",
+          "budget-nearly-spent": "warning", "repeated-preemptions": "warning"}
 
 
 @dataclass(frozen=True)
@@ -36,12 +39,17 @@ class Event:
     def title(self) -> str:
         return f"reconciler: {self.job} {self.kind.replace('-', ' ')}"
 
+    @property
+    def level(self) -> str:
+        return LEVELS.get(self.kind, "info")
+
 
 @dataclass(frozen=True)
 class Message:
     url_env: str  # the target, by the name of the variable holding its URL
     title: str
     body: str
+    level: str = "info"  # apprise's notify type: info, success, warning or failure
 
 
 def spent(st: JobStatus) -> float:
@@ -82,7 +90,7 @@ def job_events(old: JobStatus | None, new: JobStatus, budget: float | None, rule
         add("succeeded", f"{new.job} succeeded at step {new.progress.step} after {new.total_attempts} "
                          f"attempt(s), ${spent(new):.2f} spent")
     if new.phase == Phase.FAILED and old_phase != Phase.FAILED:
-        add("failed", f"{new.job} failed: {new.message}")
+        add("failed", f"{new.job}: {new.message}" if new.message else f"{new.job} failed")  # the title says failed
     risk = new.forecast.risk if new.forecast is not None else ""
     old_risk = old.forecast.risk if old is not None and old.forecast is not None else ""
     if risk in AT_RISK and old_risk not in AT_RISK and not new.phase.terminal:
@@ -106,4 +114,4 @@ def wants(target: NotifyTarget, event: Event) -> bool:
 
 def messages(found: list[Event], rules: Notifications) -> list[Message]:
     """One message per event and target that asked for it."""
-    return [Message(t.url_env, e.title, e.text) for e in found for t in rules.targets if wants(t, e)]
+    return [Message(t.url_env, e.title, e.text, e.level) for e in found for t in rules.targets if wants(t, e)]

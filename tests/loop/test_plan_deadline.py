@@ -239,3 +239,19 @@ def test_a_budget_stops_a_running_attempt_once_spent() -> None:
     p = plan(d, seen, {"train": st}, NOW)
     assert stopped(p) == ["ondemand"]
     assert p.statuses["train"].phase == Phase.FAILED and "cost budget of $1.5 spent" in p.statuses["train"].message
+
+
+@pytest.mark.parametrize(("price", "quota", "words"), [
+    (0.2, 30, "quota is the prepaid option ($0.20/h, from its credits or quota) that can start now"),
+    (0.0, 30, "quota is the free option that can start now"),
+    (0.0, None, "quota is the free option that can start now"),
+    (0.2, None, "quota is the cheapest option ($0.20/h) that can start now"),
+])
+def test_words_about_the_chosen_options_money_are_exact(price: float, quota: int | None, words: str) -> None:
+    """Free only at a price of 0: a $0.20/h offer paid from a quota is not "the free option"."""
+    extra = f", free_quota_hours: {quota}" if quota is not None else ""
+    providers = ("apiVersion: reconciler.dev/v1\nkind: Provider\nmetadata: {name: quota}\n"
+                 f"spec: {{settings: {{type: local}}, concurrency: 1, price_per_hour: {price}{extra}}}\n")
+    d = desired(job(budget=100.0, providers="[quota]"), providers=providers)
+    message = plan(d, Observed(), {}, NOW).statuses["train"].message
+    assert message == f"launching on quota: {words} (no deadline to plan for)"
