@@ -17,8 +17,11 @@ log = logging.getLogger("reconciler")
 
 
 class SignedHistory:
-    def __init__(self, signatures: Signatures) -> None:
+    def __init__(self, signatures: Signatures, subdir: str = "") -> None:
         self.sig = signatures
+        # The state's folder in a monorepo (--path): its reconciler.yaml binds, and so does the one at
+        # the repository root where the folder's sets no `signatures:` (settings_files).
+        self.subdir = subdir
         self._head: str | None = None
         self._trust = Trust()
         self._policy: SignaturePolicy | None = None
@@ -43,7 +46,7 @@ class SignedHistory:
                 if policy is None:
                     break
             restart = False
-            for commit in self.sig.changes(head, since, guarded_paths(policy)):
+            for commit in self.sig.changes(head, since, guarded_paths(policy, self.subdir)):
                 verdict = self._verdict(commit, policy, trust.acted or commit)
                 trust = advance(trust, verdict)
                 if not verdict.trusted:
@@ -99,27 +102,52 @@ class SignedHistory:
     def _unguarded(self, head: str, since: str | None, trust: Trust) -> tuple[str | None, Trust,
                                                                               SignaturePolicy | None]:
         """Trusts every change up to the first settings change that asks for signatures (or HEAD)."""
-        for commit in self.sig.changes(head, since, [SETTINGS_FILE]):
+        for commit in self.sig.changes(head, since, settings_files(self.subdir)):
             policy = self._policy_at(commit, None)
             if policy is not None:
-                for earlier in self.sig.changes(commit, since, guarded_paths(None))[-1:]:
+                for earlier in self.sig.changes(commit, since, guarded_paths(None, self.subdir))[-1:]:
                     trust = advance(trust, unguarded(earlier))
                 return commit, trust, policy
-        for last in self.sig.changes(head, since, guarded_paths(None))[-1:]:
+        for last in self.sig.changes(head, since, guarded_paths(None, self.subdir))[-1:]:
             trust = advance(trust, unguarded(last))
         return head, trust, None
 
     def _policy_at(self, commit: str, previous: SignaturePolicy | None) -> SignaturePolicy | None:
-        """The signature policy a trusted commit sets. Settings with errors keep the previous one:
-        a broken reconciler.yaml must not switch the checks off."""
-        settings, errors = parse_settings(self.sig.read(commit, SETTINGS_FILE))
-        return previous if errors else settings.signatures
+        """The signature policy a trusted commit sets: the state folder's, else the repository
+        root's, with key paths made relative to the repository. Settings with errors keep the
+        previous one: a broken reconciler.yaml must not switch the checks off."""
+        for path in settings_files(self.subdir):
+            settings, errors = parse_settings(self.sig.read(commit, path))
+            if errors:
+                return previous
+            if settings.signatures is not None:
+                return in_repository(settings.signatures, path.rpartition("/")[0])
+        return None
 
 
-def guarded_paths(policy: SignaturePolicy | None) -> list[str]:
-    """What a change must be signed to touch: desired state, settings and the allowed keys kept in
-    the repository."""
-    paths = [DESIRED_DIR, SETTINGS_FILE]
+def settings_files(subdir: str) -> list[str]:
+    """The reconciler.yaml files whose `signatures:` bind, first the one that wins: the state
+    folder's, then (in a monorepo) the repository root's, so that a repository whose owner asked
+    for signatures cannot be acted on unsigned by naming one of its folders."""
+    return [f"{subdir}/{SETTINGS_FILE}", SETTINGS_FILE] if subdir else [SETTINGS_FILE]
+
+
+def in_repository(policy: SignaturePolicy, folder: str) -> SignaturePolicy:
+    """The policy of the reconciler.yaml in `folder`, its key files named from the repository root
+    (a relative key path is relative to the folder of the reconciler.yaml that names it)."""
+    if not folder:
+        return policy
+
+    def moved(path: str | None) -> str | None:
+        return f"{folder}/{path}" if path and not path.startswith(("/", "~")) else path
+    return policy.model_copy(update={"allowed_signers": moved(policy.allowed_signers),
+                                     "gpg_keys": moved(policy.gpg_keys)})
+
+
+def guarded_paths(policy: SignaturePolicy | None, subdir: str = "") -> list[str]:
+    """What a change must be signed to touch: desired state, settings (the root's too, in a
+    monorepo) and the allowed keys kept in the repository."""
+    paths = [f"{subdir}/{DESIRED_DIR}" if subdir else DESIRED_DIR, *settings_files(subdir)]
     if policy is not None:
         paths += [p for p in (policy.allowed_signers, policy.gpg_keys) if p and not p.startswith(("/", "~"))]
     return paths
