@@ -100,6 +100,24 @@ class StateRepo:
         raise GitError(f"{self.path} has no branch {branch!r}" + (f" (nor {self.remote}/{branch})" if self.remote
                        else "") + "; commit a manifest under desired/ on it first")
 
+    def check_folder(self) -> None:
+        """A --path that names no folder at the reconciled commit is an error, not an empty state
+        (which would show `0 job(s)` and, once jobs ran, read as every manifest deleted)."""
+        if not self.subdir:
+            return
+        head = self.head()
+        try:
+            kind = (self.repo.commit(head).tree / self.subdir).type
+        except KeyError:
+            kind = None
+        if kind != "tree":
+            raise GitError(f"--path {self.subdir}: no such folder in {self.path} at {self.branch_label()} "
+                           f"({head[:12]}); name the folder that holds desired/ and reconciler.yaml")
+
+    def branch_label(self) -> str:
+        """The reconciled branch's name for a message, or HEAD."""
+        return self.reconciled or self.branch_checked_out() or "HEAD"
+
     def _resolve(self, ref: str) -> str | None:
         try:
             return str(self.repo.commit(ref).hexsha)

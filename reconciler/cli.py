@@ -152,6 +152,8 @@ def validate(repo: RepoOption = Path("."), path: PathOption = "") -> None:
         repo = repo / clean_subdir(path)
     except GitError as exc:
         raise _fail(str(exc), 2) from exc
+    if path and not repo.is_dir():
+        raise _fail(f"--path {path}: no such folder ({repo}); name the folder that holds desired/ and reconciler.yaml")
     root = repo / "desired"
     if not root.is_dir():
         raise _fail(f"{root} does not exist; run this in a state repository or pass --repo")
