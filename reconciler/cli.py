@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
-from rich.markup import escape
 from rich.table import Table
 
 from reconciler.pr_check import WORKFLOW_PATH
+from reconciler.shown import VisibleFilter, escape
 from reconciler.source import BranchOption, PathOption, UrlOption
 
 if TYPE_CHECKING:
@@ -72,6 +72,7 @@ def _setup_logging(verbose: bool) -> None:
     _LOG_FILTER = RedactingFilter(lambda: start)
     handler = RichHandler(console=err, show_path=False, rich_tracebacks=False)
     handler.addFilter(_LOG_FILTER)
+    handler.addFilter(VisibleFilter())  # after the redaction: control characters become visible escapes
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s", handlers=[handler])
     for noisy in ("git", "watchfiles", "fsspec", "botocore", "s3fs", "urllib3", "aiobotocore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -535,7 +536,7 @@ def status(repo: RepoOption = Path("."), as_json: Annotated[bool, typer.Option("
     if ledger:
         console.print(_ledger_table(ledger))
     for e in desired.errors:
-        err.print(f"[red]error:[/red] {e}")
+        err.print(f"[red]error:[/red] {escape(str(e))}")
 
 
 def _forecast_fields(st: JobStatus | None, deadline: float | None) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from reconciler.signed import SignedHistory, with_hold
 from reconciler.trust import act_on, hold_note
 from status.models import JobStatus, ProviderLedger, parse_status, render_index, render_ledger, render_status
 from status.redact import Redactor, redact_data
+from status.text import one_line
 
 log = logging.getLogger("reconciler")
 
@@ -450,7 +451,7 @@ class Reconciler:
             st.desired_commit = desired_commit[:12]
             text = self._render_redacted(st)
             files[f"{STATUS_DIR}/{name}.yaml"] = text
-            changes.append(self.redactor.redact(_change_line(old, st)))
+            changes.append(one_line(self.redactor.redact(_change_line(old, st))))  # a commit message line
         if not files:
             if self._push_pending:
                 try:
