@@ -16,7 +16,9 @@ from pathlib import Path
 
 import git
 
+from adapters.localfiles import Refused, read_regular
 from desired.models import SignaturePolicy
+from desired.parse import MAX_FILE_BYTES
 
 GPG_TIMEOUT = 30.0
 ANCHOR_REF = "refs/reconciler/trusted"  # local to the daemon's clone: never fetched, pushed or rewritten by others
@@ -74,9 +76,9 @@ class Signatures:
     def read(self, commit: str, path: str) -> bytes | None:
         """A policy file: from the repository at `commit`, or from this machine for an absolute path."""
         if path.startswith(("/", "~")):
-            try:
-                return Path(path).expanduser().read_bytes()
-            except OSError:
+            try:  # a FIFO there would block every tick; a device or a folder is no list of keys
+                return read_regular(Path(path), MAX_FILE_BYTES, path)
+            except (OSError, Refused):
                 return None
         try:
             data: bytes = (self.repo.commit(commit).tree / path).data_stream.read()

@@ -147,23 +147,28 @@ def init(path: Annotated[Path, typer.Argument(help="folder for the new state rep
 def validate(repo: RepoOption = Path("."), path: PathOption = "") -> None:
     """Check every manifest under desired/ in the working tree; exit 1 naming file and field on errors."""
     from adapters.gitrepo import GitError, clean_subdir
+    from adapters.localfiles import Refused, inside
     from desired.parse import SETTINGS_FILE, parse_desired
 
+    top = repo
     try:
         repo = repo / clean_subdir(path)
-    except GitError as exc:
+        inside(repo, top, f"--path {path}")
+    except (GitError, Refused) as exc:
         raise _fail(str(exc), 2) from exc
     if path and not repo.is_dir():
         raise _fail(f"--path {path}: no such folder ({repo}); name the folder that holds desired/ and reconciler.yaml")
     root = repo / "desired"
     if not root.is_dir():
         raise _fail(f"{root} does not exist; run this in a state repository or pass --repo")
-    try:
-        manifests = [p for p in sorted(root.rglob("*")) if p.suffix in (".yaml", ".yml") and p.is_file()]
+    try:  # a folder named x.yaml is walked into, not read; anything else named so is read or refused
+        manifests = [p for p in sorted(root.rglob("*")) if p.suffix in (".yaml", ".yml")
+                     and not (p.is_dir() and not p.is_symlink())]
     except OSError as exc:
         raise _fail(f"cannot list {root}: {exc.strerror or exc}") from exc
-    files, unreadable = _read_manifests(repo, manifests)
-    settings, bad_settings = _read_manifests(repo, [repo / SETTINGS_FILE] if (repo / SETTINGS_FILE).is_file() else [])
+    files, unreadable = _read_manifests(repo, manifests, top)
+    found = [repo / SETTINGS_FILE] if os.path.lexists(repo / SETTINGS_FILE) else []
+    settings, bad_settings = _read_manifests(repo, found, top)
     state = parse_desired(files, settings.get(SETTINGS_FILE))
     _check_backend(state.settings.storage)
     errors = unreadable + bad_settings + [str(e) for e in state.errors]
@@ -174,8 +179,10 @@ def validate(repo: RepoOption = Path("."), path: PathOption = "") -> None:
         raise typer.Exit(1)
 
 
-def _read_manifests(repo: Path, paths: list[Path]) -> tuple[dict[str, bytes], list[str]]:
-    """Contents by path relative to `repo`; a file too big or unreadable is an error of its own."""
+def _read_manifests(repo: Path, paths: list[Path], top: Path) -> tuple[dict[str, bytes], list[str]]:
+    """Contents by path relative to `repo`; a file too big, unreadable, not a regular file or a
+    link leaving the repository `top` is an error of its own."""
+    from adapters.localfiles import Refused, read_regular
     from desired.parse import MAX_FILE_BYTES
 
     files: dict[str, bytes] = {}
@@ -183,11 +190,9 @@ def _read_manifests(repo: Path, paths: list[Path]) -> tuple[dict[str, bytes], li
     for path in paths:
         rel = str(path.relative_to(repo))
         try:
-            size = path.stat().st_size
-            if size > MAX_FILE_BYTES:
-                errors.append(f"{rel}: file is {size} bytes; the limit is {MAX_FILE_BYTES} bytes")
-                continue
-            files[rel] = path.read_bytes()
+            files[rel] = read_regular(path, MAX_FILE_BYTES, rel, root=top)
+        except Refused as exc:
+            errors.append(str(exc))
         except OSError as exc:
             errors.append(f"{rel}: cannot be read ({exc.strerror or exc})")
     return files, errors

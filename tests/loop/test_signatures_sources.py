@@ -16,7 +16,7 @@ from adapters.gitrepo import GitError
 from reconciler.loop import Reconciler
 from reconciler.sim.repo import SimRepo
 from reconciler.source import Source, open_state, remote_of
-from tests.conftest import _git
+from tests.conftest import StateRepoFixture, _git
 from tests.loop.test_loop_local import job
 from tests.loop.test_signatures import SLEEP, launched, need, ssh_key
 
@@ -117,3 +117,19 @@ def test_a_plain_folder_that_asks_for_signatures_acts_on_nothing(tmp_path: Path,
     report = Reconciler(SimRepo(files), environ={}).tick()
     assert not launched(report) and report.statuses == {}
     assert any("not in a git repository, so no signature can be checked" in e for e in report.errors)
+
+
+def test_a_key_list_on_the_machine_that_is_a_fifo_holds_changes_and_does_not_hang(
+        state_repo: StateRepoFixture, local_workdir: Path, tmp_path: Path) -> None:
+    need("ssh-keygen")
+    alice = ssh_key(tmp_path, "alice")
+    keys = tmp_path / "allowed_signers"
+    os.mkfifo(keys)  # a read would wait for a writer forever
+    settings = (state_repo.path / "reconciler.yaml").read_text()
+    state_repo.write("reconciler.yaml", settings + f"signatures:\n  allowed_signers: {keys}\n")
+    commit(state_repo.path, "require signed changes", alice)
+    state_repo.write("desired/a.yaml", job("a", SLEEP))
+    added = commit(state_repo.path, "add a", alice)
+    report = Reconciler(state_repo.path).tick()
+    assert not launched(report)
+    assert any(added[:12] in e and f"the allowed keys file {keys} cannot be read" in e for e in report.errors)
