@@ -144,3 +144,13 @@ def test_validate_reads_only_regular_files_inside_the_repository(state_repo: Sta
     folder = subprocess.run([sys.executable, "-m", "reconciler", "validate", "--repo", str(state_repo.path),
                              "--path", "outside"], capture_output=True, text=True, timeout=60)
     assert folder.returncode == 2 and "--path outside is a symbolic link to" in " ".join(folder.stderr.split())
+
+
+def test_a_committed_link_is_never_followed(state_repo: StateRepoFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """git keeps a link as the name of its target: the daemon reads that name, never the target."""
+    monkeypatch.setenv("LEAK_CANARY", "c4n4ry-7z")
+    (state_repo.path / "desired" / "leak.yaml").symlink_to("/proc/self/environ")
+    state_repo.commit("a link out")
+    report = Reconciler(state_repo.path, environ={}).tick()
+    assert any(e.startswith("desired/leak.yaml") and "must be a mapping" in e for e in report.errors)
+    assert "c4n4ry-7z" not in " ".join(report.errors) + state_repo.git("log", "-p", "--all")
