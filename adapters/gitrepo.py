@@ -103,16 +103,19 @@ class StateRepo:
     def check_folder(self) -> None:
         """A --path that names no folder at the reconciled commit is an error, not an empty state
         (which would show `0 job(s)` and, once jobs ran, read as every manifest deleted)."""
-        if not self.subdir:
-            return
         head = self.head()
-        try:
-            kind = (self.repo.commit(head).tree / self.subdir).type
-        except KeyError:
-            kind = None
-        if kind != "tree":
+        if not self.has_folder(head):
             raise GitError(f"--path {self.subdir}: no such folder in {self.path} at {self.branch_label()} "
                            f"({head[:12]}); name the folder that holds desired/ and reconciler.yaml")
+
+    def has_folder(self, commit: str) -> bool:
+        """Whether the state's folder (--path) is a folder at `commit`; the root always is."""
+        if not self.subdir:
+            return True
+        try:
+            return bool((self.repo.commit(commit).tree / self.subdir).type == "tree")
+        except KeyError:
+            return False
 
     def branch_label(self) -> str:
         """The reconciled branch's name for a message, or HEAD."""

@@ -318,6 +318,8 @@ def _review_refs(repo: Path, base: str, head: str, path: str = "") -> Review:
         raise _fail(str(exc)) from exc
     state = reader.repo
     commits = [_resolve(state, ref) for ref in (base, head)]
+    if not any(state.has_folder(c) for c in commits):
+        raise _fail(f"--path {path}: no such folder at {base} nor at {head}; name the folder that holds desired/")
     sides = [reader.read_desired(c, cache=False) for c in commits]
     reader.configure_repo()  # where status is recorded: the status branch's newest, when there is one
     recorded = reader.read_recorded(reader.status_source(commits[0]))

@@ -5,6 +5,7 @@ walks again from the first commit; the signatures are in git, so nothing else is
 from __future__ import annotations
 
 import logging
+import posixpath
 from dataclasses import replace
 
 from adapters.gitrepo import DESIRED_DIR
@@ -135,11 +136,10 @@ def settings_files(subdir: str) -> list[str]:
 def in_repository(policy: SignaturePolicy, folder: str) -> SignaturePolicy:
     """The policy of the reconciler.yaml in `folder`, its key files named from the repository root
     (a relative key path is relative to the folder of the reconciler.yaml that names it)."""
-    if not folder:
-        return policy
-
     def moved(path: str | None) -> str | None:
-        return f"{folder}/{path}" if path and not path.startswith(("/", "~")) else path
+        if not path or path.startswith(("/", "~")):
+            return path  # a file on the daemon's machine
+        return posixpath.normpath(posixpath.join(folder, path))  # `./keys` and `keys` name one blob
     return policy.model_copy(update={"allowed_signers": moved(policy.allowed_signers),
                                      "gpg_keys": moved(policy.gpg_keys)})
 

@@ -143,3 +143,10 @@ def test_a_path_that_names_no_folder_is_an_error(monorepo: Path, tmp_path: Path,
     assert done.returncode == 1, done.stdout
     assert "--path infra/job: no such folder" in " ".join(done.stderr.split())
     assert "0 job(s)" not in done.stdout and "Traceback" not in done.stderr
+
+
+def test_plan_base_with_a_path_that_names_no_folder_at_either_commit_is_an_error(monorepo: Path,
+                                                                                  tmp_path: Path) -> None:
+    done = cli("plan", "--repo", str(tmp_path / "author"), "--base", "main", "--head", "jobs", "--path",
+               "infra/job", env={})
+    assert done.returncode == 1 and "--path infra/job: no such folder at main nor at jobs" in done.stderr

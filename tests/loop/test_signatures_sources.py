@@ -51,7 +51,8 @@ def author_repo(tmp_path: Path, mode: str, alice: Path, signer: Path | None) -> 
     settings = f"storage: file://{tmp_path / 'runs'}\ntick_seconds: 0.5\n"
     settings += "status_branch: reconciler/status\n" if mode == "branch" else ""
     settings += "remote: origin\n" if mode == "status-branch" else ""
-    policy = "signatures:\n  allowed_signers: .reconciler/allowed_signers\n"
+    keys_at = "./.reconciler/allowed_signers" if mode == "path" else ".reconciler/allowed_signers"  # the same file
+    policy = f"signatures:\n  allowed_signers: {keys_at}\n"
     keys = f"alice@example.com {alice.with_suffix('.pub').read_text()}"
     policy_at = work if mode == "path-root-policy" else state  # the root's reconciler.yaml binds a folder too
     write(policy_at, ".reconciler/allowed_signers", keys)
