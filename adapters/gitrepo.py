@@ -59,8 +59,7 @@ class StateRepo:
         try:
             self.repo = git.Repo(self.path)
         except (git.InvalidGitRepositoryError, git.NoSuchPathError) as exc:
-            raise GitError(f"{self.path} is not a git repository; run `reconciler init {self.path}` "
-                           "or point --repo at a clone of your state repository") from exc
+            raise GitError(_not_a_repository(self.path)) from exc
         self.remote = remote
         self.name = name
         self.email = email
@@ -510,6 +509,18 @@ _USERINFO = re.compile(r"(\w+://)[^/@\s]+@")
 def _scrub(text: str) -> str:
     """A URL's user and password (a token) never reach a log line or a status."""
     return _USERINFO.sub(r"\1***@", text)
+
+
+def _not_a_repository(path: Path) -> str:
+    """Why `path` cannot be opened, and what to pass instead: a folder inside a repository is named
+    with --path (so that the repository's history, and its signatures, are read)."""
+    try:
+        top = Path(str(git.Repo(path, search_parent_directories=True).working_tree_dir)).resolve()
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        return (f"{path} is not a git repository; run `reconciler init {path}` or point --repo at a clone "
+                "of your state repository")
+    return (f"{path} is a folder inside the git repository {top}, not a repository itself; pass --repo {top} "
+            f"--path {path.relative_to(top)}")
 
 
 def check_branch_name(name: str, what: str) -> str:

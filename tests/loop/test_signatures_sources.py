@@ -113,6 +113,9 @@ def test_a_plain_folder_that_asks_for_signatures_acts_on_nothing(tmp_path: Path,
     shutil.copytree(work, plain, ignore=shutil.ignore_patterns(".git"))
     with pytest.raises(GitError, match="is not a git repository"):
         open_state(Source(plain))
+    with pytest.raises(GitError, match=r"is a folder inside the git repository .*author.*; pass --repo .* --path "
+                                       "desired"):  # named as --repo, a folder of a repository is no repository
+        open_state(Source(work / "desired"))
     # The in-memory state of the simulator has no signatures to check either: nothing is acted on.
     files = {str(p.relative_to(plain)): p.read_bytes() for p in plain.rglob("*") if p.is_file()}
     report = Reconciler(SimRepo(files), environ={}).tick()
