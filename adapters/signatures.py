@@ -62,16 +62,17 @@ class Signatures:
             return None  # unrelated histories
         return out.strip() or None
 
-    def anchor(self) -> str | None:
-        """The last trusted change this clone acted on under a signature policy, if any."""
+    def anchor(self, subdir: str = "") -> str | None:
+        """The last trusted change this clone acted on under a signature policy for the state in
+        `subdir` (each folder of a monorepo has its own keys, so its own anchor), if any."""
         try:
-            out: str = self.repo.git.rev_parse("--verify", "-q", f"{ANCHOR_REF}^{{commit}}")
+            out: str = self.repo.git.rev_parse("--verify", "-q", f"{anchor_ref(subdir)}^{{commit}}")
         except git.GitCommandError:
             return None
         return out.strip() or None
 
-    def set_anchor(self, commit: str) -> None:
-        self.repo.git.update_ref("-m", "reconciler: last trusted change", ANCHOR_REF, commit)
+    def set_anchor(self, commit: str, subdir: str = "") -> None:
+        self.repo.git.update_ref("-m", "reconciler: last trusted change", anchor_ref(subdir), commit)
 
     def read(self, commit: str, path: str) -> bytes | None:
         """A policy file: from the repository at `commit`, or from this machine for an absolute path."""
@@ -128,6 +129,11 @@ class Signatures:
                                check=True, capture_output=True, timeout=GPG_TIMEOUT)
             self._homes[digest] = home
         return self._homes[digest].name
+
+
+def anchor_ref(subdir: str) -> str:
+    """refs/reconciler/trusted for the repository root, refs/reconciler/trusted-<digest> for a folder."""
+    return f"{ANCHOR_REF}-{hashlib.sha256(subdir.encode()).hexdigest()[:16]}" if subdir else ANCHOR_REF
 
 
 def _primary_fingerprints(listing: str) -> list[str]:

@@ -70,7 +70,7 @@ class SignedHistory:
         origin of one that never asked for signatures) can make the checks start over unguarded:
         the new commits are judged with the keys of that change."""
         if self._head is None:
-            self._anchor = self.sig.anchor()
+            self._anchor = self.sig.anchor(self.subdir)
         anchor = self._trust.acted if self._policy is not None else self._anchor
         policy = self._policy if self._policy is not None else (
             self._policy_at(anchor, None) if anchor else None)
@@ -87,7 +87,7 @@ class SignedHistory:
 
     def _keep_anchor(self, trust: Trust, policy: SignaturePolicy | None) -> None:
         if trust.acted and (policy is not None or self._anchor is not None) and trust.acted != self._anchor:
-            self.sig.set_anchor(trust.acted)
+            self.sig.set_anchor(trust.acted, self.subdir)
             self._anchor = trust.acted
 
     def _verdict(self, commit: str, policy: SignaturePolicy, at: str) -> Verdict:

@@ -137,3 +137,27 @@ def test_a_key_list_on_the_machine_that_is_a_fifo_holds_changes_and_does_not_han
     report = Reconciler(state_repo.path).tick()
     assert not launched(report)
     assert any(added[:12] in e and f"the allowed keys file {keys} cannot be read" in e for e in report.errors)
+
+
+def test_each_folder_of_a_clone_keeps_its_own_last_trusted_change(tmp_path: Path, local_workdir: Path) -> None:
+    """One clone reconciled as --path a, then as --path b: b's unsigned change is not accepted
+    because a later commit was trusted under a's keys."""
+    need("ssh-keygen")
+    alice, bob = ssh_key(tmp_path, "alice"), ssh_key(tmp_path, "bob")
+    work = tmp_path / "mono"
+    work.mkdir()
+    _git(work, "init", "-q", "-b", "main")
+    for folder, key in (("a", alice), ("b", bob)):
+        signer = f"{key.name}@example.com {key.with_suffix('.pub').read_text()}"
+        write(work, f"{folder}/.reconciler/allowed_signers", signer)
+        write(work, f"{folder}/reconciler.yaml", f"storage: file://{tmp_path / 'runs'}\nsignatures:\n"
+                                                 "  allowed_signers: .reconciler/allowed_signers\n")
+    first = commit(work, "both folders ask for signatures", alice)
+    write(work, "b/desired/x.yaml", job("x", SLEEP))
+    unsigned = commit(work, "x, unsigned", None)
+    write(work, "a/desired/y.yaml", job("y", SLEEP))
+    commit(work, "y, signed by alice", alice)
+    assert launched(Reconciler(open_state(Source(work, path="a"))).tick()) == {"y"}
+    report = Reconciler(open_state(Source(work, path="b"))).tick()
+    assert not launched(report) and report.commit == first
+    assert any(unsigned[:12] in e and "is held: it is not signed" in e for e in report.errors)
