@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 import re
 from datetime import datetime
 from typing import Annotated, Literal, get_args
@@ -158,6 +159,15 @@ class Code(Strict):
     git: str | None = Field(default=None, description="git URL of the code")
     ref: str | None = Field(default=None, description="commit, tag or branch of `git`")
     image: str | None = Field(default=None, description="container image, for providers that use one")
+
+    @field_validator("path")
+    @classmethod
+    def _not_the_root(cls, v: str | None) -> str | None:
+        """A working directory of `/` hands the job the whole filesystem: almost always a typo."""
+        if v is not None and (not v.strip() or posixpath.normpath(v.strip()) in ("/", "//")):
+            raise ValueError(f"{v!r} is the root of the filesystem (or empty); name the folder that holds the "
+                             "job's code")
+        return v
 
 
 class JobSpec(Strict):

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
-from rich.markup import escape
 from rich.table import Table
 
 from reconciler.pr_check import WORKFLOW_PATH
+from reconciler.shown import VisibleFilter, escape
 from reconciler.source import BranchOption, PathOption, UrlOption
 
 if TYPE_CHECKING:
@@ -72,6 +72,7 @@ def _setup_logging(verbose: bool) -> None:
     _LOG_FILTER = RedactingFilter(lambda: start)
     handler = RichHandler(console=err, show_path=False, rich_tracebacks=False)
     handler.addFilter(_LOG_FILTER)
+    handler.addFilter(VisibleFilter())  # after the redaction: control characters become visible escapes
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s", handlers=[handler])
     for noisy in ("git", "watchfiles", "fsspec", "botocore", "s3fs", "urllib3", "aiobotocore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -146,21 +147,28 @@ def init(path: Annotated[Path, typer.Argument(help="folder for the new state rep
 def validate(repo: RepoOption = Path("."), path: PathOption = "") -> None:
     """Check every manifest under desired/ in the working tree; exit 1 naming file and field on errors."""
     from adapters.gitrepo import GitError, clean_subdir
+    from adapters.localfiles import Refused, inside
     from desired.parse import SETTINGS_FILE, parse_desired
 
+    top = repo
     try:
         repo = repo / clean_subdir(path)
-    except GitError as exc:
+        inside(repo, top, f"--path {path}")
+    except (GitError, Refused) as exc:
         raise _fail(str(exc), 2) from exc
+    if path and not repo.is_dir():
+        raise _fail(f"--path {path}: no such folder ({repo}); name the folder that holds desired/ and reconciler.yaml")
     root = repo / "desired"
     if not root.is_dir():
         raise _fail(f"{root} does not exist; run this in a state repository or pass --repo")
-    try:
-        manifests = [p for p in sorted(root.rglob("*")) if p.suffix in (".yaml", ".yml") and p.is_file()]
+    try:  # a folder named x.yaml is walked into, not read; anything else named so is read or refused
+        manifests = [p for p in sorted(root.rglob("*")) if p.suffix in (".yaml", ".yml")
+                     and not (p.is_dir() and not p.is_symlink())]
     except OSError as exc:
         raise _fail(f"cannot list {root}: {exc.strerror or exc}") from exc
-    files, unreadable = _read_manifests(repo, manifests)
-    settings, bad_settings = _read_manifests(repo, [repo / SETTINGS_FILE] if (repo / SETTINGS_FILE).is_file() else [])
+    files, unreadable = _read_manifests(repo, manifests, top)
+    found = [repo / SETTINGS_FILE] if os.path.lexists(repo / SETTINGS_FILE) else []
+    settings, bad_settings = _read_manifests(repo, found, top)
     state = parse_desired(files, settings.get(SETTINGS_FILE))
     _check_backend(state.settings.storage)
     errors = unreadable + bad_settings + [str(e) for e in state.errors]
@@ -171,8 +179,10 @@ def validate(repo: RepoOption = Path("."), path: PathOption = "") -> None:
         raise typer.Exit(1)
 
 
-def _read_manifests(repo: Path, paths: list[Path]) -> tuple[dict[str, bytes], list[str]]:
-    """Contents by path relative to `repo`; a file too big or unreadable is an error of its own."""
+def _read_manifests(repo: Path, paths: list[Path], top: Path) -> tuple[dict[str, bytes], list[str]]:
+    """Contents by path relative to `repo`; a file too big, unreadable, not a regular file or a
+    link leaving the repository `top` is an error of its own."""
+    from adapters.localfiles import Refused, read_regular
     from desired.parse import MAX_FILE_BYTES
 
     files: dict[str, bytes] = {}
@@ -180,11 +190,9 @@ def _read_manifests(repo: Path, paths: list[Path]) -> tuple[dict[str, bytes], li
     for path in paths:
         rel = str(path.relative_to(repo))
         try:
-            size = path.stat().st_size
-            if size > MAX_FILE_BYTES:
-                errors.append(f"{rel}: file is {size} bytes; the limit is {MAX_FILE_BYTES} bytes")
-                continue
-            files[rel] = path.read_bytes()
+            files[rel] = read_regular(path, MAX_FILE_BYTES, rel, root=top)
+        except Refused as exc:
+            errors.append(str(exc))
         except OSError as exc:
             errors.append(f"{rel}: cannot be read ({exc.strerror or exc})")
     return files, errors
@@ -310,6 +318,8 @@ def _review_refs(repo: Path, base: str, head: str, path: str = "") -> Review:
         raise _fail(str(exc)) from exc
     state = reader.repo
     commits = [_resolve(state, ref) for ref in (base, head)]
+    if not any(state.has_folder(c) for c in commits):
+        raise _fail(f"--path {path}: no such folder at {base} nor at {head}; name the folder that holds desired/")
     sides = [reader.read_desired(c, cache=False) for c in commits]
     reader.configure_repo()  # where status is recorded: the status branch's newest, when there is one
     recorded = reader.read_recorded(reader.status_source(commits[0]))
@@ -533,7 +543,7 @@ def status(repo: RepoOption = Path("."), as_json: Annotated[bool, typer.Option("
     if ledger:
         console.print(_ledger_table(ledger))
     for e in desired.errors:
-        err.print(f"[red]error:[/red] {e}")
+        err.print(f"[red]error:[/red] {escape(str(e))}")
 
 
 def _forecast_fields(st: JobStatus | None, deadline: float | None) -> dict[str, Any]:

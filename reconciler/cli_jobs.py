@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.markup import escape
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
 from reconciler.cli import RepoOption, _fail, _reconciler, app, console
+from reconciler.shown import block, escape
 from reconciler.source import BranchOption, PathOption, UrlOption
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ def describe(job: Annotated[str, typer.Argument(help="the job to describe")], re
     _events(rec, job, show)
     if st.log_tail:
         console.print("last log lines of a failed attempt:")
-        console.print(Text(redactor.redact(st.log_tail)))
+        console.print(block(redactor.redact(st.log_tail)))
 
 
 def _events(rec: Reconciler, job: str, show: Callable[[str], str]) -> None:

@@ -37,6 +37,7 @@ from reconciler.signed import SignedHistory, with_hold
 from reconciler.trust import act_on, hold_note
 from status.models import JobStatus, ProviderLedger, parse_status, render_index, render_ledger, render_status
 from status.redact import Redactor, redact_data
+from status.text import one_line
 
 log = logging.getLogger("reconciler")
 
@@ -105,7 +106,8 @@ class Reconciler:
         # Set by `reconciler run`: sends the events of each committed status change (reconciler.notices).
         self.notifier: Notifier | None = None
         # reconciler.yaml's `signatures:` (adapters/signatures.py); not for in-memory repositories.
-        self.signed = SignedHistory(Signatures(self.repo.repo)) if isinstance(self.repo, StateRepo) else None
+        self.signed = (SignedHistory(Signatures(self.repo.repo), self.repo.subdir) if isinstance(self.repo, StateRepo)
+                       else None)
 
     # ---- one daemon per repository ---------------------------------------------------------------
     def acquire_lock(self) -> None:
@@ -367,6 +369,10 @@ class Reconciler:
             # Defaults in place of broken settings would point at another store and providers.
             raise SettingsHold(f"{SETTINGS_FILE} has errors: every job is held as it is (nothing launched, "
                                "stopped or committed) until they are fixed")
+        if self.signed is None and desired.settings.signatures is not None:
+            report.desired = desired
+            raise SettingsHold(f"{SETTINGS_FILE} asks for signed changes, but this state is not in a git repository, "
+                               "so no signature can be checked: nothing is launched, stopped or committed")
         held = hold_note(trust) if trust is not None else None
         desired = with_hold(desired, held, report.errors)
         report.desired = desired
@@ -447,7 +453,7 @@ class Reconciler:
             st.desired_commit = desired_commit[:12]
             text = self._render_redacted(st)
             files[f"{STATUS_DIR}/{name}.yaml"] = text
-            changes.append(self.redactor.redact(_change_line(old, st)))
+            changes.append(one_line(self.redactor.redact(_change_line(old, st))))  # a commit message line
         if not files:
             if self._push_pending:
                 try:

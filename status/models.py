@@ -14,6 +14,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from status.text import lines, one_line
+
 MAX_ATTEMPTS_KEPT = 10
 LOG_TAIL_CHARS = 4000
 
@@ -208,12 +210,23 @@ def _str_presenter(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _LiteralDumper.add_representer(str, _str_presenter)
 
 
+def _dump(data: Any) -> str:
+    """YAML keeping non-ASCII text as it is, unless some value holds a character a terminal acts on
+    that YAML counts as printable (a bidirectional override): then every non-ASCII character is
+    written as an escape, as control characters always are. It reads back the same either way."""
+    text: str = yaml.dump(data, Dumper=_LiteralDumper, sort_keys=True, allow_unicode=True, width=100)
+    if lines(text) == text:
+        return text
+    ascii_only: str = yaml.dump(data, Dumper=_LiteralDumper, sort_keys=True, width=100)
+    return ascii_only
+
+
 def render_status(status: JobStatus) -> str:
     """Canonical YAML for `status/<job>.yaml`. Whole seconds, so re-rendering is stable."""
     data = status.model_dump(mode="json", exclude_none=True)
     data = _times_to_iso(data)
     header = "# Written by the reconciler; do not edit. History: git log -- status/" + status.job + ".yaml\n"
-    return header + yaml.dump(data, Dumper=_LiteralDumper, sort_keys=True, allow_unicode=True, width=100)
+    return header + _dump(data)
 
 
 def parse_status(text: str | bytes) -> JobStatus | None:
@@ -256,13 +269,13 @@ def render_index(statuses: list[JobStatus], errors: list[str], ledger: list[Prov
     lines += render_ledger_table(ledger or [])
     if errors:
         lines += ["", "## Manifest errors", ""]
-        lines += [f"- {e}" for e in errors]
+        lines += [f"- {one_line(e)}" for e in errors]
     return "\n".join(lines) + "\n"
 
 
 def cell(text: str) -> str:
-    """Text fit for one markdown table cell."""
-    return text.replace("|", "\\|").replace("\n", " ")
+    """Text fit for one markdown table cell: no column break, control characters visible."""
+    return one_line(text.replace("|", "\\|").replace("\n", " "))
 
 
 # ---- time and money, as the job table and `reconciler status` / `plan` show them ----------------

@@ -78,7 +78,7 @@ def create_app(repo: str | Path, *, token: str | None = None, refresh_seconds: i
         pass  # no commit yet: each request says so until there is one
     commit_url = commit_url or views.commit_url_template(data.remote_url())
     env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(default=True),
-                      trim_blocks=True, lstrip_blocks=True)
+                      trim_blocks=True, lstrip_blocks=True, finalize=views.visible)
     env.filters["urlpart"] = lambda s: quote(str(s), safe="")
     env.filters["when"] = views.when
     env.globals.update(refresh=refresh_seconds, legend=views.OUTCOME_LEGEND)

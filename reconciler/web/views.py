@@ -8,9 +8,12 @@ import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from markupsafe import Markup
+
 from reconciler.forecast import Reliability
 from reconciler.reliability import HALF_LIFE_SECONDS
 from status.models import Attempt, JobStatus, Outcome, Phase, cost_text, eta_text, risk_text, when
+from status.text import lines
 
 # How an attempt ended, as the page colours it (DESIGN.md §5 classes, folded into five colours).
 OUTCOME_CLASS = {
@@ -320,3 +323,14 @@ def commit_url_template(remote_url: str | None) -> str | None:
     if not m or m["host"] not in _COMMIT_PATH:
         return None
     return _COMMIT_PATH[m["host"]].format(base=f"https://{m['host']}/{m['path']}", sha="{sha}")
+
+
+def visible(value: object) -> object:
+    """Every value a template shows (Jinja's finalize, before autoescape): control characters in
+    untrusted text (a message, a log tail, a file name) become visible escapes, newlines kept for
+    the log tail's <pre>."""
+    if isinstance(value, Markup):
+        return Markup(lines(str(value)))  # noqa: S704 - escaping control characters keeps it safe markup
+    if isinstance(value, str):
+        return lines(value)
+    return value
