@@ -1,0 +1,55 @@
+"""Provider health with real processes: a local provider whose working directory is a file refuses
+every launch ("Not a directory"); the refusal cools it down for every job, and costs no attempt number."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reconciler.clock import ManualClock
+from reconciler.loop import Reconciler
+from status.models import Phase
+from tests.conftest import StateRepoFixture
+from tests.loop.test_loop_local import counter, job
+
+
+def providers(blocker: Path) -> str:
+    def one(name: str, price: float, workdir: str | None) -> dict[str, object]:
+        settings = {"type": "local", **({"workdir": workdir} if workdir else {})}
+        return {"apiVersion": "reconciler.dev/v1", "kind": "Provider", "metadata": {"name": name},
+                "spec": {"settings": settings, "concurrency": 4, "price_per_hour": price}}
+    return yaml.safe_dump_all([one("broken", 0.0, str(blocker)), one("good", 0.01, None)])
+
+
+def test_a_refused_launch_cools_the_provider_down_for_jobs_committed_later(
+        state_repo: StateRepoFixture, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the provider's working directory should be\n")
+    state_repo.write("desired/providers.yaml", providers(blocker))
+    state_repo.write("desired/a.yaml", job("a", counter(0.5)))
+    state_repo.commit("a, on the cheaper provider first")
+    clock = ManualClock(time.time())
+    rec = Reconciler(state_repo.path, clock=clock)
+    first = rec.tick().statuses["a"]
+    assert [r.provider for r in first.refusals] == ["broken"] and "Not a directory" in first.refusals[0].error
+    assert not first.attempts
+
+    clock.advance(27)
+    state_repo.write("desired/b.yaml", job("b", counter(0.5)))
+    state_repo.write("desired/c.yaml", job("c", counter(0.5), "placement: {providers: [broken]}"))
+    state_repo.commit("b and c, 27 s later")
+    with caplog.at_level(logging.INFO, logger="reconciler"):
+        report = rec.tick()
+    a, b, c = (report.statuses[n] for n in "abc")
+    assert [x.provider for x in b.attempts] == ["good"] and not b.refusals  # b never tried broken
+    assert [x.provider for x in a.attempts] == ["good"] and len(a.refusals) == 1
+    # The refusal used up no attempt number: the log, the message and `describe` (#1) agree.
+    assert a.attempts[0].epoch == 1 and a.message.startswith("attempt 1 launched on good")
+    assert any(r.getMessage().startswith("launched a attempt 1 on good") for r in caplog.records)
+    assert c.phase == Phase.PENDING and not c.attempts and not c.refusals
+    assert c.message.startswith("waiting: broken is cooling down until ")
+    assert c.message.endswith(f"Not a directory: '{blocker}/workers')")
