@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from status.models import JobStatus, Outcome, iso
+from status.models import JobStatus, Outcome, Phase, iso
 
 REFUSAL_COOLDOWN_SECONDS = 120.0  # a provider that refused a launch is skipped this long (first strike)
 LOSS_COOLDOWN_SECONDS = 300.0  # a provider that lost a worker is tried last this long (first strike)
@@ -147,3 +147,17 @@ def _forgiven(strikes: int, calm: float, at: float) -> int:
     """Strikes left at `at`: one forgiven per FORGIVE_SECONDS of quiet after the cool-down ended."""
     return max(0, strikes - int(max(0.0, at - calm) // FORGIVE_SECONDS)) if strikes else 0
 
+
+
+def plan_lines(statuses: Iterable[JobStatus], health: dict[str, ProviderHealth], now: float,
+               acting: bool) -> list[str]:
+    """What `plan` says above its jobs: when it would act on nothing, whether that is because all is
+    as desired or because jobs wait (each job's line says why); then every provider cooling down."""
+    waiting = sum(st.phase in (Phase.PENDING, Phase.BACKOFF) for st in statuses)
+    lines = []
+    if not acting and not waiting:
+        lines.append("no actions: the world matches the desired state")
+    elif not acting:
+        lines.append(f"no actions now: {waiting} job{' is' if waiting == 1 else 's are'} waiting (why, below)")
+    lines += [f"provider {h.describe(now)}" for h in health.values() if h.until(now) is not None]
+    return lines

@@ -11,10 +11,14 @@ import pytest
 import yaml
 
 from reconciler.clock import ManualClock
+from reconciler.health import REFUSAL_COOLDOWN_SECONDS
 from reconciler.loop import Reconciler
+from reconciler.metrics import Metrics, serve
 from status.models import Phase
 from tests.conftest import StateRepoFixture
+from tests.loop.test_cli import cli
 from tests.loop.test_loop_local import counter, job
+from tests.loop.test_metrics import scrape, value
 
 
 def providers(blocker: Path) -> str:
@@ -53,3 +57,45 @@ def test_a_refused_launch_cools_the_provider_down_for_jobs_committed_later(
     assert c.phase == Phase.PENDING and not c.attempts and not c.refusals
     assert c.message.startswith("waiting: broken is cooling down until ")
     assert c.message.endswith(f"Not a directory: '{blocker}/workers')")
+
+
+def test_plan_says_what_waits_and_why_instead_of_no_actions(state_repo: StateRepoFixture, tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file\n")
+    state_repo.write("desired/providers.yaml", providers(blocker))
+    state_repo.write("desired/a.yaml", job("a", counter(0.5), "placement: {providers: [broken]}"))
+    state_repo.commit("a, on broken only")
+    refused = Reconciler(state_repo.path).tick().statuses["a"]
+    assert [r.provider for r in refused.refusals] == ["broken"]
+    out = cli("plan", "--repo", str(state_repo.path)).stdout
+    assert "the world matches the desired state" not in out
+    assert "no actions now: 1 job is waiting (why, below)" in out
+    assert "provider broken is cooling down until " in out and "(refused: local provider 'broken'" in out
+    assert "a: Pending — waiting: broken is cooling down until " in out
+
+
+def test_the_metrics_show_each_providers_health(state_repo: StateRepoFixture, tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file\n")
+    state_repo.write("desired/providers.yaml", providers(blocker))
+    state_repo.write("desired/a.yaml", job("a", counter(0.5), "placement: {providers: [broken]}"))
+    state_repo.commit("a, on broken only")
+    metrics = Metrics()
+    report = Reconciler(state_repo.path).tick()
+    metrics.record(report)
+    refused_at = report.statuses["a"].refusals[0].refused
+    server, port = serve(metrics, "127.0.0.1", 0)
+    try:
+        got = scrape(port)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert value(got, "reconciler_provider_state", provider="broken", state="cooling-down") == 1
+    assert value(got, "reconciler_provider_state", provider="broken", state="healthy") == 0
+    assert value(got, "reconciler_provider_state", provider="good", state="healthy") == 1
+    assert value(got, "reconciler_provider_cooldown_until_timestamp_seconds",
+                 provider="broken") == refused_at + REFUSAL_COOLDOWN_SECONDS
+    assert value(got, "reconciler_provider_cooldown_until_timestamp_seconds", provider="good") is None
+    assert value(got, "reconciler_provider_recent_refusals", provider="broken") == 1
+    assert value(got, "reconciler_provider_recent_lost_workers", provider="broken") == 0
+    assert value(got, "reconciler_provider_strikes", provider="broken") == 1
