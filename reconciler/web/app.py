@@ -28,6 +28,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from adapters.gitrepo import GitError
+from reconciler.health import provider_health
 from reconciler.web import views
 from reconciler.web.data import PageData, Snapshot
 
@@ -89,7 +90,10 @@ def create_app(repo: str | Path, *, token: str | None = None, refresh_seconds: i
     def overview(request: Request) -> Response:
         snap = data.snapshot()
         rows = [_row(data, snap, name) for name in snap.names]
+        now = time.time()
+        health = provider_health(snap.statuses.values(), now, snap.desired.providers)
         return render(snap, "overview.html", rows=rows, counts=views.phase_counts(rows),
+                      providers=views.provider_rows(health, now),
                       errors=[snap.redactor.redact(str(e)) for e in snap.desired.errors])
 
     def job_page(request: Request) -> Response:

@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from reconciler.health import ProviderHealth, clock
 from status.models import Attempt, JobStatus, Outcome, Phase, cost_text, eta_text, risk_text, when
 
 # How an attempt ended, as the page colours it (DESIGN.md §5 classes, folded into five colours).
@@ -61,6 +62,27 @@ def overview_row(name: str, st: JobStatus | None, target: int | None, live_step:
     progress = f"{step}/{target}{saved}" if target else f"{step}{saved}"
     return Row(name, st.phase.value, percent, progress, st.total_attempts, st.interruptions, st.failures,
                eta_text(st), cost_text(st), risk_text(st, deadline), st.message)
+
+
+@dataclass(frozen=True)
+class ProviderRow:
+    """One provider's health on the overview (reconciler.health)."""
+
+    provider: str
+    state: str  # healthy, tried last, cooling down
+    until: str  # when the cool-down ends, "" when none
+    why: str  # the latest trouble, while a cool-down is in force
+    refusals: int  # in the last hour
+    losses: int  # in the last hour
+
+
+def provider_rows(health: dict[str, ProviderHealth], now: float) -> list[ProviderRow]:
+    rows = []
+    for name, h in sorted(health.items()):
+        until = h.until(now)
+        rows.append(ProviderRow(name, h.state(now), clock(until) if until is not None else "",
+                                h.reason if until is not None else "", h.refusals, h.losses))
+    return rows
 
 
 def phase_counts(rows: list[Row]) -> list[tuple[str, int]]:
