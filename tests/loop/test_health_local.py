@@ -4,20 +4,22 @@ every launch ("Not a directory"); the refusal cools it down for every job, and c
 from __future__ import annotations
 
 import logging
+import signal
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from adapters.local import LocalAdapter
 from reconciler.clock import ManualClock
 from reconciler.health import REFUSAL_COOLDOWN_SECONDS
-from reconciler.loop import Reconciler
+from reconciler.loop import Reconciler, TickReport
 from reconciler.metrics import Metrics, serve
-from status.models import Phase
+from status.models import Outcome, Phase
 from tests.conftest import StateRepoFixture
 from tests.loop.test_cli import cli
-from tests.loop.test_loop_local import counter, job
+from tests.loop.test_loop_local import counter, job, tick_until
 from tests.loop.test_metrics import scrape, value
 
 
@@ -99,3 +101,39 @@ def test_the_metrics_show_each_providers_health(state_repo: StateRepoFixture, tm
     assert value(got, "reconciler_provider_recent_refusals", provider="broken") == 1
     assert value(got, "reconciler_provider_recent_lost_workers", provider="broken") == 0
     assert value(got, "reconciler_provider_strikes", provider="broken") == 1
+
+
+def test_a_provider_that_lost_two_workers_is_not_chosen_over_one_that_lost_one(
+        state_repo: StateRepoFixture) -> None:
+    """cheap loses x's and y's workers 25 s apart, dear then loses z's: z stays on dear, whose
+    cool-down (one loss) ends before cheap's (two in a row, so doubled)."""
+    two = [{"apiVersion": "reconciler.dev/v1", "kind": "Provider", "metadata": {"name": name},
+            "spec": {"settings": {"type": "local"}, "concurrency": limit, "price_per_hour": price}}
+           for name, price, limit in (("cheap", 0.0, 2), ("dear", 0.01, 4))]
+    state_repo.write("desired/providers.yaml", yaml.safe_dump_all(two))
+    for name in "xyz":
+        state_repo.write(f"desired/{name}.yaml", job(name, counter(0.5)))
+    state_repo.commit("x, y and z")
+    clock = ManualClock(time.time())
+    rec = Reconciler(state_repo.path, clock=clock)
+    report = rec.tick()
+    assert {n: report.statuses[n].attempts[-1].provider for n in "xyz"} == {"x": "cheap", "y": "cheap", "z": "dear"}
+
+    def lose(name: str) -> TickReport:
+        """Kill the job's worker once it has saved a checkpoint (a signal is then an interruption)."""
+        cur = rec.tick().statuses[name].current
+        assert cur is not None
+        tick_until(rec, lambda r: r.statuses[name].progress.step > cur.step_start)
+        adapter = LocalAdapter(cur.provider)
+        ref = next(r for r in adapter.observe() if r.job == name and r.epoch == cur.epoch)
+        assert adapter.kill_worker(ref, signal.SIGKILL)
+        return tick_until(rec, lambda r: r.statuses[name].attempts[0].outcome is not None)
+
+    assert lose("x").statuses["x"].attempts[0].outcome == Outcome.INTERRUPTION
+    clock.advance(25)
+    lose("y")
+    clock.advance(10)
+    report = lose("z")
+    z = report.statuses["z"]
+    assert [(a.provider, a.outcome) for a in z.attempts] == [("dear", Outcome.INTERRUPTION), ("dear", None)]
+    assert {n: report.statuses[n].attempts[-1].provider for n in "xy"} == {"x": "dear", "y": "dear"}
