@@ -265,7 +265,8 @@ def _place_by_policy(t: JobTick, placement: Placement) -> None:
         t.st.message = f"launching on {choice.provider}: {reason}"
     elif choice is not None and choice.provider is not None:
         t.st.phase = Phase.PENDING
-        t.st.message = f"waiting for {choice.provider}, where the placement policy wants the run: it cannot take it now"
+        why = _unavailable(t, choice.provider) or "it cannot take it now"
+        t.st.message = f"waiting for {choice.provider}, where the placement policy wants the run: {why}"
     elif choice is not None and t.job.spec.deadline is not None:
         t.st.phase = Phase.PENDING
         t.st.message = f"{choice.headline} (the forecast's decision says why)"

@@ -13,19 +13,9 @@ from reconciler.health import (
 )
 from reconciler.plan import Launch, LaunchResult, Observed, Plan, apply_results, plan
 from status.models import Attempt, JobStatus, Outcome, Phase, Refusal
-from tests.loop.test_plan import NOW, desired, job_yaml
+from tests.loop.test_plan import NOW, PROVIDERS, desired, job_yaml
 
-BROKEN_AND_GOOD = """
-apiVersion: reconciler.dev/v1
-kind: Provider
-metadata: {name: broken}
-spec: {settings: {type: local}, concurrency: 4}
----
-apiVersion: reconciler.dev/v1
-kind: Provider
-metadata: {name: good}
-spec: {settings: {type: local}, concurrency: 4, price_per_hour: 0.5}
-"""
+BROKEN_AND_GOOD = PROVIDERS.replace("name: free", "name: broken").replace("name: paid", "name: good")
 NOT_A_DIRECTORY = "local provider 'broken': cannot create /srv/w/workers: [Errno 20] Not a directory: '/srv/w'"
 
 

@@ -61,13 +61,18 @@ def test_a_refused_launch_cools_the_provider_down_for_jobs_committed_later(
     assert c.message.endswith(f"Not a directory: '{blocker}/workers')")
 
 
-def test_plan_says_what_waits_and_why_instead_of_no_actions(state_repo: StateRepoFixture, tmp_path: Path) -> None:
+def refused_once(state_repo: StateRepoFixture, tmp_path: Path) -> TickReport:
+    """One tick of job `a`, allowed only on `broken`, whose working directory is a file."""
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file\n")
     state_repo.write("desired/providers.yaml", providers(blocker))
     state_repo.write("desired/a.yaml", job("a", counter(0.5), "placement: {providers: [broken]}"))
     state_repo.commit("a, on broken only")
-    refused = Reconciler(state_repo.path).tick().statuses["a"]
+    return Reconciler(state_repo.path).tick()
+
+
+def test_plan_says_what_waits_and_why_instead_of_no_actions(state_repo: StateRepoFixture, tmp_path: Path) -> None:
+    refused = refused_once(state_repo, tmp_path).statuses["a"]
     assert [r.provider for r in refused.refusals] == ["broken"]
     out = cli("plan", "--repo", str(state_repo.path)).stdout
     assert "the world matches the desired state" not in out
@@ -77,13 +82,8 @@ def test_plan_says_what_waits_and_why_instead_of_no_actions(state_repo: StateRep
 
 
 def test_the_metrics_show_each_providers_health(state_repo: StateRepoFixture, tmp_path: Path) -> None:
-    blocker = tmp_path / "not-a-folder"
-    blocker.write_text("a file\n")
-    state_repo.write("desired/providers.yaml", providers(blocker))
-    state_repo.write("desired/a.yaml", job("a", counter(0.5), "placement: {providers: [broken]}"))
-    state_repo.commit("a, on broken only")
     metrics = Metrics()
-    report = Reconciler(state_repo.path).tick()
+    report = refused_once(state_repo, tmp_path)
     metrics.record(report)
     refused_at = report.statuses["a"].refusals[0].refused
     server, port = serve(metrics, "127.0.0.1", 0)
