@@ -59,30 +59,30 @@ class ProviderHealth:
     def skipped(self, now: float) -> bool:
         return self.refused_until is not None and now < self.refused_until
 
-    def last_resort(self, now: float) -> bool:
-        return self.until(now) is not None
-
     def state(self, now: float) -> str:
         """"cooling down" (skipped), "tried last" (lost workers lately) or "healthy"."""
         if self.skipped(now):
             return "cooling down"
-        return "tried last" if self.last_resort(now) else "healthy"
+        return "tried last" if self.until(now) is not None else "healthy"
 
-    def describe(self, now: float) -> str:
-        """One line for a waiting job, `plan` and the status page, e.g. "broken is cooling down until
-        18:39 UTC (refused: Not a directory)"."""
+    def describe(self, now: float, rate: bool = False) -> str:
+        """One line, e.g. "broken is cooling down until 18:39 UTC (refused: Not a directory)"; with
+        `rate` (for `plan`), how often it gave trouble in the last hour too. A job's message goes
+        without: it would change, and be committed, as troubles leave the hour."""
         until = self.until(now)
         if until is None:
             return f"{self.provider} is healthy"
-        verb = "is cooling down" if self.skipped(now) else "is tried last"
-        return f"{self.provider} {verb} until {clock(until)} ({self.reason}){self._rate()}"
+        if self.skipped(now):
+            assert self.refused_until is not None
+            line = f"{self.provider} is cooling down until {clock(self.refused_until)} ({self.reason})"
+        else:
+            line = f"{self.provider} is tried last until {clock(until)} ({self.reason})"
+        return line + (self._rate() if rate else "")
 
     def _rate(self) -> str:
         parts = [f"{n} {what}{'' if n == 1 else 's'}" for n, what in ((self.refusals, "refusal"),
                                                                         (self.losses, "lost worker")) if n]
-        if self.refusals + self.losses < 2:
-            return ""
-        return f"; {' and '.join(parts)} in the last hour"
+        return f"; {' and '.join(parts)} in the last hour" if parts else ""
 
 
 def clock(ts: float) -> str:
@@ -159,5 +159,5 @@ def plan_lines(statuses: Iterable[JobStatus], health: dict[str, ProviderHealth],
         lines.append("no actions: the world matches the desired state")
     elif not acting:
         lines.append(f"no actions now: {waiting} job{' is' if waiting == 1 else 's are'} waiting (why, below)")
-    lines += [f"provider {h.describe(now)}" for h in health.values() if h.until(now) is not None]
+    lines += [f"provider {h.describe(now, rate=True)}" for h in health.values() if h.until(now) is not None]
     return lines

@@ -9,6 +9,7 @@ from reconciler.health import (
     LOSS_COOLDOWN_SECONDS,
     REFUSAL_COOLDOWN_SECONDS,
     clock,
+    plan_lines,
     provider_health,
 )
 from reconciler.plan import Launch, LaunchResult, Observed, Plan, apply_results, plan
@@ -104,3 +105,18 @@ def test_refusals_of_one_tick_are_one_strike_and_health_reads_every_job() -> Non
     assert h["broken"].strikes == 1 and h["broken"].refusals == 2
     assert h["broken"].refused_until == NOW + REFUSAL_COOLDOWN_SECONDS
     assert h["good"].state(NOW) == "healthy" and h["good"].describe(NOW) == "good is healthy"
+
+
+def test_plan_lines_name_the_waiting_jobs_and_each_provider_cooling_down_with_its_rate() -> None:
+    statuses = [refused_status("a", NOW - 100, NOW - 10), lost("x", "good", NOW - 50)]
+    health = provider_health(statuses, NOW, ["broken", "good", "idle"])
+    lines = plan_lines(statuses, health, NOW, acting=False)
+    assert lines == [
+        "no actions now: 2 jobs are waiting (why, below)",
+        f"provider broken is cooling down until {clock(NOW - 10 + 2 * REFUSAL_COOLDOWN_SECONDS)} "
+        f"(refused: {NOT_A_DIRECTORY}); 2 refusals in the last hour",
+        f"provider good is tried last until {clock(NOW - 50 + LOSS_COOLDOWN_SECONDS)} "
+        "(lost a worker: worker vanished from the provider); 1 lost worker in the last hour"]
+    settled = [JobStatus(job="done", phase=Phase.SUCCEEDED)]
+    assert plan_lines(settled, provider_health(settled, NOW, ["idle"]), NOW, acting=False) == [
+        "no actions: the world matches the desired state"]
