@@ -71,7 +71,8 @@ def refused_once(state_repo: StateRepoFixture, tmp_path: Path) -> TickReport:
     return Reconciler(state_repo.path).tick()
 
 
-def test_plan_says_what_waits_and_why_instead_of_no_actions(state_repo: StateRepoFixture, tmp_path: Path) -> None:
+def test_plan_says_what_waits_and_why_and_describe_lists_the_refusals(
+        state_repo: StateRepoFixture, tmp_path: Path) -> None:
     refused = refused_once(state_repo, tmp_path).statuses["a"]
     assert [r.provider for r in refused.refusals] == ["broken"]
     out = cli("plan", "--repo", str(state_repo.path)).stdout
@@ -79,6 +80,8 @@ def test_plan_says_what_waits_and_why_instead_of_no_actions(state_repo: StateRep
     assert "no actions now: 1 job is waiting (why, below)" in out
     assert "provider broken is cooling down until " in out and "(refused: local provider 'broken'" in out
     assert "a: Pending — waiting: broken is cooling down until " in out
+    described = cli("describe", "a", "--repo", str(state_repo.path)).stdout
+    assert "refused launches (the newest few)" in described and "Not a directory" in described
 
 
 def test_the_metrics_show_each_providers_health(state_repo: StateRepoFixture, tmp_path: Path) -> None:
