@@ -189,10 +189,12 @@ class RunFolder:
         Safe against concurrent bumps and commits (compare-and-swap; each caller gets its own
         epoch). With `expected`, raises LeaseConflict unless the lease is still at that epoch.
         Seals the outgoing epoch: its checkpoints committed by now stay accepted, later ones not.
+        An epoch left unclaimed (`release_unstarted`: no worker ever held it) is taken again.
         """
         for attempt in range(50):
             record, token = self._lease_read()
             current = int(record.get("epoch", 0))
+            epoch = current if record.get("unclaimed") else current + 1
             if expected is not None and current != expected:
                 raise LeaseConflict(
                     f"lease at {self.url(LEASE_FILE)} is at epoch {current}, not {expected}: "
@@ -203,7 +205,7 @@ class RunFolder:
                 if c.epoch == current and c.dirname not in acked:
                     acked.append(c.dirname)
             new = {
-                "epoch": current + 1,
+                "epoch": epoch,
                 "holder": holder,
                 "time": time.time(),
                 "committed": _newest_names(acked),
@@ -211,9 +213,18 @@ class RunFolder:
             if record.get("done"):
                 new["done"] = record["done"]
             if self._lease_cas(token, new):
-                return current + 1
+                return epoch
             time.sleep(random.uniform(0.001, 0.01 * (attempt + 1)))
         raise StorageError(f"cannot bump the lease at {self.url(LEASE_FILE)}: it keeps changing under us")
+
+    def release_unstarted(self, epoch: int) -> None:
+        """The provider refused the launch that took `epoch`, so no worker ever held it: the next
+        bump_lease takes the same epoch again (attempt numbers count attempts, not refusals). Older
+        epochs stay fenced. Does nothing once the lease has moved on."""
+        try:
+            self._update_own_lease(epoch, lambda record: {**record, "unclaimed": True})
+        except Fenced:
+            pass
 
     def _update_own_lease(self, epoch: int, change: Any) -> dict[str, Any]:
         """CAS the lease as the holder of `epoch`; raises Fenced once the lease has moved on."""

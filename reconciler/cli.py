@@ -233,6 +233,7 @@ def plan(
         return
     if head != "HEAD" or output is not PlanFormat.TEXT or fail_on:
         raise _fail("--head, --format and --fail-on review a change: pass --base REF too", 2)
+    from reconciler.health import plan_lines
     from reconciler.redaction import secret_values
     from status.redact import Redactor
 
@@ -251,8 +252,8 @@ def plan(
             err.print(f"[red]error:[/red] {show(e)}")
         else:
             err.print(f"[yellow]warning:[/yellow] {show(e)}")
-    if not report.actions:
-        console.print("no actions: the world matches the desired state")
+    for line in plan_lines(the_plan.statuses.values(), the_plan.health, rec.clock.now(), bool(report.actions)):
+        console.print(show(line))
     for a in report.actions:
         console.print(f"- {show(a)}")
     for name, st in sorted(the_plan.statuses.items()):

@@ -122,6 +122,11 @@ def describe(job: Annotated[str, typer.Argument(help="the job to describe")], re
                       f"{a.step_start}→{end if end is not None else '?'}", gained, str(a.steps_lost),
                       money(a.cost_usd), show(a.detail))
     console.print(table)
+    if st.refusals:  # launches that never became attempts: they have no number
+        refused = Table("when (UTC)", "provider", "refused with", title="refused launches (the newest few)")
+        for r in st.refusals:
+            refused.add_row(when(r.refused), escape(r.provider), show(r.error))
+        console.print(refused)
     _events(rec, job, show)
     if st.log_tail:
         console.print("last log lines of a failed attempt:")

@@ -15,11 +15,12 @@ from dataclasses import replace
 from adapters.compute import WorkerPhase
 from desired.models import Job
 from reconciler.deadline import RISK_INFEASIBLE
+from reconciler.health import clock
 from reconciler.outlook import Outlook, forecast, outlook, over_budget
 from reconciler.placement import Placement, place
 from reconciler.reliability import Record, change, mtbf
 from reconciler.tick import JobTick, Launch, MoveRunData, fail, last_detail, stop_current
-from status.models import JobStatus, Outcome, Phase, iso
+from status.models import JobStatus, Outcome, Phase
 
 HOST_COOLDOWN_SECONDS = 6 * 3600.0  # a machine that lost a worker of ours is avoided this long
 MOVING = "moving to"  # detail of an attempt the placement policy stopped to move the run
@@ -52,8 +53,8 @@ def foresee(t: JobTick) -> bool:
 
 
 def _outlook(t: JobTick, available: set[str], placement: Placement | None = None) -> Outlook:
-    placement = placement or place(t.job, t.desired.providers, t.st, t.now, t.observed.capacity,
-                                   t.observed.allowances)
+    placement = placement or place(t.job, t.desired.providers, t.now, t.observed.capacity,
+                                   t.observed.allowances, t.health)
     order = list(placement.order)
     if t.current is not None and t.current.provider in t.desired.providers and t.current.provider not in order:
         order.append(t.current.provider)
@@ -174,16 +175,30 @@ def _backing_off(t: JobTick) -> bool:
 
 def _placement(t: JobTick) -> Placement:
     t.st.provider_backoff = {p: until for p, until in t.st.provider_backoff.items() if until > t.now}
-    return place(t.job, t.desired.providers, t.st, t.now, t.observed.capacity, t.observed.allowances)
+    return place(t.job, t.desired.providers, t.now, t.observed.capacity, t.observed.allowances, t.health)
 
 
 def _available(t: JobTick, order: list[str]) -> set[str]:
-    """Providers that could take a worker of this job now: reachable, not avoided, below their
-    concurrency, and with a free slot where the provider reports its slots."""
-    return {name for name in order
-            if name not in t.observed.unreachable and name not in t.st.provider_backoff
-            and t.busy.get(name, 0) < t.desired.providers[name].spec.concurrency
-            and t.observed.free_slots.get(name, 1) > 0}
+    """Providers that could take a worker of this job now: the ones no reason of _unavailable's holds back."""
+    return {name for name in order if not _unavailable(t, name)}
+
+
+def _unavailable(t: JobTick, name: str) -> str:
+    """Why `name` cannot take a worker of this job now ("" when it can): unreachable, cooling down
+    after a refusal (any job's: reconciler.health), avoided by this job, or full."""
+    health = t.health.get(name)
+    if name in t.observed.unreachable:
+        return f"{name} cannot be reached ({t.observed.unreachable[name]})"
+    if health is not None and health.skipped(t.now):
+        return health.describe(t.now)
+    if name in t.st.provider_backoff:
+        return f"{name} is avoided by this job until {clock(t.st.provider_backoff[name])}"
+    limit = t.desired.providers[name].spec.concurrency
+    if t.busy.get(name, 0) >= limit:
+        return f"{name} already runs {limit} worker{'' if limit == 1 else 's'}, its concurrency limit"
+    if t.observed.free_slots.get(name, 1) <= 0:
+        return f"{name} has no free slot"
+    return ""
 
 
 def _launch(t: JobTick, name: str) -> None:
@@ -253,7 +268,8 @@ def _place_by_policy(t: JobTick, placement: Placement) -> None:
         t.st.message = f"launching on {choice.provider}: {reason}"
     elif choice is not None and choice.provider is not None:
         t.st.phase = Phase.PENDING
-        t.st.message = f"waiting for {choice.provider}, where the placement policy wants the run: it cannot take it now"
+        why = _unavailable(t, choice.provider) or "it cannot take it now"
+        t.st.message = f"waiting for {choice.provider}, where the placement policy wants the run: {why}"
     elif choice is not None and t.job.spec.deadline is not None:
         t.st.phase = Phase.PENDING
         t.st.message = f"{choice.headline} (the forecast's decision says why)"
@@ -266,10 +282,11 @@ def _say_why_waiting(t: JobTick, placement: Placement) -> None:
     st.phase = Phase.PENDING
     avoided = [n for n in placement.order if n in st.provider_backoff and n not in t.observed.unreachable]
     if placement.order and len(avoided) == len(placement.order) and st.attempts:
-        until = f"{(iso(max(st.provider_backoff[n] for n in avoided)) or '')[11:16]} UTC"
+        until = clock(max(st.provider_backoff[n] for n in avoided))
         st.message = f"waiting: {', '.join(avoided)} avoided until {until} after: {last_detail(st)}"
     elif placement.order:
-        st.message = f"waiting for capacity on {', '.join(placement.order)}"
+        reasons = [_unavailable(t, n) for n in placement.order]
+        st.message = f"waiting: {'; '.join(r for r in reasons if r) or 'no provider can take it now'}"
     else:
         st.message = f"no allowed provider can take this job: {placement.why_nowhere() or 'none defined'}"
 

@@ -7,10 +7,12 @@ does I/O or reads the clock, so every rule is tested with tables of inputs and e
 Each job goes through the same named steps in a fixed order (as Flux's reconcilers run their
 guards): identify the run -> fence workers that must not run -> read storage -> adopt an
 unrecorded worker -> foresee (the forecast) -> stop on policy (suspend, deadline, budget) ->
-judge the live attempt -> reconsider where it runs -> finish -> hold a finished job -> decide the
-next launch. A step either passes the job on or settles its status for this tick. How attempts
-end is judged in `reconciler.judge`; foresee, reconsider and the launch live in
-`reconciler.launching`; the planner's inputs, actions and per-job state in `reconciler.tick`.
+judge the live attempt -> note a lost worker against its provider's health (reconciler.health,
+computed once per plan from every job's status and shared by all) -> reconsider where it runs ->
+finish -> hold a finished job -> decide the next launch. A step either passes the job on or
+settles its status for this tick. How attempts end is judged in `reconciler.judge`; foresee,
+reconsider and the launch live in `reconciler.launching`; the planner's inputs, actions and
+per-job state in `reconciler.tick`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from desired.models import Job
 from desired.parse import DesiredState
 from reconciler.deadline import PlacementPolicy, choose
 from reconciler.forecast import Reliability, open_cost, provider_reliabilities
+from reconciler.health import LOSS_COOLDOWN_SECONDS, REFUSAL_COOLDOWN_SECONDS, health_of, troubles
 from reconciler.judge import EXIT_INTERRUPTED, classify, close, end_time, record_close
 from reconciler.launching import (
     HOST_COOLDOWN_SECONDS,
@@ -33,7 +36,6 @@ from reconciler.launching import (
     reconsider,
 )
 from reconciler.ledger import WEEK, build_ledger
-from reconciler.placement import PROVIDER_COOLDOWN_SECONDS
 from reconciler.tick import (
     Action,
     JobTick,
@@ -51,18 +53,28 @@ from reconciler.tick import (
     live,
     stop_current,
 )
-from status.models import LOG_TAIL_CHARS, MAX_ATTEMPTS_KEPT, Attempt, JobStatus, Outcome, Phase, Progress
+from status.models import (
+    LOG_TAIL_CHARS,
+    MAX_ATTEMPTS_KEPT,
+    MAX_REFUSALS_KEPT,
+    Attempt,
+    JobStatus,
+    Outcome,
+    Phase,
+    Progress,
+    Refusal,
+)
 
 # Re-exported: the planner's vocabulary is imported from here by the loop, the executor and tests.
 __all__ = [
-    "EXIT_INTERRUPTED", "HOST_COOLDOWN_SECONDS", "MOVE_WAIT_SECONDS", "MOVING", "PROVIDER_COOLDOWN_SECONDS",
+    "EXIT_INTERRUPTED", "HOST_COOLDOWN_SECONDS", "LOSS_COOLDOWN_SECONDS", "MOVE_WAIT_SECONDS", "MOVING",
+    "REFUSAL_COOLDOWN_SECONDS",
     "Action", "Launch", "LaunchResult", "MoveResult", "MoveRunData", "Observed", "Plan", "RequestStop",
     "RunObservation", "Terminate", "apply_results", "plan",
 ]
 
 LOST_AFTER_SECONDS = 60.0  # a worker missing from observations this long is lost
 PENDING_TIMEOUT_SECONDS = 1800.0  # a launch the provider never starts is given up on
-UNAVAILABLE_BACKOFF_SECONDS = 120.0  # a provider that refused a launch is skipped this long
 STORAGE_UNREACHABLE_BACKOFF_SECONDS = 3600.0  # a provider whose worker could not reach run storage
 STALL_MIN_OBSERVATIONS = 3  # a stall needs this many observations of the same heartbeat
 STALE_BY_WORKER_CLOCK = 3  # without observations of our own, a heartbeat this many timeouts old is a stall
@@ -83,6 +95,8 @@ def plan(desired: DesiredState, observed: Observed, recorded: dict[str, JobStatu
     reliability = provider_reliabilities(desired.providers, recorded.values(), now)
     observed = replace(observed, allowances={**own_quotas(desired, recorded, observed, now), **observed.allowances},
                        bad_hosts=observed.bad_hosts | bad_hosts(recorded.values(), now))
+    out.troubles = set(troubles(recorded.values()))
+    out.health = health_of(out.troubles, now, desired.providers)  # once, shared by every job
     busy: dict[str, int] = {}
     by_job: dict[str, dict[WorkerRef, WorkerState]] = {}
     for ref, state in observed.workers.items():
@@ -308,6 +322,16 @@ def _judge_unseen(t: JobTick) -> None:
         t.close_current(Outcome.INTERRUPTION, "worker vanished from the provider")
 
 
+def note_trouble(t: JobTick) -> bool:
+    """Step 7b: a worker the judge just found lost counts against its provider's health at once,
+    for this job's next launch and every job planned after it in this tick."""
+    new = set(troubles([t.st])) - t.out.troubles
+    if new:
+        t.out.troubles |= new
+        t.out.health = health_of(t.out.troubles, t.now, t.desired.providers)
+    return False
+
+
 def finish(t: JobTick) -> bool:
     """Step 9: a completed run is Succeeded; a worker that wrote its completion but does not exit
     is stopped after a short grace, so it stops billing. A live attempt settles the tick."""
@@ -339,8 +363,8 @@ def hold_finished(t: JobTick) -> bool:
     return True
 
 
-STEPS: tuple[Step, ...] = (fence, read_storage, adopt, foresee, stop_on_policy, judge, reconsider, finish,
-                          hold_finished, decide_launch)
+STEPS: tuple[Step, ...] = (fence, read_storage, adopt, foresee, stop_on_policy, judge, note_trouble, reconsider,
+                          finish, hold_finished, decide_launch)
 
 
 # ---- jobs whose manifest is gone --------------------------------------------------------------
@@ -447,7 +471,7 @@ def _trim(st: JobStatus) -> None:
 
 def apply_results(p: Plan, results: list[LaunchResult], now: float, durable: dict[tuple[str, str], int],
                   moves: list[MoveResult] | None = None) -> None:
-    """Records launched attempts; backs off a provider that refused a launch; fails a job that
+    """Records launched attempts; records a provider's refusal (its health); fails a job that
     cannot run as written; records where a moved run's data now is."""
     for moved in moves or []:
         st = p.statuses[moved.action.job]
@@ -468,7 +492,9 @@ def apply_results(p: Plan, results: list[LaunchResult], now: float, durable: dic
         elif res.job_config_error:
             fail(st, f"config error: {res.error}")
         elif res.unavailable:
-            st.provider_backoff[res.action.provider] = now + UNAVAILABLE_BACKOFF_SECONDS
+            # A durable fact, read by every job's planner: the provider cools down for all of them.
+            st.refusals = [*st.refusals, Refusal(provider=res.action.provider, refused=now,
+                                                 error=res.error or "")][-MAX_REFUSALS_KEPT:]
             st.phase = Phase.PENDING
             st.message = f"provider {res.action.provider} refused the launch: {res.error}"
         else:

@@ -14,6 +14,7 @@ from desired.models import Capacity, Job, Provider
 from desired.parse import DesiredState
 from reconciler.deadline import PlacementPolicy, choose
 from reconciler.forecast import Reliability
+from reconciler.health import ProviderHealth, Trouble
 from reconciler.judge import PROVIDER_ENDED, close, record_close
 from status.models import Attempt, JobStatus, Outcome, Phase
 
@@ -108,6 +109,8 @@ class Plan:
     actions: list[Action] = field(default_factory=list)
     statuses: dict[str, JobStatus] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # things worth logging that change nothing
+    health: dict[str, ProviderHealth] = field(default_factory=dict)  # each provider's, as this plan saw it
+    troubles: set[Trouble] = field(default_factory=set)  # what `health` was computed from
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,11 @@ class JobTick:
     policy: PlacementPolicy = choose
     reliability: dict[str, Reliability] = field(default_factory=dict)
     recorded: JobStatus | None = None  # the job's status as the tick read it (`reliability` counts it)
+
+    @property
+    def health(self) -> dict[str, ProviderHealth]:
+        """Every provider's health, shared by all jobs (reconciler.health), kept on the plan."""
+        return self.out.health
 
     def price(self, provider: str) -> float:
         prov = self.desired.providers.get(provider) or self.observed.retired.get(provider)

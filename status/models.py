@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from status.text import lines, one_line
 
 MAX_ATTEMPTS_KEPT = 10
+MAX_REFUSALS_KEPT = 5  # refused launches a job's status remembers (its providers' health reads them)
 LOG_TAIL_CHARS = 4000
 
 
@@ -78,6 +79,15 @@ class Attempt(Model):
         return self.outcome is None
 
 
+class Refusal(Model):
+    """A launch the provider refused (no capacity, its working directory could not be made): a
+    durable fact every job's planner reads for the provider's health (reconciler.health)."""
+
+    provider: str
+    refused: float
+    error: str = ""
+
+
 class Progress(Model):
     step: int = 0  # durable: newest committed checkpoint
     target: int | None = None
@@ -129,6 +139,7 @@ class JobStatus(Model):
     backoff_until: float | None = None
     provider_backoff: dict[str, float] = Field(default_factory=dict)  # provider -> until
     attempts: list[Attempt] = Field(default_factory=list)
+    refusals: list[Refusal] = Field(default_factory=list)  # the newest few, oldest first
     log_tail: str | None = None
     forecast: Forecast | None = None
     held: str | None = None  # a newer change to desired/ not acted on (reconciler.yaml `signatures:`), and why
@@ -154,7 +165,7 @@ def from_iso(value: Any) -> float | None:
     return datetime.strptime(str(value), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
 
 
-_TIME_FIELDS = ("started", "ended", "unseen_since", "backoff_until", "first_beat", "eta")
+_TIME_FIELDS = ("started", "ended", "unseen_since", "backoff_until", "first_beat", "eta", "refused")
 
 
 def _times_to_iso(data: Any) -> Any:

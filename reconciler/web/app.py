@@ -29,6 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from adapters.gitrepo import GitError
 from reconciler.forecast import provider_reliabilities
+from reconciler.health import provider_health
 from reconciler.web import views
 from reconciler.web.data import PageData, Snapshot
 
@@ -90,9 +91,11 @@ def create_app(repo: str | Path, *, token: str | None = None, refresh_seconds: i
     def overview(request: Request) -> Response:
         snap = data.snapshot()
         rows = [_row(data, snap, name) for name in snap.names]
-        learned = provider_reliabilities(snap.desired.providers, snap.statuses.values(), time.time())
+        now = time.time()
+        health = provider_health(snap.statuses.values(), now, snap.desired.providers)
+        learned = provider_reliabilities(snap.desired.providers, snap.statuses.values(), now)
         return render(snap, "overview.html", rows=rows, counts=views.phase_counts(rows),
-                      providers=views.provider_rows(learned), half_life=views.HALF_LIFE_TEXT,
+                      providers=views.provider_rows(health, learned, now), half_life=views.HALF_LIFE_TEXT,
                       errors=[snap.redactor.redact(str(e)) for e in snap.desired.errors])
 
     def job_page(request: Request) -> Response:

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from markupsafe import Markup
 
 from reconciler.forecast import Reliability
+from reconciler.health import ProviderHealth, clock
 from reconciler.reliability import HALF_LIFE_SECONDS
 from status.models import Attempt, JobStatus, Outcome, Phase, cost_text, eta_text, risk_text, when
 from status.text import lines
@@ -68,6 +69,40 @@ def overview_row(name: str, st: JobStatus | None, target: int | None, live_step:
                eta_text(st), cost_text(st), risk_text(st, deadline), st.message)
 
 
+@dataclass(frozen=True)
+class ProviderRow:
+    """One provider on the overview: its health (reconciler.health) and its learned failure rate
+    (reconciler.reliability)."""
+
+    provider: str
+    state: str  # healthy, tried last, cooling down
+    until: str  # when the cool-down ends, "" when none
+    refusals: int  # in the last hour
+    losses: int  # in the last hour
+    kind: str  # "interruptible" or "reliable": which prior its failure rate starts from
+    mtbf: str  # what the next worker there is told (RECONCILER_MTBF_SECONDS)
+    interruptions: str  # the provider's ends, weighed by their age
+    machine_time: str  # weighed by its age
+    prior: str
+    why: str  # the latest trouble, while a cool-down is in force
+
+
+def provider_rows(health: dict[str, ProviderHealth], reliability: dict[str, Reliability],
+                  now: float) -> list[ProviderRow]:
+    """One line per declared provider: its health now, and the MTBF its next worker is told, in whole
+    seconds as the worker reads it, with the evidence it was learned from (older counts less)."""
+    rows = []
+    for name in sorted(set(health) | set(reliability)):
+        h, rel = health.get(name), reliability.get(name)
+        until = h.until(now) if h is not None else None
+        rate = _rate_cells(rel) if rel is not None else ("", "", "", "", "")
+        rows.append(ProviderRow(name, h.state(now) if h is not None else "healthy",
+                                clock(until) if until is not None else "",
+                                h.refusals if h is not None else 0, h.losses if h is not None else 0, *rate,
+                                h.reason if h is not None and until is not None else ""))
+    return rows
+
+
 def phase_counts(rows: list[Row]) -> list[tuple[str, int]]:
     counts: dict[str, int] = {}
     for r in rows:
@@ -77,16 +112,6 @@ def phase_counts(rows: list[Row]) -> list[tuple[str, int]]:
 
 
 # ---- the providers' failure rates -----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ProviderRow:
-    provider: str
-    kind: str  # "interruptible" or "reliable": which prior it starts from
-    mtbf: str  # what the next worker there is told (RECONCILER_MTBF_SECONDS)
-    interruptions: str  # the provider's ends, weighed by their age
-    machine_time: str  # weighed by its age
-    prior: str
 
 
 def span(seconds: float) -> str:
@@ -100,18 +125,12 @@ def span(seconds: float) -> str:
     return f"{seconds / 86400:.1f} d".replace(".0 d", " d")
 
 
-def provider_rows(reliability: dict[str, Reliability]) -> list[ProviderRow]:
-    """One line per declared provider: the MTBF its next worker is told, in whole seconds as the
-    worker reads it, and the evidence it was learned from (HALF_LIFE_SECONDS: older counts less)."""
-    rows = []
-    for name in sorted(reliability):
-        rel = reliability[name]
-        told = round(rel.mtbf_seconds)
-        mtbf = f"{told} s" if told < 120 else f"{span(told)} ({told:,} s)"
-        rows.append(ProviderRow(name, "interruptible" if rel.interruptible else "reliable", mtbf,
-                                f"{rel.interruptions:.1f}", span(rel.exposure_seconds) if rel.measured else "none",
-                                span(rel.prior_seconds)))
-    return rows
+def _rate_cells(rel: Reliability) -> tuple[str, str, str, str, str]:
+    """Kind, MTBF told, interruptions and machine time (HALF_LIFE_SECONDS: older counts less), prior."""
+    told = round(rel.mtbf_seconds)
+    mtbf = f"{told} s" if told < 120 else f"{span(told)} ({told:,} s)"
+    return ("interruptible" if rel.interruptible else "reliable", mtbf, f"{rel.interruptions:.1f}",
+            span(rel.exposure_seconds) if rel.measured else "none", span(rel.prior_seconds))
 
 
 HALF_LIFE_TEXT = span(HALF_LIFE_SECONDS)

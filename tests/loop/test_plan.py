@@ -88,7 +88,7 @@ def test_price_cap_excludes_expensive_provider() -> None:
     p = plan(d, Observed(), {}, NOW)
     assert [a.job for a in p.actions] == ["a"]
     assert p.statuses["b"].phase == Phase.PENDING
-    assert "waiting for capacity" in p.statuses["b"].message
+    assert p.statuses["b"].message == "waiting: free already runs 1 worker, its concurrency limit"
 
 
 @pytest.mark.parametrize(
@@ -329,14 +329,15 @@ def test_suspend_launches_nothing() -> None:
     assert not p.actions and p.statuses["train"].phase == Phase.SUSPENDED
 
 
-def test_refused_launch_backs_off_that_provider_only() -> None:
+def test_refused_launch_is_recorded_and_that_provider_skipped() -> None:
     d = desired(job_yaml())
     p = plan(d, Observed(), {}, NOW)
     launch = p.actions[0]
     assert isinstance(launch, Launch)
     apply_results(p, [LaunchResult(launch, error="no capacity")], NOW, {})
-    assert "free" in p.statuses["train"].provider_backoff
-    nxt = plan(d, Observed(), {"train": p.statuses["train"]}, NOW + 1)
+    st = p.statuses["train"]
+    assert [(r.provider, r.refused, r.error) for r in st.refusals] == [("free", NOW, "no capacity")]
+    nxt = plan(d, Observed(), {"train": st}, NOW + 1)
     assert [a.provider for a in nxt.actions if isinstance(a, Launch)] == ["paid"]
 
 
