@@ -31,9 +31,7 @@ import logging
 from collections.abc import Callable, Iterator, Sized
 from typing import Any
 
-import torch
-
-from reconciler.worker import snapshot
+from reconciler.worker import carried, snapshot
 from reconciler.worker.data import Position, ResumableLoader
 
 log = logging.getLogger("reconciler.worker")
@@ -54,33 +52,6 @@ class _Saved:
         self.loop.resume_from(state)
 
 
-def load_into(current: Any, saved: Any, what: str) -> None:
-    """Put `saved` into `current` in place: tensors are copied, tuples, lists and dicts are walked,
-    objects with `load_state_dict` load it."""
-    load = getattr(current, "load_state_dict", None)
-    if callable(load) and not isinstance(current, torch.Tensor):
-        load(saved)
-    elif isinstance(current, torch.Tensor) and isinstance(saved, torch.Tensor):
-        if current.shape != saved.shape:
-            raise ValueError(f"{what} has shape {tuple(current.shape)} but the checkpoint's has "
-                             f"{tuple(saved.shape)}: the epoch's preamble must build it as the saved run did")
-        with torch.no_grad():
-            current.copy_(saved)
-    elif isinstance(current, tuple | list) and isinstance(saved, tuple | list) and len(current) == len(saved):
-        for n, (c, s) in enumerate(zip(current, saved, strict=True)):
-            load_into(c, s, f"{what}[{n}]")
-    elif isinstance(current, dict) and isinstance(saved, dict) and current.keys() == saved.keys():
-        for key in current:
-            load_into(current[key], saved[key], f"{what}[{key!r}]")
-    elif current is saved or (type(current) is type(saved) and current == saved):
-        return  # the same immutable value (None, a number): nothing to put back
-    else:
-        raise TypeError(f"{what} is a {type(current).__name__} that cannot take the checkpoint's "
-                        f"{type(saved).__name__} in place: carry= restores tensors (also in tuples, lists, "
-                        "dicts) and objects with load_state_dict; pass other values through run.carry() at "
-                        "the top of the epoch, or hold them in a reconciler.worker.Carry")
-
-
 class EpochLoop:
     """`for epoch in run.epochs(...)`: see the module's docstring. `step` is the last step run."""
 
@@ -96,7 +67,9 @@ class EpochLoop:
         self.index = 0  # which of the epochs runs now, from 0 (len(numbers) once all have run)
         self.phase = "before"  # then per epoch "preamble", "batches" (from run.batches on); "done" at the end
         self._resume: dict[str, Any] | None = None  # the checkpoint's position, until its epoch used it
-        self._rng: dict[str, Any] | None = None  # the RNG states restored, put back after the preamble
+        self._rng: dict[str, Any] | None = None  # the checkpoint's RNG states, put back after the preamble
+        self._epoch_rng: list[dict[str, Any]] | None = None  # every rank's RNG states as this epoch began
+        self._built: Any = None  # the shape of what carry= returned as the epoch's batches began
         self._values: dict[str, Any] | None = None  # this epoch's run.carry() values
         self._carried: Callable[[], Any] | None = None  # this epoch's carry= function
         self._position: Position | ResumableLoader | None = None
@@ -105,14 +78,20 @@ class EpochLoop:
 
     # ---- saved with each checkpoint ----------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
-        carried = self._carried
         return {
             "epoch": self.index,
+            "rng": self._epoch_rng,
             "data": None if self._position is None else self._position.state_dict(),
             "values": self._values,
-            "carries": carried is not None,
-            "carried": None if carried is None else snapshot.state_of(carried()),
+            "carries": self._carried is not None,
+            "carried": self._carried_state(),
         }
+
+    def _carried_state(self) -> Any:
+        """What carry= returns, as saved: refused (TypeError) if a resume could not restore it."""
+        if self._carried is None:
+            return None
+        return carried.state(self._carried(), self._built)
 
     def resume_from(self, state: dict[str, Any]) -> None:
         self._resume = state
@@ -133,6 +112,7 @@ class EpochLoop:
         for index in range(first, len(self.numbers)):
             self.index, self.phase = index, "preamble"
             self._values, self._carried, self._position = None, None, None
+            self._begin_epoch()
             yield self.numbers[index]
             if self.phase == "preamble":
                 raise RuntimeError(f"epoch {self.numbers[index]} ran no batches: put a run.batches(...) or "
@@ -143,6 +123,18 @@ class EpochLoop:
             self.run.expect_steps(self.step)
         # A notice during the last epoch's end: the final checkpoint says that every epoch is done.
         self.run.exit_if_stopping(self.step, **self.objects)
+
+    def _begin_epoch(self) -> None:
+        """Record the RNG states the epoch's preamble starts from; on the resumed epoch, first set
+        the ones the saved epoch started from, so that the preamble draws what it drew then."""
+        saved = None if self._resume is None else self._resume.get("rng")
+        if saved is not None:
+            self.run.set_rng_states(saved, f"epoch {self.numbers[self.index]}'s start")
+        elif self._resume is not None:
+            log.warning("the checkpoint does not hold the RNG states epoch %s began with (an older SDK saved "
+                        "it): random numbers its preamble draws and does not pass through carry= differ from "
+                        "the saved run's", self.numbers[self.index])
+        self._epoch_rng = self.run.rng_states()
 
     def carry(self, **values: Any) -> Any:
         """Record the values this epoch starts with; on the resumed epoch, return the saved ones."""
@@ -180,6 +172,7 @@ class EpochLoop:
             raise ValueError("run.batches() was given no batches: the data is empty (or smaller than one batch "
                              "with drop_last)")
         self._position, self._carried, self.phase = position, carry, "batches"
+        self._built = None if carry is None else carried.shape(carry())
         resumed, self._resume = self._resume, None
         if resumed is not None:
             self._put_back(resumed, position, carry)
@@ -199,7 +192,7 @@ class EpochLoop:
             raise ValueError(f"the checkpoint {have} but run.batches() was called "
                              f"{'without' if carry is None else 'with'} one: call it as the saved run did")
         if carry is not None:
-            load_into(carry(), saved["carried"], "the value carry= returns")
+            carried.load_into(carry(), saved["carried"], "the value carry= returns")
         data = saved["data"]
         if data is None or set(data) != set(position.state_dict()):
             raise ValueError(f"the checkpoint's data position ({data}) was not saved from batches like these: "
@@ -213,7 +206,7 @@ class EpochLoop:
         """An epoch begins after the previous one's end: the checkpoint that fell due on that
         epoch's last batch, and the stop a notice during the end-of-epoch code asks for."""
         if self.run.should_checkpoint(self.step):
-            self.run.save(self.step, **self.objects)
+            self._save()
         self.run.exit_if_stopping(self.step, **self.objects)
 
     def _set_target(self, n: int, done: int) -> None:
@@ -236,8 +229,12 @@ class EpochLoop:
         run = self.run
         run.heartbeat(self.step)
         if not last and run.should_checkpoint(self.step):
-            run.save(self.step, **self.objects)
+            self._save()
         run.exit_if_stopping(self.step, **self.objects)
 
+    def _save(self) -> None:
+        self._carried_state()  # on every rank, before a collective save: refuse what could not be restored
+        self.run.save(self.step, **self.objects)
 
-__all__ = ["LOOP_KEY", "EpochLoop", "load_into"]
+
+__all__ = ["LOOP_KEY", "EpochLoop"]

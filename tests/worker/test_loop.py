@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from reconciler.worker import Carry, open_run
-from reconciler.worker.loop import load_into
+from reconciler.worker.carried import load_into
 
 PER_EPOCH = 5
 EPOCHS = 3

@@ -1,0 +1,48 @@
+"""`run.epochs()` across real deaths: a worker process SIGKILLed mid-epoch, then resumed, ends with
+the same bits as one that was never interrupted, whatever its epochs' preambles draw from the
+RNGs and however the value given to `carry=` is nested (see tests/worker/workloads/epoch_train.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.worker.harness import Store, assert_same, join, load, spawn
+from tests.worker.workloads.epoch_train import EPOCHS, PER_EPOCH, child
+
+EVERY = 2
+# Deaths at steps 4 (resumed from 2), 8 (from 6), 11 (from 10: epoch 1's last batch, saved when
+# epoch 2's batches began, after its preamble) and 14 (from 12).
+KILLS = [4, 8, 11, 14]
+
+
+def attempts(store: Store, out: Path, cfg: dict[str, Any], kills: list[int]) -> tuple[Any, list[int]]:
+    """Attempts on one run folder, each killed at its step of `kills`, then one to the end:
+    the final state and the step each attempt resumed from."""
+    folder = store.folder()
+    resumed_from = []
+    for die_at in [*kills, None]:
+        resumed_from.append(folder.durable_step())
+        env = store.env(folder, folder.bump_lease(), RECONCILER_CHECKPOINT_EVERY=EVERY)
+        proc = spawn(child, env, {**cfg, "die_at": die_at, "out": str(out)})
+        code = join(proc, 120)
+        if code is None:
+            proc.kill()
+            join(proc)
+        assert code == (0 if die_at is None else -9), f"the attempt to die at step {die_at} exited {code}"
+    assert folder.done() is not None and folder.done()["step"] == EPOCHS * PER_EPOCH
+    return load(str(out)), resumed_from
+
+
+@pytest.mark.parametrize(("carry", "draws"), [("tensor", True), ("nested", False), ("nested", True)])
+def test_a_run_killed_mid_epoch_ends_bit_for_bit_as_an_uninterrupted_one(
+        tmp_path: Path, carry: str, draws: bool) -> None:
+    store = Store("file", str(tmp_path / "runs"))
+    cfg = {"carry": carry, "draws": draws}
+    expected, _ = attempts(store, tmp_path / "reference.pt", cfg, [])
+    got, resumed_from = attempts(store, tmp_path / "resumed.pt", cfg, KILLS)
+    assert resumed_from == [0, 2, 6, 10, 12]
+    assert_same(expected, got)
