@@ -10,11 +10,12 @@
 
 `run.epochs` restores the objects and the loop's position (which epoch, which batch, the values
 given to `run.carry`, the data position) and yields the epoch numbers still to run, the
-interrupted one first. Inside an epoch, `run.batches`/`run.enumerate` count the steps,
-heartbeat, checkpoint on the SDK's schedule and stop on a notice after each batch. On the
-resumed epoch they first put back what the epoch's preamble just rebuilt: the carried value
-(`carry=`, a function returning it, restored in place), the RNG states, and skip the batches
-already trained on.
+interrupted one first, with the RNG states that epoch began with (every rank's are kept with each
+checkpoint), so that its preamble draws what it drew before. Inside an epoch,
+`run.batches`/`run.enumerate` count the steps, heartbeat, checkpoint on the SDK's schedule and
+stop on a notice after each batch. On the resumed epoch they first put back what the epoch's
+preamble just rebuilt: the carried value (`carry=`, a function returning it, restored in place:
+see carried.py), the checkpoint's RNG states, and skip the batches already trained on.
 
 The end-of-epoch code (validation, annealing) runs once per epoch across resumes: a checkpoint
 that falls due on an epoch's last batch is taken after that code, when the next epoch's batches

@@ -303,3 +303,23 @@ def test_a_nested_carried_value_with_a_module_and_a_carry_is_restored_in_place(t
             assert hidden.tolist() == [1.0, 1.0] and parts["stats"][0].total == 1.0  # step 2's, in place
             assert torch.equal(parts["cell"].weight, fresh * 4.0)
             assert list(batches) == [2, 3, 4]
+
+
+def test_a_generator_of_ones_own_held_in_the_carry_draws_on_as_if_uninterrupted(tmp_path: Path) -> None:
+    """As the README advises for random generators of one's own: in the `Carry` given to carry=."""
+
+    def draws(uri: str, die_at: int | None) -> list[float]:
+        out = []
+        with open_run(uri=uri, checkpoint_every=2, install_signal_handlers=False) as run:
+            for _ in run.epochs(2):
+                s = Carry(g=torch.Generator().manual_seed(5))
+                for _ in run.batches(range(3), carry=lambda: s):  # noqa: B023 - the current value
+                    out.append(float(torch.rand(1, generator=s.g)))
+                    if run.step == die_at:
+                        run.wait()
+                        return out
+        return out
+
+    reference = draws(str(tmp_path / "ref"), None)
+    killed = draws(str(tmp_path / "run"), 5)
+    assert killed[:4] + draws(str(tmp_path / "run"), None) == reference
