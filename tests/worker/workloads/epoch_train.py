@@ -2,12 +2,14 @@
 
 Each epoch's preamble draws from every global RNG (Python, NumPy, torch) without passing the
 draws through `carry=` when cfg "draws" is set, and builds the value the batches carry: a
-tensor (cfg "carry": "tensor") or a tuple holding a tensor, a `Carry` and a dict with a list of
-tensors ("nested"). The batches draw noise too, and the learning rate carried from epoch to
-epoch is annealed. Anything not put back exactly on a resume changes the final weights.
+tensor (cfg "carry": "tensor"), a tuple holding a tensor, a `Carry` and a dict with a list of
+tensors ("nested"), or nothing ("none"). The batches draw noise too, and the learning rate
+carried from epoch to epoch is annealed. Anything not put back exactly on a resume changes the
+final weights. Under torchrun (WORLD_SIZE) each rank seeds its RNGs with its rank and the
+updates are summed over the ranks, as DDP averages gradients: every rank's draws count.
 
 cfg keys: out (final state file), die_at (the step to SIGKILL itself in, once the checkpoints
-before it are durable), carry ("tensor" or "nested"), draws (bool).
+before it are durable; the last rank does), carry ("tensor", "nested" or "none"), draws (bool).
 """
 
 from __future__ import annotations
@@ -35,11 +37,13 @@ def preamble(cfg: dict[str, Any]) -> tuple[torch.Tensor, Any]:
         shift = torch.rand(3) + random.random() + float(np.random.rand())
     if cfg.get("carry") == "nested":
         return shift, (torch.zeros(3), Carry(total=0.0, seen=[]), {"cell": [torch.zeros(3)]})
-    return shift, torch.zeros(3)
+    return shift, None if cfg.get("carry") == "none" else torch.zeros(3)
 
 
 def step(carried: Any, x: int) -> tuple[Any, torch.Tensor]:
     """One batch: the carried value moves on (in place and rebound), with fresh noise."""
+    if carried is None:
+        return None, x + torch.rand(3)
     if isinstance(carried, torch.Tensor):
         carried = carried * 0.5 + x + torch.rand(3)
         return carried, carried
@@ -53,24 +57,30 @@ def step(carried: Any, x: int) -> tuple[Any, torch.Tensor]:
 
 def main(cfg: dict[str, Any]) -> None:
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    random.seed(0)
-    np.random.seed(0)
+    seed = int(os.environ.get("RANK", "0"))
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
     w = torch.zeros(3)
     lr = 1.0
     with open_run() as run:
         for epoch in run.epochs(EPOCHS, w=w):
             lr = run.carry(lr=lr)
             shift, carried = preamble(cfg)
-            for _, x in run.enumerate(range(PER_EPOCH), carry=lambda: carried):  # noqa: B023 - the current value
+            carry = None if carried is None else lambda: carried  # noqa: B023 - the current value
+            for _, x in run.enumerate(range(PER_EPOCH), carry=carry):
                 carried, update = step(carried, x)
-                w += lr * (update + shift)
+                update = update + shift
+                if run.world_size > 1:
+                    torch.distributed.all_reduce(update)
+                w += lr * update
                 if run.step == cfg.get("die_at"):
-                    run.wait()  # the step's checkpoint, if one fell due, is durable
-                    os.kill(os.getpid(), signal.SIGKILL)
+                    run.wait()  # the checkpoints before this step are durable
+                    if run.rank == run.world_size - 1:
+                        os.kill(os.getpid(), signal.SIGKILL)
             if epoch % 2 == 0:
                 lr /= 2.0
-        torch.save({"w": w, "lr": lr}, cfg["out"])
+        torch.save({"w": w, "lr": lr}, f"{cfg['out']}.{run.rank}" if run.world_size > 1 else cfg["out"])
         run.complete()
 
 
