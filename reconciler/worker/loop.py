@@ -71,6 +71,7 @@ class EpochLoop:
         self._rng: dict[str, Any] | None = None  # the checkpoint's RNG states, put back after the preamble
         self._epoch_rng: list[dict[str, Any]] | None = None  # every rank's RNG states as this epoch began
         self._built: Any = None  # the shape of what carry= returned as the epoch's batches began
+        self._ranks: list[dict[str, Any]] | None = None  # under torchrun: every rank's values, for a save
         self._values: dict[str, Any] | None = None  # this epoch's run.carry() values
         self._carried: Callable[[], Any] | None = None  # this epoch's carry= function
         self._position: Position | ResumableLoader | None = None
@@ -86,7 +87,25 @@ class EpochLoop:
             "values": self._values,
             "carries": self._carried is not None,
             "carried": self._carried_state(),
+            "ranks": self._ranks,
         }
+
+    def share_ranks(self) -> None:
+        """Under torchrun, on every rank before a save: each rank carries values of its own (an RNN's
+        hidden state over its share of the data), so the checkpoint keeps every rank's."""
+        self._ranks = self.run.from_every_rank({"values": self._values, "carried": self._carried_state()})
+
+    def _ours(self, saved: dict[str, Any], key: str) -> Any:
+        """This rank's `key` ("values", "carried") of the checkpoint's loop state."""
+        ranks = saved.get("ranks")
+        if ranks is None:
+            return saved[key]
+        if len(ranks) == self.run.world_size:
+            return ranks[self.run.rank][key]
+        if key == "values":  # read first: said once
+            log.warning("the checkpoint's carried values were saved by %d ranks and this attempt has %d: every "
+                        "rank takes rank 0's", len(ranks), self.run.world_size)
+        return ranks[0][key]
 
     def _carried_state(self) -> Any:
         """What carry= returns, as saved: refused (TypeError) if a resume could not restore it."""
@@ -148,7 +167,7 @@ class EpochLoop:
             if saved is None or list(saved) != list(values):
                 raise ValueError(f"run.carry() was given {', '.join(values)} but the checkpoint carries "
                                  f"{', '.join(saved or ()) or 'nothing'}: call it as the saved run did")
-            values = saved
+            values = self._ours(self._resume, "values")
         self._values = dict(values)
         out = tuple(self._values.values())
         return out[0] if len(out) == 1 else out
@@ -193,7 +212,7 @@ class EpochLoop:
             raise ValueError(f"the checkpoint {have} but run.batches() was called "
                              f"{'without' if carry is None else 'with'} one: call it as the saved run did")
         if carry is not None:
-            carried.load_into(carry(), saved["carried"], "the value carry= returns")
+            carried.load_into(carry(), self._ours(saved, "carried"), "the value carry= returns")
         data = saved["data"]
         if data is None or set(data) != set(position.state_dict()):
             raise ValueError(f"the checkpoint's data position ({data}) was not saved from batches like these: "

@@ -325,7 +325,11 @@ class Run:
 
     def rng_states(self) -> list[dict[str, Any]]:
         """Every rank's RNG states (Python, NumPy, torch, CUDA), in rank order, on every rank."""
-        return self.group.all_gather(snapshot.rng_state())
+        return self.from_every_rank(snapshot.rng_state())
+
+    def from_every_rank(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order, on every rank (a collective under torchrun)."""
+        return self.group.all_gather(obj)
 
     def set_rng_states(self, per_rank: list[dict[str, Any]], saved_at: str) -> None:
         """Set this rank's RNG states from `per_rank` (as `rng_states` gave them, or rank 0's
@@ -395,6 +399,8 @@ class Run:
         if not objects:
             raise ValueError("save() needs the objects to checkpoint, e.g. run.save(step, model=model)")
         started = self._clock()
+        if self.group.distributed and self._loop is not None and loop.LOOP_KEY in objects:
+            self._loop.share_ranks()
         if self.sharded:
             self._save_sharded(step, objects, started, entered)
             return

@@ -53,12 +53,14 @@ def test_a_run_killed_mid_epoch_ends_bit_for_bit_as_an_uninterrupted_one(
     assert_same(expected, got)
 
 
-def test_ranks_killed_mid_epoch_each_draw_their_own_preamble_again(tmp_path: Path) -> None:
+@pytest.mark.parametrize("carry", ["none", "nested"])
+def test_ranks_killed_mid_epoch_each_draw_and_carry_their_own_again(tmp_path: Path, carry: str) -> None:
     """Two ranks seeded apart, whose preambles and batches draw from the RNGs and whose updates are
     summed: the last rank is SIGKILLed mid-epoch (the other is ended), and every rank must draw
-    what it drew before, in the preamble and in the batches, for the sums to come out the same."""
+    what it drew before, in the preamble and in the batches, and carry on with its own carried
+    value (not rank 0's), for the sums to come out the same."""
     store = Store("file", str(tmp_path / "runs"))
-    cfg = {"carry": "none", "draws": True}
+    cfg = {"carry": carry, "draws": True}
     expected, _ = attempts(store, tmp_path / "reference.pt", cfg, [], world=2)
     got, resumed_from = attempts(store, tmp_path / "resumed.pt", cfg, [8, 11], world=2)
     assert resumed_from == [0, 6, 10]
