@@ -86,7 +86,7 @@ class EpochLoop:
             "data": None if self._position is None else self._position.state_dict(),
             "values": self._values,
             "carries": self._carried is not None,
-            "carried": self._carried_state(),
+            "carried": self._carried_state() if self._ranks is None else None,  # else in every rank's
             "ranks": self._ranks,
         }
 
