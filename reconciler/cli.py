@@ -243,7 +243,10 @@ def plan(
             err.print(f"[red]error:[/red] {show(e)}")
         else:
             err.print(f"[yellow]warning:[/yellow] {show(e)}")
-    if not report.actions:
+    if not report.actions and any(st.held for st in the_plan.statuses.values()):
+        console.print("no actions: a change is held (the warning above says what releases it); "
+                      "everything else matches the desired state")
+    elif not report.actions:
         console.print("no actions: the world matches the desired state")
     for a in report.actions:
         console.print(f"- {show(a)}")
@@ -301,7 +304,7 @@ def _review_refs(repo: Path, base: str, head: str, path: str = "") -> Review:
     """Reads both commits' desired state and the base's recorded statuses; a bad ref is one sentence."""
     from adapters.gitrepo import GitError, StateRepo
     from reconciler.loop import Reconciler
-    from reconciler.plan import CONFIRM_CANCEL_TRAILER
+    from reconciler.plan import confirms_cancel
     from reconciler.review import review
 
     try:
@@ -313,7 +316,7 @@ def _review_refs(repo: Path, base: str, head: str, path: str = "") -> Review:
     sides = [reader.read_desired(c, cache=False) for c in commits]
     reader.configure_repo()  # where status is recorded: the status branch's newest, when there is one
     recorded = reader.read_recorded(reader.status_source(commits[0]))
-    confirmed = any(CONFIRM_CANCEL_TRAILER in m for m in _messages(state, *commits))
+    confirmed = any(confirms_cancel(m) for m in _messages(state, *commits))
     fork = _merge_base(state, *commits)
     at_fork = reader.read_desired(fork, cache=False) if fork else None
     the_review = review(sides[0], sides[1], recorded, base_commit=commits[0], head_commit=commits[1],
@@ -512,6 +515,7 @@ def status(repo: RepoOption = Path("."), as_json: Annotated[bool, typer.Option("
             "step": step, "durable": live.durable_step, "target": target,
             "attempts": st.total_attempts if st else 0, "interruptions": st.interruptions if st else 0,
             "failures": st.failures if st else 0, "message": st.message if st else "not reconciled yet",
+            "held": st.held if st else None,
             **_forecast_fields(st, deadline),
         })
     if job_name is not None:
@@ -532,6 +536,8 @@ def status(repo: RepoOption = Path("."), as_json: Annotated[bool, typer.Option("
     console.print(table)
     if ledger:
         console.print(_ledger_table(ledger))
+    for note in sorted({st.held for st in recorded.values() if st.held}):
+        err.print(f"[yellow]held:[/yellow] {escape(note)}")
     for e in desired.errors:
         err.print(f"[red]error:[/red] {e}")
 

@@ -121,6 +121,7 @@ def _plan_job(out: Plan, job: Job, rec: JobStatus | None, workers: dict[WorkerRe
               desired: DesiredState, observed: Observed, now: float, commit: str, busy: dict[str, int],
               policy: PlacementPolicy, reliability: dict[str, Reliability]) -> None:
     st = identify(job, rec, desired, observed, now, commit)
+    st.held = None  # the loop adds a hold of the signature check; a cancel hold is _plan_removed's
     run = observed.runs.get((job.name, st.run_id), RunObservation())
     t = JobTick(job, st, run, workers, desired, observed, now, out, busy, st.current, policy, reliability)
     for step in STEPS:
@@ -347,16 +348,41 @@ STEPS: tuple[Step, ...] = (fence, read_storage, adopt, foresee, stop_on_policy, 
 # ---- jobs whose manifest is gone --------------------------------------------------------------
 
 
+def cancelled_by(desired: DesiredState, recorded: dict[str, JobStatus]) -> list[JobStatus]:
+    """The active jobs this desired state would cancel: their manifest is gone (a manifest that
+    merely stopped parsing holds its job instead)."""
+    return [st for st in recorded.values() if not st.phase.terminal and st.job not in desired.jobs
+            and st.manifest not in desired.files_with_errors]
+
+
+def confirms_cancel(message: str) -> bool:
+    """The commit message carries CONFIRM_CANCEL_TRAILER as a git trailer: a line of its own in the
+    last paragraph, after the subject. Quoting it in a sentence (as the reconciler's own status
+    commits do when they say what is held) confirms nothing."""
+    paragraphs = [p for p in message.strip().split("\n\n") if p.strip()]
+    if len(paragraphs) < 2:
+        return False
+    key, _, value = CONFIRM_CANCEL_TRAILER.partition(":")
+    for line in paragraphs[-1].splitlines():
+        k, sep, v = line.partition(":")
+        if sep and k.strip().lower() == key.lower() and v.strip().lower() == value.strip().lower():
+            return True
+    return False
+
+
 def _mass_cancel_hold(desired: DesiredState, recorded: dict[str, JobStatus], confirmed: bool) -> str:
     """A commit that would cancel most of the active jobs at once (an emptied or moved desired/,
-    a bad merge) is held until confirmed; returns the message, or "" when nothing is held."""
+    a bad merge) is held until confirmed; returns the message, or "" when nothing is held. Nothing
+    of it is kept in memory: every tick (and every restarted daemon) finds the same hold from git."""
     active = [st for st in recorded.values() if not st.phase.terminal]
-    doomed = [st for st in active if st.job not in desired.jobs and st.manifest not in desired.files_with_errors]
+    doomed = cancelled_by(desired, recorded)
     if confirmed or len(doomed) < 2 or len(doomed) * 2 <= len(active):
         return ""
-    return (f"holding: this commit would cancel {len(doomed)} of {len(active)} active jobs; if that is "
-            f"meant, commit again with the trailer '{CONFIRM_CANCEL_TRAILER}' "
-            f"(e.g. git commit --allow-empty -m 'cancel jobs' --trailer '{CONFIRM_CANCEL_TRAILER}')")
+    names = ", ".join(sorted(st.job for st in doomed))
+    return (f"holding: this change would cancel {len(doomed)} of {len(active)} active jobs ({names}); nothing "
+            f"is stopped until a commit carries the trailer '{CONFIRM_CANCEL_TRAILER}' "
+            f"(git commit --allow-empty -m 'cancel jobs' --trailer '{CONFIRM_CANCEL_TRAILER}'), "
+            "or the manifests are restored")
 
 
 def _plan_removed(out: Plan, rec: JobStatus, workers: dict[WorkerRef, WorkerState], desired: DesiredState,
@@ -364,13 +390,14 @@ def _plan_removed(out: Plan, rec: JobStatus, workers: dict[WorkerRef, WorkerStat
     """A job whose manifest is gone is cancelled: its workers are stopped (through the provider
     definition the status last knew, when that is gone too), and its attempt is billed until the
     worker is seen gone."""
-    st = rec.model_copy(deep=True)
+    st = rec.model_copy(update={"held": None}, deep=True)
     out.statuses[st.job] = st
     if rec.manifest and rec.manifest in desired.files_with_errors:
         st.message = f"manifest {rec.manifest} has errors; holding the job as it is until they are fixed"
         return
     if held and not st.phase.terminal:
-        st.message = held
+        st.message = "manifest deleted; the cancel is held until a commit confirms it or the manifest is restored"
+        st.held = held
         return
     alive = [ref for ref, state in workers.items() if live(state)]
     for ref in alive:

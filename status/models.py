@@ -129,7 +129,9 @@ class JobStatus(Model):
     attempts: list[Attempt] = Field(default_factory=list)
     log_tail: str | None = None
     forecast: Forecast | None = None
-    held: str | None = None  # a newer change to desired/ not acted on (reconciler.yaml `signatures:`), and why
+    # A newer change to desired/ not acted on, and what releases it: a commit that would cancel most
+    # jobs (until confirmed) or one whose signature did not verify (reconciler.yaml `signatures:`).
+    held: str | None = None
 
     @property
     def current(self) -> Attempt | None:
@@ -254,6 +256,10 @@ def render_index(statuses: list[JobStatus], errors: list[str], ledger: list[Prov
             f"{st.failures} | {eta} | {cost} | {cell(risk)} | {msg} |"
         )
     lines += render_ledger_table(ledger or [])
+    # A held change (a cancel waiting for its confirmation), once; one already among the errors is not repeated.
+    held = sorted({st.held for st in statuses if st.held and not any(st.held in e for e in errors)})
+    if held:
+        lines += ["", "## Held", ""] + [f"- {note}" for note in held]
     if errors:
         lines += ["", "## Manifest errors", ""]
         lines += [f"- {e}" for e in errors]

@@ -90,6 +90,7 @@ def create_app(repo: str | Path, *, token: str | None = None, refresh_seconds: i
         snap = data.snapshot()
         rows = [_row(data, snap, name) for name in snap.names]
         return render(snap, "overview.html", rows=rows, counts=views.phase_counts(rows),
+                      held=sorted({r.held for r in rows if r.held}),
                       errors=[snap.redactor.redact(str(e)) for e in snap.desired.errors])
 
     def job_page(request: Request) -> Response:

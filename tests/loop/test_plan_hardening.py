@@ -150,9 +150,11 @@ def test_a_commit_that_cancels_most_jobs_is_held_until_confirmed() -> None:
     only_c = desired(job_yaml("c"))
     held = plan(only_c, Observed(), recorded, NOW)
     assert all(held.statuses[n].phase == Phase.RUNNING for n in "ab")
-    assert "would cancel 2 of 3 active jobs" in held.statuses["a"].message and held.notes
+    assert "would cancel 2 of 3 active jobs (a, b)" in (held.statuses["a"].held or "") and held.notes
+    assert "held" in held.statuses["a"].message and held.statuses["c"].held is None
     confirmed = plan(only_c, Observed(), recorded, NOW, confirm_cancel=True)
     assert all(confirmed.statuses[n].phase == Phase.CANCELLED for n in "ab")
+    assert all(confirmed.statuses[n].held is None for n in "abc")
 
 
 def test_deleting_one_job_of_many_needs_no_confirmation() -> None:
