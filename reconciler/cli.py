@@ -238,6 +238,10 @@ def plan(
         return escape(redactor.redact(text))
 
     manifest_errors = [str(e) for e in report.desired.errors] if report.desired else []
+    if report.commit and not the_plan.statuses and not manifest_errors \
+            and rec.repo.tree_id(report.commit, "desired") is None:  # as `validate` says: nothing to plan from
+        raise _fail(f"desired/ does not exist at commit {report.commit[:12]} of {rec.repo.path}: commit job "
+                    "manifests under desired/, or run this in a state repository (--repo; --path for a subfolder)")
     for e in report.errors:
         if e in manifest_errors:
             err.print(f"[red]error:[/red] {show(e)}")

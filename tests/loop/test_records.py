@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from tests.conftest import StateRepoFixture
+from tests.loop.test_cli import cli
 from tests.loop.test_loop_local import job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,6 +30,16 @@ def wait_until(done: object, timeout: float = 30) -> None:
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.1)
 
+
+
+def test_plan_without_a_desired_folder_fails_as_validate_does(state_repo: StateRepoFixture) -> None:
+    res = cli("plan", "--repo", str(state_repo.path), check=False)  # an empty desired/ on disk, none in git
+    assert res.returncode == 1 and "commit job manifests under desired/" in res.stderr
+    (state_repo.path / "desired").rmdir()
+    for command in ("plan", "validate"):
+        res = cli(command, "--repo", str(state_repo.path), check=False)
+        assert res.returncode == 1, res.stdout
+        assert "does not exist" in res.stderr and "world matches" not in res.stdout
 
 
 def test_a_daemon_stopped_by_sigterm_to_its_process_group_logs_no_failure(state_repo: StateRepoFixture) -> None:
