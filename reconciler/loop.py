@@ -526,6 +526,7 @@ def read_run(storage: str, job: str, run_id: str, options: dict[str, str]) -> Ru
             reached_step=progress.reached if progress else None,
             done=done is not None,
             done_time=_number(done.get("time")) if done else None,
+            done_step=int(step) if done and isinstance(step := done.get("step"), int) else None,
         )
     except (StorageError, OSError, ValueError) as exc:
         return RunObservation(error=str(exc))

@@ -245,6 +245,11 @@ def judge(t: JobTick) -> bool:
         state = t.workers.get(seen) if seen is not None else None
         t.close_current(Outcome.SUCCEEDED, "completed", state.exit_code if state else None,
                         ended=t.run.done_time or (state.ended_at if state else None))
+        # It ended at its last step, not at its last checkpoint (the completion saves none).
+        last = t.st.attempts[-1]
+        final = t.run.done_step if t.run.done_step is not None else t.job.spec.target_steps
+        if final is not None and final > (last.step_end or 0):
+            t.st.attempts[-1] = last.model_copy(update={"step_end": final})
         return False
     if seen is None:
         _judge_unseen(t)
@@ -261,6 +266,10 @@ def _judge_seen(t: JobTick, ref: WorkerRef, state: WorkerState) -> bool:
         _judge_live(t, ref, state)
         return False
     beat = t.run.heartbeat_time if t.run.heartbeat_epoch == t.current.epoch else None
+    if t.current.stop_reason:  # stopped by us (its manifest was deleted, then restored): never the worker's end
+        t.close_current(Outcome.CANCELLED, t.current.stop_reason, state.exit_code,
+                        ended=end_time(t.current, t.now, state.ended_at, beat))
+        return False
     t.close_current(verdict.outcome, verdict.detail, state.exit_code, ended=end_time(
         t.current, t.now, state.ended_at, beat))
     if verdict.avoid_provider:
@@ -316,7 +325,8 @@ def finish(t: JobTick) -> bool:
     if t.run.done:
         t.st.phase = Phase.SUCCEEDED
         target = t.job.spec.target_steps
-        t.st.progress = Progress(step=max(t.run.durable_step, target or 0, t.st.progress.step), target=target)
+        t.st.progress = Progress(step=max(t.run.durable_step, t.run.done_step or 0, target or 0, t.st.progress.step),
+                                 target=target)
         t.st.message = "run completed"
         t.st.forecast = None
         t.st.backoff_until = None
@@ -405,13 +415,15 @@ def _plan_removed(out: Plan, rec: JobStatus, workers: dict[WorkerRef, WorkerStat
     run = observed.runs.get((st.job, st.run_id), RunObservation())
     cur = st.current
     if cur is not None and any(r.epoch == cur.epoch and r.run_id == st.run_id for r in alive):
+        st.attempts[-1] = cur.model_copy(update={"stop_reason": "manifest deleted"})
         st.message = f"manifest deleted; stopping {cur.worker} on {cur.provider} (billed until it is gone)"
         return
     if cur is not None:
         prov = desired.providers.get(cur.provider) or observed.retired.get(cur.provider)
         price = prov.spec.price_per_hour if prov else 0.0
-        gone = next((s.ended_at for r, s in workers.items() if r.epoch == cur.epoch and r.run_id == st.run_id), None)
-        record_close(st, close(cur, Outcome.CANCELLED, now, run, "manifest deleted", None, price, gone))
+        gone = next((s for r, s in workers.items() if r.epoch == cur.epoch and r.run_id == st.run_id), None)
+        record_close(st, close(cur, Outcome.CANCELLED, now, run, "manifest deleted", gone.exit_code if gone else None,
+                               price, gone.ended_at if gone else None))
     if not st.phase.terminal:
         st.phase = Phase.CANCELLED
         st.message = "manifest deleted; run cancelled (this file stays as history; restore it to resume)"

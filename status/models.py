@@ -70,6 +70,9 @@ class Attempt(Model):
     host: str = ""  # the provider's machine, where it names one (per-host cool-down)
     first_beat: float | None = None  # the first heartbeat we saw, by the worker's clock kept within [started, now]
     first_beat_step: int | None = None  # the step that heartbeat reported: rates count from here
+    # Why the reconciler asked this attempt to stop while leaving it open (a deleted manifest: it is
+    # billed until the worker is gone). However the worker then ends, that end was ours: cancelled.
+    stop_reason: str | None = None
 
     @property
     def open(self) -> bool:

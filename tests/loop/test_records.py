@@ -13,9 +13,10 @@ from pathlib import Path
 
 import yaml
 
+from reconciler.loop import Reconciler
 from tests.conftest import StateRepoFixture
 from tests.loop.test_cli import cli
-from tests.loop.test_loop_local import job
+from tests.loop.test_loop_local import counter, job, live_workers, phase, tick_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,6 +31,35 @@ def wait_until(done: object, timeout: float = 30) -> None:
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.1)
 
+
+def test_an_attempt_stopped_for_a_deleted_manifest_stays_cancelled_when_the_manifest_comes_back(
+        state_repo: StateRepoFixture, local_workdir: Path) -> None:
+    """`run --once` stops the worker of a deleted job and leaves its attempt open until the worker is
+    gone; when the next call finds the manifest restored, the end it judges is still the cancel."""
+    state_repo.write("desired/a.yaml", job("a", counter(0.3)))
+    state_repo.commit("add a")
+    cli("run", "--once", "--repo", str(state_repo.path))
+    wait_until(lambda: any((state_repo.storage / "a").rglob("progress.json")))  # its SDK is listening
+    state_repo.remove("desired/a.yaml")
+    deleting = state_repo.commit("delete a")
+    out = cli("run", "--once", "--repo", str(state_repo.path)).stderr
+    assert "manifest deleted; stopping" in out
+    wait_until(lambda: not live_workers(local_workdir))
+    state_repo.git("revert", "--no-edit", deleting)
+    cli("run", "--once", "--repo", str(state_repo.path))
+    first = attempts(state_repo, "a")[0]
+    assert (first["outcome"], first["detail"], first["exit_code"]) == ("cancelled", "manifest deleted", 75)
+    assert yaml.safe_load(state_repo.status_text("a"))["interruptions"] == 0
+
+
+def test_a_completing_attempt_ends_at_its_last_step_not_at_its_last_checkpoint(
+        state_repo: StateRepoFixture) -> None:
+    state_repo.write("desired/c.yaml", job("c", counter(0.01), "target_steps: 25"))  # saves at 10 and 20
+    state_repo.commit("add c")
+    tick_until(Reconciler(state_repo.path), phase("c"))
+    done = attempts(state_repo, "c")[-1]
+    assert (done["outcome"], done["step_end"]) == ("succeeded", 25)
+    assert "0→25" in cli("describe", "c", "--repo", str(state_repo.path)).stdout
 
 
 def test_plan_without_a_desired_folder_fails_as_validate_does(state_repo: StateRepoFixture) -> None:
