@@ -3,7 +3,9 @@ the shared helpers every adapter uses (labels, the minimal environment)."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -144,3 +146,22 @@ def wait_for(path: Path, timeout: float = 20) -> None:
     while not path.exists():
         assert time.monotonic() < deadline, f"{path} never appeared"
         time.sleep(0.05)
+
+
+def test_the_ssh_and_slurm_agent_also_stops_a_worker_once(tmp_path: Path) -> None:
+    """The agent beside SSH and Slurm workers: a second `terminate` (the next tick) neither signals
+    the command again nor puts off the SIGKILL that ends the grace."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    folder = tmp_path / "workers" / "w.e1"
+    agent = [sys.executable, bootstrap.__file__]
+    payload = {"labels": {"provider": "ssh", "job": "stop", "run_id": "r-1", "epoch": 1},
+               "command": [sys.executable, "-c", CLEAN_STOP, str(marks)], "grace": 30}
+    subprocess.run([*agent, "launch", str(folder)], input=json.dumps(payload), text=True, check=True,
+                   capture_output=True, timeout=30)
+    wait_for(marks / "ready")
+    subprocess.run([*agent, "terminate", str(folder)], check=True, capture_output=True, timeout=30)
+    wait_for(marks / "closed")
+    subprocess.run([*agent, "terminate", str(folder)], check=True, capture_output=True, timeout=30)
+    wait_for(folder / "exit.json")
+    assert json.loads((folder / "exit.json").read_text())["code"] == 75
