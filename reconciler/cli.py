@@ -599,7 +599,7 @@ def _show_job(row: dict[str, Any], st: JobStatus | None, job: Job | None, as_jso
     if job is not None and job.spec.budget_usd is not None:
         lines.append(("budget", money(job.spec.budget_usd)))
     lines += [("risk", risk), ("placement", f.placement if f else ""), ("decision", f.decision if f else ""),
-              ("note", f.note if f else "")]
+              ("note", f.note if f else ""), ("held", str(row["held"] or ""))]
     for label, value in lines:
         if value:
             console.print(f"  {label}: {escape(value)}")

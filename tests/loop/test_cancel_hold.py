@@ -64,6 +64,8 @@ def test_a_held_cancel_stays_held_across_run_once_calls_until_a_confirming_commi
     assert plan.stderr.count("would cancel 2 of 2 active jobs") == 1
     status = cli("status", "--repo", str(state_repo.path))
     assert "held:" in status.stderr and CONFIRM_CANCEL_TRAILER in status.stderr
+    for one in (["status", "--job", "a"], ["describe", "a"]):
+        assert "held: holding: this change would cancel" in cli(*one, "--repo", str(state_repo.path)).stdout
     state_repo.git("commit", "-q", "--allow-empty", "-m", "yes, cancel them", "--trailer", CONFIRM_CANCEL_TRAILER)
     out = run_once(state_repo)
     assert "would cancel" not in out
