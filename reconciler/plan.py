@@ -422,12 +422,19 @@ def _plan_removed(out: Plan, rec: JobStatus, workers: dict[WorkerRef, WorkerStat
         prov = desired.providers.get(cur.provider) or observed.retired.get(cur.provider)
         price = prov.spec.price_per_hour if prov else 0.0
         gone = next((s for r, s in workers.items() if r.epoch == cur.epoch and r.run_id == st.run_id), None)
-        record_close(st, close(cur, Outcome.CANCELLED, now, run, "manifest deleted", gone.exit_code if gone else None,
+        # A run that completed first (while the cancel was held, or just before it) succeeded.
+        outcome, detail = (Outcome.SUCCEEDED, "completed") if run.done else (Outcome.CANCELLED, "manifest deleted")
+        record_close(st, close(cur, outcome, now, run, detail, gone.exit_code if gone else None,
                                price, gone.ended_at if gone else None))
     if not st.phase.terminal:
-        st.phase = Phase.CANCELLED
-        st.message = "manifest deleted; run cancelled (this file stays as history; restore it to resume)"
         st.backoff_until = None
+        if run.done:
+            st.phase, st.message = Phase.SUCCEEDED, "run completed; its manifest has been deleted since"
+            st.progress = Progress(step=max(st.progress.step, run.durable_step, run.done_step or 0),
+                                   target=st.progress.target)
+        else:
+            st.phase = Phase.CANCELLED
+            st.message = "manifest deleted; run cancelled (this file stays as history; restore it to resume)"
 
 
 # ---- small rules --------------------------------------------------------------------------------
