@@ -272,15 +272,21 @@ class LocalAdapter:
 
     def terminate(self, ref: WorkerRef) -> None:
         """SIGTERM to the worker's process group: the supervisor gives the command a grace period
-        to checkpoint, then kills it. Only our own workers: another owner's folder is left alone."""
+        to checkpoint, then kills it. Only our own workers: another owner's folder is left alone.
+        Signalled once: the daemon asks again on every tick until the worker is gone, and a second
+        SIGTERM landing after the command restored its default handler (the SDK does, saved and on
+        its way to exit 75) would kill it mid-exit; the supervisor's grace timer does the rest."""
         folder = self._own_folder(ref)
         if folder is None:
             return
         (folder / "terminate-requested").touch(exist_ok=True)
+        if (folder / "terminate-signalled").exists():
+            return
         pid = self._read(folder, "supervisor.pid")
         if pid and pid.isdigit() and alive(int(pid), self._read(folder, "supervisor.start")):
             try:
                 os.killpg(int(pid), signal.SIGTERM)
+                (folder / "terminate-signalled").touch()
             except ProcessLookupError:
                 pass
 

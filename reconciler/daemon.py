@@ -83,7 +83,7 @@ class Daemon:
                 continue
             self._wake.clear()
             with self._ticking:
-                if self.stop_event.is_set():
+                if self.stop_event.is_set() or self._signalled is not None:
                     return
                 self._tick()
 
@@ -94,8 +94,11 @@ class Daemon:
             report = self.rec.tick()
             report.seconds = time.monotonic() - started
         except Exception as exc:  # one bad tick must not end the daemon
-            self.rec.conditions.holds("tick failed", f"tick failed: {exc}; the next tick tries again",
-                                     logging.ERROR)
+            if self._stopping():
+                log.info("the stop cut a tick short (%s); the next start carries on", exc)
+            else:
+                self.rec.conditions.holds("tick failed", f"tick failed: {exc}; the next tick tries again",
+                                         logging.ERROR)
             log.debug("tick failure detail", exc_info=True)
         else:
             self.rec.conditions.ended("tick failed", "ticks work again")
@@ -111,6 +114,12 @@ class Daemon:
             self.on_tick(report)
         if self.until_done and report.all_terminal:
             self.stop_event.set()
+
+    def _stopping(self) -> bool:
+        """A stop is under way. A SIGTERM or SIGINT sent to the whole process group (systemd, Ctrl-C)
+        also ends the git processes a tick talks to, which fails it (broken pipe, an empty SHA),
+        maybe a moment before the main thread has heard the signal: a stop is not a failure."""
+        return self._signalled is not None or self.stop_event.wait(4 * POLL_SECONDS)
 
     def _keep_lease(self) -> None:
         """Renews the leader lease between ticks, so that a tick longer than the lease keeps it."""

@@ -31,7 +31,7 @@ from reconciler.deadline import PlacementPolicy, choose
 from reconciler.execute import execute, store_options
 from reconciler.ledger import build_ledger
 from reconciler.notices import events, messages
-from reconciler.plan import CONFIRM_CANCEL_TRAILER, Observed, Plan, RunObservation, apply_results, plan
+from reconciler.plan import Observed, Plan, RunObservation, apply_results, cancelled_by, confirms_cancel, plan
 from reconciler.redaction import secret_values
 from reconciler.signed import SignedHistory, with_hold
 from reconciler.trust import act_on, hold_note
@@ -312,11 +312,17 @@ class Reconciler:
                 return None
         return None
 
-    def _cancel_confirmed(self, commit: str) -> bool:
-        """The commits since the last change to desired/ carry the trailer that confirms a change
-        cancelling most jobs at once."""
-        since = self.repo.last_change(commit, [DESIRED_DIR]) or commit
-        return any(CONFIRM_CANCEL_TRAILER in m for m in self.repo.messages_since(commit, since))
+    def _cancel_confirmed(self, commit: str, desired: DesiredState, recorded: dict[str, JobStatus]) -> bool:
+        """A commit from the newest one that changed the manifests of the jobs this state would
+        cancel, up to `commit`, carries the trailer that confirms it. Read from git on every tick, so
+        a held change stays held across ticks, restarts and leader changes; a later delete without
+        the trailer is held again, whatever was confirmed before it."""
+        doomed = cancelled_by(desired, recorded)
+        if not doomed:
+            return False
+        paths = sorted({st.manifest for st in doomed if st.manifest}) or [DESIRED_DIR]
+        since = self.repo.last_change(commit, paths) or commit
+        return any(confirms_cancel(m) for m in self.repo.messages_since(commit, since))
 
     # ---- the tick ------------------------------------------------------------------------------
     def configure_repo(self) -> None:
@@ -384,10 +390,12 @@ class Reconciler:
         now = self.clock.now()
         observed = self.observe(view, recorded, adapters, report.errors, now)
         observed.retired = retired
-        the_plan = plan(desired, observed, recorded, now, commit, confirm_cancel=self._cancel_confirmed(commit),
+        confirmed = self._cancel_confirmed(commit, desired, recorded)
+        the_plan = plan(desired, observed, recorded, now, commit, confirm_cancel=confirmed,
                         policy=self.placement_policy)
-        the_plan.statuses = {name: st if st.held == held else st.model_copy(update={"held": held}, deep=True)
-                             for name, st in the_plan.statuses.items()}
+        if held is not None:  # the signature check's hold; else each status keeps the planner's (a held cancel)
+            the_plan.statuses = {name: st if st.held == held else st.model_copy(update={"held": held}, deep=True)
+                                 for name, st in the_plan.statuses.items()}
         report.errors.extend(the_plan.notes)
         report.actions = [_describe(a) for a in the_plan.actions]
         report.statuses = the_plan.statuses
@@ -527,6 +535,7 @@ def read_run(storage: str, job: str, run_id: str, options: dict[str, str]) -> Ru
             reached_step=progress.reached if progress else None,
             done=done is not None,
             done_time=_number(done.get("time")) if done else None,
+            done_step=int(step) if done and isinstance(step := done.get("step"), int) else None,
         )
     except (StorageError, OSError, ValueError) as exc:
         return RunObservation(error=str(exc))

@@ -36,6 +36,7 @@ class RunObservation:
     reached_step: int | None = None
     done: bool = False
     done_time: float | None = None  # the worker's clock when it wrote the completion record
+    done_step: int | None = None  # the last step, as the completion record says
     error: str | None = None  # storage could not be read
     # Since when (reconciler's clock) and over how many observations the heartbeat has not changed;
     # None when the loop has no such memory yet (just started): then nothing is judged stalled.

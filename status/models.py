@@ -73,6 +73,9 @@ class Attempt(Model):
     host: str = ""  # the provider's machine, where it names one (per-host cool-down)
     first_beat: float | None = None  # the first heartbeat we saw, by the worker's clock kept within [started, now]
     first_beat_step: int | None = None  # the step that heartbeat reported: rates count from here
+    # Why the reconciler asked this attempt to stop while leaving it open (a deleted manifest: it is
+    # billed until the worker is gone). However the worker then ends, that end was ours: cancelled.
+    stop_reason: str | None = None
 
     @property
     def open(self) -> bool:
@@ -142,7 +145,9 @@ class JobStatus(Model):
     refusals: list[Refusal] = Field(default_factory=list)  # the newest few, oldest first
     log_tail: str | None = None
     forecast: Forecast | None = None
-    held: str | None = None  # a newer change to desired/ not acted on (reconciler.yaml `signatures:`), and why
+    # A newer change to desired/ not acted on, and what releases it: a commit that would cancel most
+    # jobs (until confirmed) or one whose signature did not verify (reconciler.yaml `signatures:`).
+    held: str | None = None
 
     @property
     def current(self) -> Attempt | None:
@@ -278,6 +283,10 @@ def render_index(statuses: list[JobStatus], errors: list[str], ledger: list[Prov
             f"{st.failures} | {eta} | {cost} | {cell(risk)} | {msg} |"
         )
     lines += render_ledger_table(ledger or [])
+    # A held change (a cancel waiting for its confirmation), once; one already among the errors is not repeated.
+    held = sorted({st.held for st in statuses if st.held and not any(st.held in e for e in errors)})
+    if held:
+        lines += ["", "## Held", ""] + [f"- {note}" for note in held]
     if errors:
         lines += ["", "## Manifest errors", ""]
         lines += [f"- {one_line(e)}" for e in errors]

@@ -96,6 +96,7 @@ def create_app(repo: str | Path, *, token: str | None = None, refresh_seconds: i
         learned = provider_reliabilities(snap.desired.providers, snap.statuses.values(), now)
         return render(snap, "overview.html", rows=rows, counts=views.phase_counts(rows),
                       providers=views.provider_rows(health, learned, now), half_life=views.HALF_LIFE_TEXT,
+                      held=sorted({r.held for r in rows if r.held}),
                       errors=[snap.redactor.redact(str(e)) for e in snap.desired.errors])
 
     def job_page(request: Request) -> Response:
