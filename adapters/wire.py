@@ -107,7 +107,7 @@ class Numbers:
         number = _as_float(value)
         if number is not None and math.isfinite(number) and low <= number <= high:
             return number
-        self.warn(field, f"{_shown(value)} is not a number from {low:g} to {high:g}")
+        self.warn(field, f"{_shown(value)} is not a number from {_bound(low)} to {_bound(high)}")
         return None
 
     def count(self, value: Any, field: str, *, high: int = 10**9) -> int | None:
@@ -136,6 +136,10 @@ def _as_float(value: Any) -> float | None:
     if isinstance(value, str) and _DECIMAL.fullmatch(value.strip()):
         return float(value.strip())
     return None
+
+
+def _bound(x: float) -> str:
+    return str(int(x)) if math.isfinite(x) and x == int(x) else f"{x:g}"
 
 
 def _shown(value: Any) -> str:

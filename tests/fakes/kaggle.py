@@ -470,6 +470,8 @@ def _handler(fake: FakeKaggle) -> type[BaseHTTPRequestHandler]:
                 return False
             if fault.garbage:
                 self._send_raw(200, b"<html><body>502 Bad Gateway</body></html>", "text/html")
+            elif 300 <= fault.status < 400:  # a login wall or proxy in front of the API (RFC 9110 §15.4)
+                self._send_raw(fault.status, b"", "text/html", {"Location": "https://www.kaggle.com/account/login"})
             else:
                 headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
                 self._send(fault.status, {"code": fault.status, "message": "injected failure"}, headers)
