@@ -89,7 +89,7 @@ def create_app(repo: str | Path, *, token: str | None = None, refresh_seconds: i
     def overview(request: Request) -> Response:
         snap = data.snapshot()
         rows = [_row(data, snap, name) for name in snap.names]
-        return render(snap, "overview.html", rows=rows, counts=views.phase_counts(rows),
+        return render(snap, "overview.html", rows=rows, counts=views.phase_counts(rows), slow=snap.slow_providers,
                       errors=[snap.redactor.redact(str(e)) for e in snap.desired.errors])
 
     def job_page(request: Request) -> Response:

@@ -374,7 +374,7 @@ class VastHandler(BaseHTTPRequestHandler):
             self._fault(fault)
         with self.service.lock:
             status, answer = handler()
-        if fault is not None:
+        if fault is not None and fault.kind == "late":
             time.sleep(fault.seconds)  # acted, and answers too late for the client
         self._json(status, answer)
 
