@@ -76,7 +76,7 @@ def ask_one(name: str, adapter: ComputeAdapter, with_capacity: bool) -> Provider
     if with_capacity:
         answer.capacity = _optional(name, "capacity", getattr(adapter, "capacity", None), Capacity)
     answer.allowance = _optional(name, "quota or credits", getattr(adapter, "allowance", None), Allowance)
-    answer.free_slots = _optional(name, "free slots", adapter.free_slots, int)
+    answer.free_slots = _optional(name, "free slots", getattr(adapter, "free_slots", None), int)
     answer.foreign = int(getattr(adapter, "foreign_workers", 0) or 0)
     return answer
 
