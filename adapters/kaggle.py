@@ -497,9 +497,8 @@ class KaggleAdapter:
             recent = [i for i in items if (timestamp(i.get("lastRunTime")) or since) >= since]
             for item in recent:
                 name = str(item.get("ref") or "").rsplit("/", 1)[-1]
-                version = item.get("currentVersionNumber")
                 if name.startswith(SLUG_PREFIX):
-                    found[name] = version if isinstance(version, int) else None
+                    found[name] = self.numbers.count(item.get("currentVersionNumber"), "kernel currentVersionNumber")
             token = answer.get("nextPageToken")
             if not token or len(recent) < len(items):
                 break

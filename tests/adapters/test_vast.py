@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -198,6 +199,15 @@ def test_a_nan_on_the_wire_refuses_the_whole_answer_and_rents_nothing(fake: Fake
     with pytest.raises(ProviderUnavailable, match="not JSON as its API documents"):
         adapter(fake).launch(spec(tmp_path))
     assert fake.count("create") == 0
+
+
+def test_the_fake_reads_content_length_as_a_real_server_does(fake: FakeVast) -> None:
+    """Held to RFC 9112 §6.3 like the real service: "1_0" is not 10."""
+    body = b'{"limit": 1}'
+    for length, status in ((b"1_2", b"400"), (b"+12", b"400"), (b"12", b"401")):
+        with socket.create_connection(("127.0.0.1", int(fake.url.rsplit(":", 1)[1])), timeout=10) as s:
+            s.sendall(b"POST /api/v0/bundles/ HTTP/1.1\r\nHost: x\r\nContent-Length: " + length + b"\r\n\r\n" + body)
+            assert s.recv(4096).split(b" ")[1] == status, length  # 401: read, then refused for its missing key
 
 
 def test_a_create_that_acted_then_timed_out_is_adopted_not_doubled(fake: FakeVast, tmp_path: Path) -> None:

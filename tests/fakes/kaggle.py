@@ -44,7 +44,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from tests.fakes import serve_until_interrupted
+from tests.fakes import read_body, serve_until_interrupted
 from tests.fakes.machine import Machine
 
 SERVICE = "kernels.KernelsApiService"
@@ -438,8 +438,9 @@ def _handler(fake: FakeKaggle) -> type[BaseHTTPRequestHandler]:
             pass
 
         def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b""
+            raw = read_body(self)
+            if raw is None:
+                return None
             try:
                 body = json.loads(raw or b"{}")
             except ValueError:

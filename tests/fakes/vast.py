@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.fakes import serve_until_interrupted
+from tests.fakes import read_body, serve_until_interrupted
 from tests.fakes.machine import Machine
 
 DEFAULT_OFFERS = (
@@ -353,8 +353,9 @@ class VastHandler(BaseHTTPRequestHandler):
     def _handle(self, method: str) -> None:
         url = urlsplit(self.path)
         params = {k: v[-1] for k, v in parse_qs(url.query).items()}
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
+        raw = read_body(self)
+        if raw is None:
+            return
         if method == "GET" and url.path.startswith("/logs/"):
             return self._text(self.service.logs.get(url.path[6:].removesuffix(".log")))
         if self.headers.get("Authorization") != f"Bearer {self.service.key}":
