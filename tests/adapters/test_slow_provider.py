@@ -9,18 +9,19 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
 from desired.models import VastSettings
 from reconciler.loop import Reconciler, TickReport
 from reconciler.metrics import Metrics
-from reconciler.web.data import PageData
 from status.models import Phase
 from tests.adapters.e2e import provider_manifest
 from tests.conftest import StateRepoFixture
 from tests.fakes.vast import FakeVast
 from tests.loop.test_loop_local import counter, job, phase
+from tests.web.conftest import start_server, stop_server
 from tests.worker.conftest import make_bucket, s3_endpoint  # noqa: F401 - a fixture
 from tests.worker.harness import S3_CREDENTIALS
 
@@ -71,7 +72,12 @@ def test_a_provider_that_does_not_answer_delays_only_its_own_jobs(
         ledger = yaml.safe_load(rec.repo.read_file(rec.status_source(rec.repo.head()), "status/providers.yaml") or b"")
         answers = {line["provider"]: line.get("answers") for line in ledger["providers"]}
         assert answers == {"box": None, "spot": UNANSWERED}
-        assert PageData(state_repo.path, environ={}).snapshot().slow_providers == [("spot", UNANSWERED)]
+        server = start_server(state_repo.path)  # the status page, as `reconciler serve`
+        try:
+            html = httpx.get(server.url + "/", timeout=10).text
+        finally:
+            stop_server(server)
+        assert f"<li>provider <b>spot</b>: {UNANSWERED}</li>" in html and "provider <b>box</b>" not in html
         sample = metrics.registry.get_sample_value
         assert sample("reconciler_provider_responsive", {"provider": "spot"}) == 0
         assert sample("reconciler_provider_responsive", {"provider": "box"}) == 1
