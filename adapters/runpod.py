@@ -79,7 +79,7 @@ from adapters.compute import (
 )
 from adapters.hosted import SECRETS_FROM_ENV, UNPACK_PY, Bootstrap, bootstrap_script, packed, parse_exit_record
 from adapters.http import HostedApi
-from adapters.wire import DATE_MAX, MONEY_MAX, PRICE_MAX, Numbers
+from adapters.wire import DATE_MAX, MONEY_MAX, PRICE_MAX, Numbers, is_decimal
 from desired.models import Capacity, RunpodSettings
 
 log = logging.getLogger("reconciler.runpod")
@@ -158,7 +158,7 @@ def env_map(raw: Any) -> dict[str, str]:
 
 def parse_labels(value: str | None) -> tuple[str, str, str, int] | None:
     parts = (value or "").split("/")
-    if len(parts) != 4 or not parts[3].startswith("e") or not parts[3][1:].isdigit():
+    if len(parts) != 4 or not parts[3].startswith("e") or not is_decimal(parts[3][1:]):
         return None
     return parts[0], parts[1], parts[2], int(parts[3][1:])
 

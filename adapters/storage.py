@@ -55,7 +55,7 @@ from adapters.stores import (  # noqa: F401 - the stores' errors and helpers are
     open_store,
 )
 from adapters.stores.marks import Marks
-from adapters.wire import load_json
+from adapters.wire import is_decimal, load_json
 
 log = logging.getLogger(__name__)
 CHECKPOINT_DIR = re.compile(r"^(?P<step>\d+)-e(?P<epoch>\d+)$")
@@ -153,7 +153,7 @@ class RunFolder:
 
     def _lease_versions(self) -> list[int]:
         names = self.store.list(LEASE_LOG)
-        return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
+        return sorted(int(n[:-5]) for n in names if n.endswith(".json") and is_decimal(n[:-5]))
 
     def _lease_cas(self, token: Any, record: dict[str, Any]) -> bool:
         blob = json.dumps(record, sort_keys=True).encode()

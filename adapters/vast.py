@@ -72,7 +72,7 @@ from adapters.compute import (
 )
 from adapters.hosted import SECRETS_FROM_ENV, UNPACK_PY, Bootstrap, bootstrap_script, packed, parse_exit_record
 from adapters.http import HostedApi, HttpRefused
-from adapters.wire import DATE_MAX, MONEY_MAX, PRICE_MAX, Numbers
+from adapters.wire import DATE_MAX, MONEY_MAX, PRICE_MAX, Numbers, is_decimal
 from desired.models import Capacity, VastSettings
 
 LABEL_PREFIX = "reconciler"
@@ -118,7 +118,7 @@ def instance_label(owner: str, job: str, run_id: str, epoch: int) -> str:
 def parse_label(label: Any) -> tuple[str, str, str, int] | None:
     """(owner, job, run_id, epoch) of one of our labels; None for anything else."""
     parts = label.split(":") if isinstance(label, str) else []
-    if len(parts) != 5 or parts[0] != LABEL_PREFIX or not parts[4].isdigit():
+    if len(parts) != 5 or parts[0] != LABEL_PREFIX or not is_decimal(parts[4]):
         return None
     return parts[1], parts[2], parts[3], int(parts[4])
 
@@ -435,7 +435,7 @@ class VastAdapter:
         return row if labels is not None and (self.owner == ANY_OWNER or labels[0] == self.owner) else None
 
     def _instance(self, iid: str) -> dict[str, Any] | None:
-        if not iid.isdigit():
+        if not is_decimal(iid):
             return None
         answer = self.api.call("GET", f"/api/v0/instances/{iid}/", params={"owner": "me"}, allow=(404,))
         row = answer.get("instances") if isinstance(answer, dict) else None
@@ -443,7 +443,7 @@ class VastAdapter:
 
     def _destroy(self, ref: WorkerRef, last: WorkerState) -> None:
         """Destroy (not stop: a stopped instance still bills its disk); raises when it fails."""
-        if ref.id.isdigit():
+        if is_decimal(ref.id):
             self.api.call("DELETE", f"/api/v0/instances/{ref.id}/", json_body={}, allow=(404,))
         self._destroyed[ref.id] = last
         self._seen[ref.id] = ref

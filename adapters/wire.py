@@ -38,9 +38,15 @@ class WireError(ValueError):
 def decimal_int(text: str) -> int:
     """A non-negative decimal integer written only with ASCII digits (an HTTP Content-Length, a
     port): no sign, space, underscore or other script's digits, which `int()` would all accept."""
-    if not isinstance(text, str) or not _DIGITS.fullmatch(text):
+    if not is_decimal(text):
         raise WireError(f"{text!r} is not a decimal number")
     return int(text)
+
+
+def is_decimal(text: str) -> bool:
+    """Whether `text` is what `decimal_int` reads (str.isdigit() also says yes to "²", which int()
+    then refuses, and to other scripts' digits, which int() reads)."""
+    return isinstance(text, str) and _DIGITS.fullmatch(text) is not None
 
 
 def depth(data: bytes) -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from adapters.storage import RunFolder
+from adapters.storage import LEASE_LOG, RunFolder
 from adapters.wire import MAX_DEPTH, Numbers, WireError, decimal_int, depth, load_json
 from reconciler.loop import read_run
 
@@ -65,3 +65,18 @@ def test_a_heartbeat_nested_too_deep_is_a_storage_error_not_a_crash(tmp_path: Pa
     RunFolder.for_run(store, "job", "r1").store.write("progress.json", DEEP)
     seen = read_run(store, "job", "r1", {})
     assert seen.error is not None and "nested deeper than 64 levels" in seen.error
+
+
+@pytest.mark.parametrize("digits", ["²", "٣", "３"], ids=["superscript", "arabic-indic", "fullwidth"])
+def test_labels_and_lease_names_read_ascii_digits_only(tmp_path: Path, digits: str) -> None:
+    """str.isdigit() says yes to these: int() then raised on "²" (the whole provider's listing with
+    it) and read the others as a number that no label of ours was written with."""
+    from adapters.runpod import parse_labels
+    from adapters.vast import parse_label
+
+    assert parse_label(f"reconciler:o:j:r:{digits}") is None and parse_label("reconciler:o:j:r:3") == ("o", "j", "r", 3)
+    assert parse_labels(f"o/j/r/e{digits}") is None and parse_labels("o/j/r/e3") == ("o", "j", "r", 3)
+    folder = RunFolder.for_run(f"file://{tmp_path}", "job", "r1")
+    folder.bump_lease()
+    folder.store.write(f"{LEASE_LOG}/{digits}.json", b"{}")
+    assert folder.lease_epoch() == 1
