@@ -633,12 +633,14 @@ def _ledger_rows(text: bytes | None) -> list[dict]:
 
 
 def _ledger_table(ledger: list[dict]) -> Table:
-    table = Table("provider", "left (provider's word)", "refills", "used this period", "cost", title="providers")
+    table = Table("provider", "left (provider's word)", "refills", "used this period", "cost", "answers",
+                  title="providers")
     for x in ledger:
         left = "" if x.get("remaining") is None else (
             f"${x['remaining']:.2f} credits" if x.get("unit") == "credits" else f"{x['remaining']} {x.get('unit')}")
         used = f"{x.get('worker_hours', 0)} h" + (f" ({x['gpu_hours']} GPU h)" if x.get("gpu_hours") else "")
-        table.add_row(str(x.get("provider")), left, str(x.get("resets_at") or ""), used, f"${x.get('cost_usd', 0):.2f}")
+        table.add_row(str(x.get("provider")), left, str(x.get("resets_at") or ""), used, f"${x.get('cost_usd', 0):.2f}",
+                      str(x.get("answers") or ""))
     return table
 
 

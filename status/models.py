@@ -383,6 +383,7 @@ class ProviderLedger(Model):
     gpu_hours: float = 0.0  # this period, workers of jobs that asked for GPUs (times their GPU count)
     cost_usd: float = 0.0  # this period, billed or priced
     running: int = 0
+    answers: str | None = None  # set while the provider is slow or does not answer (reconciler.asking)
 
 
 def render_ledger(ledger: list[ProviderLedger]) -> str:
@@ -407,11 +408,13 @@ def render_ledger_table(ledger: list[ProviderLedger]) -> list[str]:
     """The ledger as markdown lines for `status/README.md`."""
     if not ledger:
         return []
-    lines = ["", "## Providers", "", "| provider | left (provider's word) | refills | used this period | cost |",
-             "|---|---|---|---|---|"]
+    lines = ["", "## Providers", "",
+             "| provider | left (provider's word) | refills | used this period | cost | answers |",
+             "|---|---|---|---|---|---|"]
     for x in sorted(ledger, key=lambda x: x.provider):
         left = "" if x.remaining is None else (f"${x.remaining:.2f} credits" if x.unit == "credits"
                                               else f"{x.remaining:.1f} {x.unit}")
         used = f"{x.worker_hours:.1f} h" + (f" ({x.gpu_hours:.1f} GPU h)" if x.gpu_hours else "")
-        lines.append(f"| {x.provider} | {left} | {iso(x.resets_at) or ''} | {used} | ${x.cost_usd:.2f} |")
+        lines.append(f"| {x.provider} | {left} | {iso(x.resets_at) or ''} | {used} | ${x.cost_usd:.2f} "
+                     f"| {cell(x.answers or '')} |")
     return lines
