@@ -48,6 +48,7 @@ SDK_FILES = (
     "reconciler/worker/staging.py",
     "reconciler/worker/data.py",
     "reconciler/worker/loop.py",
+    "reconciler/worker/carried.py",
     "reconciler/worker/dist.py",
     "reconciler/worker/sharded.py",
     "reconciler/worker/integrations/__init__.py",
