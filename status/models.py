@@ -70,6 +70,9 @@ class Attempt(Model):
     host: str = ""  # the provider's machine, where it names one (per-host cool-down)
     first_beat: float | None = None  # the first heartbeat we saw, by the worker's clock kept within [started, now]
     first_beat_step: int | None = None  # the step that heartbeat reported: rates count from here
+    # Ended as an interruption the provider never confirmed (a signal, an exit 75 without its
+    # notice): it backs off, and the next such end in a row is charged. None (not written) otherwise.
+    unconfirmed: bool | None = None
 
     @property
     def open(self) -> bool:

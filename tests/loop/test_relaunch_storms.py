@@ -1,0 +1,77 @@
+"""Relaunch storms of issue 30, with real local processes: a worker killed by a signal after each
+checkpoint, and a worker that stops itself for the job's deadline."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from reconciler.judge import RAPID_END_LIMIT
+from reconciler.loop import Reconciler, TickReport
+from status.models import Outcome, Phase
+from tests.conftest import StateRepoFixture
+from tests.loop.test_loop_local import counter, job, phase, tick_until
+
+
+def _phases(seen: list[Phase]) -> object:
+    def each(report: TickReport) -> None:
+        st = report.statuses.get("oom")
+        if st is not None and (not seen or seen[-1] != st.phase):
+            seen.append(st.phase)
+    return each
+
+
+def test_signal_kills_after_each_checkpoint_back_off_and_count_against_max_retries(
+        state_repo: StateRepoFixture, local_workdir: Path) -> None:
+    # Every attempt restores, saves one new step and is SIGKILLed: each gains progress, and no
+    # provider says it was preempted. Before, each was a free interruption relaunched at once.
+    state_repo.write("desired/oom.yaml", job("oom", [*counter(0.01), "--killed-after-save"], "checkpoint_every: 1"))
+    state_repo.commit("add oom")
+    seen: list[Phase] = []
+    final = tick_until(Reconciler(state_repo.path), phase("oom"), each=_phases(seen))  # type: ignore[arg-type]
+    st = final.statuses["oom"]
+    assert st.phase == Phase.FAILED, st.message
+    assert "more than the retry budget of 2" in st.message
+    # The first unconfirmed interruption is free; each one after it in a row is charged.
+    assert st.total_attempts == 4 and st.interruptions == 1 and st.failures == 3
+    assert [a.outcome for a in st.attempts] == [Outcome.INTERRUPTION] + [Outcome.JOB_ERROR] * 3
+    assert all(a.unconfirmed for a in st.attempts)
+    assert all((a.step_end or 0) > a.step_start for a in st.attempts)  # progress did not buy a free pass
+    assert Phase.BACKOFF in seen[seen.index(Phase.RUNNING):]  # even the free one backs off
+
+
+def test_attempts_ending_at_once_are_held_whatever_their_progress(state_repo: StateRepoFixture,
+                                                                  local_workdir: Path) -> None:
+    # A generous retry budget does not make the loop unbounded: attempts that each end within
+    # moments of starting are held after RAPID_END_LIMIT in a row.
+    extra = "{checkpoint_every: 1, retry: {max_retries: 50, backoff_seconds: 0.05, backoff_max_seconds: 0.1}}"
+    state_repo.write("desired/oom.yaml", job("oom", [*counter(0.01), "--killed-after-save"], extra))
+    state_repo.commit("add oom")
+    final = tick_until(Reconciler(state_repo.path), phase("oom"))
+    st = final.statuses["oom"]
+    assert st.phase == Phase.FAILED, st.message
+    assert st.total_attempts == RAPID_END_LIMIT
+    assert st.message.startswith(f"rapid-end loop: {RAPID_END_LIMIT} attempts in a row ended within")
+    assert "killed by SIGKILL" in st.message
+
+
+def test_no_relaunch_after_the_worker_stopped_for_the_jobs_deadline(state_repo: StateRepoFixture,
+                                                                     local_workdir: Path) -> None:
+    # The SDK stops RECONCILER_GRACE seconds before the deadline (exit 75). Before, the daemon
+    # relaunched it again and again until the deadline, each attempt restoring, running a step and
+    # leaving; and called it a session's end on a provider that has no sessions.
+    deadline = datetime.fromtimestamp(int(time.time()) + 9, UTC)
+    extra = f"{{deadline: '{deadline.isoformat()}', env: {{RECONCILER_GRACE: '6'}}}}"
+    state_repo.write("desired/late.yaml", job("late", counter(0.05), extra))
+    state_repo.commit("add late")
+    messages: list[str] = []
+    final = tick_until(Reconciler(state_repo.path), phase("late"), timeout=40,
+                       each=lambda r: messages.append(r.statuses["late"].message) if "late" in r.statuses else None)
+    st = final.statuses["late"]
+    assert st.phase == Phase.FAILED and "deadline" in st.message, st.message
+    assert st.total_attempts == 1
+    first = st.attempts[0]
+    assert first.outcome == Outcome.CANCELLED and first.exit_code == 75
+    assert first.detail == "worker checkpointed and stopped before the job's deadline (exit 75)"
+    assert any(m.startswith("not relaunching: the last attempt stopped for the job's deadline") for m in messages)
