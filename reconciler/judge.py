@@ -98,8 +98,7 @@ def _rule_verdict(job: Job, state: WorkerState) -> Verdict | None:
     if rule.action == "fail":
         return Verdict(Outcome.JOB_ERROR, f"{what}, which the job's exit_codes rule says is final", fail_now=True)
     if rule.action == "ignore":
-        # The job's word makes it free, never charged; it still backs off and counts as a rapid end.
-        return Verdict(Outcome.INTERRUPTION, f"{what} (free by the job's exit_codes rule)", unconfirmed=True)
+        return Verdict(Outcome.INTERRUPTION, f"{what} (free by the job's exit_codes rule)")
     return Verdict(Outcome.JOB_ERROR, f"{what} (counted by the job's exit_codes rule)")
 
 

@@ -15,7 +15,7 @@ from dataclasses import replace
 from adapters.compute import WorkerPhase
 from desired.models import Job
 from reconciler.deadline import RISK_INFEASIBLE
-from reconciler.judge import JOB_DEADLINE_STOP, RAPID_END_LIMIT, RAPID_END_SECONDS
+from reconciler.judge import JOB_DEADLINE_STOP, MAX_STOP_MARGIN_SECONDS, RAPID_END_LIMIT, RAPID_END_SECONDS
 from reconciler.outlook import Outlook, forecast, outlook, over_budget
 from reconciler.placement import Placement, place
 from reconciler.tick import JobTick, Launch, MoveRunData, fail, last_detail, stop_current
@@ -191,13 +191,15 @@ def _too_late(t: JobTick) -> str:
     """Why no attempt is launched before the job's deadline, or "": one that cannot save new work
     before it would do nothing but cost a start-up (the deadline itself then ends the job). The
     worker already said so when it stopped for that deadline; else the job's measured start-up and
-    restore (launch to first heartbeat, its latest attempt) plus the SDK's stop margin must fit."""
+    restore (launch to first heartbeat, its latest attempt) plus the SDK's stop margin must fit. A
+    deadline moved later since that stop is a new one: it is measured afresh."""
     deadline = t.job.spec.deadline
     if deadline is None:
         return ""
     when = deadline.isoformat()
     last = t.st.attempts[-1] if t.st.attempts else None
-    if last is not None and last.outcome == Outcome.CANCELLED and JOB_DEADLINE_STOP in last.detail:
+    if last is not None and last.outcome == Outcome.CANCELLED and JOB_DEADLINE_STOP in last.detail \
+            and last.ended is not None and deadline.timestamp() - last.ended <= MAX_STOP_MARGIN_SECONDS:
         return (f"not relaunching: the last attempt stopped for the job's deadline ({when}), too close for "
                 "another to save new work; the deadline will end the job")
     left = deadline.timestamp() - t.now

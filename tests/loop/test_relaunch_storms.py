@@ -7,9 +7,15 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from reconciler.judge import RAPID_END_LIMIT
+import pytest
+
+from adapters.compute import WorkerPhase, WorkerState
+from desired.models import Job
+from desired.parse import parse_desired
+from reconciler.judge import RAPID_END_LIMIT, classify
 from reconciler.loop import Reconciler, TickReport
-from status.models import Outcome, Phase
+from reconciler.tick import RunObservation
+from status.models import Attempt, Outcome, Phase
 from tests.conftest import StateRepoFixture
 from tests.loop.test_loop_local import counter, job, phase, tick_until
 
@@ -39,6 +45,21 @@ def test_signal_kills_after_each_checkpoint_back_off_and_count_against_max_retri
     assert all(a.unconfirmed for a in st.attempts)
     assert all((a.step_end or 0) > a.step_start for a in st.attempts)  # progress did not buy a free pass
     assert Phase.BACKOFF in seen[seen.index(Phase.RUNNING):]  # even the free one backs off
+
+
+def test_exit_75_with_no_notice_backs_off_and_its_repeats_count_against_max_retries(
+        state_repo: StateRepoFixture, local_workdir: Path) -> None:
+    # Exit 75 at once, every attempt, and no provider ever said it would stop the worker.
+    looping = [*counter(0.0), "--interrupt-until-epoch", "1000"]
+    state_repo.write("desired/oom.yaml", job("oom", looping))
+    state_repo.commit("add oom")
+    seen: list[Phase] = []
+    final = tick_until(Reconciler(state_repo.path), phase("oom"), each=_phases(seen))  # type: ignore[arg-type]
+    st = final.statuses["oom"]
+    assert st.phase == Phase.FAILED and "more than the retry budget of 2" in st.message, st.message
+    assert st.total_attempts == 4 and st.interruptions == 1 and st.failures == 3
+    assert st.attempts[0].detail == "worker exited 75 (saved and stopped) with no stop notice from the provider"
+    assert Phase.BACKOFF in seen
 
 
 def test_attempts_ending_at_once_are_held_whatever_their_progress(state_repo: StateRepoFixture,
@@ -75,3 +96,56 @@ def test_no_relaunch_after_the_worker_stopped_for_the_jobs_deadline(state_repo: 
     assert first.outcome == Outcome.CANCELLED and first.exit_code == 75
     assert first.detail == "worker checkpointed and stopped before the job's deadline (exit 75)"
     assert any(m.startswith("not relaunching: the last attempt stopped for the job's deadline") for m in messages)
+
+
+def _job(deadline: float | None) -> Job:
+    extra = "" if deadline is None else f", deadline: '{datetime.fromtimestamp(deadline, UTC).isoformat()}'"
+    state = parse_desired({"desired/job.yaml": "apiVersion: reconciler.dev/v1\nkind: Job\nmetadata: {name: job}\n"
+                           f"spec: {{command: [python, train.py]{extra}}}\n"})
+    assert not state.errors, state.errors
+    return state.jobs["job"]
+
+
+STOPPED_AT = 1_800_000_000.0
+
+
+@pytest.mark.parametrize(
+    ("deadline", "code", "outcome", "detail"),
+    [
+        (None, 75, Outcome.SESSION_END, "worker checkpointed and stopped before its session's end (exit 75)"),
+        (STOPPED_AT + 10 * 3600, 75, Outcome.SESSION_END,
+         "worker checkpointed and stopped before its session's end (exit 75)"),
+        (STOPPED_AT + 25, 75, Outcome.CANCELLED, "worker checkpointed and stopped before the job's deadline (exit 75)"),
+        (STOPPED_AT + 25, 1, Outcome.CANCELLED,
+         "every rank checkpointed and stopped before the job's deadline; the launcher exited with code 1"),
+    ],
+)
+def test_a_stop_for_a_deadline_names_the_deadline_it_was(deadline: float | None, code: int, outcome: Outcome,
+                                                         detail: str) -> None:
+    run = RunObservation(lease_epoch=1, durable_step=5, heartbeat_epoch=1, heartbeat_step=5,
+                         heartbeat_time=STOPPED_AT, heartbeat_stopping="deadline")
+    verdict = classify(_job(deadline), Attempt(epoch=1, provider="local", worker="w", started=0.0),
+                       WorkerState(WorkerPhase.EXITED, code), run)
+    assert verdict is not None and (verdict.outcome, verdict.detail) == (outcome, detail)
+
+
+@pytest.mark.parametrize(
+    ("stopping", "previous", "outcome", "unconfirmed"),
+    [
+        ("request", None, Outcome.INTERRUPTION, False),  # the provider's notice, relayed by the planner
+        ("request", True, Outcome.INTERRUPTION, False),
+        ("signal", None, Outcome.INTERRUPTION, True),  # a SIGTERM from outside: nobody confirmed it
+        ("signal", True, Outcome.JOB_ERROR, True),  # ... and again: charged
+        (None, None, Outcome.INTERRUPTION, True),
+        (None, True, Outcome.JOB_ERROR, True),
+    ],
+)
+def test_exit_75_is_confirmed_only_by_a_notice(stopping: str | None, previous: bool | None, outcome: Outcome,
+                                               unconfirmed: bool) -> None:
+    run = RunObservation(lease_epoch=2, durable_step=5, heartbeat_epoch=2, heartbeat_step=5,
+                         heartbeat_time=STOPPED_AT, heartbeat_stopping=stopping)
+    before = Attempt(epoch=1, provider="local", worker="w1", started=0.0, ended=1.0,
+                     outcome=Outcome.INTERRUPTION, unconfirmed=previous)
+    verdict = classify(_job(None), Attempt(epoch=2, provider="local", worker="w2", started=2.0, step_start=2),
+                       WorkerState(WorkerPhase.EXITED, 75), run, before)
+    assert verdict is not None and (verdict.outcome, verdict.unconfirmed) == (outcome, unconfirmed)
