@@ -32,7 +32,11 @@ when it never sent one) is a rapid end, whatever progress it made: a relaunch st
 RAPID_END_LIMIT = 5
 """This many rapid ends in a row, of ends not confirmed by the provider, hold the job (Failed,
 naming the loop): on a hosted provider each of them paid a start-up and its minimum bill."""
-MAX_STOP_MARGIN_SECONDS = 1800.0  # the SDK stops at most this long before RECONCILER_DEADLINE (its cap)
+# The worker SDK (reconciler.worker.run, which the planner does not import: torch) stops this long
+# before RECONCILER_DEADLINE at the least: RECONCILER_GRACE, default 30 s; and at the most twice
+# its last save, capped at MAX_DEADLINE_MARGIN there (mirrored here), when that is longer.
+DEFAULT_GRACE_SECONDS = 30.0
+MAX_STOP_MARGIN_SECONDS = 1800.0
 JOB_DEADLINE_STOP = "checkpointed and stopped before the job's deadline"  # in the detail of such an end
 CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL", "SIGSYS", "SIGTRAP"})
 
@@ -144,9 +148,18 @@ def _deadline_stop(job: Job, run: RunObservation, who: str, how: str) -> Verdict
     even when the provider's warning never came or came later (Slurm checks its warnings every 30 s)."""
     deadline = job.spec.deadline
     stopped = run.heartbeat_time
-    if deadline is not None and stopped is not None and deadline.timestamp() - stopped <= MAX_STOP_MARGIN_SECONDS:
+    if deadline is not None and stopped is not None \
+            and deadline.timestamp() - stopped <= max(MAX_STOP_MARGIN_SECONDS, grace(job)):
         return Verdict(Outcome.CANCELLED, f"{who} {JOB_DEADLINE_STOP}{how}")
     return Verdict(Outcome.SESSION_END, f"{who} checkpointed and stopped before its session's end{how}")
+
+
+def grace(job: Job) -> float:
+    """The least stop margin the job's workers use: RECONCILER_GRACE from its env, else the SDK's default."""
+    try:
+        return float(job.spec.env.get("RECONCILER_GRACE", DEFAULT_GRACE_SECONDS))
+    except ValueError:
+        return DEFAULT_GRACE_SECONDS
 
 
 def _stopped_by_sdk(attempt: Attempt, state: WorkerState, run: RunObservation) -> bool:

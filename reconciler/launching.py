@@ -15,7 +15,7 @@ from dataclasses import replace
 from adapters.compute import WorkerPhase
 from desired.models import Job
 from reconciler.deadline import RISK_INFEASIBLE
-from reconciler.judge import JOB_DEADLINE_STOP, MAX_STOP_MARGIN_SECONDS, RAPID_END_LIMIT, RAPID_END_SECONDS
+from reconciler.judge import JOB_DEADLINE_STOP, MAX_STOP_MARGIN_SECONDS, RAPID_END_LIMIT, RAPID_END_SECONDS, grace
 from reconciler.outlook import Outlook, forecast, outlook, over_budget
 from reconciler.placement import Placement, place
 from reconciler.tick import JobTick, Launch, MoveRunData, fail, last_detail, stop_current
@@ -25,9 +25,6 @@ HOST_COOLDOWN_SECONDS = 6 * 3600.0  # a machine that lost a worker of ours is av
 MOVING = "moving to"  # detail of an attempt the placement policy stopped to move the run
 INFEASIBLE_NOTE = "the deadline cannot be met at the measured rate (the forecast's decision says why)"
 MOVE_WAIT_SECONDS = 600.0  # after a move, the next launch waits this long for the old worker to save and go
-DEFAULT_GRACE_SECONDS = 30.0
-"""The worker SDK's least stop margin when the job's env sets no RECONCILER_GRACE: it checkpoints
-and leaves this long before RECONCILER_DEADLINE (longer, twice its last save, when saves are slow)."""
 
 
 def bad_hosts(statuses: Iterable[JobStatus], now: float) -> frozenset[tuple[str, str]]:
@@ -196,29 +193,21 @@ def _too_late(t: JobTick) -> str:
     deadline = t.job.spec.deadline
     if deadline is None:
         return ""
-    when = deadline.isoformat()
+    when, margin = deadline.isoformat(), grace(t.job)
     last = t.st.attempts[-1] if t.st.attempts else None
     if last is not None and last.outcome == Outcome.CANCELLED and JOB_DEADLINE_STOP in last.detail \
-            and last.ended is not None and deadline.timestamp() - last.ended <= MAX_STOP_MARGIN_SECONDS:
+            and last.ended is not None and deadline.timestamp() - last.ended <= max(MAX_STOP_MARGIN_SECONDS, margin):
         return (f"not relaunching: the last attempt stopped for the job's deadline ({when}), too close for "
                 "another to save new work; the deadline will end the job")
     left = deadline.timestamp() - t.now
-    changeover = next((a.first_beat - a.started for a in reversed(t.st.attempts) if a.first_beat is not None), 0.0)
-    margin = _grace(t.job)
-    if left < changeover + margin:
+    changeover = next((a.first_beat - a.started for a in reversed(t.st.attempts) if a.first_beat is not None), None)
+    if left < (changeover or 0.0) + margin:
+        took = ("start-up and restore not measured yet" if changeover is None else
+                f"{changeover:.0f} s of start-up and restore, as its latest measured attempt took")
         return (f"not launching: {left:.0f} s to the deadline ({when}), less than an attempt needs to save new "
-                f"work ({changeover:.0f} s of start-up and restore, as the last attempt took, and the "
-                f"{margin:g} s before the deadline at which the worker stops to checkpoint); the deadline will "
-                "end the job")
+                f"work ({took}, and the {margin:g} s before the deadline at which the worker stops to "
+                "checkpoint); the deadline will end the job")
     return ""
-
-
-def _grace(job: Job) -> float:
-    """The stop margin the job's workers use: RECONCILER_GRACE from its env, else the SDK's default."""
-    try:
-        return float(job.spec.env.get("RECONCILER_GRACE", DEFAULT_GRACE_SECONDS))
-    except ValueError:
-        return DEFAULT_GRACE_SECONDS
 
 
 def _backing_off(t: JobTick) -> bool:
