@@ -134,7 +134,7 @@ def _evidence_verdict(job: Job, attempt: Attempt, state: WorkerState, run: RunOb
             and run.heartbeat_stopping == "request":
         return Verdict(Outcome.INTERRUPTION, "worker checkpointed and exited on the provider's stop notice (exit 75)")
     if state.exit_code == EXIT_INTERRUPTED:
-        return Verdict(Outcome.INTERRUPTION, "worker exited 75 (saved and stopped) with no stop notice from "
+        return Verdict(Outcome.INTERRUPTION, "worker checkpointed and stopped (exit 75) with no stop notice from "
                        "the provider", unconfirmed=True)
     if state.exit_code == 0:
         return Verdict(Outcome.JOB_ERROR, "exited 0 without writing its completion record (done.json)")

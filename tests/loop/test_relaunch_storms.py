@@ -58,7 +58,7 @@ def test_exit_75_with_no_notice_backs_off_and_its_repeats_count_against_max_retr
     st = final.statuses["oom"]
     assert st.phase == Phase.FAILED and "more than the retry budget of 2" in st.message, st.message
     assert st.total_attempts == 4 and st.interruptions == 1 and st.failures == 3
-    assert st.attempts[0].detail == "worker exited 75 (saved and stopped) with no stop notice from the provider"
+    assert st.attempts[0].detail == "worker checkpointed and stopped (exit 75) with no stop notice from the provider"
     assert Phase.BACKOFF in seen
 
 
