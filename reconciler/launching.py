@@ -142,14 +142,14 @@ def _guard_crash_loop(t: JobTick) -> str:
 
 
 def _guard_rapid_ends(t: JobTick) -> str:
-    n = rapid_ends(t.st)
+    n = _rapid_ends(t.st)
     if n >= RAPID_END_LIMIT:
         return (f"rapid-end loop: {n} attempts in a row ended within {RAPID_END_SECONDS:g} s of starting "
                 f"(limit {RAPID_END_LIMIT}, whatever their progress); last: {last_detail(t.st)}")
     return ""
 
 
-def rapid_ends(st: JobStatus) -> int:
+def _rapid_ends(st: JobStatus) -> int:
     """Attempts in a row, newest first, that ended within RAPID_END_SECONDS of their start (the
     first heartbeat, else the launch) without the provider's word. Ends the provider confirmed, and
     ours (cancelled, superseded), neither count nor break the row, as in the crash-loop guard."""

@@ -14,10 +14,12 @@ from desired.models import Job
 from desired.parse import parse_desired
 from reconciler.judge import RAPID_END_LIMIT, classify
 from reconciler.loop import Reconciler, TickReport
+from reconciler.plan import Observed, plan
 from reconciler.tick import RunObservation
-from status.models import Attempt, Outcome, Phase
+from status.models import Attempt, JobStatus, Outcome, Phase
 from tests.conftest import StateRepoFixture
 from tests.loop.test_loop_local import counter, job, phase, tick_until
+from tests.loop.test_plan import NOW, desired, job_yaml
 
 
 def _phases(seen: list[Phase]) -> object:
@@ -149,3 +151,24 @@ def test_exit_75_is_confirmed_only_by_a_notice(stopping: str | None, previous: b
     verdict = classify(_job(None), Attempt(epoch=2, provider="local", worker="w2", started=2.0, step_start=2),
                        WorkerState(WorkerPhase.EXITED, 75), run, before)
     assert verdict is not None and (verdict.outcome, verdict.unconfirmed) == (outcome, unconfirmed)
+
+
+@pytest.mark.parametrize(
+    ("unconfirmed", "lasted", "held"),
+    [(True, 10.0, True), (None, 10.0, False), (True, 600.0, False)],
+)
+def test_the_rapid_end_guard_counts_short_unconfirmed_ends_only(unconfirmed: bool | None, lasted: float,
+                                                                held: bool) -> None:
+    # Five ends in a row, each with progress. The provider's own word (unconfirmed None) never
+    # counts: preemptions are recovered without limit; nor do attempts that lived a while.
+    d = desired(job_yaml(extra="  retry: {max_retries: 50, max_unproductive_attempts: 50, backoff_seconds: 0}"))
+    st = JobStatus(job="train", run_id=d.jobs["train"].run_id(), manifest="desired/job0.yaml",
+                   total_attempts=RAPID_END_LIMIT)
+    for i in range(RAPID_END_LIMIT):
+        start = NOW - 10_000 + 1000 * i
+        st.attempts.append(Attempt(epoch=i + 1, provider="free", worker=f"w{i}", started=start, ended=start + lasted,
+                                   outcome=Outcome.INTERRUPTION, unconfirmed=unconfirmed, step_start=i,
+                                   step_end=i + 1, detail="interrupted: killed by SIGKILL"))
+    got = plan(d, Observed(), {"train": st}, NOW).statuses["train"]
+    assert (got.phase == Phase.FAILED and got.message.startswith("rapid-end loop: 5 attempts in a row ended "
+                                                                 "within 60 s of starting")) == held, got.message
