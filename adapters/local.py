@@ -174,6 +174,10 @@ class LocalAdapter:
 
     def _ended(self, folder: Path, rc: int) -> WorkerState:
         by_us = (folder / "terminate-requested").exists()
+        if not by_us and (folder / "preempted").exists():  # kill_worker(preempt=True): the provider's word
+            sig = signal_name(-rc) if rc < 0 else None
+            return WorkerState(WorkerPhase.PREEMPTED, rc, f"killed by {sig}" if sig else f"exited {rc}",
+                               "a preemption, simulated on the local machine", signal=sig)
         if rc >= 0:
             return WorkerState(WorkerPhase.EXITED, rc, f"exited {rc}", "stopped by the reconciler" if by_us else "")
         sig = signal_name(-rc)
@@ -290,12 +294,15 @@ class LocalAdapter:
             except ProcessLookupError:
                 pass
 
-    def kill_worker(self, ref: WorkerRef, sig: int = signal.SIGKILL) -> bool:
-        """Sends `sig` to the worker command itself, as a crash or a preemption would (chaos, tests)."""
+    def kill_worker(self, ref: WorkerRef, sig: int = signal.SIGKILL, preempt: bool = False) -> bool:
+        """Sends `sig` to the worker command itself, as a crash would (chaos, tests); with `preempt`,
+        the worker's end is then reported as a preemption, the word a cloud provider gives."""
         folder = self._own_folder(ref)
         child = self._read(folder, "child.pid") if folder is not None else None
-        if not child or not child.isdigit():
+        if folder is None or not child or not child.isdigit():
             return False
+        if preempt:
+            (folder / "preempted").touch()
         try:
             os.kill(int(child), sig)
             return True

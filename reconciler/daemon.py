@@ -27,6 +27,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from desired.models import LocalSettings, Settings
 from desired.parse import SETTINGS_FILE, parse_settings
 from reconciler.loop import Reconciler, TickReport
 from reconciler.webhook import WebhookServer
+from status.models import Phase
 
 log = logging.getLogger("reconciler")
 
@@ -110,6 +112,7 @@ class Daemon:
         if report is None or report.standby is not None:
             return
         self.last_report = report
+        self._wake_after_backoff(report)
         if self.on_tick:
             self.on_tick(report)
         if self.until_done and report.all_terminal:
@@ -120,6 +123,16 @@ class Daemon:
         also ends the git processes a tick talks to, which fails it (broken pipe, an empty SHA),
         maybe a moment before the main thread has heard the signal: a stop is not a failure."""
         return self._signalled is not None or self.stop_event.wait(4 * POLL_SECONDS)
+    def _wake_after_backoff(self, report: TickReport) -> None:
+        """A job backing off relaunches when its back-off ends, not at the next tick (an hour away
+        with `tick_seconds: 3600`): one tick is scheduled then, for the earliest of the jobs'."""
+        ends = [st.backoff_until for st in report.statuses.values()
+                if st.phase == Phase.BACKOFF and st.backoff_until is not None]
+        if not ends or self.stop_event.is_set():
+            return
+        delay = max(0.0, min(ends) - self.rec.clock.now()) + 0.05  # just past it: the planner compares now < until
+        self._scheduler.add_job(self._wake.set, "date", run_date=datetime.now(UTC) + timedelta(seconds=delay),
+                                id="backoff", replace_existing=True, misfire_grace_time=None)
 
     def _keep_lease(self) -> None:
         """Renews the leader lease between ticks, so that a tick longer than the lease keeps it."""

@@ -64,12 +64,13 @@ def spent(st: JobStatus) -> float:
 
 
 def preempted_in_a_row(st: JobStatus) -> int:
-    """Attempts that ended in an interruption, counted back from the newest closed one."""
+    """Attempts that ended in an interruption the provider confirmed, counted back from the newest
+    closed one: a process that died on a machine still there (an OOM kill, say) was not preempted."""
     count = 0
     for att in reversed(st.attempts):
         if att.open:
             continue
-        if att.outcome != Outcome.INTERRUPTION:
+        if att.outcome != Outcome.INTERRUPTION or att.unconfirmed:
             break
         count += 1
     return count

@@ -274,7 +274,7 @@ def judge(t: JobTick) -> bool:
 
 def _judge_seen(t: JobTick, ref: WorkerRef, state: WorkerState) -> bool:
     assert t.current is not None
-    verdict = classify(t.job, t.current, state, t.run)
+    verdict = classify(t.job, t.current, state, t.run, t.st.attempts[-2] if len(t.st.attempts) > 1 else None)
     if verdict is None:
         _judge_live(t, ref, state)
         return False
@@ -284,7 +284,7 @@ def _judge_seen(t: JobTick, ref: WorkerRef, state: WorkerState) -> bool:
                         ended=end_time(t.current, t.now, state.ended_at, beat))
         return False
     t.close_current(verdict.outcome, verdict.detail, state.exit_code, ended=end_time(
-        t.current, t.now, state.ended_at, beat))
+        t.current, t.now, state.ended_at, beat), unconfirmed=verdict.unconfirmed)
     if verdict.avoid_provider:
         t.st.provider_backoff[ref.provider] = t.now + STORAGE_UNREACHABLE_BACKOFF_SECONDS
     if verdict.outcome == Outcome.JOB_ERROR:

@@ -76,6 +76,9 @@ class Attempt(Model):
     # Why the reconciler asked this attempt to stop while leaving it open (a deleted manifest: it is
     # billed until the worker is gone). However the worker then ends, that end was ours: cancelled.
     stop_reason: str | None = None
+    # Ended as an interruption the provider never confirmed (a signal, an exit 75 without its
+    # notice): it backs off, and the next such end in a row is charged. None (not written) otherwise.
+    unconfirmed: bool | None = None
 
     @property
     def open(self) -> bool:

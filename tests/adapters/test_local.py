@@ -40,6 +40,18 @@ def test_a_segfault_is_reported_as_an_exit_by_sigsegv_not_a_preemption(tmp_path:
     assert state.provider_state == "killed by SIGSEGV" and "not by the reconciler" in state.detail
 
 
+@pytest.mark.parametrize(("preempt", "phase"), [(False, WorkerPhase.EXITED), (True, WorkerPhase.PREEMPTED)])
+def test_kill_worker_reports_a_preemption_only_when_asked_to_simulate_one(tmp_path: Path, preempt: bool,
+                                                                         phase: WorkerPhase) -> None:
+    adapter = adapter_in(tmp_path)
+    ref = adapter.launch(LaunchSpec(job="chaos", run_id="r-1", epoch=1,
+                                    command=[sys.executable, "-c", "import time; time.sleep(60)"]))
+    wait_state(adapter, ref, lambda s: s.phase == WorkerPhase.RUNNING)
+    assert adapter.kill_worker(ref, preempt=preempt)
+    state = wait_state(adapter, ref, ended)
+    assert (state.phase, state.signal, state.provider_state) == (phase, "SIGKILL", "killed by SIGKILL")
+
+
 def test_an_oom_kill_is_told_by_the_cgroup_s_oom_kill_counter(tmp_path: Path) -> None:
     """The counter the supervisor and the agent read before and after a SIGKILL death."""
     proc, cgroup = tmp_path / "proc", tmp_path / "cgroup"
