@@ -67,7 +67,7 @@ def ended_by(state: WorkerState, checkpointed: bool) -> tuple[Observed, JobStatu
     ref, _ = running("train", run_id, 1, provider="spot")
     run = RunObservation(lease_epoch=1, durable_step=45 if checkpointed else 40, heartbeat_step=46,
                          heartbeat_epoch=1, heartbeat_time=NOW - 2,
-                         heartbeat_stopping="preempted" if state.exit_code == 75 else None)
+                         heartbeat_stopping="request" if state.exit_code == 75 else None)  # the SDK's beat after a notice
     return Observed(workers={ref: state}, runs={("train", run_id): run}), st
 
 
