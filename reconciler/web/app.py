@@ -165,24 +165,23 @@ def check_bind(host: str, token: str | None) -> None:
 
 
 def serve_in_background(repo: str | Path, host: str, port: int, *, token: str | None) -> threading.Thread:
-    """The page beside the daemon (`reconciler run --serve`): a thread that ends with the process."""
-    import uvicorn
+    """The page beside the daemon (`reconciler run --serve`): a thread that ends with the process.
+    ValueError, in a sentence, when it may not or cannot listen there."""
+    from reconciler.web.serving import Served, bound
 
     check_bind(host, token)
     app = create_app(repo, token=token)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, name="status-page", daemon=True)
-    thread.start()
-    return thread
+    return Served(app, bound(host, port), name="status-page").thread
 
 
 def serve(repo: str | Path, host: str, port: int, *, token: str | None, refresh_seconds: int = 10,
           commit_url: str | None = None, on_ready: Callable[[], None] | None = None) -> None:
     """Runs the page until interrupted (uvicorn); `on_ready` once the repository has been opened."""
-    import uvicorn
+    from reconciler.web.serving import bound, server
 
     check_bind(host, token)
     app = create_app(repo, token=token, refresh_seconds=refresh_seconds, commit_url=commit_url)
+    sock = bound(host, port)
     if on_ready is not None:
         on_ready()
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    server(app).run(sockets=[sock])
