@@ -59,13 +59,25 @@ class TokenGate:
             return
         response: Response
         if self._matches(request.query_params.get("token")):
-            target = request.url.remove_query_params("token")
-            response = RedirectResponse(target.path + (f"?{target.query}" if target.query else ""), status_code=303)
+            query = request.url.remove_query_params("token").query
+            response = RedirectResponse(local_path(request.url.path) + (f"?{query}" if query else ""), status_code=303)
             response.set_cookie(COOKIE, self.token.decode(), httponly=True, samesite="strict")
         else:
             response = PlainTextResponse("a token is required: send Authorization: Bearer <token> or open "
                                          "the page once with ?token=<token>", status_code=401)
         await response(scope, receive, send)
+
+
+def local_path(path: str) -> str:
+    """`path` as a redirect that cannot leave this site, or "/" when it would: a browser reads
+    `//host` and `/\\host` as another host, and drops tabs and newlines anywhere in an address
+    before reading it (so `/<TAB>/host` is `//host`); a scheme (`https:host`) or anything not
+    starting with "/" (a leading space, which a browser would strip) is no path of ours. What stays
+    is percent-encoded, control characters and spaces included."""
+    kept = path.replace("\t", "").replace("\n", "").replace("\r", "")
+    if not kept.startswith("/") or kept[1:2] in ("/", "\\"):
+        return "/"
+    return quote(kept, safe="/!$&'()*+,;=:@-._~")
 
 
 def create_app(repo: str | Path, *, token: str | None = None, refresh_seconds: int = 10,
