@@ -23,7 +23,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from reconciler.webhook import MAX_BODY, SECRET_ENV, Seen, WebhookError, WebhookServer, is_loopback, parse_listen
+from reconciler.webhook import (MAX_BODY, SECRET_ENV, SKEW, WINDOW, Seen, WebhookError, WebhookServer, is_loopback,
+                                judge, parse_listen, pushed_at)
 from tests.conftest import StateRepoFixture
 from tests.loop.test_daemon import commit, daemon, phase_of, wait_for
 from tests.loop.test_loop_local import counter, job
@@ -281,3 +282,38 @@ def test_listen_without_a_secret_is_refused_before_anything_starts(state_repo: S
     assert f"set {SECRET_ENV}" in res.stderr
     assert not (state_repo.path / "status").exists()
     assert not (state_repo.path / ".git" / "reconciler.lock").exists()
+
+
+# ---- replays under a fresh delivery id, and old pushes ----------------------------------------------
+@pytest.mark.parametrize("sender", sorted(SENDERS))
+def test_a_replayed_payload_under_a_fresh_delivery_id_is_409(hook: Hook, sender: str) -> None:
+    """The delivery id is not signed: a captured body sent again under a new id is still a replay."""
+    body = push()
+    assert hook.post(body, SENDERS[sender](body)).status_code == 202
+    r = hook.post(body, SENDERS[sender](body, delivery=str(uuid.uuid4())))
+    assert r.status_code == 409 and "another delivery id" in r.json()["result"], r.text
+    assert hook.woken == 1
+
+
+def test_a_push_older_than_the_window_or_from_the_future_is_409(hook: Hook) -> None:
+    now = time.time()
+    for pushed in (now - WINDOW - 30, now + SKEW + 30):
+        body = push(pushed_at=pushed)
+        r = hook.post(body, github(body))
+        assert r.status_code == 409 and r.json()["result"].startswith("stale delivery"), r.text
+    body = push(pushed_at=now - WINDOW + 30)  # late, but inside the window
+    assert hook.post(body, github(body)).status_code == 202
+    assert hook.woken == 1
+
+
+def test_the_window_s_edges_and_the_push_times_read() -> None:
+    body = json.dumps({"ref": "refs/heads/main", "repository": {"pushed_at": 1000}}).encode()
+    headers = github(body)
+
+    def answer(now: float) -> int:
+        return judge(headers, body, SECRET.encode(), lambda: "main", Seen(), now=now)[1].status
+
+    assert answer(1000 + WINDOW) == 202 and answer(1000 + WINDOW + 1) == 409
+    assert answer(1000 - SKEW) == 202 and answer(1000 - SKEW - 1) == 409
+    assert pushed_at({"repository": {"pushed_at": "2026-01-01T00:00:00Z"}}) == 1767225600.0
+    assert pushed_at({"repository": {"pushed_at": True}}) is None and pushed_at({}) is None
