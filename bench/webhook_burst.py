@@ -56,7 +56,7 @@ async def one(address: tuple[str, int], payload: bytes, opened: asyncio.Barrier)
     except ConnectionRefusedError:
         await opened.wait()
         return "refused"
-    except (OSError, asyncio.TimeoutError):
+    except (TimeoutError, OSError):
         await opened.wait()
         return "reset"
     try:
@@ -65,7 +65,7 @@ async def one(address: tuple[str, int], payload: bytes, opened: asyncio.Barrier)
         await writer.drain()
         line = await asyncio.wait_for(reader.readline(), TIMEOUT)
         return line.split()[1].decode() if line.startswith(b"HTTP/1.1 ") else "reset"
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return "timed_out"
     except OSError:
         return "reset"

@@ -23,8 +23,19 @@ from pathlib import Path
 import httpx
 import pytest
 
-from reconciler.webhook import (MAX_BODY, SECRET_ENV, SKEW, WINDOW, Seen, WebhookError, WebhookServer, is_loopback,
-                                judge, parse_listen, pushed_at)
+from reconciler.webhook import (
+    MAX_BODY,
+    SECRET_ENV,
+    SKEW,
+    WINDOW,
+    Seen,
+    WebhookError,
+    WebhookServer,
+    is_loopback,
+    judge,
+    parse_listen,
+    pushed_at,
+)
 from tests.conftest import StateRepoFixture
 from tests.loop.test_daemon import commit, daemon, phase_of, wait_for
 from tests.loop.test_loop_local import counter, job
