@@ -16,17 +16,23 @@ from tests.conftest import StateRepoFixture
 from tests.web.conftest import ROOT, free_port
 
 
-def test_run_with_serve_shows_the_daemon_s_job_on_the_page(state_repo: StateRepoFixture, tmp_path: Path) -> None:
+def _daemon(state_repo: StateRepoFixture, log: Path, *args: str,
+            env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """`reconciler run ARGS` on a repository with one job that sleeps a minute, its output in `log`."""
     state_repo.write("desired/sleeper.yaml", yaml.safe_dump({
         "apiVersion": "reconciler.dev/v1", "kind": "Job", "metadata": {"name": "sleeper"},
         "spec": {"command": [sys.executable, "-c", "import time; time.sleep(60)"], "target_steps": 10}}))
     state_repo.commit("sleeper")
+    with open(log, "wb") as out:
+        return subprocess.Popen([sys.executable, "-m", "reconciler", "run", "--repo", str(state_repo.path), *args],
+                                stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "300", **(env or {})})
+
+
+def test_run_with_serve_shows_the_daemon_s_job_on_the_page(state_repo: StateRepoFixture, tmp_path: Path) -> None:
     port = free_port()
     log = tmp_path / "daemon.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "reconciler", "run", "--repo", str(state_repo.path),
-                                 "--serve", f"127.0.0.1:{port}"], stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "300"})
+    proc = _daemon(state_repo, log, "--serve", f"127.0.0.1:{port}")
     try:
         deadline, text = time.time() + 60, ""
         while time.time() < deadline:
@@ -51,17 +57,10 @@ def test_run_with_serve_on_the_listen_address_serves_page_and_webhook_from_one_s
     from reconciler.webhook import SECRET_ENV
     from tests.loop.test_webhook import SECRET, github, push
 
-    state_repo.write("desired/sleeper.yaml", yaml.safe_dump({
-        "apiVersion": "reconciler.dev/v1", "kind": "Job", "metadata": {"name": "sleeper"},
-        "spec": {"command": [sys.executable, "-c", "import time; time.sleep(60)"], "target_steps": 10}}))
-    state_repo.commit("sleeper")
     port = free_port()
     log = tmp_path / "daemon.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "reconciler", "run", "--repo", str(state_repo.path),
-                                 "--listen", f"127.0.0.1:{port}", "--serve", f"127.0.0.1:{port}"], stdout=out,
-                                stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT),
-                                                               "COLUMNS": "300", SECRET_ENV: SECRET})
+    proc = _daemon(state_repo, log, "--listen", f"127.0.0.1:{port}", "--serve", f"127.0.0.1:{port}",
+                   env={SECRET_ENV: SECRET})
     try:
         deadline, text = time.time() + 60, ""
         while time.time() < deadline and 'data-job="sleeper"' not in text:
