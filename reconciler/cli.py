@@ -397,18 +397,19 @@ def run(
     cli_jobs.announce(rec, tick_seconds)
     rec.election = Election(tick_seconds, clone=str(rec.repo.path))
     page = None if serve_at is None or once else start_beside_daemon(repo, serve_at, address)
+    mounts: dict[str, object] = {} if page is None else {"/": page}  # served by the webhook's server
 
     def show(report: TickReport) -> None:
         for line in report.changed:
             logging.getLogger("reconciler").info("%s", line)
 
     try:
-        with telemetry(rec, metrics_at, show) as on_tick:
+        with telemetry(rec, metrics_at, show, beside=(address, mounts)) as on_tick:
             if once:
                 _run_once(rec, on_tick)
                 return
             daemon = Daemon(rec, tick_seconds=tick_seconds, until_done=until_done, on_tick=on_tick, watch=watch,
-                            listen=address, webhook_secret=os.environ.get(SECRET_ENV, ""), page=page)
+                            listen=address, webhook_secret=os.environ.get(SECRET_ENV, ""), mounts=mounts)
             final = daemon.run()
     except (AlreadyRunning, WebhookError, TelemetryError) as exc:
         raise _fail(str(exc)) from exc

@@ -14,6 +14,16 @@ from reconciler.webhook import is_loopback, parse_listen
 
 log = logging.getLogger("reconciler")
 
+
+def _announce(host: str, port: int) -> None:
+    where = f"{host}:{port}"
+    if is_loopback(host):
+        log.info("metrics: http://%s/metrics", where)
+    else:
+        log.warning("metrics: serving %s to other machines, without authentication: job names, phases and "
+                    "costs are readable by anyone who can reach it", where)
+
+
 class TelemetryError(Exception):
     """A bad --metrics value or an address the endpoint cannot bind: one sentence for the user."""
 
@@ -34,10 +44,13 @@ def metrics_address(value: str | None, once: bool) -> tuple[str, int] | None:
 
 
 @contextmanager
-def telemetry(rec: Reconciler, metrics_at: tuple[str, int] | None,
-              show: Callable[[TickReport], None]) -> Iterator[Callable[[TickReport], None]]:
+def telemetry(rec: Reconciler, metrics_at: tuple[str, int] | None, show: Callable[[TickReport], None],
+              beside: tuple[tuple[str, int] | None, dict[str, object]] | None = None,
+              ) -> Iterator[Callable[[TickReport], None]]:
     """Gives the reconciler its notifier and starts the metrics endpoint; yields the callback for
-    each tick's report. On the way out, queued notifications get DRAIN_SECONDS to be sent."""
+    each tick's report. On the way out, queued notifications get DRAIN_SECONDS to be sent.
+    `beside`: the webhook's address and what its server will mount; metrics asked for at that
+    same address are mounted there at /metrics instead of on a server of their own."""
     rec.notifier = Notifier(rec.environ)
     server = None
     record: Callable[[TickReport], None] | None = None
@@ -47,18 +60,19 @@ def telemetry(rec: Reconciler, metrics_at: tuple[str, int] | None,
         except ImportError as exc:
             raise TelemetryError("--metrics needs prometheus_client: pip install 'reconciler[metrics]'") from exc
         metrics = Metrics(notifier=rec.notifier, since=rec.clock.now())
-        try:
-            server, port = serve(metrics, *metrics_at)
-        except OSError as exc:
-            raise TelemetryError(f"--metrics: cannot listen on {metrics_at[0]}:{metrics_at[1]} "
-                                 f"({exc.strerror or exc}); choose another port") from exc
         record = metrics.record
-        where = f"{metrics_at[0]}:{port}"
-        if is_loopback(metrics_at[0]):
-            log.info("metrics: http://%s/metrics", where)
+        if beside is not None and beside[0] == metrics_at and metrics_at[1] != 0:
+            from prometheus_client import make_asgi_app
+
+            beside[1]["/metrics"] = make_asgi_app(metrics.registry)
+            port = metrics_at[1]
         else:
-            log.warning("metrics: serving %s to other machines, without authentication: job names, phases and "
-                        "costs are readable by anyone who can reach it", where)
+            try:
+                server, port = serve(metrics, *metrics_at)
+            except OSError as exc:
+                raise TelemetryError(f"--metrics: cannot listen on {metrics_at[0]}:{metrics_at[1]} "
+                                     f"({exc.strerror or exc}); choose another port") from exc
+        _announce(metrics_at[0], port)
 
     def on_tick(report: TickReport) -> None:
         show(report)

@@ -225,14 +225,15 @@ def missing_web_extra(option: str) -> str | None:
 
 class WebhookServer:
     """The webhook on uvicorn (reconciler.web.serving), on a daemon thread; `wake` is called for
-    every accepted push. `page`, when given, is served on the same address (`run --serve` naming the
-    same HOST:PORT as `--listen`): GET / is the status page, POST / the webhook."""
+    every accepted push. `mounts` (a path -> an ASGI application) are served on the same address:
+    `run --serve` or `--metrics` naming the same HOST:PORT as `--listen` ("/" the status page,
+    "/metrics" the metrics); POST / and /webhook stay the webhook's."""
 
     def __init__(self, host: str, port: int, *, secret: str, wake: Callable[[], None],
-                 branch: Callable[[], str | None], page: object | None = None) -> None:
+                 branch: Callable[[], str | None], mounts: Mapping[str, object] | None = None) -> None:
         if not secret:
             raise WebhookError(missing_secret())
-        self.host, self.port, self.page = host, port, page
+        self.host, self.port, self.mounts = host, port, dict(mounts or {})
         self.secret, self.wake, self.branch = secret.encode(), wake, branch
         self._served: Any = None
 
@@ -247,7 +248,7 @@ class WebhookServer:
             sock = bind(self.host, self.port)
         except OSError as exc:
             raise WebhookError(f"cannot listen on {self.host}:{self.port}: {exc.strerror or exc}") from exc
-        app = webhook_app(Hook(self.secret, self.wake, self.branch), self.page)  # type: ignore[arg-type]
+        app = webhook_app(Hook(self.secret, self.wake, self.branch), self.mounts)  # type: ignore[arg-type]
         self._served = Served(app, sock, name="webhook")
         if not self._served.wait_started():
             self.stop()

@@ -8,14 +8,14 @@ gets its 100), a chunked body 411. One line per request in the log, as `judge` e
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Route
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from reconciler.webhook import MAX_BODY, PATHS, Answer, Delivery, Seen, identify, judge, log, printable
 
@@ -49,11 +49,26 @@ class Hook:
         return [Route(path, self.handle, methods=["POST"]) for path in PATHS]
 
 
-def webhook_app(hook: Hook, page: ASGIApp | None = None) -> ASGIApp:
-    """The webhook's routes; with `page`, the status page beside them on the same address (the page
-    keeps its own token check: the webhook proves itself by its signature instead)."""
-    routes = hook.routes() + ([Mount("/", app=page)] if page is not None else [])
+def webhook_app(hook: Hook, mounts: Mapping[str, ASGIApp] | None = None) -> ASGIApp:
+    """The webhook's routes, and `mounts` beside them on the same address: each at its exact path
+    ("/metrics"), and the one at "/" for everything else (the status page, which keeps its own
+    token check: the webhook proves itself by its signature)."""
+    beside = dict(mounts or {})
+    root = beside.pop("/", None)
+    routes = hook.routes() + [Route(path, _Asgi(app)) for path, app in beside.items()]
+    routes += [Mount("", app=root)] if root is not None else []
     return Starlette(routes=routes, exception_handlers={HTTPException: _refused})
+
+
+class _Asgi:
+    """An ASGI application as a route's endpoint (a bare async function, as prometheus_client's is,
+    would be taken for a request handler)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
 
 
 async def _refused(request: Request, exc: Exception) -> Response:

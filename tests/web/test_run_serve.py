@@ -51,16 +51,17 @@ def test_run_with_serve_shows_the_daemon_s_job_on_the_page(state_repo: StateRepo
         proc.wait(30)
 
 
-def test_run_with_serve_on_the_listen_address_serves_page_and_webhook_from_one_server(
+def test_serve_and_metrics_on_the_listen_address_are_served_by_one_server(
         state_repo: StateRepoFixture, tmp_path: Path) -> None:
-    """`--serve` naming `--listen`'s address: one port, GET / the page, POST /webhook the webhook."""
+    """`--serve` and `--metrics` naming `--listen`'s address: one port, GET / the page, GET /metrics
+    the metrics, POST /webhook the webhook."""
     from reconciler.webhook import SECRET_ENV
     from tests.loop.test_webhook import SECRET, github, push
 
     port = free_port()
     log = tmp_path / "daemon.log"
-    proc = _daemon(state_repo, log, "--listen", f"127.0.0.1:{port}", "--serve", f"127.0.0.1:{port}",
-                   env={SECRET_ENV: SECRET})
+    at = f"127.0.0.1:{port}"
+    proc = _daemon(state_repo, log, "--listen", at, "--serve", at, "--metrics", at, env={SECRET_ENV: SECRET})
     try:
         deadline, text = time.time() + 60, ""
         while time.time() < deadline and 'data-job="sleeper"' not in text:
@@ -73,6 +74,9 @@ def test_run_with_serve_on_the_listen_address_serves_page_and_webhook_from_one_s
         answer = httpx.post(f"http://127.0.0.1:{port}/webhook", content=body, headers=github(body), timeout=5)
         assert answer.status_code == 202, answer.text
         assert f"status page: http://127.0.0.1:{port}/, with the webhook" in log.read_text()
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+        assert metrics.status_code == 200 and "reconciler_tick_duration_seconds" in metrics.text
+        assert f"metrics: http://127.0.0.1:{port}/metrics" in log.read_text()
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(30)
