@@ -7,10 +7,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from adapters.notify import Notifier
 from reconciler.loop import Reconciler, TickReport
-from reconciler.webhook import is_loopback, parse_listen
+from reconciler.webhook import is_loopback, missing_web_extra, parse_listen
+
+if TYPE_CHECKING:
+    from reconciler.metrics import Metrics
 
 log = logging.getLogger("reconciler")
 
@@ -22,6 +26,28 @@ def _announce(host: str, port: int) -> None:
     else:
         log.warning("metrics: serving %s to other machines, without authentication: job names, phases and "
                     "costs are readable by anyone who can reach it", where)
+
+
+def serve_metrics(metrics: Metrics, host: str, port: int) -> tuple[Callable[[], None], int]:
+    """The endpoint on a server of its own, and how to stop it: uvicorn as for the webhook (a deep
+    backlog, a deadline per request, one log line per bad client) when the web extra is installed,
+    else prometheus_client's own."""
+    if missing_web_extra("--metrics") is None:
+        from prometheus_client import make_asgi_app
+
+        from reconciler.web.serving import Served, bind
+
+        served = Served(make_asgi_app(metrics.registry), bind(host, port), name="metrics")
+        return served.stop, served.address[1]
+    from reconciler.metrics import serve
+
+    server, bound = serve(metrics, host, port)
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+
+    return stop, bound
 
 
 class TelemetryError(Exception):
@@ -52,11 +78,11 @@ def telemetry(rec: Reconciler, metrics_at: tuple[str, int] | None, show: Callabl
     `beside`: the webhook's address and what its server will mount; metrics asked for at that
     same address are mounted there at /metrics instead of on a server of their own."""
     rec.notifier = Notifier(rec.environ)
-    server = None
+    stop: Callable[[], None] | None = None
     record: Callable[[TickReport], None] | None = None
     if metrics_at is not None:
         try:
-            from reconciler.metrics import Metrics, serve
+            from reconciler.metrics import Metrics
         except ImportError as exc:
             raise TelemetryError("--metrics needs prometheus_client: pip install 'reconciler[metrics]'") from exc
         metrics = Metrics(notifier=rec.notifier, since=rec.clock.now())
@@ -68,7 +94,7 @@ def telemetry(rec: Reconciler, metrics_at: tuple[str, int] | None, show: Callabl
             port = metrics_at[1]
         else:
             try:
-                server, port = serve(metrics, *metrics_at)
+                stop, port = serve_metrics(metrics, *metrics_at)
             except OSError as exc:
                 raise TelemetryError(f"--metrics: cannot listen on {metrics_at[0]}:{metrics_at[1]} "
                                      f"({exc.strerror or exc}); choose another port") from exc
@@ -82,8 +108,7 @@ def telemetry(rec: Reconciler, metrics_at: tuple[str, int] | None, show: Callabl
     try:
         yield on_tick
     finally:
-        if server is not None:
-            server.shutdown()
-            server.server_close()
+        if stop is not None:
+            stop()
         if not rec.notifier.close(DRAIN_SECONDS):
             log.warning("notifications still queued after %gs were not sent", DRAIN_SECONDS)

@@ -4,6 +4,7 @@ garbage, or stalls, costs one line in the log and no traceback."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
@@ -100,3 +101,35 @@ def test_garbage_is_answered_400_with_one_line(quick_hook: Hook, caplog: pytest.
         lines = _lines(caplog, 1)
     assert lines == ["http: connection from 127.0.0.1: Invalid HTTP request received"], lines
     assert "Traceback" not in caplog.text + capfd.readouterr().err
+
+
+async def _scrape_all(address: tuple[str, int], count: int) -> list[bytes]:
+    """`count` connections opened together, then each asks for /metrics: the status lines answered."""
+    opened = asyncio.Barrier(count)
+
+    async def one() -> bytes:
+        reader, writer = await asyncio.open_connection(*address)
+        await opened.wait()
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n")
+        try:
+            return await asyncio.wait_for(reader.readline(), 20)
+        except (TimeoutError, OSError):
+            return b""
+        finally:
+            writer.close()
+
+    return await asyncio.gather(*(one() for _ in range(count)))
+
+
+def test_a_burst_of_300_scrapes_of_the_metrics_endpoint_is_answered_in_full() -> None:
+    """`run --metrics` on a port of its own is served like the webhook (prometheus_client's own
+    server queued 5 connections)."""
+    from reconciler.metrics import Metrics
+    from reconciler.telemetry import serve_metrics
+
+    stop, port = serve_metrics(Metrics(), "127.0.0.1", 0)
+    try:
+        lines = asyncio.run(_scrape_all(("127.0.0.1", port), 300))
+    finally:
+        stop()
+    assert [line.split(b" ")[1] for line in lines if line] == [b"200"] * 300
