@@ -17,7 +17,8 @@ as the local adapter; `owner` is the state repository's identity) holding:
                      exclusively, so a second launch with the same labels adopts instead of starting twice)
     wrapper.pid      pid and start time of the agent process that supervises the command
     child.pid        pid and start time of the command (it leads its own process group)
-    log              the command's stdout and stderr (0600)
+    log              the command's stdout and stderr (0600), with the payload's `mask` applied as it is
+                     written (every form of the job's secrets becomes ***; see OutputMasker)
     exit.json        {"code": n} or {"signal": n, "oom": bool}, written by the wrapper when the command
                      ends; oom = the command died of SIGKILL while its memory cgroup's oom_kill counter
                      rose (`oom_kills`; absent where the counter cannot be read)
@@ -34,9 +35,11 @@ the foreground), `list WORKDIR PROVIDER OWNER` (our workers, and how many live o
 have there), `terminate DIR`, `logs DIR N`.
 """
 
+import codecs
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -49,6 +52,8 @@ NEVER_STARTED_SECONDS = 120  # a folder with no wrapper after this long is repor
 WARNING_HOLD_SECONDS = 10  # a time-limit warning is passed on no sooner than this after the worker starts
 BASE_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR")  # = adapters.compute.BASE_ENV
 BASE_ENV_PREFIXES = ("LC_",)
+HOLD_LIMIT = 65536  # characters of one unended line held back before part of it is written out
+DRAIN_SECONDS = 5  # how long output still coming after the command's end (a process it left) is read
 
 
 def agent_source():
@@ -163,6 +168,85 @@ def _base_env(environ, prefixes=()):
     return {k: v for k, v in environ.items() if k in BASE_ENV or k.startswith(keep)}
 
 
+# ---- masking the command's output ------------------------------------------------------------------
+
+
+class OutputMasker:
+    """Masks secrets in a stream of output before it is stored: `pattern` (a regular expression,
+    status.redact.Redactor's) matches every form of every secret, none longer than `longest`.
+    Whole lines (ended by \\n, or \\r as a progress bar ends them) are written at once; a line
+    longer than HOLD_LIMIT is written in parts that keep its last `longest - 1` characters back. So
+    a secret split across two writes is still seen whole. Bytes that are not UTF-8 pass unchanged."""
+
+    def __init__(self, pattern, longest, write):
+        self.regex = re.compile(pattern)
+        self.keep = max(0, int(longest) - 1)
+        self.limit = max(HOLD_LIMIT, 2 * self.keep)
+        self.write = write
+        self.decoder = codecs.getincrementaldecoder("utf-8")("surrogateescape")
+        self.held = ""
+
+    def feed(self, data):
+        self.held += self.decoder.decode(data)
+        end = max(self.held.rfind("\n"), self.held.rfind("\r")) + 1
+        if end == 0 and len(self.held) > self.limit:
+            end = len(self.held) - self.keep
+        if end > 0:
+            self._emit(end)
+
+    def close(self):
+        self.held += self.decoder.decode(b"", True)
+        self._emit(len(self.held))
+
+    def _emit(self, end):
+        """Writes the held text up to `end` (or the end of a match that starts before it), masked."""
+        out, at = [], 0
+        for match in self.regex.finditer(self.held):
+            if match.start() >= end:
+                break
+            out += [self.held[at:match.start()], "***"]
+            at = match.end()
+        end = max(end, at)
+        out.append(self.held[at:end])
+        self.held = self.held[end:]
+        self.write("".join(out).encode("utf-8", "surrogateescape"))
+
+
+def _write_all(fd, data):
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def pump_masked(source, fd, mask):
+    """Copies what comes out of `source` (a pipe's file descriptor) to `fd` with `mask`
+    ({"pattern", "longest"}) applied, until the pipe's end."""
+    masker = OutputMasker(mask["pattern"], mask["longest"], lambda data: _write_all(fd, data))
+    while True:
+        data = os.read(source, 65536)
+        if not data:
+            break
+        masker.feed(data)
+    masker.close()
+
+
+def start_masked(popen, mask, fd):
+    """Starts a command with `popen(stdout, stderr)` (a subprocess.Popen call); with a `mask`, its
+    output goes through a pipe to a thread that masks it into `fd`, else straight to `fd`. Returns
+    the child and the thread (None without a mask) that `finish_masked` waits for."""
+    if not mask or not mask.get("pattern"):
+        return popen(fd, fd), None
+    child = popen(subprocess.PIPE, subprocess.STDOUT)
+    pump = threading.Thread(target=pump_masked, args=(child.stdout.fileno(), fd, mask), daemon=True)
+    pump.start()
+    return child, pump
+
+
+def finish_masked(pump):
+    """Waits (a bounded time: a process the command left may hold the pipe) until the output is stored."""
+    if pump is not None:
+        pump.join(DRAIN_SECONDS)
+
+
 # ---- supervising the command -----------------------------------------------------------------------
 
 
@@ -193,6 +277,11 @@ def supervise(folder, payload):
                 pass
 
     def on_stop(signum, _frame):
+        # One stop per worker: the reconciler asks on every tick until the worker is gone, and a
+        # second signal could kill a command that saved and restored its default handler on its way
+        # to exit 75, or put the SIGKILL after the grace off again.
+        if state["stop"] is not None:
+            return
         state["stop"] = signum
         signal_child(stop_signal)
         signal.alarm(max(1, int(grace)))
@@ -220,16 +309,14 @@ def supervise(folder, payload):
     cwd = payload.get("cwd")
     cwd = os.path.expanduser(cwd) if cwd else folder
     ooms_before = oom_kills()
+    mask, payload["mask"] = payload.get("mask"), None
+
+    def popen(stdout, stderr):
+        return subprocess.Popen(payload["command"], cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout,
+                                stderr=stderr, start_new_session=True)
+
     try:
-        child = subprocess.Popen(
-            payload["command"],
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-        )
+        child, pump = start_masked(popen, mask, log)
     except OSError as exc:
         os.write(log, ("reconciler agent: cannot start {!r}: {}\n".format(payload["command"][0], exc)).encode())
         _write(
@@ -244,6 +331,7 @@ def supervise(folder, payload):
     if state["stop"] is not None:
         signal_child(stop_signal)
     code = child.wait()
+    finish_masked(pump)
     signal.alarm(0)
     record = {"signal": -code} if code < 0 else {"code": code}  # type: dict
     if code == -signal.SIGKILL and ooms_before is not None:

@@ -20,6 +20,7 @@ from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
 from desired.models import Capacity
+from status.redact import Redactor
 
 
 class WorkerPhase(StrEnum):
@@ -155,6 +156,14 @@ def worker_base_env(environ: Mapping[str, str]) -> dict[str, str]:
     """What a worker command inherits from the environment it is started from: PATH, HOME,
     USER/LOGNAME, LANG/LC_*, TZ, TMPDIR (those that are set), nothing else."""
     return {k: v for k, v in environ.items() if k in BASE_ENV or k.startswith(BASE_ENV_PREFIXES)}
+
+
+def output_mask(spec: LaunchSpec) -> dict[str, object] | None:
+    """What the process that captures a worker's output needs to mask the job's secrets in it
+    before it is stored (adapters.bootstrap.OutputMasker): travels with the secrets themselves, on
+    stdin or in the 0600 payload, never in an argv. None when the job has no secret to mask."""
+    redactor = Redactor(spec.secret_env.values())
+    return {"pattern": redactor.pattern, "longest": redactor.longest} if redactor else None
 
 
 def worker_deadline(spec: LaunchSpec, session_end: float | None = None) -> float | None:

@@ -59,8 +59,7 @@ class StateRepo:
         try:
             self.repo = git.Repo(self.path)
         except (git.InvalidGitRepositoryError, git.NoSuchPathError) as exc:
-            raise GitError(f"{self.path} is not a git repository; run `reconciler init {self.path}` "
-                           "or point --repo at a clone of your state repository") from exc
+            raise GitError(_not_a_repository(self.path)) from exc
         self.remote = remote
         self.name = name
         self.email = email
@@ -99,6 +98,27 @@ class StateRepo:
                 return sha
         raise GitError(f"{self.path} has no branch {branch!r}" + (f" (nor {self.remote}/{branch})" if self.remote
                        else "") + "; commit a manifest under desired/ on it first")
+
+    def check_folder(self) -> None:
+        """A --path that names no folder at the reconciled commit is an error, not an empty state
+        (which would show `0 job(s)` and, once jobs ran, read as every manifest deleted)."""
+        head = self.head()
+        if not self.has_folder(head):
+            raise GitError(f"--path {self.subdir}: no such folder in {self.path} at {self.branch_label()} "
+                           f"({head[:12]}); name the folder that holds desired/ and reconciler.yaml")
+
+    def has_folder(self, commit: str) -> bool:
+        """Whether the state's folder (--path) is a folder at `commit`; the root always is."""
+        if not self.subdir:
+            return True
+        try:
+            return bool((self.repo.commit(commit).tree / self.subdir).type == "tree")
+        except KeyError:
+            return False
+
+    def branch_label(self) -> str:
+        """The reconciled branch's name for a message, or HEAD."""
+        return self.reconciled or self.branch_checked_out() or "HEAD"
 
     def _resolve(self, ref: str) -> str | None:
         try:
@@ -479,7 +499,10 @@ def _first_line(exc: Exception | None) -> str:
         return "unknown error"
     if isinstance(exc, git.GitCommandError):
         text = (exc.stderr or str(exc)).strip().replace("stderr: ", "").strip("' ")
-        return _scrub(text.splitlines()[-1] if text else str(exc))
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        # git's reason is its first fatal/error line; the lines after it are advice ("Please make sure...")
+        reason = next((line for line in lines if line.startswith(("fatal:", "error:"))), lines[-1] if lines else "")
+        return _scrub(reason or str(exc))
     return _scrub(str(exc).splitlines()[0])
 
 
@@ -489,6 +512,18 @@ _USERINFO = re.compile(r"(\w+://)[^/@\s]+@")
 def _scrub(text: str) -> str:
     """A URL's user and password (a token) never reach a log line or a status."""
     return _USERINFO.sub(r"\1***@", text)
+
+
+def _not_a_repository(path: Path) -> str:
+    """Why `path` cannot be opened, and what to pass instead: a folder inside a repository is named
+    with --path (so that the repository's history, and its signatures, are read)."""
+    try:
+        top = Path(str(git.Repo(path, search_parent_directories=True).working_tree_dir)).resolve()
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        return (f"{path} is not a git repository; run `reconciler init {path}` or point --repo at a clone "
+                "of your state repository")
+    return (f"{path} is a folder inside the git repository {top}, not a repository itself; pass --repo {top} "
+            f"--path {path.relative_to(top)}")
 
 
 def check_branch_name(name: str, what: str) -> str:

@@ -10,7 +10,8 @@ disk or its Python packages. So the launch carries:
 - a bootstrap (`bootstrap_script()`): a Python script the user can read, that sets the attempt's
   environment, fetches the job's named secrets from the provider's own secret store (the values
   never travel in the launch), checks that run storage can be reached, runs the command with only
-  the minimal environment, copies the last 400 lines of its output into the run folder
+  the minimal environment, masks every form of the secrets in its output (status.redact, the
+  same masking as the reconciler's), copies the last 400 lines of its output into the run folder
   (`logs/e<epoch>.log`, every 30 s and at the end: RunPod has no log API), and ends with one
   `reconciler-bootstrap: exit {...}` line in the log and in that copy (with `received`: the
   signal the provider sent it, if any), because most hosted APIs report only
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.compute import BASE_ENV, BASE_ENV_PREFIXES, JobConfigError, LaunchSpec
+from adapters.wire import load_json
 
 # The modules a worker imports (reconciler.worker and `reconciler exec`, with their storage layer);
 # tests/adapters/test_hosted.py imports the bundle alone to prove the list is complete.
@@ -46,6 +48,7 @@ SDK_FILES = (
     "reconciler/worker/staging.py",
     "reconciler/worker/data.py",
     "reconciler/worker/loop.py",
+    "reconciler/worker/carried.py",
     "reconciler/worker/dist.py",
     "reconciler/worker/sharded.py",
     "reconciler/worker/integrations/__init__.py",
@@ -65,6 +68,9 @@ SDK_FILES = (
     "adapters/stores/marks.py",
     "adapters/storage.py",
     "adapters/s3.py",
+    "status/__init__.py",
+    "status/redact.py",
+    "adapters/wire.py",
 )
 EXIT_MARK = "reconciler-bootstrap: exit "
 STORAGE_UNREACHABLE = 66  # EX_NOINPUT: the bootstrap could not reach run storage; the command never ran
@@ -183,7 +189,7 @@ def parse_exit_record(log_text: str) -> dict[str, Any] | None:
         if at < 0:
             continue
         try:
-            record = json.loads(line[at + len(EXIT_MARK):])
+            record = load_json(line[at + len(EXIT_MARK):])
         except ValueError:
             return None
         return record if isinstance(record, dict) else None
@@ -202,7 +208,7 @@ def script_plan(script: str) -> dict[str, Any] | None:
     if end < 0:
         return None
     try:
-        plan = json.loads(script[start + len(PLAN_START):end])
+        plan = load_json(script[start + len(PLAN_START):end])
     except ValueError:
         return None
     return plan if isinstance(plan, dict) else None
@@ -329,23 +335,6 @@ def ship_log_every(env, tail):
             ship_log(env, tail)
 
 
-def secret_forms(values):
-    """The job's secret values as written and base64-encoded (6 characters and up, as the
-    reconciler masks them): the provider's log and the run folder's copy must not hold them, since
-    the reconciler may not know these values (they live in the provider's secret store)."""
-    forms = set()
-    for value in values:
-        if len(value) >= 6:
-            forms.update({{value, base64.b64encode(value.encode()).decode()}})
-    return sorted(forms, key=len, reverse=True)
-
-
-def mask(line, hidden):
-    for form in hidden:
-        line = line.replace(form, "***")
-    return line
-
-
 def main():
     sdk, bin_dir = unpack_sdk()
     base = {{k: v for k, v in os.environ.items()
@@ -353,7 +342,9 @@ def main():
     env = dict(base, **PLAN["env"])
     secrets = load_secrets(PLAN["secrets"])
     env.update(secrets)
-    hidden = secret_forms(secrets.values())
+    sys.path.insert(0, sdk)
+    from status.redact import Redactor  # the reconciler's own masking, from the SDK
+    hidden = Redactor(secrets.values())  # the reconciler may not know these values: masked here
     env["PYTHONPATH"] = sdk
     env["PATH"] = bin_dir + os.pathsep + base.get("PATH", os.defpath)
     if deadline():
@@ -377,7 +368,7 @@ def main():
     shipper = threading.Thread(target=ship_log_every, args=(env, tail), daemon=True)
     shipper.start()
     for raw in iter(child.stdout.readline, b""):
-        line = mask(raw.decode("utf-8", "replace"), hidden)
+        line = hidden.redact(raw.decode("utf-8", "replace"))
         sys.stdout.write(line)
         sys.stdout.flush()
         tail.append(line)

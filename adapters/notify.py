@@ -28,6 +28,7 @@ class Outgoing:
     url_env: str
     title: str
     body: str
+    level: str = "info"
 
 
 class Notifier:
@@ -41,13 +42,14 @@ class Notifier:
         self.sent = 0  # messages a target accepted (exported by reconciler.metrics)
         self.failed = 0  # messages not delivered
 
-    def submit(self, url_env: str, title: str, body: str) -> None:
-        """Queues one message; never blocks (a full queue drops it, reported once)."""
+    def submit(self, url_env: str, title: str, body: str, level: str = "info") -> None:
+        """Queues one message; never blocks (a full queue drops it, reported once). `level` is
+        apprise's notify type (info, success, warning, failure)."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, daemon=True, name="notify")
             self._thread.start()
         try:
-            self._queue.put_nowait(Outgoing(url_env, title, body))
+            self._queue.put_nowait(Outgoing(url_env, title, body, level))
         except queue.Full:
             if not self._dropped:
                 log.warning("notifications: %d messages are waiting to be sent; dropping new ones until they "
@@ -99,7 +101,7 @@ class Notifier:
                 plugin.socket_connect_timeout = self.timeout
             if "rto" not in asked:
                 plugin.socket_read_timeout = self.timeout
-        if sender.notify(body=item.body, title=item.title):
+        if sender.notify(body=item.body, title=item.title, notify_type=item.level):
             self.sent += 1
             if item.url_env in self._failing:
                 self._failing.discard(item.url_env)

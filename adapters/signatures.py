@@ -16,7 +16,9 @@ from pathlib import Path
 
 import git
 
+from adapters.localfiles import Refused, read_regular
 from desired.models import SignaturePolicy
+from desired.parse import MAX_FILE_BYTES
 
 GPG_TIMEOUT = 30.0
 ANCHOR_REF = "refs/reconciler/trusted"  # local to the daemon's clone: never fetched, pushed or rewritten by others
@@ -60,23 +62,24 @@ class Signatures:
             return None  # unrelated histories
         return out.strip() or None
 
-    def anchor(self) -> str | None:
-        """The last trusted change this clone acted on under a signature policy, if any."""
+    def anchor(self, subdir: str = "") -> str | None:
+        """The last trusted change this clone acted on under a signature policy for the state in
+        `subdir` (each folder of a monorepo has its own keys, so its own anchor), if any."""
         try:
-            out: str = self.repo.git.rev_parse("--verify", "-q", f"{ANCHOR_REF}^{{commit}}")
+            out: str = self.repo.git.rev_parse("--verify", "-q", f"{anchor_ref(subdir)}^{{commit}}")
         except git.GitCommandError:
             return None
         return out.strip() or None
 
-    def set_anchor(self, commit: str) -> None:
-        self.repo.git.update_ref("-m", "reconciler: last trusted change", ANCHOR_REF, commit)
+    def set_anchor(self, commit: str, subdir: str = "") -> None:
+        self.repo.git.update_ref("-m", "reconciler: last trusted change", anchor_ref(subdir), commit)
 
     def read(self, commit: str, path: str) -> bytes | None:
         """A policy file: from the repository at `commit`, or from this machine for an absolute path."""
         if path.startswith(("/", "~")):
-            try:
-                return Path(path).expanduser().read_bytes()
-            except OSError:
+            try:  # a FIFO there would block every tick; a device or a folder is no list of keys
+                return read_regular(Path(path), MAX_FILE_BYTES, path)
+            except (OSError, Refused):
                 return None
         try:
             data: bytes = (self.repo.commit(commit).tree / path).data_stream.read()
@@ -126,6 +129,11 @@ class Signatures:
                                check=True, capture_output=True, timeout=GPG_TIMEOUT)
             self._homes[digest] = home
         return self._homes[digest].name
+
+
+def anchor_ref(subdir: str) -> str:
+    """refs/reconciler/trusted for the repository root, refs/reconciler/trusted-<digest> for a folder."""
+    return f"{ANCHOR_REF}-{hashlib.sha256(subdir.encode()).hexdigest()[:16]}" if subdir else ANCHOR_REF
 
 
 def _primary_fingerprints(listing: str) -> list[str]:

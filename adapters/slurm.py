@@ -80,10 +80,12 @@ from adapters.compute import (
     WorkerState,
     check_label,
     check_owner,
+    output_mask,
     with_deadline,
     worker_deadline,
     worker_folder_name,
 )
+from adapters.wire import is_decimal
 from desired.models import Capacity, SlurmSettings
 
 FIELD = re.compile(r"(?:^|\s)([A-Za-z][\w:/]*)=")
@@ -344,7 +346,7 @@ class SlurmAdapter:
     def _labels_of(self, fields: dict[str, str]) -> Labels | None:
         """Labels from `reconciler:<owner>:<provider>:<job>:<run_id>:<epoch>`, for our jobs only."""
         parts = fields.get("Comment", "").split(":")
-        if len(parts) != 6 or parts[0] != "reconciler" or parts[2] != self.name or not parts[5].isdigit():
+        if len(parts) != 6 or parts[0] != "reconciler" or parts[2] != self.name or not is_decimal(parts[5]):
             return None
         if self.owner not in (ANY_OWNER, parts[1]):
             return None
@@ -486,6 +488,7 @@ class SlurmAdapter:
             "command": _srun(spec, self.settings),
             "env": with_deadline(spec.env, worker_deadline(spec)),  # the agent adds start + time limit
             "secret_env": dict(spec.secret_env),
+            "mask": output_mask(spec),  # the agent masks the job's secrets in its log
             "pass_prefixes": ["SLURM_"],  # set by Slurm for the job; nothing else of the node's environment
             "cwd": spec.workdir,
             "grace": 3600,  # Slurm's KillWait decides how long a cancelled job may take

@@ -63,10 +63,12 @@ from adapters.compute import (
     WorkerState,
     check_label,
     check_owner,
+    output_mask,
     with_deadline,
     worker_deadline,
     worker_folder_name,
 )
+from adapters.wire import load_json
 from desired.models import Capacity, Resources, SshHost, SshSettings
 
 MISSING_AGENT = 86  # exit code of the remote preamble when the agent file is not there yet
@@ -294,7 +296,7 @@ class SshAdapter:
         return WorkerState(WorkerPhase.EXITED, -num, f"killed by {sig}", who, signal=sig, oom=oom)
 
     def _list_host(self, host: SshHost) -> dict[WorkerRef, WorkerState]:
-        out = json.loads(self._agent(host, "list", self.workdir, self.name, self.owner) or "{}")
+        out = load_json(self._agent(host, "list", self.workdir, self.name, self.owner) or "{}")
         self.health[host.name].foreign = int(out.get("foreign", 0))
         found: dict[WorkerRef, WorkerState] = {}
         for entry in out.get("workers", []):
@@ -408,6 +410,7 @@ class SshAdapter:
             "command": list(spec.command),
             "env": with_deadline(spec.env, worker_deadline(spec)),
             "secret_env": dict(spec.secret_env),
+            "mask": output_mask(spec),  # the agent masks the job's secrets in its log
             "cwd": spec.workdir,
             "grace": self.settings.terminate_grace_seconds,
         }

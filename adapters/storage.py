@@ -55,6 +55,7 @@ from adapters.stores import (  # noqa: F401 - the stores' errors and helpers are
     open_store,
 )
 from adapters.stores.marks import Marks
+from adapters.wire import is_decimal, load_json
 
 log = logging.getLogger(__name__)
 CHECKPOINT_DIR = re.compile(r"^(?P<step>\d+)-e(?P<epoch>\d+)$")
@@ -121,7 +122,7 @@ class RunFolder:
         if blob is None:
             return None
         try:
-            data = json.loads(blob)
+            data = load_json(blob)
         except ValueError as exc:
             raise StorageError(f"cannot read {self.url(name)}: {exc}") from exc
         return data if isinstance(data, dict) else None
@@ -152,7 +153,7 @@ class RunFolder:
 
     def _lease_versions(self) -> list[int]:
         names = self.store.list(LEASE_LOG)
-        return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
+        return sorted(int(n[:-5]) for n in names if n.endswith(".json") and is_decimal(n[:-5]))
 
     def _lease_cas(self, token: Any, record: dict[str, Any]) -> bool:
         blob = json.dumps(record, sort_keys=True).encode()
@@ -189,10 +190,12 @@ class RunFolder:
         Safe against concurrent bumps and commits (compare-and-swap; each caller gets its own
         epoch). With `expected`, raises LeaseConflict unless the lease is still at that epoch.
         Seals the outgoing epoch: its checkpoints committed by now stay accepted, later ones not.
+        An epoch left unclaimed (`release_unstarted`: no worker ever held it) is taken again.
         """
         for attempt in range(50):
             record, token = self._lease_read()
             current = int(record.get("epoch", 0))
+            epoch = current if record.get("unclaimed") else current + 1
             if expected is not None and current != expected:
                 raise LeaseConflict(
                     f"lease at {self.url(LEASE_FILE)} is at epoch {current}, not {expected}: "
@@ -203,7 +206,7 @@ class RunFolder:
                 if c.epoch == current and c.dirname not in acked:
                     acked.append(c.dirname)
             new = {
-                "epoch": current + 1,
+                "epoch": epoch,
                 "holder": holder,
                 "time": time.time(),
                 "committed": _newest_names(acked),
@@ -211,9 +214,18 @@ class RunFolder:
             if record.get("done"):
                 new["done"] = record["done"]
             if self._lease_cas(token, new):
-                return current + 1
+                return epoch
             time.sleep(random.uniform(0.001, 0.01 * (attempt + 1)))
         raise StorageError(f"cannot bump the lease at {self.url(LEASE_FILE)}: it keeps changing under us")
+
+    def release_unstarted(self, epoch: int) -> None:
+        """The provider refused the launch that took `epoch`, so no worker ever held it: the next
+        bump_lease takes the same epoch again (attempt numbers count attempts, not refusals). Older
+        epochs stay fenced. Does nothing once the lease has moved on."""
+        try:
+            self._update_own_lease(epoch, lambda record: {**record, "unclaimed": True})
+        except Fenced:
+            pass
 
     def _update_own_lease(self, epoch: int, change: Any) -> dict[str, Any]:
         """CAS the lease as the holder of `epoch`; raises Fenced once the lease has moved on."""
@@ -336,7 +348,7 @@ class RunFolder:
         if blob is None:
             return None
         try:
-            data = json.loads(blob)
+            data = load_json(blob)
             applies = int(data["epoch"]) >= epoch
             reason = str(data.get("reason") or "no reason given")
         except (ValueError, TypeError, KeyError, AttributeError):
@@ -429,7 +441,7 @@ class RunFolder:
         if blob is None:
             raise CorruptCheckpoint(f"{self.url(name)} is missing")
         try:
-            record = json.loads(blob)
+            record = load_json(blob)
             files = record["files"]
             assert isinstance(files, dict)
             for meta in files.values():
@@ -510,7 +522,7 @@ class RunFolder:
 
 def _loads(blob: bytes, where: str) -> dict[str, Any]:
     try:
-        data = json.loads(blob)
+        data = load_json(blob)
     except ValueError as exc:
         raise StorageError(f"cannot read {where}: {exc}") from exc
     return data if isinstance(data, dict) else {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 import re
 from datetime import datetime
 from typing import Annotated, Literal, get_args
@@ -158,6 +159,15 @@ class Code(Strict):
     git: str | None = Field(default=None, description="git URL of the code")
     ref: str | None = Field(default=None, description="commit, tag or branch of `git`")
     image: str | None = Field(default=None, description="container image, for providers that use one")
+
+    @field_validator("path")
+    @classmethod
+    def _not_the_root(cls, v: str | None) -> str | None:
+        """A working directory of `/` hands the job the whole filesystem: almost always a typo."""
+        if v is not None and (not v.strip() or posixpath.normpath(v.strip()) in ("/", "//")):
+            raise ValueError(f"{v!r} is the root of the filesystem (or empty); name the folder that holds the "
+                             "job's code")
+        return v
 
 
 class JobSpec(Strict):
@@ -448,7 +458,8 @@ class Provider(Strict):
         return self.metadata.name
 
 
-NotifyEvent = Literal["succeeded", "failed", "deadline-at-risk", "budget-nearly-spent", "repeated-preemptions"]
+NotifyEvent = Literal["succeeded", "failed", "deadline-at-risk", "budget-nearly-spent", "repeated-preemptions",
+                      "held"]
 NOTIFY_EVENTS: tuple[NotifyEvent, ...] = get_args(NotifyEvent)
 
 
@@ -517,6 +528,10 @@ class Settings(Strict):
 
     storage: str = Field(default="file://~/.reconciler/runs", description="fsspec URL of run data")
     tick_seconds: float = Field(default=30.0, gt=0, description="seconds between ticks of the daemon")
+    provider_deadline_seconds: float = Field(
+        default=20.0, gt=0, le=600,
+        description="how long a tick waits for each provider's answer (all are asked at once); one that takes "
+                    "longer cannot be asked this tick: its jobs keep their last view, the others go on")
     commit_name: str = Field(default="reconciler", description="author name of status commits")
     commit_email: str = Field(default="reconciler@localhost", description="author e-mail of status commits")
     remote: str | None = Field(default=None, description="git remote to fetch from and push to")

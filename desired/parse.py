@@ -256,10 +256,22 @@ def parse_desired(files: Mapping[str, str | bytes], settings_text: str | bytes |
     return state
 
 
+# fsspec protocols whose data stays on (or in) the daemon's machine; a URL without a protocol is a path.
+_THIS_MACHINE = frozenset({"file", "local", "asynclocal", "memory"})
+
+
+def on_this_machine(url: str) -> bool:
+    """The storage URL names the daemon's own disk, however spelled: file://, local://, FILE://, a
+    bare path, or a chain (simplecache::file://) whose last filesystem is one of those."""
+    target = url.strip().split("::")[-1]
+    protocol, sep, _ = target.partition("://")
+    return not sep or protocol.lower() in _THIS_MACHINE
+
+
 def _check_hosted_storage(state: DesiredState, origins: dict[tuple[str, str], str]) -> set[str]:
-    """A hosted worker cannot see the daemon's disk: a hosted provider with `file://` run storage
-    is refused (named with the storage), so nothing launches there that could never save."""
-    if not state.settings.storage.startswith("file://"):
+    """A hosted worker cannot see the daemon's disk: a hosted provider with run storage on this
+    machine is refused (named with the storage), so nothing launches there that could never save."""
+    if not on_this_machine(state.settings.storage):
         return set()
     refused = {name for name, p in state.providers.items() if p.spec.type in HOSTED_PROVIDER_TYPES}
     for name in sorted(refused):

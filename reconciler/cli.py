@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
-from rich.markup import escape
 from rich.table import Table
 
 from reconciler.pr_check import WORKFLOW_PATH
+from reconciler.shown import VisibleFilter, escape
 from reconciler.source import BranchOption, PathOption, UrlOption
 
 if TYPE_CHECKING:
@@ -72,6 +72,7 @@ def _setup_logging(verbose: bool) -> None:
     _LOG_FILTER = RedactingFilter(lambda: start)
     handler = RichHandler(console=err, show_path=False, rich_tracebacks=False)
     handler.addFilter(_LOG_FILTER)
+    handler.addFilter(VisibleFilter())  # after the redaction: control characters become visible escapes
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s", handlers=[handler])
     for noisy in ("git", "watchfiles", "fsspec", "botocore", "s3fs", "urllib3", "aiobotocore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -146,21 +147,28 @@ def init(path: Annotated[Path, typer.Argument(help="folder for the new state rep
 def validate(repo: RepoOption = Path("."), path: PathOption = "") -> None:
     """Check every manifest under desired/ in the working tree; exit 1 naming file and field on errors."""
     from adapters.gitrepo import GitError, clean_subdir
+    from adapters.localfiles import Refused, inside
     from desired.parse import SETTINGS_FILE, parse_desired
 
+    top = repo
     try:
         repo = repo / clean_subdir(path)
-    except GitError as exc:
+        inside(repo, top, f"--path {path}")
+    except (GitError, Refused) as exc:
         raise _fail(str(exc), 2) from exc
+    if path and not repo.is_dir():
+        raise _fail(f"--path {path}: no such folder ({repo}); name the folder that holds desired/ and reconciler.yaml")
     root = repo / "desired"
     if not root.is_dir():
         raise _fail(f"{root} does not exist; run this in a state repository or pass --repo")
-    try:
-        manifests = [p for p in sorted(root.rglob("*")) if p.suffix in (".yaml", ".yml") and p.is_file()]
+    try:  # a folder named x.yaml is walked into, not read; anything else named so is read or refused
+        manifests = [p for p in sorted(root.rglob("*")) if p.suffix in (".yaml", ".yml")
+                     and not (p.is_dir() and not p.is_symlink())]
     except OSError as exc:
         raise _fail(f"cannot list {root}: {exc.strerror or exc}") from exc
-    files, unreadable = _read_manifests(repo, manifests)
-    settings, bad_settings = _read_manifests(repo, [repo / SETTINGS_FILE] if (repo / SETTINGS_FILE).is_file() else [])
+    files, unreadable = _read_manifests(repo, manifests, top)
+    found = [repo / SETTINGS_FILE] if os.path.lexists(repo / SETTINGS_FILE) else []
+    settings, bad_settings = _read_manifests(repo, found, top)
     state = parse_desired(files, settings.get(SETTINGS_FILE))
     _check_backend(state.settings.storage)
     errors = unreadable + bad_settings + [str(e) for e in state.errors]
@@ -171,8 +179,10 @@ def validate(repo: RepoOption = Path("."), path: PathOption = "") -> None:
         raise typer.Exit(1)
 
 
-def _read_manifests(repo: Path, paths: list[Path]) -> tuple[dict[str, bytes], list[str]]:
-    """Contents by path relative to `repo`; a file too big or unreadable is an error of its own."""
+def _read_manifests(repo: Path, paths: list[Path], top: Path) -> tuple[dict[str, bytes], list[str]]:
+    """Contents by path relative to `repo`; a file too big, unreadable, not a regular file or a
+    link leaving the repository `top` is an error of its own."""
+    from adapters.localfiles import Refused, read_regular
     from desired.parse import MAX_FILE_BYTES
 
     files: dict[str, bytes] = {}
@@ -180,11 +190,9 @@ def _read_manifests(repo: Path, paths: list[Path]) -> tuple[dict[str, bytes], li
     for path in paths:
         rel = str(path.relative_to(repo))
         try:
-            size = path.stat().st_size
-            if size > MAX_FILE_BYTES:
-                errors.append(f"{rel}: file is {size} bytes; the limit is {MAX_FILE_BYTES} bytes")
-                continue
-            files[rel] = path.read_bytes()
+            files[rel] = read_regular(path, MAX_FILE_BYTES, rel, root=top)
+        except Refused as exc:
+            errors.append(str(exc))
         except OSError as exc:
             errors.append(f"{rel}: cannot be read ({exc.strerror or exc})")
     return files, errors
@@ -225,6 +233,7 @@ def plan(
         return
     if head != "HEAD" or output is not PlanFormat.TEXT or fail_on:
         raise _fail("--head, --format and --fail-on review a change: pass --base REF too", 2)
+    from reconciler.health import plan_lines
     from reconciler.redaction import secret_values
     from status.redact import Redactor
 
@@ -238,13 +247,18 @@ def plan(
         return escape(redactor.redact(text))
 
     manifest_errors = [str(e) for e in report.desired.errors] if report.desired else []
+    if report.commit and not the_plan.statuses and not manifest_errors \
+            and rec.repo.tree_id(report.commit, "desired") is None:  # as `validate` says: nothing to plan from
+        raise _fail(f"desired/ does not exist at commit {report.commit[:12]} of {rec.repo.path}: commit job "
+                    "manifests under desired/, or run this in a state repository (--repo; --path for a subfolder)")
     for e in report.errors:
         if e in manifest_errors:
             err.print(f"[red]error:[/red] {show(e)}")
         else:
             err.print(f"[yellow]warning:[/yellow] {show(e)}")
-    if not report.actions:
-        console.print("no actions: the world matches the desired state")
+    held = any(st.held for st in the_plan.statuses.values())
+    for line in plan_lines(the_plan.statuses.values(), the_plan.health, rec.clock.now(), bool(report.actions), held):
+        console.print(show(line))
     for a in report.actions:
         console.print(f"- {show(a)}")
     for name, st in sorted(the_plan.statuses.items()):
@@ -301,7 +315,7 @@ def _review_refs(repo: Path, base: str, head: str, path: str = "") -> Review:
     """Reads both commits' desired state and the base's recorded statuses; a bad ref is one sentence."""
     from adapters.gitrepo import GitError, StateRepo
     from reconciler.loop import Reconciler
-    from reconciler.plan import CONFIRM_CANCEL_TRAILER
+    from reconciler.plan import confirms_cancel
     from reconciler.review import review
 
     try:
@@ -310,10 +324,12 @@ def _review_refs(repo: Path, base: str, head: str, path: str = "") -> Review:
         raise _fail(str(exc)) from exc
     state = reader.repo
     commits = [_resolve(state, ref) for ref in (base, head)]
+    if not any(state.has_folder(c) for c in commits):
+        raise _fail(f"--path {path}: no such folder at {base} nor at {head}; name the folder that holds desired/")
     sides = [reader.read_desired(c, cache=False) for c in commits]
     reader.configure_repo()  # where status is recorded: the status branch's newest, when there is one
     recorded = reader.read_recorded(reader.status_source(commits[0]))
-    confirmed = any(CONFIRM_CANCEL_TRAILER in m for m in _messages(state, *commits))
+    confirmed = any(confirms_cancel(m) for m in _messages(state, *commits))
     fork = _merge_base(state, *commits)
     at_fork = reader.read_desired(fork, cache=False) if fork else None
     the_review = review(sides[0], sides[1], recorded, base_commit=commits[0], head_commit=commits[1],
@@ -512,6 +528,7 @@ def status(repo: RepoOption = Path("."), as_json: Annotated[bool, typer.Option("
             "step": step, "durable": live.durable_step, "target": target,
             "attempts": st.total_attempts if st else 0, "interruptions": st.interruptions if st else 0,
             "failures": st.failures if st else 0, "message": st.message if st else "not reconciled yet",
+            "held": st.held if st else None,
             **_forecast_fields(st, deadline),
         })
     if job_name is not None:
@@ -532,8 +549,10 @@ def status(repo: RepoOption = Path("."), as_json: Annotated[bool, typer.Option("
     console.print(table)
     if ledger:
         console.print(_ledger_table(ledger))
+    for note in sorted({st.held for st in recorded.values() if st.held}):
+        err.print(f"[yellow]held:[/yellow] {escape(note)}")
     for e in desired.errors:
-        err.print(f"[red]error:[/red] {e}")
+        err.print(f"[red]error:[/red] {escape(str(e))}")
 
 
 def _forecast_fields(st: JobStatus | None, deadline: float | None) -> dict[str, Any]:
@@ -589,7 +608,7 @@ def _show_job(row: dict[str, Any], st: JobStatus | None, job: Job | None, as_jso
     if job is not None and job.spec.budget_usd is not None:
         lines.append(("budget", money(job.spec.budget_usd)))
     lines += [("risk", risk), ("placement", f.placement if f else ""), ("decision", f.decision if f else ""),
-              ("note", f.note if f else "")]
+              ("note", f.note if f else ""), ("held", str(row["held"] or ""))]
     for label, value in lines:
         if value:
             console.print(f"  {label}: {escape(value)}")
@@ -614,12 +633,14 @@ def _ledger_rows(text: bytes | None) -> list[dict]:
 
 
 def _ledger_table(ledger: list[dict]) -> Table:
-    table = Table("provider", "left (provider's word)", "refills", "used this period", "cost", title="providers")
+    table = Table("provider", "left (provider's word)", "refills", "used this period", "cost", "answers",
+                  title="providers")
     for x in ledger:
         left = "" if x.get("remaining") is None else (
             f"${x['remaining']:.2f} credits" if x.get("unit") == "credits" else f"{x['remaining']} {x.get('unit')}")
         used = f"{x.get('worker_hours', 0)} h" + (f" ({x['gpu_hours']} GPU h)" if x.get("gpu_hours") else "")
-        table.add_row(str(x.get("provider")), left, str(x.get("resets_at") or ""), used, f"${x.get('cost_usd', 0):.2f}")
+        table.add_row(str(x.get("provider")), left, str(x.get("resets_at") or ""), used, f"${x.get('cost_usd', 0):.2f}",
+                      str(x.get("answers") or ""))
     return table
 
 

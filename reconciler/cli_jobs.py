@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.markup import escape
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
 from reconciler.cli import RepoOption, _fail, _reconciler, app, console
+from reconciler.shown import block, escape
 from reconciler.source import BranchOption, PathOption, UrlOption
 
 if TYPE_CHECKING:
@@ -106,6 +106,8 @@ def describe(job: Annotated[str, typer.Argument(help="the job to describe")], re
                   + f" — {show(st.message if st else 'not reconciled yet')}")
     if manifest:
         console.print(f"  manifest: {escape(manifest)}" + ("" if job in desired.jobs else " (removed)"))
+    if st is not None and st.held:
+        console.print(f"  held: {show(st.held)}")
     if st is None:
         return
     console.print(f"  run: {st.run_id}   progress: {st.progress.step}"
@@ -122,10 +124,15 @@ def describe(job: Annotated[str, typer.Argument(help="the job to describe")], re
                       f"{a.step_start}→{end if end is not None else '?'}", gained, str(a.steps_lost),
                       money(a.cost_usd), show(a.detail))
     console.print(table)
+    if st.refusals:  # launches that never became attempts: they have no number
+        refused = Table("when (UTC)", "provider", "refused with", title="refused launches (the newest few)")
+        for r in st.refusals:
+            refused.add_row(when(r.refused), escape(r.provider), show(r.error))
+        console.print(refused)
     _events(rec, job, show)
     if st.log_tail:
         console.print("last log lines of a failed attempt:")
-        console.print(Text(redactor.redact(st.log_tail)))
+        console.print(block(redactor.redact(st.log_tail)))
 
 
 def _events(rec: Reconciler, job: str, show: Callable[[str], str]) -> None:

@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.markup import escape
 
 from reconciler.cli import RepoOption, _fail, _reconciler, app, err
+from reconciler.shown import escape
+from status.text import lines
 
 if TYPE_CHECKING:
     from status.models import Attempt
@@ -25,6 +26,9 @@ def logs(
                                                                 "ends (Ctrl-C stops)")] = False,
     tail: Annotated[int, typer.Option(help="how many of the last lines to show")] = 100,
     poll: Annotated[float, typer.Option(help="with --follow: seconds between reads")] = 2.0,
+    raw: Annotated[bool, typer.Option("--raw", help="print control characters (escape sequences, carriage "
+                                                     "returns) as the worker wrote them, not as visible escapes; "
+                                                     "only for a log you trust")] = False,
 ) -> None:
     """Show a worker's log, read through its provider (a local or SSH worker's folder, Slurm's output
     file, a hosted provider's log API, or the copy the worker wrote to the run folder where the
@@ -35,6 +39,10 @@ def logs(
     if tail < 0 or poll <= 0:
         raise _fail("--tail must be 0 or more and --poll more than 0", 2)
     rec = _reconciler(repo)
+
+    def shown(text: str) -> str:
+        return text if raw else lines(text.replace("\r\n", "\n"))
+
     try:
         source = locate(rec, job, attempt)
         where = f"{source.ref.provider} (worker {source.ref.id})"
@@ -44,9 +52,9 @@ def logs(
             # Ctrl-C (SIGINT) stops it even when started from a shell that runs background jobs with
             # SIGINT ignored, which Python would otherwise inherit.
             signal.signal(signal.SIGINT, signal.default_int_handler)
-            follow_log(source, tail, lambda text: typer.echo(text, nl=False), poll=poll)
+            follow_log(source, tail, lambda text: typer.echo(shown(text), nl=False), poll=poll)
         else:
-            text = source.read(tail)
+            text = shown(source.read(tail))
             if text:
                 typer.echo(text, nl=not text.endswith("\n"))
             else:

@@ -112,10 +112,22 @@ def first_available(s: Situation, why: str) -> Choice:
         return Choice(s.current, f"on {s.current}: {why}")
     for o in s.options:
         if o.available:
-            kind = "free" if o.free else "cheapest"
-            return Choice(o.provider, f"{o.provider} is the {kind} option that can start now ({why})")
+            return Choice(o.provider, f"{o.provider} is the {_kind(o, s.options)} that can start now ({why})")
     names = ", ".join(o.provider for o in s.options) or "no provider"
     return Choice(None, f"waiting for capacity on {names}")
+
+
+def _kind(o: Option, options: tuple[Option, ...]) -> str:
+    """What the option costs, in exact words: free only at a price of 0; credits or a quota that
+    pay for a priced option make it prepaid, not free."""
+    if o.price == 0:
+        return "free option"
+    rate = f"${o.price:.2f}/h" if round(o.price, 2) == o.price else f"${o.price:g}/h"
+    if o.free:
+        return f"prepaid option ({rate}, from its credits or quota)"
+    if all(o.price <= x.price for x in options if x.available):
+        return f"cheapest option ({rate})"
+    return f"first option in placement order ({rate})"
 
 
 def fallback_of(s: Situation) -> Option | None:
@@ -222,7 +234,8 @@ def _best_effort(s: Situation, fb: Option | None, why_not: str) -> Choice:
     where = s.current if s.current is not None else (fb.provider if fb is not None and fb.available else None)
     if where is None and fastest:
         where = max(fastest, key=lambda o: o.rate or 0.0).provider
-    return Choice(where, f"{why_not} (running on {where or 'the first provider free'} meanwhile)", RISK_INFEASIBLE)
+    return Choice(where, f"{why_not} (running on {where or 'the first provider that can take it'} meanwhile)",
+                  RISK_INFEASIBLE)
 
 
 def _ahead(s: Situation, remaining: int, lead_seconds: float = 0.0) -> bool:

@@ -159,12 +159,21 @@ def _launch(action: Launch, job: Job, adapters: dict[str, ComputeAdapter], setti
     try:
         ref = adapter.launch(spec)
     except JobConfigError as exc:
+        _unstarted(folder, epoch)
         return LaunchResult(action, error=str(exc), unavailable=False, job_config_error=True)
-    except ProviderUnavailable as exc:
+    except (ProviderUnavailable, ProviderConfigError) as exc:
+        _unstarted(folder, epoch)
         return LaunchResult(action, error=str(exc))
-    except ProviderConfigError as exc:
-        return LaunchResult(action, error=str(exc))
-    except Exception as exc:  # an adapter bug is the provider's failure, not the job's
+    except Exception as exc:  # an adapter bug is the provider's failure, not the job's (it may have started one)
         return LaunchResult(action, error=f"{type(exc).__name__}: {exc}")
     log.info("launched %s attempt %d on %s as %s (%s)", job.name, epoch, action.provider, ref.id, action.reason)
     return LaunchResult(action, ref=ref)
+
+
+def _unstarted(folder: RunFolder, epoch: int) -> None:
+    """A refused launch started no worker: the next launch takes its epoch, so the attempt numbers
+    in logs and messages stay those `describe` shows. Best effort: a lost release wastes a number."""
+    try:
+        folder.release_unstarted(epoch)
+    except StorageError as exc:
+        log.warning("could not release unused epoch %d of %s (%s)", epoch, folder.uri, exc)

@@ -15,11 +15,13 @@ from dataclasses import replace
 from adapters.compute import WorkerPhase
 from desired.models import Job
 from reconciler.deadline import RISK_INFEASIBLE
+from reconciler.health import clock
+from reconciler.judge import JOB_DEADLINE_STOP, MAX_STOP_MARGIN_SECONDS, RAPID_END_LIMIT, RAPID_END_SECONDS, grace
 from reconciler.outlook import Outlook, forecast, outlook, over_budget
 from reconciler.placement import Placement, place
 from reconciler.reliability import Record, change, mtbf
 from reconciler.tick import JobTick, Launch, MoveRunData, fail, last_detail, stop_current
-from status.models import JobStatus, Outcome, Phase, iso
+from status.models import JobStatus, Outcome, Phase
 
 HOST_COOLDOWN_SECONDS = 6 * 3600.0  # a machine that lost a worker of ours is avoided this long
 MOVING = "moving to"  # detail of an attempt the placement policy stopped to move the run
@@ -52,8 +54,8 @@ def foresee(t: JobTick) -> bool:
 
 
 def _outlook(t: JobTick, available: set[str], placement: Placement | None = None) -> Outlook:
-    placement = placement or place(t.job, t.desired.providers, t.st, t.now, t.observed.capacity,
-                                   t.observed.allowances)
+    placement = placement or place(t.job, t.desired.providers, t.now, t.observed.capacity,
+                                   t.observed.allowances, t.health)
     order = list(placement.order)
     if t.current is not None and t.current.provider in t.desired.providers and t.current.provider not in order:
         order.append(t.current.provider)
@@ -101,6 +103,11 @@ def decide_launch(t: JobTick) -> bool:
         if reason:
             fail(t.st, reason)
             return True
+    late = _too_late(t)
+    if late:
+        t.st.phase = Phase.PENDING
+        t.st.message = late
+        return True
     if _backing_off(t):
         return True
     if t.st.storage != t.desired.settings.storage:
@@ -136,6 +143,31 @@ def _guard_crash_loop(t: JobTick) -> str:
     return ""
 
 
+def _guard_rapid_ends(t: JobTick) -> str:
+    n = _rapid_ends(t.st)
+    if n >= RAPID_END_LIMIT:
+        return (f"rapid-end loop: {n} attempts in a row ended within {RAPID_END_SECONDS:g} s of starting "
+                f"(limit {RAPID_END_LIMIT}, whatever their progress); last: {last_detail(t.st)}")
+    return ""
+
+
+def _rapid_ends(st: JobStatus) -> int:
+    """Attempts in a row, newest first, that ended within RAPID_END_SECONDS of their start (the
+    first heartbeat, else the launch) without the provider's word. Ends the provider confirmed, and
+    ours (cancelled, superseded), neither count nor break the row, as in the crash-loop guard."""
+    n = 0
+    for a in reversed(st.attempts):
+        if a.outcome is None or a.ended is None or a.outcome in (Outcome.CANCELLED, Outcome.SUPERSEDED):
+            continue
+        if a.outcome in (Outcome.INTERRUPTION, Outcome.SESSION_END) and not a.unconfirmed:
+            continue
+        start = a.first_beat if a.first_beat is not None else a.started
+        if a.outcome == Outcome.SUCCEEDED or a.ended - start >= RAPID_END_SECONDS:
+            break
+        n += 1
+    return n
+
+
 def _guard_budget(t: JobTick) -> str:
     budget = t.job.spec.budget_usd
     if budget is not None and t.st.cost_usd >= budget:
@@ -151,39 +183,91 @@ def _guard_deadline(t: JobTick) -> str:
 
 
 GUARDS: tuple[Callable[[JobTick], str], ...] = (
-    _guard_config, _guard_retries, _guard_crash_loop, _guard_budget, _guard_deadline)
+    _guard_config, _guard_retries, _guard_crash_loop, _guard_rapid_ends, _guard_budget, _guard_deadline)
+
+
+def _too_late(t: JobTick) -> str:
+    """Why no attempt is launched before the job's deadline, or "": one that cannot save new work
+    before it would do nothing but cost a start-up (the deadline itself then ends the job). The
+    worker already said so when it stopped for that deadline; else the job's measured start-up and
+    restore (launch to first heartbeat, its latest attempt) plus the SDK's stop margin must fit. A
+    deadline moved later since that stop is a new one: it is measured afresh."""
+    deadline = t.job.spec.deadline
+    if deadline is None:
+        return ""
+    when, margin = deadline.isoformat(), grace(t.job)
+    last = t.st.attempts[-1] if t.st.attempts else None
+    if last is not None and last.outcome == Outcome.CANCELLED and JOB_DEADLINE_STOP in last.detail \
+            and last.ended is not None and deadline.timestamp() - last.ended <= max(MAX_STOP_MARGIN_SECONDS, margin):
+        return (f"not relaunching: the last attempt stopped for the job's deadline ({when}), too close for "
+                "another to save new work; the deadline will end the job")
+    left = deadline.timestamp() - t.now
+    changeover = next((a.first_beat - a.started for a in reversed(t.st.attempts) if a.first_beat is not None), None)
+    if left < (changeover or 0.0) + margin:
+        took = ("start-up and restore not measured yet" if changeover is None else
+                f"{changeover:.0f} s of start-up and restore, as its latest measured attempt took")
+        return (f"not launching: {left:.0f} s to the deadline ({when}), less than an attempt needs to save new "
+                f"work ({took}, and the {margin:g} s before the deadline at which the worker stops to "
+                "checkpoint); the deadline will end the job")
+    return ""
 
 
 def _backing_off(t: JobTick) -> bool:
     """Charged failures back off exponentially, and so do free ends without progress from the
-    second in a row (one early preemption relaunches at once; a loop of them slows down)."""
+    second in a row (one early preemption relaunches at once; a loop of them slows down), and
+    interruptions the provider did not confirm from the first (a strike per one in a row)."""
     st, last = t.st, (t.st.attempts[-1] if t.st.attempts else None)
     strikes = max(st.failures if last is not None and last.outcome is not None and last.outcome.charged else 0,
-                  st.unproductive - 1)
+                  st.unproductive - 1, _unconfirmed_in_a_row(st))
     if last is not None and last.ended is not None and strikes > 0:
         if st.backoff_until is None or st.backoff_until < last.ended:
             st.backoff_until = last.ended + _backoff(t.job, strikes)
     if st.backoff_until is not None and t.now < st.backoff_until:
         st.phase = Phase.BACKOFF
         why = f"{st.failures} failure(s)" if st.failures else f"{st.unproductive} attempt(s) without progress"
+        if last is not None and last.unconfirmed and not (last.outcome is not None and last.outcome.charged):
+            why = "an interruption the provider did not confirm"
         st.message = f"backing off after {why}: {last_detail(st)}"
         return True
     st.backoff_until = None
     return False
 
 
+def _unconfirmed_in_a_row(st: JobStatus) -> int:
+    n = 0
+    for a in reversed(st.attempts):
+        if not a.unconfirmed:
+            break
+        n += 1
+    return n
+
+
 def _placement(t: JobTick) -> Placement:
     t.st.provider_backoff = {p: until for p, until in t.st.provider_backoff.items() if until > t.now}
-    return place(t.job, t.desired.providers, t.st, t.now, t.observed.capacity, t.observed.allowances)
+    return place(t.job, t.desired.providers, t.now, t.observed.capacity, t.observed.allowances, t.health)
 
 
 def _available(t: JobTick, order: list[str]) -> set[str]:
-    """Providers that could take a worker of this job now: reachable, not avoided, below their
-    concurrency, and with a free slot where the provider reports its slots."""
-    return {name for name in order
-            if name not in t.observed.unreachable and name not in t.st.provider_backoff
-            and t.busy.get(name, 0) < t.desired.providers[name].spec.concurrency
-            and t.observed.free_slots.get(name, 1) > 0}
+    """Providers that could take a worker of this job now: the ones no reason of _unavailable's holds back."""
+    return {name for name in order if not _unavailable(t, name)}
+
+
+def _unavailable(t: JobTick, name: str) -> str:
+    """Why `name` cannot take a worker of this job now ("" when it can): unreachable, cooling down
+    after a refusal (any job's: reconciler.health), avoided by this job, or full."""
+    health = t.health.get(name)
+    if name in t.observed.unreachable:
+        return f"{name} cannot be reached ({t.observed.unreachable[name]})"
+    if health is not None and health.skipped(t.now):
+        return health.describe(t.now)
+    if name in t.st.provider_backoff:
+        return f"{name} is avoided by this job until {clock(t.st.provider_backoff[name])}"
+    limit = t.desired.providers[name].spec.concurrency
+    if t.busy.get(name, 0) >= limit:
+        return f"{name} already runs {limit} worker{'' if limit == 1 else 's'}, its concurrency limit"
+    if t.observed.free_slots.get(name, 1) <= 0:
+        return f"{name} has no free slot"
+    return ""
 
 
 def _launch(t: JobTick, name: str) -> None:
@@ -253,7 +337,8 @@ def _place_by_policy(t: JobTick, placement: Placement) -> None:
         t.st.message = f"launching on {choice.provider}: {reason}"
     elif choice is not None and choice.provider is not None:
         t.st.phase = Phase.PENDING
-        t.st.message = f"waiting for {choice.provider}, where the placement policy wants the run: it cannot take it now"
+        why = _unavailable(t, choice.provider) or "it cannot take it now"
+        t.st.message = f"waiting for {choice.provider}, where the placement policy wants the run: {why}"
     elif choice is not None and t.job.spec.deadline is not None:
         t.st.phase = Phase.PENDING
         t.st.message = f"{choice.headline} (the forecast's decision says why)"
@@ -266,10 +351,11 @@ def _say_why_waiting(t: JobTick, placement: Placement) -> None:
     st.phase = Phase.PENDING
     avoided = [n for n in placement.order if n in st.provider_backoff and n not in t.observed.unreachable]
     if placement.order and len(avoided) == len(placement.order) and st.attempts:
-        until = f"{(iso(max(st.provider_backoff[n] for n in avoided)) or '')[11:16]} UTC"
+        until = clock(max(st.provider_backoff[n] for n in avoided))
         st.message = f"waiting: {', '.join(avoided)} avoided until {until} after: {last_detail(st)}"
     elif placement.order:
-        st.message = f"waiting for capacity on {', '.join(placement.order)}"
+        reasons = [_unavailable(t, n) for n in placement.order]
+        st.message = f"waiting: {'; '.join(r for r in reasons if r) or 'no provider can take it now'}"
     else:
         st.message = f"no allowed provider can take this job: {placement.why_nowhere() or 'none defined'}"
 

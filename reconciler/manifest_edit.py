@@ -26,6 +26,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
 from adapters.gitrepo import DESIRED_DIR, GitError, StateRepo
+from adapters.localfiles import Refused, inside
 from desired.parse import parse_desired, parse_settings
 from reconciler.plan import CONFIRM_CANCEL_TRAILER
 
@@ -67,7 +68,10 @@ def change_job(path: Path, job: str, change: Change, subdir: str = "") -> Edited
     if repo.repo.git.status("--porcelain", "--", rel).strip():
         raise EditError(f"{rel} has uncommitted changes; commit or stash them first, so that this commit "
                         f"holds only the {change.value}")
-    target = repo.path / rel
+    try:  # the file is written as well as read: never through a link out of the checkout
+        target = inside(repo.path / rel, repo.path, rel)
+    except Refused as exc:
+        raise EditError(str(exc)) from exc
     text = edit_text(target.read_text(), job, change)
     if text == target.read_text():
         return Edited(file=rel, commit=None)

@@ -3,8 +3,10 @@
 Nothing deep in the loop touches a metric: after each tick the daemon hands its report to
 `Metrics.record`, which keeps the report's statuses for the collector (the per-job gauges are
 built from them at scrape time), observes the tick's duration and counts its errors by class and
-the attempts that started or ended since the previous report. Counters count from the daemon's
-start, as Prometheus counters do: attempts that started or ended before it are not counted.
+the attempts that started or ended since the previous report. Each provider's health (cool-downs
+after refusals and lost workers, reconciler.health) is computed from the same statuses at scrape
+time. Counters count from the daemon's start, as Prometheus counters do: attempts that started or
+ended before it are not counted.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from prometheus_client.registry import Collector
 from adapters.notify import Notifier
 from desired.models import Provider
 from reconciler.forecast import provider_reliabilities
+from reconciler.health import provider_health
 from reconciler.loop import TickReport
 from status.models import JobStatus, Phase
 
@@ -34,6 +37,7 @@ _RULES = (
     ("provider", re.compile(r"provider|launch|terminate|worker|quota|capacity", re.IGNORECASE)),
 )
 TICK_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+CALL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
 
 
 def error_class(message: str) -> str:
@@ -64,6 +68,15 @@ class Metrics(Collector):
                              registry=self.registry)
         self.last_tick = Gauge("reconciler_last_tick_timestamp_seconds", "When the last tick ended (Unix time)",
                                registry=self.registry)
+        self.call_seconds = Histogram("reconciler_provider_call_duration_seconds", "Time a provider took to answer "
+                                      "the observe step's call (calls past the deadline are not in it)", ["provider"],
+                                      buckets=CALL_BUCKETS, registry=self.registry)
+        self.unanswered = Counter("reconciler_provider_unanswered", "Ticks in which a provider did not answer within "
+                                  "its deadline (its jobs kept their last view)", ["provider"], registry=self.registry)
+        self.responsive = Gauge("reconciler_provider_responsive", "1 when the provider answered the last tick within "
+                                "its deadline, 0 when it did not", ["provider"], registry=self.registry)
+        self.last_call = Gauge("reconciler_provider_last_call_seconds", "How long the provider's last call took, "
+                               "or had taken when the tick stopped waiting", ["provider"], registry=self.registry)
         for name in ERROR_CLASSES:
             self.errors.labels(name)  # every class is exported, at 0 until it happens
         self.registry.register(self)
@@ -73,6 +86,13 @@ class Metrics(Collector):
         self.last_tick.set_to_current_time()
         for message in report.errors:
             self.errors.labels(error_class(message)).inc()
+        for provider, call in report.provider_calls.items():
+            if call.answered:
+                self.call_seconds.labels(provider).observe(call.seconds)
+            else:
+                self.unanswered.labels(provider).inc()
+            self.responsive.labels(provider).set(1.0 if call.answered else 0.0)
+            self.last_call.labels(provider).set(call.seconds)
         if report.statuses or not report.errors:  # a tick held by broken settings keeps the last view
             with self._lock:
                 self._statuses = dict(report.statuses)
@@ -132,12 +152,40 @@ class Metrics(Collector):
                 recent.add_metric([st.job, provider, outcome], n)
         yield from (phase, steps, target, ratio, cost, attempts, interruptions, recent)
         yield from _reliability(providers, statuses)
+        yield from self._health(statuses)
         if self.notifier is not None:
             notes = CounterMetricFamily("reconciler_notifications", "Notifications sent since the daemon started, "
                                         "by result", labels=["result"])
             notes.add_metric(["delivered"], self.notifier.sent)
             notes.add_metric(["failed"], self.notifier.failed)
             yield notes
+
+    def _health(self, statuses: list[JobStatus]) -> Iterator[Metric]:
+        now = time.time()
+        with self._lock:
+            names = list(self._providers)
+        state = GaugeMetricFamily("reconciler_provider_state", "1 for the provider's health now (healthy, "
+                                  "tried-last after lost workers, cooling-down after a refusal), 0 for the others",
+                                  labels=["provider", "state"])
+        until = GaugeMetricFamily("reconciler_provider_cooldown_until_timestamp_seconds",
+                                  "When the provider's cool-down ends (Unix time); absent when none",
+                                  labels=["provider"])
+        strikes = GaugeMetricFamily("reconciler_provider_strikes", "Refusals and lost workers that still lengthen "
+                                    "the provider's next cool-down", labels=["provider"])
+        refusals = GaugeMetricFamily("reconciler_provider_recent_refusals", "Launches the provider refused in the "
+                                     "last hour", labels=["provider"])
+        losses = GaugeMetricFamily("reconciler_provider_recent_lost_workers", "Workers the provider lost in the "
+                                   "last hour", labels=["provider"])
+        for name, h in provider_health(statuses, now, names).items():
+            for s in ("healthy", "tried last", "cooling down"):
+                state.add_metric([name, s.replace(" ", "-")], 1.0 if h.state(now) == s else 0.0)
+            ends = h.until(now)
+            if ends is not None:
+                until.add_metric([name], ends)
+            strikes.add_metric([name], h.strikes)
+            refusals.add_metric([name], h.refusals)
+            losses.add_metric([name], h.losses)
+        yield from (state, until, strikes, refusals, losses)
 
 
 def _reliability(providers: dict[str, Provider], statuses: list[JobStatus]) -> Iterator[Metric]:

@@ -11,7 +11,9 @@ Events:
 - succeeded / failed: the phase became Succeeded / Failed;
 - deadline-at-risk: the forecast's risk became "at risk" or "infeasible";
 - budget-nearly-spent: spending first reached `budget_fraction` of the job's `budget_usd`;
-- repeated-preemptions: the attempts ending in an interruption, in a row, reached `preemptions`.
+- repeated-preemptions: the attempts ending in an interruption, in a row, reached `preemptions`;
+- held: a change is held until someone confirms it (a commit that would cancel most jobs) or signs
+  it; one event per hold, naming the jobs it holds and what releases it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from desired.models import Notifications, NotifyTarget
 from status.models import JobStatus, Outcome, Phase
 
 AT_RISK = ("at risk", "infeasible")
+# How each event is sent: apprise's notify types, which targets show as a colour or an icon.
+LEVELS = {"succeeded": "success", "failed": "failure", "deadline-at-risk": "warning",
+          "budget-nearly-spent": "warning", "repeated-preemptions": "warning"}
 
 
 @dataclass(frozen=True)
@@ -31,10 +36,17 @@ class Event:
     kind: str  # one of desired.models.NOTIFY_EVENTS
     run_id: str
     text: str  # one line for people
+    jobs: tuple[str, ...] = ()  # an event about several jobs at once (a hold); `job` is then the first
 
     @property
     def title(self) -> str:
+        if len(self.jobs) > 1:
+            return f"reconciler: {len(self.jobs)} jobs {self.kind.replace('-', ' ')}"
         return f"reconciler: {self.job} {self.kind.replace('-', ' ')}"
+
+    @property
+    def level(self) -> str:
+        return LEVELS.get(self.kind, "info")
 
 
 @dataclass(frozen=True)
@@ -42,6 +54,7 @@ class Message:
     url_env: str  # the target, by the name of the variable holding its URL
     title: str
     body: str
+    level: str = "info"  # apprise's notify type: info, success, warning or failure
 
 
 def spent(st: JobStatus) -> float:
@@ -51,12 +64,13 @@ def spent(st: JobStatus) -> float:
 
 
 def preempted_in_a_row(st: JobStatus) -> int:
-    """Attempts that ended in an interruption, counted back from the newest closed one."""
+    """Attempts that ended in an interruption the provider confirmed, counted back from the newest
+    closed one: a process that died on a machine still there (an OOM kill, say) was not preempted."""
     count = 0
     for att in reversed(st.attempts):
         if att.open:
             continue
-        if att.outcome != Outcome.INTERRUPTION:
+        if att.outcome != Outcome.INTERRUPTION or att.unconfirmed:
             break
         count += 1
     return count
@@ -68,7 +82,19 @@ def events(before: Mapping[str, JobStatus], after: Mapping[str, JobStatus],
     out: list[Event] = []
     for name in sorted(after):
         out.extend(job_events(before.get(name), after[name], budgets.get(name), rules))
-    return out
+    return out + hold_events(before, after)
+
+
+def hold_events(before: Mapping[str, JobStatus], after: Mapping[str, JobStatus]) -> list[Event]:
+    """One event per hold that this tick started, however many jobs it holds: the note says what
+    releases it, so one message is enough to act on."""
+    held: dict[str, list[str]] = {}
+    for name in sorted(after):
+        note = after[name].held
+        old = before.get(name)
+        if note and (old is None or old.held != note):
+            held.setdefault(note, []).append(name)
+    return [Event(names[0], "held", "", note, tuple(names)) for note, names in held.items()]
 
 
 def job_events(old: JobStatus | None, new: JobStatus, budget: float | None, rules: Notifications) -> list[Event]:
@@ -82,7 +108,7 @@ def job_events(old: JobStatus | None, new: JobStatus, budget: float | None, rule
         add("succeeded", f"{new.job} succeeded at step {new.progress.step} after {new.total_attempts} "
                          f"attempt(s), ${spent(new):.2f} spent")
     if new.phase == Phase.FAILED and old_phase != Phase.FAILED:
-        add("failed", f"{new.job} failed: {new.message}")
+        add("failed", f"{new.job}: {new.message}" if new.message else f"{new.job} failed")  # the title says failed
     risk = new.forecast.risk if new.forecast is not None else ""
     old_risk = old.forecast.risk if old is not None and old.forecast is not None else ""
     if risk in AT_RISK and old_risk not in AT_RISK and not new.phase.terminal:
@@ -101,9 +127,10 @@ def job_events(old: JobStatus | None, new: JobStatus, budget: float | None, rule
 
 
 def wants(target: NotifyTarget, event: Event) -> bool:
-    return event.kind in target.events and (not target.jobs or event.job in target.jobs)
+    jobs = event.jobs or (event.job,)
+    return event.kind in target.events and (not target.jobs or any(j in target.jobs for j in jobs))
 
 
 def messages(found: list[Event], rules: Notifications) -> list[Message]:
     """One message per event and target that asked for it."""
-    return [Message(t.url_env, e.title, e.text) for e in found for t in rules.targets if wants(t, e)]
+    return [Message(t.url_env, e.title, e.text, e.level) for e in found for t in rules.targets if wants(t, e)]

@@ -1,8 +1,9 @@
 """Placement: which allowed providers may take a run's next attempt, best first, and why the
 others may not. Pure.
 
-Order: free first, then cheapest, the job's preference order breaking ties; a provider that just
-interrupted this run goes last. A provider is left out when its price is above the job's cap, when
+Order: free first, then cheapest, the job's preference order breaking ties; a provider cooling down
+after trouble (reconciler.health: a refusal or a lost worker of any job) goes after the others, the
+one whose cool-down ends first first. A provider is left out when its price is above the job's cap, when
 what it offers (its declared `spec.resources`, else what its adapter reports) cannot meet the
 job's `resources`, or when its own allowance (Kaggle's weekly GPU hours, Lightning's credits, as
 its API reports them) cannot carry one more worker: less than `minimum` would be left, or, for
@@ -15,9 +16,8 @@ from dataclasses import dataclass, field
 
 from adapters.compute import Allowance
 from desired.models import Capacity, Job, Provider
-from status.models import JobStatus, Outcome, iso
-
-PROVIDER_COOLDOWN_SECONDS = 300.0  # a provider that just interrupted a run is tried last
+from reconciler.health import ProviderHealth
+from status.models import iso
 
 
 @dataclass
@@ -50,16 +50,12 @@ def allowance_shortfall(job: Job, provider: Provider, allowance: Allowance | Non
     return None
 
 
-def place(job: Job, providers: dict[str, Provider], st: JobStatus, now: float,
-          reported: dict[str, Capacity] | None = None, allowances: dict[str, Allowance] | None = None) -> Placement:
-    reported, allowances = reported or {}, allowances or {}
+def place(job: Job, providers: dict[str, Provider], now: float, reported: dict[str, Capacity] | None = None,
+          allowances: dict[str, Allowance] | None = None,
+          health: dict[str, ProviderHealth] | None = None) -> Placement:
+    reported, allowances, health = reported or {}, allowances or {}, health or {}
     allowed = job.spec.placement.providers or sorted(providers)
     cap = job.spec.placement.max_price_per_hour
-    recent_bad = {
-        a.provider for a in st.attempts
-        if a.outcome in (Outcome.INTERRUPTION, Outcome.SESSION_END)
-        and a.ended is not None and now - a.ended < PROVIDER_COOLDOWN_SECONDS
-    }
     out = Placement()
     candidates = []
     for rank, name in enumerate(allowed):
@@ -81,6 +77,7 @@ def place(job: Job, providers: dict[str, Provider], st: JobStatus, now: float,
             out.excluded[name] = short
             continue
         free = 0 if (prov.spec.free_quota_hours or price == 0) else 1
-        candidates.append((name in recent_bad, free, price, rank, name))
+        cooling = health[name].until(now) if name in health else None
+        candidates.append((cooling or 0.0, free, price, rank, name))
     out.order = [c[-1] for c in sorted(candidates)]
     return out

@@ -7,10 +7,12 @@ does I/O or reads the clock, so every rule is tested with tables of inputs and e
 Each job goes through the same named steps in a fixed order (as Flux's reconcilers run their
 guards): identify the run -> fence workers that must not run -> read storage -> adopt an
 unrecorded worker -> foresee (the forecast) -> stop on policy (suspend, deadline, budget) ->
-judge the live attempt -> reconsider where it runs -> finish -> hold a finished job -> decide the
-next launch. A step either passes the job on or settles its status for this tick. How attempts
-end is judged in `reconciler.judge`; foresee, reconsider and the launch live in
-`reconciler.launching`; the planner's inputs, actions and per-job state in `reconciler.tick`.
+judge the live attempt -> note a lost worker against its provider's health (reconciler.health,
+computed once per plan from every job's status and shared by all) -> reconsider where it runs ->
+finish -> hold a finished job -> decide the next launch. A step either passes the job on or
+settles its status for this tick. How attempts end is judged in `reconciler.judge`; foresee,
+reconsider and the launch live in `reconciler.launching`; the planner's inputs, actions and
+per-job state in `reconciler.tick`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from desired.models import Job
 from desired.parse import DesiredState
 from reconciler.deadline import PlacementPolicy, choose
 from reconciler.forecast import Reliability, open_cost, provider_reliabilities
+from reconciler.health import LOSS_COOLDOWN_SECONDS, REFUSAL_COOLDOWN_SECONDS, health_of, troubles
 from reconciler.judge import EXIT_INTERRUPTED, classify, close, end_time, record_close
 from reconciler.launching import (
     HOST_COOLDOWN_SECONDS,
@@ -33,7 +36,6 @@ from reconciler.launching import (
     reconsider,
 )
 from reconciler.ledger import WEEK, build_ledger
-from reconciler.placement import PROVIDER_COOLDOWN_SECONDS
 from reconciler.tick import (
     Action,
     JobTick,
@@ -51,18 +53,28 @@ from reconciler.tick import (
     live,
     stop_current,
 )
-from status.models import LOG_TAIL_CHARS, MAX_ATTEMPTS_KEPT, Attempt, JobStatus, Outcome, Phase, Progress
+from status.models import (
+    LOG_TAIL_CHARS,
+    MAX_ATTEMPTS_KEPT,
+    MAX_REFUSALS_KEPT,
+    Attempt,
+    JobStatus,
+    Outcome,
+    Phase,
+    Progress,
+    Refusal,
+)
 
 # Re-exported: the planner's vocabulary is imported from here by the loop, the executor and tests.
 __all__ = [
-    "EXIT_INTERRUPTED", "HOST_COOLDOWN_SECONDS", "MOVE_WAIT_SECONDS", "MOVING", "PROVIDER_COOLDOWN_SECONDS",
+    "EXIT_INTERRUPTED", "HOST_COOLDOWN_SECONDS", "LOSS_COOLDOWN_SECONDS", "MOVE_WAIT_SECONDS", "MOVING",
+    "REFUSAL_COOLDOWN_SECONDS",
     "Action", "Launch", "LaunchResult", "MoveResult", "MoveRunData", "Observed", "Plan", "RequestStop",
     "RunObservation", "Terminate", "apply_results", "plan",
 ]
 
 LOST_AFTER_SECONDS = 60.0  # a worker missing from observations this long is lost
 PENDING_TIMEOUT_SECONDS = 1800.0  # a launch the provider never starts is given up on
-UNAVAILABLE_BACKOFF_SECONDS = 120.0  # a provider that refused a launch is skipped this long
 STORAGE_UNREACHABLE_BACKOFF_SECONDS = 3600.0  # a provider whose worker could not reach run storage
 STALL_MIN_OBSERVATIONS = 3  # a stall needs this many observations of the same heartbeat
 STALE_BY_WORKER_CLOCK = 3  # without observations of our own, a heartbeat this many timeouts old is a stall
@@ -83,6 +95,8 @@ def plan(desired: DesiredState, observed: Observed, recorded: dict[str, JobStatu
     reliability = provider_reliabilities(desired.providers, recorded.values(), now)
     observed = replace(observed, allowances={**own_quotas(desired, recorded, observed, now), **observed.allowances},
                        bad_hosts=observed.bad_hosts | bad_hosts(recorded.values(), now))
+    out.troubles = set(troubles(recorded.values()))
+    out.health = health_of(out.troubles, now, desired.providers)  # once, shared by every job
     busy: dict[str, int] = {}
     by_job: dict[str, dict[WorkerRef, WorkerState]] = {}
     for ref, state in observed.workers.items():
@@ -120,6 +134,7 @@ def _plan_job(out: Plan, job: Job, rec: JobStatus | None, workers: dict[WorkerRe
               desired: DesiredState, observed: Observed, now: float, commit: str, busy: dict[str, int],
               policy: PlacementPolicy, reliability: dict[str, Reliability]) -> None:
     st = identify(job, rec, desired, observed, now, commit)
+    st.held = None  # the loop adds a hold of the signature check; a cancel hold is _plan_removed's
     run = observed.runs.get((job.name, st.run_id), RunObservation())
     t = JobTick(job, st, run, workers, desired, observed, now, out, busy, st.current, policy, reliability, rec)
     for step in STEPS:
@@ -243,6 +258,11 @@ def judge(t: JobTick) -> bool:
         state = t.workers.get(seen) if seen is not None else None
         t.close_current(Outcome.SUCCEEDED, "completed", state.exit_code if state else None,
                         ended=t.run.done_time or (state.ended_at if state else None))
+        # It ended at its last step, not at its last checkpoint (the completion saves none).
+        last = t.st.attempts[-1]
+        final = t.run.done_step if t.run.done_step is not None else t.job.spec.target_steps
+        if final is not None and final > (last.step_end or 0):
+            t.st.attempts[-1] = last.model_copy(update={"step_end": final})
         return False
     if seen is None:
         _judge_unseen(t)
@@ -254,13 +274,17 @@ def judge(t: JobTick) -> bool:
 
 def _judge_seen(t: JobTick, ref: WorkerRef, state: WorkerState) -> bool:
     assert t.current is not None
-    verdict = classify(t.job, t.current, state, t.run)
+    verdict = classify(t.job, t.current, state, t.run, t.st.attempts[-2] if len(t.st.attempts) > 1 else None)
     if verdict is None:
         _judge_live(t, ref, state)
         return False
     beat = t.run.heartbeat_time if t.run.heartbeat_epoch == t.current.epoch else None
+    if t.current.stop_reason:  # stopped by us (its manifest was deleted, then restored): never the worker's end
+        t.close_current(Outcome.CANCELLED, t.current.stop_reason, state.exit_code,
+                        ended=end_time(t.current, t.now, state.ended_at, beat))
+        return False
     t.close_current(verdict.outcome, verdict.detail, state.exit_code, ended=end_time(
-        t.current, t.now, state.ended_at, beat))
+        t.current, t.now, state.ended_at, beat), unconfirmed=verdict.unconfirmed)
     if verdict.avoid_provider:
         t.st.provider_backoff[ref.provider] = t.now + STORAGE_UNREACHABLE_BACKOFF_SECONDS
     if verdict.outcome == Outcome.JOB_ERROR:
@@ -308,13 +332,24 @@ def _judge_unseen(t: JobTick) -> None:
         t.close_current(Outcome.INTERRUPTION, "worker vanished from the provider")
 
 
+def note_trouble(t: JobTick) -> bool:
+    """Step 7b: a worker the judge just found lost counts against its provider's health at once,
+    for this job's next launch and every job planned after it in this tick."""
+    new = set(troubles([t.st])) - t.out.troubles
+    if new:
+        t.out.troubles |= new
+        t.out.health = health_of(t.out.troubles, t.now, t.desired.providers)
+    return False
+
+
 def finish(t: JobTick) -> bool:
     """Step 9: a completed run is Succeeded; a worker that wrote its completion but does not exit
     is stopped after a short grace, so it stops billing. A live attempt settles the tick."""
     if t.run.done:
         t.st.phase = Phase.SUCCEEDED
         target = t.job.spec.target_steps
-        t.st.progress = Progress(step=max(t.run.durable_step, target or 0, t.st.progress.step), target=target)
+        t.st.progress = Progress(step=max(t.run.durable_step, t.run.done_step or 0, target or 0, t.st.progress.step),
+                                 target=target)
         t.st.message = "run completed"
         t.st.forecast = None
         t.st.backoff_until = None
@@ -339,23 +374,48 @@ def hold_finished(t: JobTick) -> bool:
     return True
 
 
-STEPS: tuple[Step, ...] = (fence, read_storage, adopt, foresee, stop_on_policy, judge, reconsider, finish,
-                          hold_finished, decide_launch)
+STEPS: tuple[Step, ...] = (fence, read_storage, adopt, foresee, stop_on_policy, judge, note_trouble, reconsider,
+                          finish, hold_finished, decide_launch)
 
 
 # ---- jobs whose manifest is gone --------------------------------------------------------------
 
 
+def cancelled_by(desired: DesiredState, recorded: dict[str, JobStatus]) -> list[JobStatus]:
+    """The active jobs this desired state would cancel: their manifest is gone (a manifest that
+    merely stopped parsing holds its job instead)."""
+    return [st for st in recorded.values() if not st.phase.terminal and st.job not in desired.jobs
+            and st.manifest not in desired.files_with_errors]
+
+
+def confirms_cancel(message: str) -> bool:
+    """The commit message carries CONFIRM_CANCEL_TRAILER as a git trailer: a line of its own in the
+    last paragraph, after the subject. Quoting it in a sentence (as the reconciler's own status
+    commits do when they say what is held) confirms nothing."""
+    paragraphs = [p for p in message.strip().split("\n\n") if p.strip()]
+    if len(paragraphs) < 2:
+        return False
+    key, _, value = CONFIRM_CANCEL_TRAILER.partition(":")
+    for line in paragraphs[-1].splitlines():
+        k, sep, v = line.partition(":")
+        if sep and k.strip().lower() == key.lower() and v.strip().lower() == value.strip().lower():
+            return True
+    return False
+
+
 def _mass_cancel_hold(desired: DesiredState, recorded: dict[str, JobStatus], confirmed: bool) -> str:
     """A commit that would cancel most of the active jobs at once (an emptied or moved desired/,
-    a bad merge) is held until confirmed; returns the message, or "" when nothing is held."""
+    a bad merge) is held until confirmed; returns the message, or "" when nothing is held. Nothing
+    of it is kept in memory: every tick (and every restarted daemon) finds the same hold from git."""
     active = [st for st in recorded.values() if not st.phase.terminal]
-    doomed = [st for st in active if st.job not in desired.jobs and st.manifest not in desired.files_with_errors]
+    doomed = cancelled_by(desired, recorded)
     if confirmed or len(doomed) < 2 or len(doomed) * 2 <= len(active):
         return ""
-    return (f"holding: this commit would cancel {len(doomed)} of {len(active)} active jobs; if that is "
-            f"meant, commit again with the trailer '{CONFIRM_CANCEL_TRAILER}' "
-            f"(e.g. git commit --allow-empty -m 'cancel jobs' --trailer '{CONFIRM_CANCEL_TRAILER}')")
+    names = ", ".join(sorted(st.job for st in doomed))
+    return (f"holding: this change would cancel {len(doomed)} of {len(active)} active jobs ({names}); nothing "
+            f"is stopped until a commit carries the trailer '{CONFIRM_CANCEL_TRAILER}' "
+            f"(git commit --allow-empty -m 'cancel jobs' --trailer '{CONFIRM_CANCEL_TRAILER}'), "
+            "or the manifests are restored")
 
 
 def _plan_removed(out: Plan, rec: JobStatus, workers: dict[WorkerRef, WorkerState], desired: DesiredState,
@@ -363,13 +423,14 @@ def _plan_removed(out: Plan, rec: JobStatus, workers: dict[WorkerRef, WorkerStat
     """A job whose manifest is gone is cancelled: its workers are stopped (through the provider
     definition the status last knew, when that is gone too), and its attempt is billed until the
     worker is seen gone."""
-    st = rec.model_copy(deep=True)
+    st = rec.model_copy(update={"held": None}, deep=True)
     out.statuses[st.job] = st
     if rec.manifest and rec.manifest in desired.files_with_errors:
         st.message = f"manifest {rec.manifest} has errors; holding the job as it is until they are fixed"
         return
     if held and not st.phase.terminal:
-        st.message = held
+        st.message = "manifest deleted; the cancel is held until a commit confirms it or the manifest is restored"
+        st.held = held
         return
     alive = [ref for ref, state in workers.items() if live(state)]
     for ref in alive:
@@ -377,17 +438,26 @@ def _plan_removed(out: Plan, rec: JobStatus, workers: dict[WorkerRef, WorkerStat
     run = observed.runs.get((st.job, st.run_id), RunObservation())
     cur = st.current
     if cur is not None and any(r.epoch == cur.epoch and r.run_id == st.run_id for r in alive):
+        st.attempts[-1] = cur.model_copy(update={"stop_reason": "manifest deleted"})
         st.message = f"manifest deleted; stopping {cur.worker} on {cur.provider} (billed until it is gone)"
         return
     if cur is not None:
         prov = desired.providers.get(cur.provider) or observed.retired.get(cur.provider)
         price = prov.spec.price_per_hour if prov else 0.0
-        gone = next((s.ended_at for r, s in workers.items() if r.epoch == cur.epoch and r.run_id == st.run_id), None)
-        record_close(st, close(cur, Outcome.CANCELLED, now, run, "manifest deleted", None, price, gone))
+        gone = next((s for r, s in workers.items() if r.epoch == cur.epoch and r.run_id == st.run_id), None)
+        # A run that completed first (while the cancel was held, or just before it) succeeded.
+        outcome, detail = (Outcome.SUCCEEDED, "completed") if run.done else (Outcome.CANCELLED, "manifest deleted")
+        record_close(st, close(cur, outcome, now, run, detail, gone.exit_code if gone else None,
+                               price, gone.ended_at if gone else None))
     if not st.phase.terminal:
-        st.phase = Phase.CANCELLED
-        st.message = "manifest deleted; run cancelled (this file stays as history; restore it to resume)"
         st.backoff_until = None
+        if run.done:
+            st.phase, st.message = Phase.SUCCEEDED, "run completed; its manifest has been deleted since"
+            st.progress = Progress(step=max(st.progress.step, run.durable_step, run.done_step or 0),
+                                   target=st.progress.target)
+        else:
+            st.phase = Phase.CANCELLED
+            st.message = "manifest deleted; run cancelled (this file stays as history; restore it to resume)"
 
 
 # ---- small rules --------------------------------------------------------------------------------
@@ -447,7 +517,7 @@ def _trim(st: JobStatus) -> None:
 
 def apply_results(p: Plan, results: list[LaunchResult], now: float, durable: dict[tuple[str, str], int],
                   moves: list[MoveResult] | None = None) -> None:
-    """Records launched attempts; backs off a provider that refused a launch; fails a job that
+    """Records launched attempts; records a provider's refusal (its health); fails a job that
     cannot run as written; records where a moved run's data now is."""
     for moved in moves or []:
         st = p.statuses[moved.action.job]
@@ -468,7 +538,9 @@ def apply_results(p: Plan, results: list[LaunchResult], now: float, durable: dic
         elif res.job_config_error:
             fail(st, f"config error: {res.error}")
         elif res.unavailable:
-            st.provider_backoff[res.action.provider] = now + UNAVAILABLE_BACKOFF_SECONDS
+            # A durable fact, read by every job's planner: the provider cools down for all of them.
+            st.refusals = [*st.refusals, Refusal(provider=res.action.provider, refused=now,
+                                                 error=res.error or "")][-MAX_REFUSALS_KEPT:]
             st.phase = Phase.PENDING
             st.message = f"provider {res.action.provider} refused the launch: {res.error}"
         else:

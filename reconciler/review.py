@@ -22,6 +22,7 @@ from desired.parse import SETTINGS_FILE, DesiredState, ManifestError
 from reconciler.plan import CONFIRM_CANCEL_TRAILER
 from status.models import JobStatus, Phase, cell, iso, money, when
 from status.redact import without_credentials
+from status.text import one_line
 
 # Fields whose digest is the run id (desired.models.Job.run_id): a change there is a new run.
 IDENTITY_FIELDS = ("spec.command", "spec.code", "spec.env", "spec.secrets")
@@ -353,7 +354,7 @@ def render_text(r: Review) -> str:
             lines.append(f"    projected: {c.outlook}")
     lines += [f"note: {n}" for n in r.notes]
     lines += [f"error: {e}" for e in r.errors]
-    return "\n".join(lines)
+    return "\n".join(map(one_line, lines))  # names, values and errors come from the change under review
 
 
 def _summary(r: Review) -> str:
@@ -371,7 +372,7 @@ def render_markdown(r: Review) -> str:
              f"_{r.judged_from[0].upper()}{r.judged_from[1:]} (not checked: {'; '.join(NOT_CHECKED)})._", ""]
     if r.errors:
         lines += ["**Manifest errors** (the check fails):", ""]
-        lines += [f"- `{e.file}`: {cell(str(e).removeprefix(e.file + ': '))}" for e in r.errors] + [""]
+        lines += [f"- `{one_line(e.file)}`: {cell(str(e).removeprefix(e.file + ': '))}" for e in r.errors] + [""]
     if r.changes:
         lines += ["| job | change | what it means | projected cost / ETA |", "|---|---|---|---|"]
         for c in r.changes:
@@ -392,8 +393,9 @@ def _details(c: JobChange) -> list[str]:
             body.append(f"- {f.field}: {value_text(f.base)}")
         if f.head is not None:
             body.append(f"+ {f.field}: {value_text(f.head)}")
+    body = [one_line(line) for line in body]
     fence = "`" * max([3, *(len(run) + 1 for line in body for run in re.findall("`+", line))])
-    file = html.escape(c.file or "no file")
+    file = html.escape(one_line(c.file or "no file"))
     return [f"<details><summary><code>{c.job}</code>: {KINDS[c.change]} ({file})</summary>", "",
             f"{fence}diff", *body, fence, "", "</details>", ""]
 

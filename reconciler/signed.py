@@ -5,6 +5,7 @@ walks again from the first commit; the signatures are in git, so nothing else is
 from __future__ import annotations
 
 import logging
+import posixpath
 from dataclasses import replace
 
 from adapters.gitrepo import DESIRED_DIR
@@ -17,8 +18,11 @@ log = logging.getLogger("reconciler")
 
 
 class SignedHistory:
-    def __init__(self, signatures: Signatures) -> None:
+    def __init__(self, signatures: Signatures, subdir: str = "") -> None:
         self.sig = signatures
+        # The state's folder in a monorepo (--path): its reconciler.yaml binds, and so does the one at
+        # the repository root where the folder's sets no `signatures:` (settings_files).
+        self.subdir = subdir
         self._head: str | None = None
         self._trust = Trust()
         self._policy: SignaturePolicy | None = None
@@ -43,7 +47,7 @@ class SignedHistory:
                 if policy is None:
                     break
             restart = False
-            for commit in self.sig.changes(head, since, guarded_paths(policy)):
+            for commit in self.sig.changes(head, since, guarded_paths(policy, self.subdir)):
                 verdict = self._verdict(commit, policy, trust.acted or commit)
                 trust = advance(trust, verdict)
                 if not verdict.trusted:
@@ -66,7 +70,7 @@ class SignedHistory:
         origin of one that never asked for signatures) can make the checks start over unguarded:
         the new commits are judged with the keys of that change."""
         if self._head is None:
-            self._anchor = self.sig.anchor()
+            self._anchor = self.sig.anchor(self.subdir)
         anchor = self._trust.acted if self._policy is not None else self._anchor
         policy = self._policy if self._policy is not None else (
             self._policy_at(anchor, None) if anchor else None)
@@ -83,7 +87,7 @@ class SignedHistory:
 
     def _keep_anchor(self, trust: Trust, policy: SignaturePolicy | None) -> None:
         if trust.acted and (policy is not None or self._anchor is not None) and trust.acted != self._anchor:
-            self.sig.set_anchor(trust.acted)
+            self.sig.set_anchor(trust.acted, self.subdir)
             self._anchor = trust.acted
 
     def _verdict(self, commit: str, policy: SignaturePolicy, at: str) -> Verdict:
@@ -99,27 +103,51 @@ class SignedHistory:
     def _unguarded(self, head: str, since: str | None, trust: Trust) -> tuple[str | None, Trust,
                                                                               SignaturePolicy | None]:
         """Trusts every change up to the first settings change that asks for signatures (or HEAD)."""
-        for commit in self.sig.changes(head, since, [SETTINGS_FILE]):
+        for commit in self.sig.changes(head, since, settings_files(self.subdir)):
             policy = self._policy_at(commit, None)
             if policy is not None:
-                for earlier in self.sig.changes(commit, since, guarded_paths(None))[-1:]:
+                for earlier in self.sig.changes(commit, since, guarded_paths(None, self.subdir))[-1:]:
                     trust = advance(trust, unguarded(earlier))
                 return commit, trust, policy
-        for last in self.sig.changes(head, since, guarded_paths(None))[-1:]:
+        for last in self.sig.changes(head, since, guarded_paths(None, self.subdir))[-1:]:
             trust = advance(trust, unguarded(last))
         return head, trust, None
 
     def _policy_at(self, commit: str, previous: SignaturePolicy | None) -> SignaturePolicy | None:
-        """The signature policy a trusted commit sets. Settings with errors keep the previous one:
-        a broken reconciler.yaml must not switch the checks off."""
-        settings, errors = parse_settings(self.sig.read(commit, SETTINGS_FILE))
-        return previous if errors else settings.signatures
+        """The signature policy a trusted commit sets: the state folder's, else the repository
+        root's, with key paths made relative to the repository. Settings with errors keep the
+        previous one: a broken reconciler.yaml must not switch the checks off."""
+        for path in settings_files(self.subdir):
+            settings, errors = parse_settings(self.sig.read(commit, path))
+            if errors:
+                return previous
+            if settings.signatures is not None:
+                return in_repository(settings.signatures, path.rpartition("/")[0])
+        return None
 
 
-def guarded_paths(policy: SignaturePolicy | None) -> list[str]:
-    """What a change must be signed to touch: desired state, settings and the allowed keys kept in
-    the repository."""
-    paths = [DESIRED_DIR, SETTINGS_FILE]
+def settings_files(subdir: str) -> list[str]:
+    """The reconciler.yaml files whose `signatures:` bind, first the one that wins: the state
+    folder's, then (in a monorepo) the repository root's, so that a repository whose owner asked
+    for signatures cannot be acted on unsigned by naming one of its folders."""
+    return [f"{subdir}/{SETTINGS_FILE}", SETTINGS_FILE] if subdir else [SETTINGS_FILE]
+
+
+def in_repository(policy: SignaturePolicy, folder: str) -> SignaturePolicy:
+    """The policy of the reconciler.yaml in `folder`, its key files named from the repository root
+    (a relative key path is relative to the folder of the reconciler.yaml that names it)."""
+    def moved(path: str | None) -> str | None:
+        if not path or path.startswith(("/", "~")):
+            return path  # a file on the daemon's machine
+        return posixpath.normpath(posixpath.join(folder, path))  # `./keys` and `keys` name one blob
+    return policy.model_copy(update={"allowed_signers": moved(policy.allowed_signers),
+                                     "gpg_keys": moved(policy.gpg_keys)})
+
+
+def guarded_paths(policy: SignaturePolicy | None, subdir: str = "") -> list[str]:
+    """What a change must be signed to touch: desired state, settings (the root's too, in a
+    monorepo) and the allowed keys kept in the repository."""
+    paths = [f"{subdir}/{DESIRED_DIR}" if subdir else DESIRED_DIR, *settings_files(subdir)]
     if policy is not None:
         paths += [p for p in (policy.allowed_signers, policy.gpg_keys) if p and not p.startswith(("/", "~"))]
     return paths

@@ -44,14 +44,17 @@ def clone_cache() -> Path:
 
 
 def open_state(source: Source) -> StateRepo:
-    """The state repository the source names, cloning a URL on first use. Raises GitError."""
+    """The state repository the source names, cloning a URL on first use. Raises GitError, also for
+    a --path that names no folder."""
     from adapters.gitrepo import StateRepo, check_branch_name, clean_subdir, clone_cached
 
     if source.branch:  # checked before anything is cloned
         check_branch_name(source.branch, "--branch")
     clean_subdir(source.path)
     folder = clone_cached(source.url, source.branch, clone_cache()) if source.url else source.repo
-    return StateRepo(folder, branch=source.branch, subdir=source.path)
+    state = StateRepo(folder, branch=source.branch, subdir=source.path)
+    state.check_folder()
+    return state
 
 
 def remote_of(source: Source) -> str | None:

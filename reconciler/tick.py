@@ -14,6 +14,7 @@ from desired.models import Capacity, Job, Provider
 from desired.parse import DesiredState
 from reconciler.deadline import PlacementPolicy, choose
 from reconciler.forecast import Reliability
+from reconciler.health import ProviderHealth, Trouble
 from reconciler.judge import PROVIDER_ENDED, close, record_close
 from status.models import Attempt, JobStatus, Outcome, Phase
 
@@ -35,6 +36,7 @@ class RunObservation:
     reached_step: int | None = None
     done: bool = False
     done_time: float | None = None  # the worker's clock when it wrote the completion record
+    done_step: int | None = None  # the last step, as the completion record says
     error: str | None = None  # storage could not be read
     # Since when (reconciler's clock) and over how many observations the heartbeat has not changed;
     # None when the loop has no such memory yet (just started): then nothing is judged stalled.
@@ -108,6 +110,8 @@ class Plan:
     actions: list[Action] = field(default_factory=list)
     statuses: dict[str, JobStatus] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # things worth logging that change nothing
+    health: dict[str, ProviderHealth] = field(default_factory=dict)  # each provider's, as this plan saw it
+    troubles: set[Trouble] = field(default_factory=set)  # what `health` was computed from
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,11 @@ class JobTick:
     reliability: dict[str, Reliability] = field(default_factory=dict)
     recorded: JobStatus | None = None  # the job's status as the tick read it (`reliability` counts it)
 
+    @property
+    def health(self) -> dict[str, ProviderHealth]:
+        """Every provider's health, shared by all jobs (reconciler.health), kept on the plan."""
+        return self.out.health
+
     def price(self, provider: str) -> float:
         prov = self.desired.providers.get(provider) or self.observed.retired.get(provider)
         return prov.spec.price_per_hour if prov else 0.0
@@ -156,13 +165,15 @@ class JobTick:
             self.out.actions.append(Terminate(ref, reason, self.observed.run_storage.get((ref.job, ref.run_id))))
 
     def close_current(self, outcome: Outcome, detail: str, exit_code: int | None = None,
-                      ended: float | None = None) -> None:
+                      ended: float | None = None, unconfirmed: bool = False) -> None:
         assert self.current is not None
         cur = self.current
         seen = next((s for r, s in self.workers.items()
                      if (r.provider, r.id, r.epoch) == (cur.provider, cur.worker, cur.epoch)), None)
         closed = close(cur, outcome, self.now, self.run, detail, exit_code, self.price(cur.provider), ended,
                        seen.cost_usd if seen else None)
+        if unconfirmed:
+            closed = closed.model_copy(update={"unconfirmed": True})
         record_close(self.st, closed.model_copy(update={"host": seen.host}) if seen and seen.host else closed,
                      provider_ended=seen is not None and seen.phase in PROVIDER_ENDED)
         self.current = None

@@ -18,7 +18,8 @@ What the answers mean (the senders show them in their delivery logs):
   202  accepted: a push to the reconciled branch (a tick starts), or a verified delivery we do not
        act on (another branch, a tag, another event: "ignored"; 2xx so GitLab keeps the hook on)
   200  GitHub's `ping`
-  400  not a webhook we know, no delivery id, or a body that is not JSON
+  400  not a webhook we know, no delivery id, a Content-Length that is not plain digits, or a body
+       that is not JSON (strictly: no NaN, no key twice, nested no deeper than 64 levels)
   401  no signature or token, or a wrong one (one code for both: either way the sender did not
        prove it knows the secret)
   404  another path than / or /webhook;  405  another method than POST
@@ -34,7 +35,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
-import json
 import logging
 import threading
 import time
@@ -43,6 +43,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+
+from adapters.wire import WireError, load_json
 
 log = logging.getLogger("reconciler")
 
@@ -164,9 +166,9 @@ def judge(headers: Mapping[str, str], body: bytes, secret: bytes, branch: Callab
 
 def _push(delivery: Delivery, body: bytes, branch: Callable[[], str | None], now: float) -> Answer:
     try:
-        payload = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return Answer(400, "body is not JSON: set the webhook's content type to application/json")
+        payload = load_json(body, limit=MAX_BODY)
+    except WireError as exc:
+        return Answer(400, f"body is not JSON ({exc}): set the webhook's content type to application/json")
     if delivery.event.lower() not in ("push", "push hook"):
         return Answer(202, f"ignored: {delivery.event} is not a push")
     if not isinstance(payload, dict) or not isinstance(payload.get("ref"), str):
@@ -280,7 +282,7 @@ def _bracketed(host: str) -> str:
 def parse_listen(value: str) -> tuple[str, int]:
     """HOST:PORT, [IPv6]:PORT or :PORT (loopback). Raises ValueError with a sentence on bad input."""
     host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not port.isascii() or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"{value!r} is not HOST:PORT (e.g. 127.0.0.1:8080 or :8080)")
     host = host.strip("[]") or "127.0.0.1"
     return host, int(port)

@@ -14,7 +14,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from status.text import lines, one_line
+
 MAX_ATTEMPTS_KEPT = 10
+MAX_REFUSALS_KEPT = 5  # refused launches a job's status remembers (its providers' health reads them)
 LOG_TAIL_CHARS = 4000
 
 
@@ -70,10 +73,25 @@ class Attempt(Model):
     host: str = ""  # the provider's machine, where it names one (per-host cool-down)
     first_beat: float | None = None  # the first heartbeat we saw, by the worker's clock kept within [started, now]
     first_beat_step: int | None = None  # the step that heartbeat reported: rates count from here
+    # Why the reconciler asked this attempt to stop while leaving it open (a deleted manifest: it is
+    # billed until the worker is gone). However the worker then ends, that end was ours: cancelled.
+    stop_reason: str | None = None
+    # Ended as an interruption the provider never confirmed (a signal, an exit 75 without its
+    # notice): it backs off, and the next such end in a row is charged. None (not written) otherwise.
+    unconfirmed: bool | None = None
 
     @property
     def open(self) -> bool:
         return self.outcome is None
+
+
+class Refusal(Model):
+    """A launch the provider refused (no capacity, its working directory could not be made): a
+    durable fact every job's planner reads for the provider's health (reconciler.health)."""
+
+    provider: str
+    refused: float
+    error: str = ""
 
 
 class Progress(Model):
@@ -127,9 +145,12 @@ class JobStatus(Model):
     backoff_until: float | None = None
     provider_backoff: dict[str, float] = Field(default_factory=dict)  # provider -> until
     attempts: list[Attempt] = Field(default_factory=list)
+    refusals: list[Refusal] = Field(default_factory=list)  # the newest few, oldest first
     log_tail: str | None = None
     forecast: Forecast | None = None
-    held: str | None = None  # a newer change to desired/ not acted on (reconciler.yaml `signatures:`), and why
+    # A newer change to desired/ not acted on, and what releases it: a commit that would cancel most
+    # jobs (until confirmed) or one whose signature did not verify (reconciler.yaml `signatures:`).
+    held: str | None = None
 
     @property
     def current(self) -> Attempt | None:
@@ -152,7 +173,7 @@ def from_iso(value: Any) -> float | None:
     return datetime.strptime(str(value), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
 
 
-_TIME_FIELDS = ("started", "ended", "unseen_since", "backoff_until", "first_beat", "eta")
+_TIME_FIELDS = ("started", "ended", "unseen_since", "backoff_until", "first_beat", "eta", "refused")
 
 
 def _times_to_iso(data: Any) -> Any:
@@ -208,12 +229,23 @@ def _str_presenter(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _LiteralDumper.add_representer(str, _str_presenter)
 
 
+def _dump(data: Any) -> str:
+    """YAML keeping non-ASCII text as it is, unless some value holds a character a terminal acts on
+    that YAML counts as printable (a bidirectional override): then every non-ASCII character is
+    written as an escape, as control characters always are. It reads back the same either way."""
+    text: str = yaml.dump(data, Dumper=_LiteralDumper, sort_keys=True, allow_unicode=True, width=100)
+    if lines(text) == text:
+        return text
+    ascii_only: str = yaml.dump(data, Dumper=_LiteralDumper, sort_keys=True, width=100)
+    return ascii_only
+
+
 def render_status(status: JobStatus) -> str:
     """Canonical YAML for `status/<job>.yaml`. Whole seconds, so re-rendering is stable."""
     data = status.model_dump(mode="json", exclude_none=True)
     data = _times_to_iso(data)
     header = "# Written by the reconciler; do not edit. History: git log -- status/" + status.job + ".yaml\n"
-    return header + yaml.dump(data, Dumper=_LiteralDumper, sort_keys=True, allow_unicode=True, width=100)
+    return header + _dump(data)
 
 
 def parse_status(text: str | bytes) -> JobStatus | None:
@@ -254,15 +286,19 @@ def render_index(statuses: list[JobStatus], errors: list[str], ledger: list[Prov
             f"{st.failures} | {eta} | {cost} | {cell(risk)} | {msg} |"
         )
     lines += render_ledger_table(ledger or [])
+    # A held change (a cancel waiting for its confirmation), once; one already among the errors is not repeated.
+    held = sorted({st.held for st in statuses if st.held and not any(st.held in e for e in errors)})
+    if held:
+        lines += ["", "## Held", ""] + [f"- {note}" for note in held]
     if errors:
         lines += ["", "## Manifest errors", ""]
-        lines += [f"- {e}" for e in errors]
+        lines += [f"- {one_line(e)}" for e in errors]
     return "\n".join(lines) + "\n"
 
 
 def cell(text: str) -> str:
-    """Text fit for one markdown table cell."""
-    return text.replace("|", "\\|").replace("\n", " ")
+    """Text fit for one markdown table cell: no column break, control characters visible."""
+    return one_line(text.replace("|", "\\|").replace("\n", " "))
 
 
 # ---- time and money, as the job table and `reconciler status` / `plan` show them ----------------
@@ -350,6 +386,7 @@ class ProviderLedger(Model):
     gpu_hours: float = 0.0  # this period, workers of jobs that asked for GPUs (times their GPU count)
     cost_usd: float = 0.0  # this period, billed or priced
     running: int = 0
+    answers: str | None = None  # set while the provider is slow or does not answer (reconciler.asking)
 
 
 def render_ledger(ledger: list[ProviderLedger]) -> str:
@@ -374,11 +411,13 @@ def render_ledger_table(ledger: list[ProviderLedger]) -> list[str]:
     """The ledger as markdown lines for `status/README.md`."""
     if not ledger:
         return []
-    lines = ["", "## Providers", "", "| provider | left (provider's word) | refills | used this period | cost |",
-             "|---|---|---|---|---|"]
+    lines = ["", "## Providers", "",
+             "| provider | left (provider's word) | refills | used this period | cost | answers |",
+             "|---|---|---|---|---|---|"]
     for x in sorted(ledger, key=lambda x: x.provider):
         left = "" if x.remaining is None else (f"${x.remaining:.2f} credits" if x.unit == "credits"
                                               else f"{x.remaining:.1f} {x.unit}")
         used = f"{x.worker_hours:.1f} h" + (f" ({x.gpu_hours:.1f} GPU h)" if x.gpu_hours else "")
-        lines.append(f"| {x.provider} | {left} | {iso(x.resets_at) or ''} | {used} | ${x.cost_usd:.2f} |")
+        lines.append(f"| {x.provider} | {left} | {iso(x.resets_at) or ''} | {used} | ${x.cost_usd:.2f} "
+                     f"| {cell(x.answers or '')} |")
     return lines

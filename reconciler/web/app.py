@@ -29,6 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from adapters.gitrepo import GitError
 from reconciler.forecast import provider_reliabilities
+from reconciler.health import provider_health
 from reconciler.web import views
 from reconciler.web.data import PageData, Snapshot
 
@@ -90,7 +91,7 @@ def create_app(repo: str | Path, *, token: str | None = None, refresh_seconds: i
         pass  # no commit yet: each request says so until there is one
     commit_url = commit_url or views.commit_url_template(data.remote_url())
     env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(default=True),
-                      trim_blocks=True, lstrip_blocks=True)
+                      trim_blocks=True, lstrip_blocks=True, finalize=views.visible)
     env.filters["urlpart"] = lambda s: quote(str(s), safe="")
     env.filters["when"] = views.when
     env.globals.update(refresh=refresh_seconds, legend=views.OUTCOME_LEGEND)
@@ -102,9 +103,13 @@ def create_app(repo: str | Path, *, token: str | None = None, refresh_seconds: i
     def overview(request: Request) -> Response:
         snap = data.snapshot()
         rows = [_row(data, snap, name) for name in snap.names]
-        learned = provider_reliabilities(snap.desired.providers, snap.statuses.values(), time.time())
+        now = time.time()
+        health = provider_health(snap.statuses.values(), now, snap.desired.providers)
+        learned = provider_reliabilities(snap.desired.providers, snap.statuses.values(), now)
         return render(snap, "overview.html", rows=rows, counts=views.phase_counts(rows),
-                      providers=views.provider_rows(learned), half_life=views.HALF_LIFE_TEXT,
+                      slow=snap.slow_providers,
+                      providers=views.provider_rows(health, learned, now), half_life=views.HALF_LIFE_TEXT,
+                      held=sorted({r.held for r in rows if r.held}),
                       errors=[snap.redactor.redact(str(e)) for e in snap.desired.errors])
 
     def job_page(request: Request) -> Response:

@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
+
+from reconciler.shown import escape
 
 err = Console(stderr=True)
 

@@ -17,6 +17,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from adapters.wire import WireError, decimal_int
 from reconciler.webhook import MAX_BODY, PATHS, Answer, Delivery, Seen, identify, judge, log, printable
 
 
@@ -30,7 +31,7 @@ class Hook:
 
     async def handle(self, request: Request) -> Response:
         headers = {k.lower(): v for k, v in request.headers.items()}
-        length = _length(headers)
+        length = _length(request)
         if isinstance(length, Answer):
             return _answer(request, identify(headers), length)
         try:
@@ -89,14 +90,20 @@ async def _read(request: Request, length: int) -> bytes:
     return b"".join(chunks)
 
 
-def _length(headers: dict[str, str]) -> int | Answer:
+def _length(request: Request) -> int | Answer:
     """The declared body length, or the answer refusing it; an oversized body is never read."""
-    if "chunked" in headers.get("transfer-encoding", "").lower() or "content-length" not in headers:
+    if "chunked" in request.headers.get("transfer-encoding", "").lower():
         return Answer(411, "a Content-Length is required")
-    raw = headers["content-length"].strip()
-    if not raw.isdigit():
-        return Answer(400, "bad Content-Length")
-    length = int(raw)
+    given = request.headers.getlist("content-length")
+    if not given:
+        return Answer(411, "a Content-Length is required")
+    try:  # ASCII digits only (int() would take "1_0", "+10", " 10"), and one value (RFC 9112 §6.3)
+        lengths = {decimal_int(raw.strip(" \t")) for raw in given}
+    except WireError:
+        return Answer(400, "bad Content-Length: it must be digits only")
+    if len(lengths) != 1:
+        return Answer(400, "bad Content-Length: it is given more than once, with different values")
+    length = lengths.pop()
     if length > MAX_BODY:
         return Answer(413, f"body of {length} bytes; the limit is {MAX_BODY}")
     return length

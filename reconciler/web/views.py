@@ -8,9 +8,13 @@ import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from markupsafe import Markup
+
 from reconciler.forecast import Reliability
+from reconciler.health import ProviderHealth, clock
 from reconciler.reliability import HALF_LIFE_SECONDS
 from status.models import Attempt, JobStatus, Outcome, Phase, cost_text, eta_text, risk_text, when
+from status.text import lines
 
 # How an attempt ended, as the page colours it (DESIGN.md §5 classes, folded into five colours).
 OUTCOME_CLASS = {
@@ -45,6 +49,7 @@ class Row:
     cost: str
     risk: str
     message: str
+    held: str = ""  # a change not acted on until it is confirmed (or signed), and what releases it
 
 
 def overview_row(name: str, st: JobStatus | None, target: int | None, live_step: int | None,
@@ -62,7 +67,41 @@ def overview_row(name: str, st: JobStatus | None, target: int | None, live_step:
     saved = f" (saved {durable})" if step != durable else ""
     progress = f"{step}/{target}{saved}" if target else f"{step}{saved}"
     return Row(name, st.phase.value, percent, progress, st.total_attempts, st.interruptions, st.failures,
-               eta_text(st), cost_text(st), risk_text(st, deadline), st.message)
+               eta_text(st), cost_text(st), risk_text(st, deadline), st.message, st.held or "")
+
+
+@dataclass(frozen=True)
+class ProviderRow:
+    """One provider on the overview: its health (reconciler.health) and its learned failure rate
+    (reconciler.reliability)."""
+
+    provider: str
+    state: str  # healthy, tried last, cooling down
+    until: str  # when the cool-down ends, "" when none
+    refusals: int  # in the last hour
+    losses: int  # in the last hour
+    kind: str  # "interruptible" or "reliable": which prior its failure rate starts from
+    mtbf: str  # what the next worker there is told (RECONCILER_MTBF_SECONDS)
+    interruptions: str  # the provider's ends, weighed by their age
+    machine_time: str  # weighed by its age
+    prior: str
+    why: str  # the latest trouble, while a cool-down is in force
+
+
+def provider_rows(health: dict[str, ProviderHealth], reliability: dict[str, Reliability],
+                  now: float) -> list[ProviderRow]:
+    """One line per declared provider: its health now, and the MTBF its next worker is told, in whole
+    seconds as the worker reads it, with the evidence it was learned from (older counts less)."""
+    rows = []
+    for name in sorted(set(health) | set(reliability)):
+        h, rel = health.get(name), reliability.get(name)
+        until = h.until(now) if h is not None else None
+        rate = _rate_cells(rel) if rel is not None else ("", "", "", "", "")
+        rows.append(ProviderRow(name, h.state(now) if h is not None else "healthy",
+                                clock(until) if until is not None else "",
+                                h.refusals if h is not None else 0, h.losses if h is not None else 0, *rate,
+                                h.reason if h is not None and until is not None else ""))
+    return rows
 
 
 def phase_counts(rows: list[Row]) -> list[tuple[str, int]]:
@@ -76,16 +115,6 @@ def phase_counts(rows: list[Row]) -> list[tuple[str, int]]:
 # ---- the providers' failure rates -----------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ProviderRow:
-    provider: str
-    kind: str  # "interruptible" or "reliable": which prior it starts from
-    mtbf: str  # what the next worker there is told (RECONCILER_MTBF_SECONDS)
-    interruptions: str  # the provider's ends, weighed by their age
-    machine_time: str  # weighed by its age
-    prior: str
-
-
 def span(seconds: float) -> str:
     """A duration as a person reads it: 49 s, 12 min, 5.5 h, 30 d."""
     if seconds < 120:
@@ -97,18 +126,12 @@ def span(seconds: float) -> str:
     return f"{seconds / 86400:.1f} d".replace(".0 d", " d")
 
 
-def provider_rows(reliability: dict[str, Reliability]) -> list[ProviderRow]:
-    """One line per declared provider: the MTBF its next worker is told, in whole seconds as the
-    worker reads it, and the evidence it was learned from (HALF_LIFE_SECONDS: older counts less)."""
-    rows = []
-    for name in sorted(reliability):
-        rel = reliability[name]
-        told = round(rel.mtbf_seconds)
-        mtbf = f"{told} s" if told < 120 else f"{span(told)} ({told:,} s)"
-        rows.append(ProviderRow(name, "interruptible" if rel.interruptible else "reliable", mtbf,
-                                f"{rel.interruptions:.1f}", span(rel.exposure_seconds) if rel.measured else "none",
-                                span(rel.prior_seconds)))
-    return rows
+def _rate_cells(rel: Reliability) -> tuple[str, str, str, str, str]:
+    """Kind, MTBF told, interruptions and machine time (HALF_LIFE_SECONDS: older counts less), prior."""
+    told = round(rel.mtbf_seconds)
+    mtbf = f"{told} s" if told < 120 else f"{span(told)} ({told:,} s)"
+    return ("interruptible" if rel.interruptible else "reliable", mtbf, f"{rel.interruptions:.1f}",
+            span(rel.exposure_seconds) if rel.measured else "none", span(rel.prior_seconds))
 
 
 HALF_LIFE_TEXT = span(HALF_LIFE_SECONDS)
@@ -320,3 +343,14 @@ def commit_url_template(remote_url: str | None) -> str | None:
     if not m or m["host"] not in _COMMIT_PATH:
         return None
     return _COMMIT_PATH[m["host"]].format(base=f"https://{m['host']}/{m['path']}", sha="{sha}")
+
+
+def visible(value: object) -> object:
+    """Every value a template shows (Jinja's finalize, before autoescape): control characters in
+    untrusted text (a message, a log tail, a file name) become visible escapes, newlines kept for
+    the log tail's <pre>."""
+    if isinstance(value, Markup):
+        return Markup(lines(str(value)))  # noqa: S704 - escaping control characters keeps it safe markup
+    if isinstance(value, str):
+        return lines(value)
+    return value

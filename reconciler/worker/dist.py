@@ -73,6 +73,14 @@ class Group:
         torch.distributed.gather_object(obj, out, dst=0, group=self.pg)
         return out
 
+    def all_gather(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order, on every rank."""
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.world
+        torch.distributed.all_gather_object(out, obj, group=self.pg)
+        return out
+
 
 SLURM_PORT_BASE = 20000  # MASTER_PORT under srun: SLURM_PORT_BASE + job id mod SLURM_PORT_SPAN
 SLURM_PORT_SPAN = 10000

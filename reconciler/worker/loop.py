@@ -10,11 +10,12 @@
 
 `run.epochs` restores the objects and the loop's position (which epoch, which batch, the values
 given to `run.carry`, the data position) and yields the epoch numbers still to run, the
-interrupted one first. Inside an epoch, `run.batches`/`run.enumerate` count the steps,
-heartbeat, checkpoint on the SDK's schedule and stop on a notice after each batch. On the
-resumed epoch they first put back what the epoch's preamble just rebuilt: the carried value
-(`carry=`, a function returning it, restored in place), the RNG states, and skip the batches
-already trained on.
+interrupted one first, with the RNG states that epoch began with (every rank's are kept with each
+checkpoint), so that its preamble draws what it drew before. Inside an epoch,
+`run.batches`/`run.enumerate` count the steps, heartbeat, checkpoint on the SDK's schedule and
+stop on a notice after each batch. On the resumed epoch they first put back what the epoch's
+preamble just rebuilt: the carried value (`carry=`, a function returning it, restored in place:
+see carried.py), the checkpoint's RNG states, and skip the batches already trained on.
 
 The end-of-epoch code (validation, annealing) runs once per epoch across resumes: a checkpoint
 that falls due on an epoch's last batch is taken after that code, when the next epoch's batches
@@ -31,9 +32,7 @@ import logging
 from collections.abc import Callable, Iterator, Sized
 from typing import Any
 
-import torch
-
-from reconciler.worker import snapshot
+from reconciler.worker import carried, snapshot
 from reconciler.worker.data import Position, ResumableLoader
 
 log = logging.getLogger("reconciler.worker")
@@ -54,33 +53,6 @@ class _Saved:
         self.loop.resume_from(state)
 
 
-def load_into(current: Any, saved: Any, what: str) -> None:
-    """Put `saved` into `current` in place: tensors are copied, tuples, lists and dicts are walked,
-    objects with `load_state_dict` load it."""
-    load = getattr(current, "load_state_dict", None)
-    if callable(load) and not isinstance(current, torch.Tensor):
-        load(saved)
-    elif isinstance(current, torch.Tensor) and isinstance(saved, torch.Tensor):
-        if current.shape != saved.shape:
-            raise ValueError(f"{what} has shape {tuple(current.shape)} but the checkpoint's has "
-                             f"{tuple(saved.shape)}: the epoch's preamble must build it as the saved run did")
-        with torch.no_grad():
-            current.copy_(saved)
-    elif isinstance(current, tuple | list) and isinstance(saved, tuple | list) and len(current) == len(saved):
-        for n, (c, s) in enumerate(zip(current, saved, strict=True)):
-            load_into(c, s, f"{what}[{n}]")
-    elif isinstance(current, dict) and isinstance(saved, dict) and current.keys() == saved.keys():
-        for key in current:
-            load_into(current[key], saved[key], f"{what}[{key!r}]")
-    elif current is saved or (type(current) is type(saved) and current == saved):
-        return  # the same immutable value (None, a number): nothing to put back
-    else:
-        raise TypeError(f"{what} is a {type(current).__name__} that cannot take the checkpoint's "
-                        f"{type(saved).__name__} in place: carry= restores tensors (also in tuples, lists, "
-                        "dicts) and objects with load_state_dict; pass other values through run.carry() at "
-                        "the top of the epoch, or hold them in a reconciler.worker.Carry")
-
-
 class EpochLoop:
     """`for epoch in run.epochs(...)`: see the module's docstring. `step` is the last step run."""
 
@@ -96,7 +68,10 @@ class EpochLoop:
         self.index = 0  # which of the epochs runs now, from 0 (len(numbers) once all have run)
         self.phase = "before"  # then per epoch "preamble", "batches" (from run.batches on); "done" at the end
         self._resume: dict[str, Any] | None = None  # the checkpoint's position, until its epoch used it
-        self._rng: dict[str, Any] | None = None  # the RNG states restored, put back after the preamble
+        self._rng: dict[str, Any] | None = None  # the checkpoint's RNG states, put back after the preamble
+        self._epoch_rng: list[dict[str, Any]] | None = None  # every rank's RNG states as this epoch began
+        self._built: Any = None  # the shape of what carry= returned as the epoch's batches began
+        self._ranks: list[dict[str, Any]] | None = None  # under torchrun: every rank's values, for a save
         self._values: dict[str, Any] | None = None  # this epoch's run.carry() values
         self._carried: Callable[[], Any] | None = None  # this epoch's carry= function
         self._position: Position | ResumableLoader | None = None
@@ -105,14 +80,38 @@ class EpochLoop:
 
     # ---- saved with each checkpoint ----------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
-        carried = self._carried
         return {
             "epoch": self.index,
+            "rng": self._epoch_rng,
             "data": None if self._position is None else self._position.state_dict(),
             "values": self._values,
-            "carries": carried is not None,
-            "carried": None if carried is None else snapshot.state_of(carried()),
+            "carries": self._carried is not None,
+            "carried": self._carried_state() if self._ranks is None else None,  # else in every rank's
+            "ranks": self._ranks,
         }
+
+    def share_ranks(self) -> None:
+        """Under torchrun, on every rank before a save: each rank carries values of its own (an RNN's
+        hidden state over its share of the data), so the checkpoint keeps every rank's."""
+        self._ranks = self.run.from_every_rank({"values": self._values, "carried": self._carried_state()})
+
+    def _ours(self, saved: dict[str, Any], key: str) -> Any:
+        """This rank's `key` ("values", "carried") of the checkpoint's loop state."""
+        ranks = saved.get("ranks")
+        if ranks is None:
+            return saved[key]
+        if len(ranks) == self.run.world_size:
+            return ranks[self.run.rank][key]
+        if key == "values":  # read first: said once
+            log.warning("the checkpoint's carried values were saved by %d ranks and this attempt has %d: every "
+                        "rank takes rank 0's", len(ranks), self.run.world_size)
+        return ranks[0][key]
+
+    def _carried_state(self) -> Any:
+        """What carry= returns, as saved: refused (TypeError) if a resume could not restore it."""
+        if self._carried is None:
+            return None
+        return carried.state(self._carried(), self._built)
 
     def resume_from(self, state: dict[str, Any]) -> None:
         self._resume = state
@@ -133,6 +132,7 @@ class EpochLoop:
         for index in range(first, len(self.numbers)):
             self.index, self.phase = index, "preamble"
             self._values, self._carried, self._position = None, None, None
+            self._begin_epoch()
             yield self.numbers[index]
             if self.phase == "preamble":
                 raise RuntimeError(f"epoch {self.numbers[index]} ran no batches: put a run.batches(...) or "
@@ -143,6 +143,18 @@ class EpochLoop:
             self.run.expect_steps(self.step)
         # A notice during the last epoch's end: the final checkpoint says that every epoch is done.
         self.run.exit_if_stopping(self.step, **self.objects)
+
+    def _begin_epoch(self) -> None:
+        """Record the RNG states the epoch's preamble starts from; on the resumed epoch, first set
+        the ones the saved epoch started from, so that the preamble draws what it drew then."""
+        saved = None if self._resume is None else self._resume.get("rng")
+        if saved is not None:
+            self.run.set_rng_states(saved, f"epoch {self.numbers[self.index]}'s start")
+        elif self._resume is not None:
+            log.warning("the checkpoint does not hold the RNG states epoch %s began with (an older SDK saved "
+                        "it): random numbers its preamble draws and does not pass through carry= differ from "
+                        "the saved run's", self.numbers[self.index])
+        self._epoch_rng = self.run.rng_states()
 
     def carry(self, **values: Any) -> Any:
         """Record the values this epoch starts with; on the resumed epoch, return the saved ones."""
@@ -155,7 +167,7 @@ class EpochLoop:
             if saved is None or list(saved) != list(values):
                 raise ValueError(f"run.carry() was given {', '.join(values)} but the checkpoint carries "
                                  f"{', '.join(saved or ()) or 'nothing'}: call it as the saved run did")
-            values = saved
+            values = self._ours(self._resume, "values")
         self._values = dict(values)
         out = tuple(self._values.values())
         return out[0] if len(out) == 1 else out
@@ -180,6 +192,7 @@ class EpochLoop:
             raise ValueError("run.batches() was given no batches: the data is empty (or smaller than one batch "
                              "with drop_last)")
         self._position, self._carried, self.phase = position, carry, "batches"
+        self._built = None if carry is None else carried.shape(carry())
         resumed, self._resume = self._resume, None
         if resumed is not None:
             self._put_back(resumed, position, carry)
@@ -199,7 +212,7 @@ class EpochLoop:
             raise ValueError(f"the checkpoint {have} but run.batches() was called "
                              f"{'without' if carry is None else 'with'} one: call it as the saved run did")
         if carry is not None:
-            load_into(carry(), saved["carried"], "the value carry= returns")
+            carried.load_into(carry(), self._ours(saved, "carried"), "the value carry= returns")
         data = saved["data"]
         if data is None or set(data) != set(position.state_dict()):
             raise ValueError(f"the checkpoint's data position ({data}) was not saved from batches like these: "
@@ -213,7 +226,7 @@ class EpochLoop:
         """An epoch begins after the previous one's end: the checkpoint that fell due on that
         epoch's last batch, and the stop a notice during the end-of-epoch code asks for."""
         if self.run.should_checkpoint(self.step):
-            self.run.save(self.step, **self.objects)
+            self._save()
         self.run.exit_if_stopping(self.step, **self.objects)
 
     def _set_target(self, n: int, done: int) -> None:
@@ -236,8 +249,12 @@ class EpochLoop:
         run = self.run
         run.heartbeat(self.step)
         if not last and run.should_checkpoint(self.step):
-            run.save(self.step, **self.objects)
+            self._save()
         run.exit_if_stopping(self.step, **self.objects)
 
+    def _save(self) -> None:
+        self._carried_state()  # on every rank, before a collective save: refuse what could not be restored
+        self.run.save(self.step, **self.objects)
 
-__all__ = ["LOOP_KEY", "EpochLoop", "load_into"]
+
+__all__ = ["LOOP_KEY", "EpochLoop"]

@@ -319,15 +319,28 @@ class Run:
         for name, obj in objects.items():
             snapshot.apply(name, obj, saved[name])
         self.restored = dict(saved)
-        per_rank = loaded.get(snapshot.RNG_RANKS_KEY)
-        if per_rank is not None and len(per_rank) == self.group.world:
+        per_rank = loaded.get(snapshot.RNG_RANKS_KEY) or [loaded[snapshot.RNG_KEY]]
+        self.set_rng_states(per_rank, f"checkpoint {ckpt.dirname}")
+        return int(loaded["step"])
+
+    def rng_states(self) -> list[dict[str, Any]]:
+        """Every rank's RNG states (Python, NumPy, torch, CUDA), in rank order, on every rank."""
+        return self.from_every_rank(snapshot.rng_state())
+
+    def from_every_rank(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order, on every rank (a collective under torchrun)."""
+        return self.group.all_gather(obj)
+
+    def set_rng_states(self, per_rank: list[dict[str, Any]], saved_at: str) -> None:
+        """Set this rank's RNG states from `per_rank` (as `rng_states` gave them, or rank 0's
+        alone); when another number of ranks saved them, only rank 0 takes rank 0's."""
+        if len(per_rank) == self.group.world:
             snapshot.set_rng_state(per_rank[self.group.rank])
         elif self.group.main:
-            snapshot.set_rng_state(loaded[snapshot.RNG_KEY])
+            snapshot.set_rng_state(per_rank[0])
         else:
-            log.warning("checkpoint %s was saved by another number of ranks: this rank's RNG state is not restored",
-                        ckpt.dirname)
-        return int(loaded["step"])
+            log.warning("the RNG states of %s were saved by another number of ranks: this rank's are not restored",
+                        saved_at)
 
     def _on_main(self, action: Any) -> Any:
         """Run `action` on rank 0 only and hand its result (or its failure) to every rank."""
@@ -386,6 +399,8 @@ class Run:
         if not objects:
             raise ValueError("save() needs the objects to checkpoint, e.g. run.save(step, model=model)")
         started = self._clock()
+        if self.group.distributed and self._loop is not None and loop.LOOP_KEY in objects:
+            self._loop.share_ranks()
         if self.sharded:
             self._save_sharded(step, objects, started, entered)
             return

@@ -115,14 +115,17 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    """Set the states `rng_state` gave. Its tensors are copied first: read back from a checkpoint
+    they may be views into a shared buffer, and torch.set_rng_state reads a tensor that does not
+    begin its storage wrongly ("Invalid mt19937 state", or a SIGSEGV; torch 2.13)."""
     random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
+    torch.set_rng_state(state["torch"].clone())
     if "numpy" in state:
         import numpy as np
 
         np.random.set_state(state["numpy"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([s.clone() for s in state["cuda"]])
 
 
 @dataclass

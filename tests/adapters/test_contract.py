@@ -210,6 +210,23 @@ def test_worker_gets_exact_argv_env_and_secrets_and_no_file_holds_the_secret(kit
             assert secret.encode() not in path.read_bytes(), f"the secret is in {path}"
 
 
+def test_a_secret_the_worker_prints_is_masked_where_its_output_is_captured(kit: Kit) -> None:
+    """As-is, encoded, or split across two writes: the log the provider keeps (read directly where it
+    is a file of ours) and what `logs` returns hold no form of it, whatever the reader's environment."""
+    from tests.loop.test_redaction import ENCODINGS, HARD
+
+    adapter = kit.make()
+    spec = kit.spec(secret=HARD, leak="1")
+    ref = kit.launch(adapter, spec)
+    wait_state(adapter, ref, ended)
+    shown = adapter.logs(ref, 1000)
+    assert "plain *** url *** html ***\njson \"***\" basic " in shown and "split *** end\n" in shown, shown
+    stored = b"".join(p.read_bytes() for p in kit.workdir.rglob("*") if p.is_file())
+    for name, encode in ENCODINGS.items():
+        assert encode(HARD) not in shown, f"the {name} form is in the log"
+        assert encode(HARD).encode() not in stored, f"the {name} form is in a stored file"
+
+
 def test_exit_codes_are_reported_as_exited(kit: Kit) -> None:
     adapter = kit.make()
     ok, bad = kit.spec(exit="0"), kit.spec(exit="3")

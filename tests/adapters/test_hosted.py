@@ -157,6 +157,17 @@ def test_bootstrap_masks_the_secret_values_in_the_output_it_forwards_and_copies(
     assert "token *** ***" in folder.attempt_log(2) and "tok-from-provider" not in folder.attempt_log(2)
 
 
+def test_bootstrap_masks_every_encoding_of_a_secret_with_characters_encodings_change(tmp_path: Path) -> None:
+    """Lowercase %-encoding, HTML escapes and JSON \\u escapes are masked as the reconciler masks them."""
+    code = ("import html, json, os, urllib.parse as u; t = os.environ['TOKEN']; "
+            "print('url', u.quote(t, safe='').lower()); print('html', html.escape(t)); print('json', json.dumps(t))")
+    leak = LaunchSpec(job="train", run_id="r-1", epoch=2, command=[sys.executable, "-c", code],
+                      env={}, secret_env={"TOKEN": ""})
+    done = run_script(tmp_path, bootstrap_script(leak, {}, Bootstrap("test", SECRETS_FROM_ENV)),
+                      TOKEN="tok/fr+m=&<>\"'é")
+    assert "url ***\nhtml ***\njson \"***\"\n" in done.stdout, done.stdout + done.stderr
+
+
 def test_bootstrap_reports_a_signal_death(tmp_path: Path) -> None:
     crash = LaunchSpec(job="j", run_id="r", epoch=1, command=[sys.executable, "-c", "import os; os.abort()"])
     done = run_script(tmp_path, bootstrap_script(crash, {}, Bootstrap("test", SECRETS_FROM_ENV)))

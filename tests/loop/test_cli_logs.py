@@ -137,3 +137,45 @@ def test_a_gone_providers_attempt_is_read_from_the_copy_in_the_run_folder(state_
     folder.write_attempt_log(1, f"from the bootstrap\ntoken {SECRET}\n")
     res = cli("logs", "orphan", "--repo", str(state_repo.path), env={"API_TOKEN": SECRET})
     assert res.stdout == "from the bootstrap\ntoken ***\n"
+
+
+LEAKY = """import base64, html, json, os, sys, time, urllib.parse as u
+s = os.environ['API_TOKEN']
+print('plain', s)
+print('url', u.quote(s, safe='').lower())
+print('html', html.escape(s))
+print('json', json.dumps(s))
+print('basic', base64.b64encode(('user:' + s).encode()).decode(), flush=True)
+half = len(s) // 2
+sys.stdout.write('split ' + s[:half]); sys.stdout.flush(); time.sleep(0.3)
+sys.stdout.write(s[half:] + ' end\\n'); sys.stdout.flush()
+sys.exit(1)
+"""
+
+
+def test_a_printed_secret_is_masked_in_the_stored_log_and_in_logs_run_from_an_empty_environment(
+        state_repo: StateRepoFixture, local_workdir) -> None:  # type: ignore[no-untyped-def]
+    """Masked where the output is captured: the worker's log file on disk holds no form of the secret,
+    and `reconciler logs` shows none even from a shell that does not have the secret."""
+    from tests.loop.test_redaction import ENCODINGS, HARD
+
+    state_repo.write("desired/box.yaml", yaml.safe_dump({
+        "apiVersion": "reconciler.dev/v1", "kind": "Provider", "metadata": {"name": "box"},
+        "spec": {"settings": {"type": "local", "workdir": str(local_workdir)}}}))
+    state_repo.write("desired/leak.yaml", job("leak", [sys.executable, "-c", LEAKY],
+                                              "secrets: [API_TOKEN]\nretry: {max_retries: 0}\n"
+                                              "placement: {providers: [box]}"))
+    state_repo.commit("a job that prints its secret")
+    rec = Reconciler(state_repo.path, environ={**os.environ, "API_TOKEN": HARD})
+    tick_until(rec, lambda r: r.statuses["leak"].phase.terminal)
+    stored = b"".join(p.read_bytes() for p in local_workdir.rglob("*") if p.is_file())
+    assert b"plain ***\nurl ***\nhtml ***\njson \"***\"\n" in stored and b"split *** end\n" in stored
+    shown = subprocess.run([sys.executable, "-m", "reconciler", "logs", "leak", "--repo", str(state_repo.path)],
+                           env={"PATH": os.environ["PATH"], "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0 and "split *** end" in shown.stdout, shown.stdout + shown.stderr
+    for name, encode in ENCODINGS.items():
+        form = encode(HARD)
+        assert form.encode() not in stored, f"{name} form in the stored log"
+        assert form not in shown.stdout + shown.stderr, f"{name} form in `logs`"
+    assert b"dXNlcjp" in stored and "***" in shown.stdout  # the Basic header's "user:" part is kept

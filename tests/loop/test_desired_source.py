@@ -109,6 +109,8 @@ def test_same_branch_status_needs_the_named_branch_checked_out(monorepo: Path, t
     (["--path", "../elsewhere"], "must be a folder inside the repository"),
     (["--branch", "-x"], "is not a usable branch name"),
     (["--repo-url", "file:///nonexistent/origin.git"], "cannot clone file:///nonexistent/origin.git"),
+    (["--branch", "jobs", "--path", "infra/nope"], "--path infra/nope: no such folder"),
+    (["--branch", "jobs", "--path", "./infra/jobs/desired/train.yaml"], "no such folder"),  # a file, not a folder
 ])
 def test_bad_sources_are_one_sentence_errors(monorepo: Path, tmp_path: Path, args: list[str], says: str) -> None:
     url = ["--repo-url", f"file://{monorepo}"] if "--repo-url" not in args else []
@@ -132,3 +134,19 @@ def test_plan_base_reviews_a_change_to_a_subfolder(monorepo: Path, tmp_path: Pat
                "--format", "json", env={})
     assert done.returncode == 0, done.stderr
     assert "train" in done.stdout and "decoy" not in done.stdout
+
+
+@pytest.mark.parametrize("command", [["run", "--once"], ["status"], ["plan"], ["validate"]])
+def test_a_path_that_names_no_folder_is_an_error(monorepo: Path, tmp_path: Path, command: list[str]) -> None:
+    author = tmp_path / "author"  # a checkout of the jobs branch: infra/jobs exists, infra/job does not
+    done = cli(*command, "--repo", str(author), "--path", "infra/job", env={})
+    assert done.returncode == 1, done.stdout
+    assert "--path infra/job: no such folder" in " ".join(done.stderr.split())
+    assert "0 job(s)" not in done.stdout and "Traceback" not in done.stderr
+
+
+def test_plan_base_with_a_path_that_names_no_folder_at_either_commit_is_an_error(monorepo: Path,
+                                                                                  tmp_path: Path) -> None:
+    done = cli("plan", "--repo", str(tmp_path / "author"), "--base", "main", "--head", "jobs", "--path",
+               "infra/job", env={})
+    assert done.returncode == 1 and "--path infra/job: no such folder at main nor at jobs" in done.stderr

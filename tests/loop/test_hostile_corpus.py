@@ -111,3 +111,46 @@ def test_a_tick_on_a_hostile_repository_still_launches_the_good_job(state_repo: 
         assert any(f"desired/{name}" in e for e in report.errors), name
     index = (state_repo.path / "status" / "README.md").read_text()
     assert "desired/deep_flow_nesting.yaml" in index
+
+
+def test_validate_reads_only_regular_files_inside_the_repository(state_repo: StateRepoFixture,
+                                                                 tmp_path: Path) -> None:
+    """A link leaving the repository (to this process's environment), a FIFO and a link to a device
+    are refused naming the file, not read and not skipped; a link to a file inside is read."""
+    desired = state_repo.path / "desired"
+    (desired / "good.yaml").write_text(GOOD)
+    (desired / "leak.yaml").symlink_to("/proc/self/environ")
+    os.mkfifo(desired / "pipe.yaml")
+    (desired / "zero.yml").symlink_to("/dev/zero")
+    shared = state_repo.path / "shared" / "other.yaml"
+    shared.parent.mkdir()
+    shared.write_text(GOOD.replace("name: good", "name: other"))
+    (desired / "linked.yaml").symlink_to(shared)
+    done = subprocess.run([sys.executable, "-m", "reconciler", "validate", "--repo", str(state_repo.path)],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "LEAK_CANARY": "c4n4ry-9q"})
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 1 and "2 job(s)" in done.stdout  # good and other (through the link inside)
+    assert "desired/leak.yaml is a symbolic link to /proc/" in said and "outside the repository" in said
+    assert "desired/pipe.yaml is a FIFO (named pipe), not a regular file" in said
+    assert "desired/zero.yml is a symbolic link to /dev/zero" in said
+    assert "c4n4ry-9q" not in done.stdout + done.stderr
+    (state_repo.path / "reconciler.yaml").unlink()
+    (state_repo.path / "reconciler.yaml").symlink_to(tmp_path / "elsewhere.yaml")
+    (tmp_path / "elsewhere.yaml").write_text("tick_seconds: 1\n")
+    (state_repo.path / "outside").symlink_to(tmp_path)
+    settings = subprocess.run([sys.executable, "-m", "reconciler", "validate", "--repo", str(state_repo.path)],
+                              capture_output=True, text=True, timeout=60)
+    assert "reconciler.yaml is a symbolic link to" in " ".join(settings.stderr.split())
+    folder = subprocess.run([sys.executable, "-m", "reconciler", "validate", "--repo", str(state_repo.path),
+                             "--path", "outside"], capture_output=True, text=True, timeout=60)
+    assert folder.returncode == 2 and "--path outside is a symbolic link to" in " ".join(folder.stderr.split())
+
+
+def test_a_committed_link_is_never_followed(state_repo: StateRepoFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """git keeps a link as the name of its target: the daemon reads that name, never the target."""
+    monkeypatch.setenv("LEAK_CANARY", "c4n4ry-7z")
+    (state_repo.path / "desired" / "leak.yaml").symlink_to("/proc/self/environ")
+    state_repo.commit("a link out")
+    report = Reconciler(state_repo.path, environ={}).tick()
+    assert any(e.startswith("desired/leak.yaml") and "must be a mapping" in e for e in report.errors)
+    assert "c4n4ry-7z" not in " ".join(report.errors) + state_repo.git("log", "-p", "--all")

@@ -197,6 +197,22 @@ def test_a_hosted_provider_with_local_disk_storage_is_refused_naming_both() -> N
     assert not ok.errors and ok.providers["kag"].spec.type == "kaggle"
 
 
+@pytest.mark.parametrize("storage", ["local:///srv/runs", "LOCAL:///srv/runs", "File:///srv/runs", "/srv/runs",
+                                     "~/runs", "simplecache::file:///srv/runs", "memory://runs"])
+def test_every_spelling_of_this_machines_disk_is_refused_for_a_hosted_provider(storage: str) -> None:
+    state = parse_desired({"desired/p.yaml": HOSTED_PROVIDER, "desired/j.yaml": JOB_ON_KAG}, f"storage: '{storage}'\n")
+    assert any(f"kaggle provider 'kag' cannot use storage {storage!r}" in str(e) for e in state.errors)
+    assert "kag" not in state.providers
+
+
+@pytest.mark.parametrize("path", ["/", "//", "/./", "/..", " "])
+def test_a_code_path_of_the_filesystem_root_is_refused(path: str) -> None:
+    job = JOB_ON_KAG.replace("placement: {providers: [kag]}", f"code: {{path: '{path}'}}")
+    state = parse_desired({"desired/j.yaml": job})
+    assert "train" not in state.jobs
+    assert any("is the root of the filesystem" in str(e) and "spec.code.path" in str(e) for e in state.errors)
+
+
 @pytest.mark.parametrize("name", ["AWS_SECRET_ACCESS_KEY", "KAGGLE_KEY", "HF_TOKEN", "DB_PASSWORD"])
 def test_a_credential_in_env_is_refused_with_the_way_to_name_it_as_a_secret(name: str) -> None:
     job = JOB_ON_KAG.replace("placement: {providers: [kag]}", f"env: {{{name}: abc}}")

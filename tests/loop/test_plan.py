@@ -88,22 +88,23 @@ def test_price_cap_excludes_expensive_provider() -> None:
     p = plan(d, Observed(), {}, NOW)
     assert [a.job for a in p.actions] == ["a"]
     assert p.statuses["b"].phase == Phase.PENDING
-    assert "waiting for capacity" in p.statuses["b"].message
+    assert p.statuses["b"].message == "waiting: free already runs 1 worker, its concurrency limit"
 
 
 @pytest.mark.parametrize(
-    ("state", "outcome", "charged"),
+    ("state", "outcome", "charged", "backs_off"),
     [
-        (WorkerState(WorkerPhase.PREEMPTED, -9, "killed by SIGKILL"), Outcome.INTERRUPTION, False),
-        (WorkerState(WorkerPhase.SESSION_LIMIT, None, "TIMEOUT"), Outcome.SESSION_END, False),
-        (WorkerState(WorkerPhase.LOST, None, "NODE_FAIL"), Outcome.INTERRUPTION, False),
-        (WorkerState(WorkerPhase.EXITED, 75, "exited 75"), Outcome.INTERRUPTION, False),
-        (WorkerState(WorkerPhase.EXITED, 1, "exited 1"), Outcome.JOB_ERROR, True),
-        (WorkerState(WorkerPhase.EXITED, 0, "exited 0"), Outcome.JOB_ERROR, True),  # no done.json
+        (WorkerState(WorkerPhase.PREEMPTED, -9, "killed by SIGKILL"), Outcome.INTERRUPTION, False, False),
+        (WorkerState(WorkerPhase.SESSION_LIMIT, None, "TIMEOUT"), Outcome.SESSION_END, False, False),
+        (WorkerState(WorkerPhase.LOST, None, "NODE_FAIL"), Outcome.INTERRUPTION, False, False),
+        # exit 75 with no notice from the provider behind it: free once, but it backs off
+        (WorkerState(WorkerPhase.EXITED, 75, "exited 75"), Outcome.INTERRUPTION, False, True),
+        (WorkerState(WorkerPhase.EXITED, 1, "exited 1"), Outcome.JOB_ERROR, True, True),
+        (WorkerState(WorkerPhase.EXITED, 0, "exited 0"), Outcome.JOB_ERROR, True, True),  # no done.json
     ],
 )
 def test_end_of_attempt_is_classified_and_only_job_errors_are_charged(
-    state: WorkerState, outcome: Outcome, charged: bool
+    state: WorkerState, outcome: Outcome, charged: bool, backs_off: bool
 ) -> None:
     d = desired(job_yaml())
     run_id = d.jobs["train"].run_id()
@@ -117,9 +118,9 @@ def test_end_of_attempt_is_classified_and_only_job_errors_are_charged(
     assert st.failures == (1 if charged else 0)
     assert st.interruptions == (0 if charged else 1)
     assert st.attempts[0].steps_lost == 7
-    if charged:
+    if backs_off:
         assert st.phase == Phase.BACKOFF and not p.actions
-    else:  # interruptions relaunch at once, elsewhere first
+    else:  # the provider's interruptions relaunch at once, elsewhere first
         assert [a.provider for a in p.actions if isinstance(a, Launch)] == ["paid"]
 
 
@@ -329,14 +330,15 @@ def test_suspend_launches_nothing() -> None:
     assert not p.actions and p.statuses["train"].phase == Phase.SUSPENDED
 
 
-def test_refused_launch_backs_off_that_provider_only() -> None:
+def test_refused_launch_is_recorded_and_that_provider_skipped() -> None:
     d = desired(job_yaml())
     p = plan(d, Observed(), {}, NOW)
     launch = p.actions[0]
     assert isinstance(launch, Launch)
     apply_results(p, [LaunchResult(launch, error="no capacity")], NOW, {})
-    assert "free" in p.statuses["train"].provider_backoff
-    nxt = plan(d, Observed(), {"train": p.statuses["train"]}, NOW + 1)
+    st = p.statuses["train"]
+    assert [(r.provider, r.refused, r.error) for r in st.refusals] == [("free", NOW, "no capacity")]
+    nxt = plan(d, Observed(), {"train": st}, NOW + 1)
     assert [a.provider for a in nxt.actions if isinstance(a, Launch)] == ["paid"]
 
 

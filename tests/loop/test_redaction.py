@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import base64
+import html
 import io
+import json
 import logging
+import re
+from collections.abc import Callable
 from urllib.parse import quote, quote_plus
 
 import pytest
@@ -48,6 +52,68 @@ def test_secret_base64_encoded_inside_longer_data_is_masked_at_every_alignment(p
 def test_secret_escaped_as_in_json_or_yaml_is_masked() -> None:
     value = 'pa"ss\\word'
     assert Redactor([value]).redact('msg: "pa\\"ss\\\\word"') == f'msg: "{MASK}"'
+
+
+# Characters that each encoding changes: URL-encoding (@ / + = & space, non-ASCII), HTML (& < > " '),
+# JSON (" and non-ASCII; \u escapes of astral characters as surrogate pairs), base64 (all of it).
+HARD = "p@ss/w+rd=&<>\"' é€😀"
+
+
+def _lower_hex(text: str) -> str:
+    return re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(), text)
+
+
+ENCODINGS: dict[str, Callable[[str], str]] = {
+    "as-is": lambda s: s,
+    "url": lambda s: quote(s, safe=""),
+    "url-lowercase": lambda s: _lower_hex(quote(s, safe="")),
+    "url-keeping-slashes": lambda s: quote(s),
+    "url-plus": quote_plus,
+    "url-plus-lowercase": lambda s: _lower_hex(quote_plus(s)),
+    "html": html.escape,
+    "html-no-quotes": lambda s: html.escape(s, quote=False),
+    "html-decimal": lambda s: "".join(c if c.isalnum() and c.isascii() else f"&#{ord(c)};" for c in s),
+    "html-hex-upper": lambda s: "".join(c if c.isalnum() and c.isascii() else f"&#x{ord(c):X};" for c in s),
+    "html-markupsafe": lambda s: html.escape(s).replace("&#x27;", "&#39;").replace("&quot;", "&#34;"),
+    "xml-ascii": lambda s: html.escape(s).encode("ascii", "xmlcharrefreplace").decode(),
+    "json": lambda s: json.dumps(s)[1:-1],
+    "json-utf8": lambda s: json.dumps(s, ensure_ascii=False)[1:-1],
+    "json-upper-hex": lambda s: re.sub(r"\\u([0-9a-f]{4})", lambda m: "\\u" + m.group(1).upper(), json.dumps(s)[1:-1]),
+    "json-html-safe": lambda s: json.dumps(s)[1:-1].replace("<", "\\u003c").replace(">", "\\u003e")
+                                                   .replace("&", "\\u0026"),
+    "json-escaped-slash": lambda s: json.dumps(s)[1:-1].replace("/", "\\/"),
+    "python-repr": lambda s: repr(s)[1:-1],
+    "python-bytes-repr": lambda s: repr(s.encode())[2:-1],
+    "yaml-single-quoted": lambda s: s.replace("'", "''"),
+    "base64": lambda s: b64(s.encode()),
+    "base64-unpadded": lambda s: b64(s.encode()).rstrip("="),
+    "base64-urlsafe": lambda s: base64.urlsafe_b64encode(s.encode()).decode(),
+    "base64-urlsafe-unpadded": lambda s: base64.urlsafe_b64encode(s.encode()).decode().rstrip("="),
+}
+
+
+@pytest.mark.parametrize("encoding", sorted(ENCODINGS))
+def test_a_secret_with_characters_every_encoding_changes_is_masked_in_each_encoding(encoding: str) -> None:
+    form = ENCODINGS[encoding](HARD)
+    assert form != HARD or encoding == "as-is"
+    assert Redactor([HARD]).redact(f"log: {form} end") == f"log: {MASK} end"
+
+
+@pytest.mark.parametrize("encoding", sorted(e for e in ENCODINGS if e.startswith("base64")))
+@pytest.mark.parametrize("prefix", [b"", b"a", b"ab"])
+def test_a_secret_with_any_characters_is_masked_in_base64_at_every_alignment(encoding: str, prefix: bytes) -> None:
+    urlsafe = "urlsafe" in encoding
+    encode = base64.urlsafe_b64encode if urlsafe else base64.b64encode
+    blob = encode(prefix + HARD.encode() + b"tail").decode()
+    out = Redactor([HARD]).redact(blob)
+    assert MASK in out
+    assert len(out) - len(MASK) <= len(blob) - len(b64(HARD.encode())) + 4
+
+
+def test_the_lines_of_a_secret_of_several_lines_are_masked_one_by_one() -> None:
+    key = "-----BEGIN KEY-----\nMIIEvQIBADANBgkq+hkiG9w0BAQ\n-----END KEY-----"
+    out = Redactor([key]).redact("line 1: MIIEvQIBADANBgkq+hkiG9w0BAQ\njson: " + json.dumps(key))
+    assert "MIIEvQ" not in out and "BEGIN" not in out
 
 
 def test_values_shorter_than_six_characters_are_left_alone() -> None:
@@ -107,3 +173,36 @@ def test_a_tick_masks_a_jobs_own_secret_from_its_first_log_line(state_repo) -> N
     assert SECRET in rec.redactor.redact(f"url={SECRET}")  # a plain name: not known before reading
     rec.preview()
     assert rec.redactor.redact(f"url={SECRET}") == f"url={MASK}"
+
+
+def _masked_stream(chunks: list[bytes], redactor: Redactor, limit: int | None = None) -> bytes:
+    from adapters.bootstrap import OutputMasker
+
+    out: list[bytes] = []
+    masker = OutputMasker(redactor.pattern, redactor.longest, out.append)
+    if limit is not None:  # write parts of an unended line once it is longer than the longest form + `limit`
+        masker.limit = masker.keep + limit
+    for chunk in chunks:
+        masker.feed(chunk)
+    masker.close()
+    return b"".join(out)
+
+
+def test_a_stream_is_masked_whatever_its_writes_split_even_inside_a_character() -> None:
+    redactor = Redactor([HARD])
+    data = f"a {HARD} b {quote(HARD).lower()} c\r{html.escape(HARD)}".encode() + b"\xff raw\n"
+    one_by_one = _masked_stream([data[i:i + 1] for i in range(len(data))], redactor)
+    assert one_by_one == b"a *** b *** c\r***\xff raw\n"
+    unended = _masked_stream([data[i:i + 5] for i in range(0, len(data), 5)], redactor, limit=8)
+    assert unended == one_by_one
+
+
+def test_a_stream_writes_whole_lines_as_they_come_and_holds_only_an_unended_one() -> None:
+    from adapters.bootstrap import OutputMasker
+
+    out: list[bytes] = []
+    masker = OutputMasker(Redactor([HARD]).pattern, Redactor([HARD]).longest, out.append)
+    masker.feed(b"step 1\nstep 2\rpart")
+    assert b"".join(out) == b"step 1\nstep 2\r"
+    masker.close()
+    assert b"".join(out) == b"step 1\nstep 2\rpart"

@@ -277,3 +277,17 @@ def test_a_storage_change_never_shows_credentials_written_in_its_url(state_repo:
         out = plan(state_repo, base, "--format", fmt)
         assert "storage changes from s3://no-such-bucket/runs to s3://***@other-bucket/runs" in out, out
         assert "wJalrSECRETexample" not in out and "AKIAEXAMPLEKEY" not in out
+
+
+def test_the_review_shows_control_characters_of_the_change_as_escapes() -> None:
+    """A pull request is written by whoever opens it: its file names and values reach the check's
+    log and the comment with their escape sequences visible, not acted on."""
+    from reconciler.review import render_text
+
+    hostile = "\x1b]0;owned\x07\r\u202e"
+    base = {"a": manifest("a")}
+    head = {"a": manifest("a", "train.py" + hostile), f"bad{hostile}": "kind: Job\n"}
+    r = judge(base, head, [status_of("a", base["a"], Phase.RUNNING, 10)])
+    for shown in (render_text(r), render_markdown(r)):
+        assert not any(c in shown for c in "\x1b\x07\r\u202e"), shown
+        assert "\\x1b]0;owned\\x07\\r\\u202e" in shown

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -30,11 +31,15 @@ FORMS = {
     "base64-unpadded": base64.b64encode(CANARY.encode()).decode().rstrip("="),
     "url": quote(CANARY, safe=""),
     "url-plus": quote_plus(CANARY),
+    "url-lowercase": re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(), quote(CANARY, safe="")),
+    "html-decimal": "".join(f"&#{ord(c)};" if c in "/+=" else c for c in CANARY),
 }
 
-PRINT_ALL = ("import os, base64, urllib.parse as u; s = os.environ['CANARY']; "
+PRINT_ALL = ("import os, re, base64, urllib.parse as u; s = os.environ['CANARY']; "
              "print('secret', s); print('b64', base64.b64encode(s.encode()).decode()); "
-             "print('url', u.quote(s, safe=''), u.quote_plus(s))")
+             "print('url', u.quote(s, safe=''), u.quote_plus(s)); "
+             "print('lower', re.sub('%[0-9A-F]{2}', lambda m: m.group(0).lower(), u.quote(s, safe=''))); "
+             "print('html', ''.join('&#%d;' % ord(c) if c in '/+=' else c for c in s))")
 
 
 def job(name: str, command: list[str], **spec: object) -> str:
@@ -53,6 +58,7 @@ class CanaryRun:
     output: str
     returncode: int
     env_dump: Path
+    workers: Path  # the local provider's worker folders, with their logs
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +79,7 @@ def canary_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CanaryRun]:
         res = subprocess.run([sys.executable, "-m", "reconciler", "run", "--repo", str(repo.path), "--until-done",
                               "--no-watch", "--tick-seconds", "0.5", "--verbose"],
                              env=env, capture_output=True, text=True, timeout=240)
-        yield CanaryRun(repo, res.stdout + res.stderr, res.returncode, env_dump)
+        yield CanaryRun(repo, res.stdout + res.stderr, res.returncode, env_dump, workers)
     finally:
         kill_local_workers(workers)
 
@@ -105,6 +111,19 @@ def test_no_canary_in_status_files(canary_run: CanaryRun) -> None:
 
 def test_no_canary_in_daemon_logs(canary_run: CanaryRun) -> None:
     assert not leaks(canary_run.output)
+
+
+def test_no_canary_in_the_stored_worker_logs_and_none_in_logs_from_a_shell_without_it(canary_run: CanaryRun) -> None:
+    files = [p for p in canary_run.workers.rglob("*") if p.is_file()]
+    assert any(p.name == "log" and b"secret ***" in p.read_bytes() for p in files)  # not vacuous
+    for path in files:
+        assert not leaks(path.read_bytes().decode("utf-8", "replace")), path
+    shown = subprocess.run([sys.executable, "-m", "reconciler", "logs", "leaky-fail", "--repo",
+                            str(canary_run.repo.path)], capture_output=True, text=True, timeout=120,
+                           env={"PATH": os.environ["PATH"], "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+                                "RECONCILER_LOCAL_WORKDIR": str(canary_run.workers)})
+    assert "secret ***" in shown.stdout, shown.stdout + shown.stderr
+    assert not leaks(shown.stdout + shown.stderr)
 
 
 def test_no_canary_in_environment_of_a_job_without_secrets(canary_run: CanaryRun) -> None:

@@ -17,7 +17,17 @@ from pathlib import Path
 import yaml
 
 from adapters.storage import CheckpointName, RunFolder
-from status.models import MAX_ATTEMPTS_KEPT, Attempt, Forecast, JobStatus, Outcome, Phase, Progress, render_status
+from status.models import (
+    MAX_ATTEMPTS_KEPT,
+    Attempt,
+    Forecast,
+    JobStatus,
+    Outcome,
+    Phase,
+    Progress,
+    Refusal,
+    render_status,
+)
 
 CANARY = "webcanary-Zq7/x+Kp=4secret"
 CANARY_ENV = "WEB_CANARY_TOKEN"
@@ -25,6 +35,7 @@ CANARY_FORMS = (CANARY, base64.b64encode(CANARY.encode()).decode())
 HTML_JOB = "<img src=x onerror=window.__pwned=1>"
 HTML_MESSAGE = "<script>window.__pwned=2</script><b>bold</b> & more"
 HOUR = 3600.0
+REFUSED_WHY = "local provider 'slurm': cannot create /w/workers: [Errno 20] Not a directory <b>'/w'</b>"
 
 # provider, outcome, steps gained, steps lost (None outcome: the attempt still running)
 TRAIN_ATTEMPTS: list[tuple[str, Outcome | None, int, int]] = [
@@ -134,7 +145,9 @@ def _one_per_phase(sc: Scenario, hostile: bool) -> None:
                        ended=None if outcome is None else now - 3 * HOUR + epoch * 600 + 500, outcome=outcome,
                        step_start=0, step_end=None if outcome is None else 10 * epoch)
     phases = {
-        "pending-job": JobStatus(job="pending-job", message="waiting for capacity"),
+        "pending-job": JobStatus(job="pending-job", message="waiting: slurm is cooling down",
+                                 refusals=[Refusal(provider="slurm", refused=now + 600 - ago, error=REFUSED_WHY)
+                                           for ago in (600, 400, 200, 30)]),
         "launching-job": JobStatus(job="launching-job", phase=Phase.LAUNCHING, run_id="r1", total_attempts=1,
                                    attempts=[att(1, None, "slurm")], message="launched on slurm"),
         "backoff-job": JobStatus(job="backoff-job", phase=Phase.BACKOFF, run_id="r2", failures=1, total_attempts=1,

@@ -11,7 +11,16 @@ import pytest
 from reconciler.web.views import OUTCOME_CLASS
 from status.models import MAX_ATTEMPTS_KEPT, JobStatus, Phase
 from tests.web.conftest import Server, start_server, stop_server
-from tests.web.scenario import CANARY_FORMS, HTML_JOB, HTML_MESSAGE, TARGET, TRAIN_ATTEMPTS, Scenario, build
+from tests.web.scenario import (
+    CANARY_FORMS,
+    HTML_JOB,
+    HTML_MESSAGE,
+    REFUSED_WHY,
+    TARGET,
+    TRAIN_ATTEMPTS,
+    Scenario,
+    build,
+)
 
 # The page's colours (style.css), as the browser computes them, per outcome class.
 FILL = {"running": "rgb(47, 129, 247)", "succeeded": "rgb(26, 127, 55)", "interrupted": "rgb(212, 167, 44)",
@@ -45,6 +54,18 @@ def test_overview_shows_every_job_with_phase_progress_eta_and_cost(server: Serve
     assert "desired/broken.yaml" in page.locator(".errors").inner_text()  # manifest errors under the table
     assert got["succeeded-job"][2] == "100/100"
     assert page.locator('#jobs tr[data-job="succeeded-job"] progress').get_attribute("value") == "100.0"
+
+
+def test_overview_shows_each_providers_health(server: Server, page: Any) -> None:
+    page.goto(server.url + "/")
+    rows = page.locator("#providers tbody tr")
+    got = {rows.nth(i).get_attribute("data-provider"): rows.nth(i).locator("td").all_inner_texts()
+           for i in range(rows.count())}
+    name, state, until, refusals, losses, *_, why = got["slurm"]
+    assert (name, state, refusals, losses) == ("slurm", "cooling down", "4", "0")
+    assert re.fullmatch(r"\d\d:\d\d UTC", until)
+    assert why == f"refused: {REFUSED_WHY}"  # the provider's words, shown as text
+    assert all(cells[1] in ("healthy", "tried last") for p, cells in got.items() if p != "slurm")
 
 
 def test_timeline_has_one_bar_per_attempt_of_the_history_in_its_provider_lane(

@@ -196,10 +196,12 @@ def test_the_overview_shows_each_provider_s_learned_mtbf(tmp_path: Path) -> None
         stop_server(server)
     rows = dict(re.findall(r'<tr data-provider="([^"]+)">(.*?)</tr>', html))
     cells = {name: re.findall(r"<td[^>]*>(.*?)</td>", row) for name, row in rows.items()}
-    assert cells["spot"][:2] == ["spot", "interruptible"]
-    told = int(re.fullmatch(r"(\d+) s", cells["spot"][2])[1])
-    assert 3 <= told <= 30 and cells["spot"][3] == "5.0"  # within ten times the 3 s observed
-    assert cells["free"][1:] == ["reliable", "30 d (2,592,000 s)", "0.0", "none", "30 d"]
+    head = re.findall(r"<th[^>]*>(.*?)</th>", html.split('id="providers"')[1].split("</thead>")[0])
+    kind = head.index("kind")  # the failure-rate columns: kind, MTBF told, interruptions, machine time, prior
+    assert cells["spot"][0] == "spot" and cells["spot"][kind] == "interruptible"
+    told = int(re.fullmatch(r"(\d+) s", cells["spot"][kind + 1])[1])
+    assert 3 <= told <= 30 and cells["spot"][kind + 2] == "5.0"  # within ten times the 3 s observed
+    assert cells["free"][kind:kind + 5] == ["reliable", "30 d (2,592,000 s)", "0.0", "none", "30 d"]
 
 
 # Request targets whose path, as the server decodes it, a browser would follow to another host.

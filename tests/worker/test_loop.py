@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from reconciler.worker import Carry, open_run
-from reconciler.worker.loop import load_into
+from reconciler.worker.carried import load_into
 
 PER_EPOCH = 5
 EPOCHS = 3
@@ -245,3 +245,81 @@ def test_a_resume_that_carries_other_values_is_refused(tmp_path: Path) -> None:
             with pytest.raises(RuntimeError, match="carries lr but this epoch did not call run.carry"):
                 run.batches(range(3))
             break
+
+
+class Counter:
+    """A plain object: no state_dict/load_state_dict, so nothing could put it back in place."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
+@pytest.mark.parametrize(("build", "change", "refusal"), [
+    (lambda: (torch.zeros(2), 0), lambda v, x: (v[0] + x, v[1] + 1),
+     r"item \[1\] of the value carry= returns was 0 when the epoch's batches began and is 2 now"),
+    (lambda: None, lambda v, x: torch.full((2,), float(x)),
+     r"the value carry= returns was None when the epoch's batches began and is a tensor of shape \(2,\) now"),
+    (lambda: {"h": torch.zeros(2)}, lambda v, x: {"h": torch.zeros(x + 2)},
+     r"item \['h'\] of the value carry= returns was a tensor of shape \(2,\) .* and is a tensor of shape \(3,\)"),
+    (lambda: [Carry(n=0), Counter()], lambda v, x: v,
+     r"item \[1\] of the value carry= returns is a Counter, which carry= cannot restore in place"),
+], ids=["a changed number", "None, then a tensor", "a tensor of another shape", "a plain object"])
+def test_a_carried_value_a_resume_could_not_put_back_is_refused_at_the_first_save(
+        tmp_path: Path, build: Any, change: Any, refusal: str) -> None:
+    uri = str(tmp_path / "run")
+    with open_run(uri=uri, checkpoint_every=2, install_signal_handlers=False) as run:
+        with pytest.raises(TypeError, match=refusal):
+            for _ in run.epochs(1):
+                value = build()
+                for x in run.batches(range(5), carry=lambda: value):  # noqa: B023 - the current value
+                    value = change(value, x)
+        assert run.step == 2, "refused at the first save, not at a resume"
+        assert run.folder.durable_step() == 0
+
+
+def test_a_nested_carried_value_with_a_module_and_a_carry_is_restored_in_place(tmp_path: Path) -> None:
+    uri = str(tmp_path / "run")
+
+    def preamble() -> tuple[torch.Tensor, dict[str, Any]]:
+        torch.manual_seed(0)
+        return torch.zeros(2), {"cell": torch.nn.Linear(2, 2), "stats": [Carry(total=0.0)]}
+
+    with open_run(uri=uri, checkpoint_every=2, install_signal_handlers=False) as run:
+        for _ in run.epochs(1):
+            hidden, parts = preamble()
+            for x in run.batches(range(5), carry=lambda: (hidden, parts)):  # noqa: B023 - the current value
+                hidden.add_(x)
+                with torch.no_grad():
+                    parts["cell"].weight.mul_(2.0)
+                parts["stats"][0].total += x
+                if run.step == 3:
+                    break
+        run.wait()
+    with open_run(uri=uri, install_signal_handlers=False) as run:
+        for _ in run.epochs(1):
+            hidden, parts = preamble()
+            fresh = parts["cell"].weight.detach().clone()
+            batches = run.batches(range(5), carry=lambda: (hidden, parts))  # noqa: B023
+            assert hidden.tolist() == [1.0, 1.0] and parts["stats"][0].total == 1.0  # step 2's, in place
+            assert torch.equal(parts["cell"].weight, fresh * 4.0)
+            assert list(batches) == [2, 3, 4]
+
+
+def test_a_generator_of_ones_own_held_in_the_carry_draws_on_as_if_uninterrupted(tmp_path: Path) -> None:
+    """As the README advises for random generators of one's own: in the `Carry` given to carry=."""
+
+    def draws(uri: str, die_at: int | None) -> list[float]:
+        out = []
+        with open_run(uri=uri, checkpoint_every=2, install_signal_handlers=False) as run:
+            for _ in run.epochs(2):
+                s = Carry(g=torch.Generator().manual_seed(5))
+                for _ in run.batches(range(3), carry=lambda: s):  # noqa: B023 - the current value
+                    out.append(float(torch.rand(1, generator=s.g)))
+                    if run.step == die_at:
+                        run.wait()
+                        return out
+        return out
+
+    reference = draws(str(tmp_path / "ref"), None)
+    killed = draws(str(tmp_path / "run"), 5)
+    assert killed[:4] + draws(str(tmp_path / "run"), None) == reference

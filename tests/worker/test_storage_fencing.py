@@ -59,6 +59,20 @@ def test_bump_with_expected_epoch_refuses_a_lease_that_moved(store: Store) -> No
     assert folder.bump_lease(expected=1) == 2
 
 
+def test_an_epoch_released_unstarted_is_taken_again_and_older_ones_stay_fenced(store: Store) -> None:
+    """A launch the provider refused started no worker: its epoch is the next launch's."""
+    folder = store.folder()
+    assert folder.bump_lease() == 1
+    old = commit(folder, 1, 10)
+    assert folder.bump_lease() == 2
+    folder.release_unstarted(2)
+    with pytest.raises(Fenced):
+        folder.check_epoch(1)
+    folder.release_unstarted(1)  # a moved-on lease is left alone
+    assert folder.bump_lease() == 2 and folder.bump_lease() == 3
+    assert old.dirname in folder.lease()["committed"]
+
+
 def test_replaced_attempt_cannot_commit_and_its_late_commits_are_never_accepted(store: Store) -> None:
     folder = store.folder()
     old = folder.bump_lease()

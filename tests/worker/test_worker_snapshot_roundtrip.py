@@ -65,3 +65,20 @@ def test_any_state_round_trips_bit_for_bit(state: dict[str, Any], shard: int) ->
             assert_same(state, meta["objects"]["user"])
     finally:
         del os.environ["RECONCILER_SHARD_BYTES"]
+
+
+def test_rng_states_saved_inside_an_object_set_the_generators_again(tmp_path: Any) -> None:
+    """RNG states saved as part of an object (run.epochs() keeps every rank's, as each epoch
+    began) come back as views into one buffer, not at its start; setting them draws the same."""
+    folder = RunFolder(str(tmp_path))
+    torch.manual_seed(7)
+    states = [snapshot.rng_state(), snapshot.rng_state()]
+    expected = torch.rand(4)
+    snap = snapshot.capture(1, {"loop": {"before": torch.ones(100), "rng": states}}, {})
+    ckpt = snapshot.write(folder, folder.bump_lease(), snap, None, snapshot.io_pool())
+    saved = snapshot.read(folder, ckpt, snapshot.io_pool())["objects"]["loop"]["rng"]
+    assert saved[1]["torch"].storage_offset() > 0, "the case that crashed: a state inside the buffer"
+    for state in saved:
+        torch.manual_seed(0)
+        snapshot.set_rng_state(state)
+        assert torch.equal(torch.rand(4), expected)
