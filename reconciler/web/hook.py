@@ -8,6 +8,7 @@ gets its 100), a chunked body 411. One line per request in the log, as `judge` e
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Mapping
 
 from starlette.applications import Starlette
@@ -25,9 +26,9 @@ class Hook:
     """What a request is judged against, and what an accepted push calls."""
 
     def __init__(self, secret: bytes, wake: Callable[[], None], branch: Callable[[], str | None],
-                 seen: Seen | None = None, clock: Callable[[], float] | None = None) -> None:
+                 seen: Seen | None = None, clock: Callable[[], float] = time.time) -> None:
         self.secret, self.wake, self.branch, self.seen = secret, wake, branch, seen or Seen()
-        self.clock = clock
+        self.clock = clock  # for the push-time window
 
     async def handle(self, request: Request) -> Response:
         headers = {k.lower(): v for k, v in request.headers.items()}
@@ -40,8 +41,7 @@ class Hook:
             return Response(status_code=400)  # the connection is gone; it logged the line
         if len(body) != length:
             return _answer(request, identify(headers), Answer(400, "body length differs from its Content-Length"))
-        kwargs = {} if self.clock is None else {"now": self.clock()}
-        delivery, answer = judge(headers, body, self.secret, self.branch, self.seen, **kwargs)
+        delivery, answer = judge(headers, body, self.secret, self.branch, self.seen, now=self.clock())
         if answer.wake:
             self.wake()
         return _answer(request, delivery, answer)
