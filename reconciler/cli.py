@@ -399,6 +399,7 @@ def run(
     from reconciler.daemon import Daemon
     from reconciler.loop import AlreadyRunning
     from reconciler.telemetry import TelemetryError, metrics_address, telemetry
+    from reconciler.web.command import start_beside_daemon
     from reconciler.webhook import SECRET_ENV, WebhookError
 
     _setup_logging(verbose)
@@ -411,21 +412,20 @@ def run(
     _check_storage(rec)
     cli_jobs.announce(rec, tick_seconds)
     rec.election = Election(tick_seconds, clone=str(rec.repo.path))
-    if serve_at is not None and not once:
-        from reconciler.web.command import start_beside_daemon
-        start_beside_daemon(repo, serve_at)
+    page = None if serve_at is None or once else start_beside_daemon(repo, serve_at, address)
+    mounts: dict[str, object] = {} if page is None else {"/": page}  # served by the webhook's server
 
     def show(report: TickReport) -> None:
         for line in report.changed:
             logging.getLogger("reconciler").info("%s", line)
 
     try:
-        with telemetry(rec, metrics_at, show) as on_tick:
+        with telemetry(rec, metrics_at, show, beside=(address, mounts)) as on_tick:
             if once:
                 _run_once(rec, on_tick)
                 return
             daemon = Daemon(rec, tick_seconds=tick_seconds, until_done=until_done, on_tick=on_tick, watch=watch,
-                            listen=address, webhook_secret=os.environ.get(SECRET_ENV, ""))
+                            listen=address, webhook_secret=os.environ.get(SECRET_ENV, ""), mounts=mounts)
             final = daemon.run()
     except (AlreadyRunning, WebhookError, TelemetryError) as exc:
         raise _fail(str(exc)) from exc
@@ -437,7 +437,7 @@ def run(
 
 def _listen_address(listen: str | None, once: bool) -> tuple[str, int] | None:
     """Checks `--listen` before anything starts: its form, the secret it needs, and who can reach it."""
-    from reconciler.webhook import SECRET_ENV, is_loopback, missing_secret, parse_listen
+    from reconciler.webhook import is_loopback, listen_problem, parse_listen
 
     if listen is None:
         return None
@@ -447,8 +447,8 @@ def _listen_address(listen: str | None, once: bool) -> tuple[str, int] | None:
         host, port = parse_listen(listen)
     except ValueError as exc:
         raise _fail(f"--listen: {exc}", 2) from exc
-    if not os.environ.get(SECRET_ENV):
-        raise _fail(missing_secret())
+    if (problem := listen_problem(os.environ)) is not None:
+        raise _fail(problem)
     if not is_loopback(host):
         logging.getLogger("reconciler").warning(
             "webhook: listening on %s, reachable from other machines; requests are signed but not encrypted, "

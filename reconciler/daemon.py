@@ -52,7 +52,10 @@ ENDINGS = ("done.json", "exit_code")  # a run completed (storage), a local worke
 class Daemon:
     def __init__(self, reconciler: Reconciler, *, tick_seconds: float | None = None, until_done: bool = False,
                  on_tick: Callable[[TickReport], None] | None = None, watch: bool = True,
-                 stop_grace: float = 5.0, listen: tuple[str, int] | None = None, webhook_secret: str = "") -> None:
+                 stop_grace: float = 5.0, listen: tuple[str, int] | None = None, webhook_secret: str = "",
+                 mounts: dict[str, object] | None = None) -> None:
+        """`mounts`: applications served with the webhook on `listen` (the status page, the metrics,
+        when `run --serve` or `--metrics` names the same address)."""
         self.rec = reconciler
         self.until_done = until_done
         self.on_tick = on_tick
@@ -72,7 +75,7 @@ class Daemon:
         self._watch_stop: threading.Event | None = None
         self._endings: dict[str, tuple[ComputeAdapter, threading.Event]] = {}  # provider -> its watch
         self.webhook = None if listen is None else WebhookServer(
-            *listen, secret=webhook_secret, wake=self.trigger, branch=self._branch)
+            *listen, secret=webhook_secret, wake=self.trigger, branch=self._branch, mounts=mounts)
         self.webhook_address: tuple[str, int] | None = None  # bound once running (port 0 picks one)
         self._scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(1),
                                                          "lease": ThreadPoolExecutor(1)})

@@ -4,8 +4,15 @@ provider outage, a firewall) only costs latency.
 
 Every request must prove it knows the shared secret (`RECONCILER_WEBHOOK_SECRET`): GitHub and
 Gitea/Forgejo sign the raw body with HMAC-SHA256, GitLab sends the secret itself as a token. A
-delivery id seen before is refused (a captured request cannot be replayed to make us tick), and a
-body larger than MAX_BODY is refused from its Content-Length, before a byte of it is read.
+captured request cannot be replayed to make us tick: a delivery id seen before is refused (GitHub's
+X-GitHub-Delivery GUID, GitLab's Idempotency-Key or X-Gitlab-Event-UUID, Gitea's X-Gitea-Delivery),
+so is a payload whose SHA-256 was seen before under any delivery id (the id is not signed, the body
+is), and so is a push whose signed push time is older than WINDOW (GitHub's repository.pushed_at).
+GitHub recommends the GUID for this:
+https://docs.github.com/en/webhooks/using-webhooks/best-practices-for-using-webhooks#use-the-x-github-delivery-header
+GitLab's delivery headers: https://docs.gitlab.com/user/project/integrations/webhooks/#delivery-headers
+Gitea's: https://docs.gitea.com/features/webhooks. A body larger than MAX_BODY is refused from its
+Content-Length, before a byte of it is read. The HTTP side is reconciler.web.hook on uvicorn.
 
 What the answers mean (the senders show them in their delivery logs):
   202  accepted: a push to the reconciled branch (a tick starts), or a verified delivery we do not
@@ -16,7 +23,8 @@ What the answers mean (the senders show them in their delivery logs):
   401  no signature or token, or a wrong one (one code for both: either way the sender did not
        prove it knows the secret)
   404  another path than / or /webhook;  405  another method than POST
-  409  a delivery id already seen (replayed or redelivered)
+  409  a delivery id or a payload already seen (replayed or redelivered), or a push time
+       outside the window (older than WINDOW, or more than SKEW ahead of our clock)
   411  no Content-Length;  413  a body over MAX_BODY
 The body and the secret are never logged: one line per request says sender, event, delivery id
 and the answer.
@@ -27,24 +35,24 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
-import json
 import logging
-import socket
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from datetime import datetime
+from typing import Any
 
-from adapters.wire import WireError, decimal_int, load_json
+from adapters.wire import WireError, load_json
 
 log = logging.getLogger("reconciler")
 
 SECRET_ENV = "RECONCILER_WEBHOOK_SECRET"
 MAX_BODY = 1024 * 1024  # a push payload of GitHub or GitLab is a few KB; they cap theirs at 25 MB
 PATHS = ("/", "/webhook")
-READ_TIMEOUT = 10.0  # a client that stops sending mid-request holds a thread no longer than this
+WINDOW = 600.0  # a push older than this (by the time in its payload) is refused as a replay
+SKEW = 120.0  # how far the forge's clock may run ahead of ours
 
 
 class WebhookError(Exception):
@@ -108,10 +116,11 @@ def genuine(sender: str, given: str, secret: bytes, body: bytes) -> bool:
 
 # ---- replays -------------------------------------------------------------------------------------
 class Seen:
-    """The delivery ids of the last `keep` verified deliveries within `ttl` seconds. A replay of an
-    older one would only start one more tick (ticks are level-triggered); the bound keeps memory flat."""
+    """The delivery ids and payload digests of the last verified deliveries (`keep` keys) within
+    `ttl` seconds. A replay of an older one would only start one more tick (ticks are
+    level-triggered); the bound keeps memory flat."""
 
-    def __init__(self, keep: int = 1000, ttl: float = 24 * 3600, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, keep: int = 4096, ttl: float = 24 * 3600, clock: Callable[[], float] = time.monotonic) -> None:
         self.keep, self.ttl, self.clock = keep, ttl, clock
         self._ids: OrderedDict[str, float] = OrderedDict()
         self._lock = threading.Lock()
@@ -133,9 +142,9 @@ class Seen:
 
 # ---- what to do with a request -------------------------------------------------------------------
 def judge(headers: Mapping[str, str], body: bytes, secret: bytes, branch: Callable[[], str | None],
-          seen: Seen) -> tuple[Delivery | None, Answer]:
+          seen: Seen, now: float | None = None) -> tuple[Delivery | None, Answer]:
     """The answer to a request whose body was read in full. Nothing is believed before the
-    signature holds; the delivery id is recorded only once it does."""
+    signature holds; the delivery id and the payload's digest are recorded only once it does."""
     delivery = identify(headers)
     if delivery is None:
         return None, Answer(400, "not a GitHub, GitLab or Gitea webhook")
@@ -150,144 +159,115 @@ def judge(headers: Mapping[str, str], body: bytes, secret: bytes, branch: Callab
         return delivery, Answer(400, "no delivery id")
     if not seen.first_time(f"{delivery.sender}:{delivery.delivery_id}"):
         return delivery, Answer(409, "replayed delivery")
-    return delivery, _push(delivery, body, branch)
+    if not seen.first_time("sha256:" + hashlib.sha256(body).hexdigest()):
+        return delivery, Answer(409, "replayed delivery: this payload came before under another delivery id")
+    return delivery, _push(delivery, body, branch, time.time() if now is None else now)
 
 
-def _push(delivery: Delivery, body: bytes, branch: Callable[[], str | None]) -> Answer:
+def _push(delivery: Delivery, body: bytes, branch: Callable[[], str | None], now: float) -> Answer:
     try:
         payload = load_json(body, limit=MAX_BODY)
     except WireError as exc:
         return Answer(400, f"body is not JSON ({exc}): set the webhook's content type to application/json")
     if delivery.event.lower() not in ("push", "push hook"):
         return Answer(202, f"ignored: {delivery.event} is not a push")
-    ref = payload.get("ref") if isinstance(payload, dict) else None
-    if not isinstance(ref, str):
+    if not isinstance(payload, dict) or not isinstance(payload.get("ref"), str):
         return Answer(400, "push without a ref")
-    ours = branch()
+    if (stale := _outside_window(pushed_at(payload), now)) is not None:
+        return Answer(409, stale)
+    ref, ours = payload["ref"], branch()
     if ours is not None and ref != f"refs/heads/{ours}":
         return Answer(202, f"ignored: {ref} is not refs/heads/{ours}")
     return Answer(202, "accepted: ticking now", wake=True)  # a branch we cannot tell (detached HEAD): the tick says why
 
 
+def pushed_at(payload: Mapping[str, Any]) -> float | None:
+    """When the push happened, by the payload: GitHub's `repository.pushed_at` (Unix seconds in a
+    push event; https://docs.github.com/en/webhooks/webhook-events-and-payloads#push). GitLab and
+    Gitea send no push time, only each commit's own (which can be days older than its push: a
+    commit made offline), so for them None and the payload digest alone refuses a replay."""
+    repository = payload.get("repository")
+    value = repository.get("pushed_at") if isinstance(repository, dict) else None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):  # an ISO time, as GitHub writes it in other events
+        try:
+            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+    return None
+
+
+def _outside_window(pushed: float | None, now: float) -> str | None:
+    """Why a push time is refused: older than WINDOW, or further than SKEW ahead of our clock."""
+    if pushed is None:
+        return None
+    if pushed < now - WINDOW:
+        return f"stale delivery: pushed {now - pushed:.0f} s ago, more than the {WINDOW:.0f} s allowed"
+    if pushed > now + SKEW:
+        return f"stale delivery: pushed {pushed - now:.0f} s ahead of this machine's clock (more than {SKEW:.0f} s)"
+    return None
+
+
 # ---- the server ----------------------------------------------------------------------------------
-def _printable(text: str, limit: int = 80) -> str:
+def printable(text: str, limit: int = 80) -> str:
     """A header value fit for a log line: no control characters (no forged log lines), bounded."""
     return "".join(c if c.isprintable() else "?" for c in text[:limit]) or "-"
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    timeout = READ_TIMEOUT
-    protocol_version = "HTTP/1.1"
-    server_version = "reconciler-webhook"
-
-    def version_string(self) -> str:
-        return self.server_version  # no Python version in the Server header
-
-    def do_POST(self) -> None:  # noqa: N802 - the name http.server calls
-        if self.path.split("?", 1)[0] not in PATHS:
-            return self._finish(None, Answer(404, "not found: POST to / or /webhook"))
-        headers = {k.lower(): v for k, v in self.headers.items()}
-        length = self._length()
-        if isinstance(length, Answer):
-            return self._finish(identify(headers), length)
-        body = self.rfile.read(length)
-        if len(body) < length:
-            return self._finish(identify(headers), Answer(400, "body shorter than its Content-Length"))
-        delivery, answer = judge(headers, body, self.server.secret, self.server.branch, self.server.seen)
-        if answer.wake:
-            self.server.wake()
-        self._finish(delivery, answer)
-
-    def handle_expect_100(self) -> bool:
-        """A client asking `Expect: 100-continue` for an oversized body is refused before it sends it."""
-        if self.command == "POST" and isinstance(answer := self._length(), Answer):
-            self._finish(identify({k.lower(): v for k, v in self.headers.items()}), answer)
-            return False
-        return super().handle_expect_100()
-
-    def do_GET(self) -> None:  # noqa: N802
-        self._finish(None, Answer(405, "webhooks are POSTed"))
-
-    do_PUT = do_DELETE = do_PATCH = do_HEAD = do_GET  # noqa: N815
-
-    def _length(self) -> int | Answer:
-        """The declared body length, or the answer refusing it; an oversized body is never read."""
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            return Answer(411, "a Content-Length is required")
-        given = self.headers.get_all("Content-Length") or []
-        if not given:
-            return Answer(411, "a Content-Length is required")
-        try:  # ASCII digits only (int() would take "1_0", "+10", " 10"), and one value (RFC 9112 §6.3)
-            lengths = {decimal_int(raw.strip(" \t")) for raw in given}
-        except WireError:
-            return Answer(400, "bad Content-Length: it must be digits only")
-        if len(lengths) != 1:
-            return Answer(400, "bad Content-Length: it is given more than once, with different values")
-        length = lengths.pop()
-        if length > MAX_BODY:
-            return Answer(413, f"body of {length} bytes; the limit is {MAX_BODY}")
-        return length
-
-    def _finish(self, delivery: Delivery | None, answer: Answer) -> None:
-        """Answers, closing the connection unless the whole request was read and accepted."""
-        if answer.status >= 400:
-            self.close_connection = True  # an unread body must not be taken for the next request
-        # Logged before the answer goes out, so that whoever reads the answer finds the line written.
-        sender, event, ident = (delivery.sender, delivery.event, delivery.delivery_id) if delivery else ("?", "", "")
-        log.info("webhook: %s %s delivery %s from %s: %d %s", sender, _printable(event), _printable(ident),
-                 self.client_address[0], answer.status, answer.text)
-        data = (json.dumps({"status": answer.status, "result": answer.text}) + "\n").encode()
-        self.send_response(answer.status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
-
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - http.server's signature
-        """Silences http.server's own access log: `_finish` writes the one line per request."""
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, address: tuple[str, int], *, secret: bytes, wake: Callable[[], None],
-                 branch: Callable[[], str | None]) -> None:
-        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-        self.secret, self.wake, self.branch, self.seen = secret, wake, branch, Seen()
-        super().__init__(address, _Handler)
+def missing_web_extra(option: str) -> str | None:
+    """The sentence saying what to install when the web extra is missing; None when it is there."""
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        return f"{option} needs the web extra ({exc.name} is missing): pip install 'reconciler[web]'"
+    return None
 
 
 class WebhookServer:
-    """The HTTP server on a daemon thread of its own; `wake` is called for every accepted push."""
+    """The webhook on uvicorn (reconciler.web.serving), on a daemon thread; `wake` is called for
+    every accepted push. `mounts` (a path -> an ASGI application) are served on the same address:
+    `run --serve` or `--metrics` naming the same HOST:PORT as `--listen` ("/" the status page,
+    "/metrics" the metrics); POST / and /webhook stay the webhook's."""
 
     def __init__(self, host: str, port: int, *, secret: str, wake: Callable[[], None],
-                 branch: Callable[[], str | None]) -> None:
+                 branch: Callable[[], str | None], mounts: Mapping[str, object] | None = None) -> None:
         if not secret:
             raise WebhookError(missing_secret())
-        self.host, self.port = host, port
+        self.host, self.port, self.mounts = host, port, dict(mounts or {})
         self.secret, self.wake, self.branch = secret.encode(), wake, branch
-        self._server: _Server | None = None
+        self._served: Any = None
 
     def start(self) -> tuple[str, int]:
         """Binds and serves; returns the address bound (port 0 picks a free one)."""
+        if (missing := missing_web_extra("--listen")) is not None:
+            raise WebhookError(missing)
+        from reconciler.web.hook import Hook, webhook_app
+        from reconciler.web.serving import Served, bind
+
         try:
-            self._server = _Server((self.host, self.port), secret=self.secret, wake=self.wake, branch=self.branch)
+            sock = bind(self.host, self.port)
         except OSError as exc:
             raise WebhookError(f"cannot listen on {self.host}:{self.port}: {exc.strerror or exc}") from exc
-        threading.Thread(target=self._server.serve_forever, args=(0.2,), daemon=True, name="webhook").start()
-        host, port = self._server.server_address[:2]
-        log.info("webhook: listening on http://%s:%d/ (POST / or /webhook)", _bracketed(str(host)), port)
-        return str(host), int(port)
+        app = webhook_app(Hook(self.secret, self.wake, self.branch), self.mounts)  # type: ignore[arg-type]
+        self._served = Served(app, sock, name="webhook")
+        if not self._served.wait_started():
+            self.stop()
+            raise WebhookError(f"the webhook server on {self.host}:{self.port} did not start")
+        host, port = self._served.address
+        log.info("webhook: listening on http://%s:%d/ (POST / or /webhook)", _bracketed(host), port)
+        return host, port
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        if self._served is not None:
+            self._served.stop()
+            self._served = None
+
+
+def listen_problem(environ: Mapping[str, str]) -> str | None:
+    """Why `--listen` cannot start here, in one sentence (no secret, or no web extra); None when it can."""
+    return missing_web_extra("--listen") if environ.get(SECRET_ENV) else missing_secret()
 
 
 def missing_secret() -> str:

@@ -60,13 +60,25 @@ class TokenGate:
             return
         response: Response
         if self._matches(request.query_params.get("token")):
-            target = request.url.remove_query_params("token")
-            response = RedirectResponse(target.path + (f"?{target.query}" if target.query else ""), status_code=303)
+            query = request.url.remove_query_params("token").query
+            response = RedirectResponse(local_path(request.url.path) + (f"?{query}" if query else ""), status_code=303)
             response.set_cookie(COOKIE, self.token.decode(), httponly=True, samesite="strict")
         else:
             response = PlainTextResponse("a token is required: send Authorization: Bearer <token> or open "
                                          "the page once with ?token=<token>", status_code=401)
         await response(scope, receive, send)
+
+
+def local_path(path: str) -> str:
+    """`path` as a redirect that cannot leave this site, or "/" when it would: a browser reads
+    `//host` and `/\\host` as another host, and drops tabs and newlines anywhere in an address
+    before reading it (so `/<TAB>/host` is `//host`); a scheme (`https:host`) or anything not
+    starting with "/" (a leading space, which a browser would strip) is no path of ours. What stays
+    is percent-encoded, control characters and spaces included."""
+    kept = path.replace("\t", "").replace("\n", "").replace("\r", "")
+    if not kept.startswith("/") or kept[1:2] in ("/", "\\"):
+        return "/"
+    return quote(kept, safe="/!$&'()*+,;=:@-._~")
 
 
 def create_app(repo: str | Path, *, token: str | None = None, refresh_seconds: int = 10,
@@ -170,24 +182,23 @@ def check_bind(host: str, token: str | None) -> None:
 
 
 def serve_in_background(repo: str | Path, host: str, port: int, *, token: str | None) -> threading.Thread:
-    """The page beside the daemon (`reconciler run --serve`): a thread that ends with the process."""
-    import uvicorn
+    """The page beside the daemon (`reconciler run --serve`): a thread that ends with the process.
+    ValueError, in a sentence, when it may not or cannot listen there."""
+    from reconciler.web.serving import Served, bound
 
     check_bind(host, token)
     app = create_app(repo, token=token)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, name="status-page", daemon=True)
-    thread.start()
-    return thread
+    return Served(app, bound(host, port), name="status-page").thread
 
 
 def serve(repo: str | Path, host: str, port: int, *, token: str | None, refresh_seconds: int = 10,
           commit_url: str | None = None, on_ready: Callable[[], None] | None = None) -> None:
     """Runs the page until interrupted (uvicorn); `on_ready` once the repository has been opened."""
-    import uvicorn
+    from reconciler.web.serving import bound, server
 
     check_bind(host, token)
     app = create_app(repo, token=token, refresh_seconds=refresh_seconds, commit_url=commit_url)
+    sock = bound(host, port)
     if on_ready is not None:
         on_ready()
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    server(app).run(sockets=[sock])

@@ -19,8 +19,10 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
-def start_beside_daemon(repo: Path, listen: str) -> None:
-    """`reconciler run --serve HOST:PORT`: the same checks as `serve`, then the page in a thread."""
+def start_beside_daemon(repo: Path, listen: str, webhook_at: tuple[str, int] | None = None) -> object | None:
+    """`reconciler run --serve HOST:PORT`: the same checks as `serve`, then the page in a thread; or,
+    when the address is the webhook's (`--listen`), the page's application for the webhook's server
+    to serve beside it (one server, one port)."""
     from adapters.gitrepo import GitError
     from reconciler.webhook import parse_listen
 
@@ -29,17 +31,23 @@ def start_beside_daemon(repo: Path, listen: str) -> None:
     except ValueError as exc:
         raise _fail(f"--serve: {exc}", 2) from exc
     try:
-        from reconciler.web.app import TOKEN_ENV, serve_in_background
+        from reconciler.web.app import TOKEN_ENV, check_bind, create_app, serve_in_background
     except ImportError as exc:
         raise _fail(f"--serve needs the web extra ({exc.name} is missing): pip install 'reconciler[web]'") from exc
     token = os.environ.get(TOKEN_ENV) or None
+    shared = webhook_at is not None and (host, port) == webhook_at and port != 0
     try:
-        serve_in_background(repo, host, port, token=token)
-    except (ValueError, GitError) as exc:
+        if shared:
+            check_bind(host, token)
+            page = create_app(repo, token=token)
+        else:
+            serve_in_background(repo, host, port, token=token)
+    except (ValueError, GitError, OSError) as exc:
         raise _fail(str(exc)) from exc
     where = f"[{host}]" if ":" in host else host
-    err.print(f"status page: http://{where}:{port}/" + (" (token required)" if token else ""), soft_wrap=True,
-              markup=False)
+    err.print(f"status page: http://{where}:{port}/" + (" (token required)" if token else "")
+              + (", with the webhook (POST /webhook)" if shared else ""), soft_wrap=True, markup=False)
+    return page if shared else None
 
 
 def serve(
@@ -81,5 +89,5 @@ def serve(
 
     try:
         run_server(repo, host, port, token=token, refresh_seconds=refresh, commit_url=commit_url, on_ready=ready)
-    except GitError as exc:
+    except (GitError, ValueError) as exc:
         raise _fail(str(exc)) from exc

@@ -23,7 +23,19 @@ from pathlib import Path
 import httpx
 import pytest
 
-from reconciler.webhook import MAX_BODY, SECRET_ENV, Seen, WebhookError, WebhookServer, is_loopback, parse_listen
+from reconciler.webhook import (
+    MAX_BODY,
+    SECRET_ENV,
+    SKEW,
+    WINDOW,
+    Seen,
+    WebhookError,
+    WebhookServer,
+    is_loopback,
+    judge,
+    parse_listen,
+    pushed_at,
+)
 from tests.conftest import StateRepoFixture
 from tests.loop.test_daemon import commit, daemon, phase_of, wait_for
 from tests.loop.test_loop_local import counter, job
@@ -31,8 +43,10 @@ from tests.loop.test_loop_local import counter, job
 SECRET = "wh-test-secret-4f1c9a"
 
 
-def push(ref: str = "refs/heads/main") -> bytes:
-    return json.dumps({"ref": ref, "before": "0" * 40, "after": "1" * 40, "commits": []}).encode()
+def push(ref: str = "refs/heads/main", pushed_at: float | None = None) -> bytes:
+    """A push as the forges send it: its own `after` commit, and GitHub's push time (now by default)."""
+    return json.dumps({"ref": ref, "before": "0" * 40, "after": uuid.uuid4().hex.ljust(40, "0"), "commits": [],
+                       "repository": {"pushed_at": int(time.time() if pushed_at is None else pushed_at)}}).encode()
 
 
 def github(body: bytes, secret: str = SECRET, event: str = "push", delivery: str | None = None) -> dict[str, str]:
@@ -104,7 +118,7 @@ def test_a_wrong_or_missing_signature_is_401_and_wakes_nothing(hook: Hook, sende
     assert r.status_code == 401 and r.json()["result"].startswith("unsigned")
     if sender != "gitlab":  # GitLab's token is the secret itself: it signs no body
         tampered = SENDERS[sender](body)  # signed for one body, sent with another
-        assert hook.post(body.replace(b'"1111', b'"2222'), tampered).status_code == 401
+        assert hook.post(body.replace(b"refs/heads/main", b"refs/heads/maim"), tampered).status_code == 401
     assert hook.woken == 0
 
 
@@ -145,7 +159,7 @@ def test_a_10_mb_body_is_refused_413_before_it_is_read(hook: Hook) -> None:
         s.sendall(f"POST / HTTP/1.1\r\nHost: hook\r\n{head}Content-Length: {size}\r\n\r\n".encode() + body[:65536])
         answer = s.recv(4096).decode()
     assert answer.startswith("HTTP/1.1 413"), answer
-    assert "Connection: close" in answer
+    assert "connection: close" in answer.lower()  # header names are case-insensitive
     assert size > MAX_BODY and hook.woken == 0
 
 
@@ -330,3 +344,38 @@ def test_listen_without_a_secret_is_refused_before_anything_starts(state_repo: S
     assert f"set {SECRET_ENV}" in res.stderr
     assert not (state_repo.path / "status").exists()
     assert not (state_repo.path / ".git" / "reconciler.lock").exists()
+
+
+# ---- replays under a fresh delivery id, and old pushes ----------------------------------------------
+@pytest.mark.parametrize("sender", sorted(SENDERS))
+def test_a_replayed_payload_under_a_fresh_delivery_id_is_409(hook: Hook, sender: str) -> None:
+    """The delivery id is not signed: a captured body sent again under a new id is still a replay."""
+    body = push()
+    assert hook.post(body, SENDERS[sender](body)).status_code == 202
+    r = hook.post(body, SENDERS[sender](body, delivery=str(uuid.uuid4())))
+    assert r.status_code == 409 and "another delivery id" in r.json()["result"], r.text
+    assert hook.woken == 1
+
+
+def test_a_push_older_than_the_window_or_from_the_future_is_409(hook: Hook) -> None:
+    now = time.time()
+    for pushed in (now - WINDOW - 30, now + SKEW + 30):
+        body = push(pushed_at=pushed)
+        r = hook.post(body, github(body))
+        assert r.status_code == 409 and r.json()["result"].startswith("stale delivery"), r.text
+    body = push(pushed_at=now - WINDOW + 30)  # late, but inside the window
+    assert hook.post(body, github(body)).status_code == 202
+    assert hook.woken == 1
+
+
+def test_the_window_s_edges_and_the_push_times_read() -> None:
+    body = json.dumps({"ref": "refs/heads/main", "repository": {"pushed_at": 1000}}).encode()
+    headers = github(body)
+
+    def answer(now: float) -> int:
+        return judge(headers, body, SECRET.encode(), lambda: "main", Seen(), now=now)[1].status
+
+    assert answer(1000 + WINDOW) == 202 and answer(1000 + WINDOW + 1) == 409
+    assert answer(1000 - SKEW) == 202 and answer(1000 - SKEW - 1) == 409
+    assert pushed_at({"repository": {"pushed_at": "2026-01-01T00:00:00Z"}}) == 1767225600.0
+    assert pushed_at({"repository": {"pushed_at": True}}) is None and pushed_at({}) is None

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urljoin, urlsplit
 
 import httpx
 import pytest
 
-from reconciler.web.app import TOKEN_ENV, check_bind
+from reconciler.web.app import TOKEN_ENV, check_bind, local_path
 from reconciler.web.views import commit_url_template, merge_attempts, timeline
 from status.models import Attempt, JobStatus, Outcome
 from tests.web.conftest import ROOT, start_server, stop_server
@@ -200,3 +202,37 @@ def test_the_overview_shows_each_provider_s_learned_mtbf(tmp_path: Path) -> None
     told = int(re.fullmatch(r"(\d+) s", cells["spot"][kind + 1])[1])
     assert 3 <= told <= 30 and cells["spot"][kind + 2] == "5.0"  # within ten times the 3 s observed
     assert cells["free"][kind:kind + 5] == ["reliable", "30 d (2,592,000 s)", "0.0", "none", "30 d"]
+
+
+# Request targets whose path, as the server decodes it, a browser would follow to another host.
+OFF_SITE = ["//evil.example/", "/%2F/evil.example", "%2F%2Fevil.example", "/%5Cevil.example", "/%5C%5Cevil.example",
+            "/\\evil.example", "/%09/evil.example", "/%0A/evil.example", "/%0D%0A/evil.example", "/%20/evil.example",
+            "https:evil.example", "/https://evil.example"]
+
+
+def _location(server, target: str) -> str:
+    """The Location answered to a raw request line (no client library to tidy the target up)."""
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(f"GET {target}?token={TOKEN}&x=1 HTTP/1.1\r\nHost: page\r\nConnection: close\r\n\r\n".encode())
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    head = answer.decode("latin-1").split("\r\n\r\n", 1)[0]
+    assert head.startswith("HTTP/1.1 303"), head
+    return next(line.split(":", 1)[1].strip() for line in head.split("\r\n") if line.lower().startswith("location:"))
+
+
+@pytest.mark.parametrize("target", OFF_SITE)
+def test_the_token_s_redirect_never_leaves_the_site(gated, target: str) -> None:
+    """The redirect after ?token= goes to the path asked for; a path a browser would read as another
+    host (`//host`, `/\\host`, with tabs or newlines inside, percent-encoded or not) goes to / instead."""
+    location = _location(gated, target)
+    assert location.startswith("/") and location[1:2] not in ("/", "\\"), location
+    assert all(c.isprintable() and not c.isspace() for c in location), location
+    assert urlsplit(urljoin("http://page/", location)).netloc == "page", location
+
+
+def test_the_token_s_redirect_keeps_a_local_path_and_its_query(gated) -> None:
+    assert _location(gated, "/job/train") == "/job/train?x=1"
+    assert local_path("/job/a b") == "/job/a%20b" and local_path("/job/x\\y") == "/job/x%5Cy"
