@@ -112,7 +112,8 @@ class ImageLookup:
         status = response.status_code
         if status == 200:
             digest = response.headers.get("Docker-Content-Digest", "")
-            return ImageAnswer(True, f"{where} exists" + (f" ({digest})" if digest else ""), digest)
+            short = digest[:19] + "…" if len(digest) > 20 else digest  # sha256: and 12 hex digits, as docker shows
+            return ImageAnswer(True, f"{where} exists" + (f" ({short})" if short else ""), digest)
         if status == 404:
             return ImageAnswer(False, f"{where} does not exist (the registry answered 404)")
         if status in (401, 403):

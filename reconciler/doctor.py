@@ -145,7 +145,7 @@ def fit_check(name: str, provider: Provider, job: Job, adapter: ComputeAdapter, 
     if why:
         return fail(name, f"fits {job.name}", why,
                     f"change {job.name}'s resources or placement, or the provider's settings")
-    return ok(name, f"fits {job.name}", "its resources, price cap and the provider's allowance allow it here")
+    return ok(name, f"fits {job.name}", "resources, price cap and allowance allow it")
 
 
 def image_for(provider: Provider, job: Job) -> str | None:
@@ -275,7 +275,7 @@ def report(checks: list[Check], console: Console, as_json: bool) -> int:
     else:
         console.print(table(checks))
         for line in advice(checks):
-            console.print(escape(line))
+            console.print(escape(line), soft_wrap=True)  # a URL in it stays whole
         console.print(summary(checks))
     return 1 if failed(checks) else 0
 
