@@ -22,6 +22,9 @@ from desired.parse import parse_desired
 from reconciler.doctor import examine
 from tests.conftest import StateRepoFixture
 from tests.fakes.kaggle import FakeKaggle
+from tests.fakes.lightning import API_KEY as LIGHTNING_KEY
+from tests.fakes.lightning import USER_ID as LIGHTNING_USER
+from tests.fakes.lightning import FakeLightning
 from tests.fakes.runpod import API_KEY as RUNPOD_KEY
 from tests.fakes.runpod import FakeRunpod
 from tests.fakes.vast import FakeVast
@@ -189,3 +192,25 @@ def test_storage_that_cannot_be_reached_fails(state_repo: StateRepoFixture, fake
     for whose in ("the reconciler's credentials", "the credentials train-a's workers get"):
         probe = checks[("storage", f"run storage ({whose})")]
         assert probe.outcome is Outcome.FAIL and "s3://no-such-bucket-here/runs" in probe.detail
+
+
+def test_lightning_secrets_are_looked_up_among_the_teamspaces_by_name(
+        state_repo: StateRepoFixture, storage: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeLightning(tmp_path / "lightning")
+    monkeypatch.setenv("LIGHTNING_USER_ID", LIGHTNING_USER)
+    monkeypatch.setenv("LIGHTNING_API_KEY", LIGHTNING_KEY)
+    monkeypatch.delenv("LIGHTNING_AUTH_TOKEN", raising=False)
+    try:
+        state_repo.write("desired/providers.yaml", provider("studio", type="lightning", api_url=fake.url,
+                                                           project_id=fake.project_id, machine="cpu-4",
+                                                           request_timeout_seconds=5))
+        state_repo.write("desired/finetune.yaml", job("finetune", ["studio"], secrets=["HF_TOKEN", "WANDB_API_KEY"]))
+        state_repo.commit("a Lightning teamspace")
+        fake.set_secret("HF_TOKEN", "hf-value")
+        missing = run_examine(state_repo, {})[("studio", "secrets of finetune")]
+        assert missing.outcome is Outcome.FAIL and missing.detail.endswith("no secret named WANDB_API_KEY")
+        fake.set_secret("WANDB_API_KEY", "wandb-value")
+        assert outcome(run_examine(state_repo, {}), "studio", "secrets of finetune") is Outcome.OK
+        assert {method for method, _, _ in fake.requests} == {"GET"}
+    finally:
+        fake.close()
