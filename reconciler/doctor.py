@@ -56,7 +56,11 @@ def examine(desired: DesiredState, owner: str, make: AdapterFactory, *, environ:
     try:
         for name, provider in sorted(desired.providers.items()):
             jobs = placed_on(name, desired.jobs.values())
-            checks += provider_checks(name, provider, jobs, owner, make, environ, lookup)
+            try:
+                checks += provider_checks(name, provider, jobs, owner, make, environ, lookup)
+            except Exception as exc:  # noqa: BLE001 - one provider's surprise must not hide the others' rows
+                checks.append(fail(name, "checks", f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
+                                   "run doctor again; if it repeats, report it with this message"))
     finally:
         if images is None:
             lookup.close()

@@ -214,3 +214,15 @@ def test_lightning_secrets_are_looked_up_among_the_teamspaces_by_name(
         assert {method for method, _, _ in fake.requests} == {"GET"}
     finally:
         fake.close()
+
+
+def test_a_provider_that_cannot_be_asked_fails_and_the_others_are_still_checked(
+        state_repo: StateRepoFixture, fakes: dict[str, Any], oci_registry: Any) -> None:
+    oci_registry.push("team/trainer", "v1")
+    write_scenario(state_repo, fakes, oci_registry.host)
+    fakes["vast"].close()  # the API is down
+    checks = run_examine(state_repo, {"HF_TOKEN": "x", **S3_CREDENTIALS})
+    down = checks[("vast", "credentials")]
+    assert down.outcome is Outcome.FAIL and "try again later" in down.fix
+    assert outcome(checks, "runpod", "price for train-a") is Outcome.OK
+    assert outcome(checks, "storage", "run storage (the reconciler's credentials)") is Outcome.OK
