@@ -277,6 +277,11 @@ def supervise(folder, payload):
                 pass
 
     def on_stop(signum, _frame):
+        # One stop per worker: the reconciler asks on every tick until the worker is gone, and a
+        # second signal could kill a command that saved and restored its default handler on its way
+        # to exit 75, or put the SIGKILL after the grace off again.
+        if state["stop"] is not None:
+            return
         state["stop"] = signum
         signal_child(stop_signal)
         signal.alarm(max(1, int(grace)))

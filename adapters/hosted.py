@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.compute import BASE_ENV, BASE_ENV_PREFIXES, JobConfigError, LaunchSpec
+from adapters.wire import load_json
 
 # The modules a worker imports (reconciler.worker and `reconciler exec`, with their storage layer);
 # tests/adapters/test_hosted.py imports the bundle alone to prove the list is complete.
@@ -47,6 +48,7 @@ SDK_FILES = (
     "reconciler/worker/staging.py",
     "reconciler/worker/data.py",
     "reconciler/worker/loop.py",
+    "reconciler/worker/carried.py",
     "reconciler/worker/dist.py",
     "reconciler/worker/sharded.py",
     "reconciler/worker/integrations/__init__.py",
@@ -68,6 +70,7 @@ SDK_FILES = (
     "adapters/s3.py",
     "status/__init__.py",
     "status/redact.py",
+    "adapters/wire.py",
 )
 EXIT_MARK = "reconciler-bootstrap: exit "
 STORAGE_UNREACHABLE = 66  # EX_NOINPUT: the bootstrap could not reach run storage; the command never ran
@@ -186,7 +189,7 @@ def parse_exit_record(log_text: str) -> dict[str, Any] | None:
         if at < 0:
             continue
         try:
-            record = json.loads(line[at + len(EXIT_MARK):])
+            record = load_json(line[at + len(EXIT_MARK):])
         except ValueError:
             return None
         return record if isinstance(record, dict) else None
@@ -205,7 +208,7 @@ def script_plan(script: str) -> dict[str, Any] | None:
     if end < 0:
         return None
     try:
-        plan = json.loads(script[start + len(PLAN_START):end])
+        plan = load_json(script[start + len(PLAN_START):end])
     except ValueError:
         return None
     return plan if isinstance(plan, dict) else None

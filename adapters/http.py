@@ -14,7 +14,11 @@ the same words. The rules, applied by `HostedApi.call`:
   `HttpRefused` for the adapter to map;
 - 401/403 raise `ProviderConfigError` naming the provider and where its credentials are read from;
   other 4xx raise `HttpRefused` (a ProviderConfigError carrying status and message) for the adapter
-  to map; 429/5xx/timeouts/unreadable JSON raise `ProviderUnavailable`;
+  to map; 429/5xx/timeouts raise `ProviderUnavailable`;
+- only a 2xx is an answer: a redirect (never followed: a 3xx is not what any provider's API
+  documents), any other status, a body over `max_bytes`, or one that is not strict JSON
+  (`adapters.wire.load_json`: no NaN, no duplicate keys, bounded depth) is `ProviderUnavailable`
+  ("try later"), never an empty answer that could read as "no workers";
 - every error is one sentence that names the provider; no header, credential or request body is
   ever put in a message or a log line (only method, path and status are logged, at debug).
 
@@ -27,7 +31,6 @@ and a test drives each fake server with the official client to prove the two agr
 from __future__ import annotations
 
 import email.utils
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -37,6 +40,7 @@ from typing import Any
 import httpx
 
 from adapters.compute import ProviderConfigError, ProviderUnavailable
+from adapters.wire import MAX_JSON_BYTES, WireError, load_json
 
 log = logging.getLogger("reconciler.http")
 
@@ -68,12 +72,12 @@ def retry_after_seconds(value: str | None, now: float | None = None) -> float | 
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
-def error_message(body: str) -> str:
+def error_message(body: str | bytes) -> str:
     """A provider's own error text from a JSON error body ({"message"}, {"error"}, {"errors":[...]}),
     shortened to one line; '' when there is none."""
     try:
-        data = json.loads(body)
-    except ValueError:
+        data = load_json(body)
+    except WireError:
         return ""
     if isinstance(data, dict):
         for key in ("message", "error", "detail", "msg"):
@@ -108,6 +112,7 @@ class HostedApi:
     transport: httpx.BaseTransport | None = None
     sleep: Callable[[float], None] = time.sleep
     final_errors: frozenset[str] = frozenset()  # error words that are not retried (Vast's search quota)
+    max_bytes: int = MAX_JSON_BYTES  # the largest answer read (a page of instances is tens of KB)
     _client: httpx.Client | None = field(default=None, init=False, repr=False)
 
     @property
@@ -133,7 +138,7 @@ class HostedApi:
         while True:
             attempt += 1
             try:
-                response = self.client.request(method, path, json=json_body, params=params)
+                response, body = self._send(method, path, json_body, params)
             except httpx.ConnectError as exc:
                 self._wait_or_give_up(attempt, None, f"cannot connect ({_one_line(str(exc)) or 'refused'})")
                 continue
@@ -148,11 +153,29 @@ class HostedApi:
                 raise ProviderUnavailable(f"{self.who}: {method} {path} failed: {_one_line(str(exc))}") from None
             log.debug("%s %s %s -> %d", self.who, method, path, response.status_code)
             if (response.status_code in RETRIED_STATUSES and not (acts and response.status_code != 429)
-                    and error_message(response.text) not in self.final_errors):
+                    and error_message(body) not in self.final_errors):
                 wait = retry_after_seconds(response.headers.get("Retry-After"))
-                self._wait_or_give_up(attempt, wait, self._status_words(response))
+                self._wait_or_give_up(attempt, wait, self._status_words(response.status_code, body))
                 continue
-            return self._decode(method, path, response, allow)
+            return self._decode(method, path, response, body, allow)
+
+    def _send(self, method: str, path: str, json_body: Any, params: Mapping[str, Any] | None
+              ) -> tuple[httpx.Response, bytes]:
+        """The response and its body, read no further than `max_bytes` (a provider that sends
+        more is not answering what its API documents)."""
+        request = self.client.build_request(method, path, json=json_body, params=params)
+        response = self.client.send(request, stream=True)
+        try:
+            body = bytearray()
+            for chunk in response.iter_bytes():
+                body += chunk
+                if len(body) > self.max_bytes:
+                    raise ProviderUnavailable(
+                        f"{self.who} answered {method} {path} with over {self.max_bytes} bytes; "
+                        "it is treated as unavailable")
+        finally:
+            response.close()
+        return response, bytes(body)
 
     def _wait_or_give_up(self, attempt: int, wait: float | None, why: str) -> None:
         """Sleep before the next try, or raise ProviderUnavailable when out of tries or told to wait too long."""
@@ -164,29 +187,38 @@ class HostedApi:
             raise ProviderUnavailable(f"{self.who} is unavailable: {why}; it asks to wait {wait:.0f} s")
         self.sleep(wait)
 
-    def _status_words(self, response: httpx.Response) -> str:
-        detail = error_message(response.text)
-        return f"HTTP {response.status_code}" + (f" ({detail})" if detail else "")
+    @staticmethod
+    def _status_words(status: int, body: bytes) -> str:
+        detail = error_message(body)
+        return f"HTTP {status}" + (f" ({detail})" if detail else "")
 
-    def _decode(self, method: str, path: str, response: httpx.Response, allow: tuple[int, ...]) -> Any:
+    def _decode(self, method: str, path: str, response: httpx.Response, body: bytes,
+                allow: tuple[int, ...]) -> Any:
+        """A 2xx's JSON; every other status is an error in the words the module docstring lists."""
         status = response.status_code
         if status in allow:
             return None
         if status in (401, 403):
             raise ProviderConfigError(
-                f"{self.who}: the credentials were refused ({self._status_words(response)}); "
+                f"{self.who}: the credentials were refused ({self._status_words(status, body)}); "
                 f"{self.credentials_hint or 'check its credentials'}")
         if 400 <= status < 500:
-            detail = error_message(response.text)
-            raise HttpRefused(f"{self.who} refused {method} {path}: {self._status_words(response)}", status, detail)
+            raise HttpRefused(f"{self.who} refused {method} {path}: {self._status_words(status, body)}", status,
+                              error_message(body))
         if status >= 500:
-            words = self._status_words(response)
-            raise ProviderUnavailable(f"{self.who} is unavailable: {method} {path} answered {words}")
-        if not response.content:
+            raise ProviderUnavailable(f"{self.who} is unavailable: {method} {path} answered "
+                                      f"{self._status_words(status, body)}")
+        if not 200 <= status < 300:
+            where = response.headers.get("Location")
+            words = self._status_words(status, body) + (f" to {_one_line(where, 80)}" if where else "")
+            raise ProviderUnavailable(f"{self.who} is unavailable: {method} {path} answered {words}, "
+                                      "not an answer its API documents" + (" (redirects are not followed: check "
+                                      "its api_url)" if 300 <= status < 400 else ""))
+        if not body:
             return None
         try:
-            return response.json()
-        except ValueError:
+            return load_json(body, limit=self.max_bytes)
+        except WireError as exc:
             raise ProviderUnavailable(
-                f"{self.who} answered {method} {path} with something that is not JSON "
-                f"({_one_line(response.text, 60)!r}); it is treated as unavailable") from None
+                f"{self.who} answered {method} {path} with something that is not JSON as its API documents "
+                f"({exc}); it is treated as unavailable") from None

@@ -92,6 +92,7 @@ from adapters.compute import (
 from adapters.hosted import SECRET_NOT_ATTACHED, Bootstrap, bootstrap_script, parse_exit_record, script_plan
 from adapters.http import HostedApi
 from adapters.preflight import Check, warn
+from adapters.wire import YEAR_SECONDS, Numbers, load_json
 from desired.models import Capacity, KaggleSettings
 
 KERNELS = "/v1/kernels.KernelsApiService/"
@@ -160,7 +161,7 @@ def log_attempt(log: str) -> tuple[str, int] | None:
         if at < 0:
             continue
         try:
-            run_id, epoch = json.loads(line[at + len(ATTEMPT_MARK):])
+            run_id, epoch = load_json(line[at + len(ATTEMPT_MARK):])
             return str(run_id), int(epoch)
         except (ValueError, TypeError):
             return None
@@ -220,16 +221,16 @@ def kernel_slug(provider: str, owner: str, job: str) -> str:
     return f"{head}-{digest}"
 
 
-def seconds(value: Any) -> float:
-    """A protobuf duration ("108000s", "1.5s") or a number, as seconds; 0 when absent or unreadable."""
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value.strip().rstrip("s") or 0)
-        except ValueError:
-            return 0.0
-    return 0.0
+def seconds(value: Any, field: str, numbers: Numbers) -> float:
+    """A protobuf duration ("108000s", "1.5s") or a number, as seconds; 0 when absent. One that is
+    not a finite duration within a year refuses the whole answer (said once by `numbers`)."""
+    if value is None or value == "":
+        return 0.0
+    text = value[:-1] if isinstance(value, str) and value.endswith("s") else value
+    found = numbers.number(text, field, high=YEAR_SECONDS)
+    if found is None:
+        raise ProviderUnavailable(f"{numbers.who} answered a {field} that is not a duration")
+    return found
 
 
 def timestamp(value: Any) -> float | None:
@@ -246,7 +247,7 @@ def log_text(raw: Any) -> str:
     if not isinstance(raw, str) or not raw:
         return ""
     try:
-        entries = json.loads(raw)
+        entries = load_json(raw)
     except ValueError:
         return raw
     if not isinstance(entries, list):
@@ -326,6 +327,7 @@ class KaggleAdapter:
         self.settings = settings
         self.who = f"kaggle provider {name!r}"
         self._api: HostedApi | None = None
+        self.numbers = Numbers(self.who)
         self._username: str | None = settings.username
         self._current: dict[str, Kernel] = {}  # slug -> its current version, as we know it
         self._attempts: dict[tuple[str, str, int], Kernel] = {}  # (slug, run id, epoch) -> that version
@@ -346,6 +348,8 @@ class KaggleAdapter:
 
     def _rpc(self, method: str, body: dict[str, Any], **kw: Any) -> dict[str, Any]:
         answer = self.api.call("POST", KERNELS + method, json_body=body, **kw)
+        if answer is None and not kw.get("allow"):  # every RPC answers an object, "{}" at the least
+            raise ProviderUnavailable(f"{self.who} answered {method} with an empty body, not an object")
         return answer if isinstance(answer, dict) else {}
 
     @property
@@ -494,9 +498,8 @@ class KaggleAdapter:
             recent = [i for i in items if (timestamp(i.get("lastRunTime")) or since) >= since]
             for item in recent:
                 name = str(item.get("ref") or "").rsplit("/", 1)[-1]
-                version = item.get("currentVersionNumber")
                 if name.startswith(SLUG_PREFIX):
-                    found[name] = version if isinstance(version, int) else None
+                    found[name] = self.numbers.count(item.get("currentVersionNumber"), "kernel currentVersionNumber")
             token = answer.get("nextPageToken")
             if not token or len(recent) < len(items):
                 break
@@ -595,8 +598,9 @@ class KaggleAdapter:
         answer = self._rpc("GetAcceleratorQuotaStatistics", {})
         gpu = answer.get("gpuQuota")
         gpu = gpu if isinstance(gpu, dict) else {}
-        total, used = seconds(gpu.get("totalTimeAllowed")), seconds(gpu.get("timeUsed"))
-        reserved = seconds(gpu.get("timeReserved"))
+        total = seconds(gpu.get("totalTimeAllowed"), "gpuQuota totalTimeAllowed", self.numbers)
+        used = seconds(gpu.get("timeUsed"), "gpuQuota timeUsed", self.numbers)
+        reserved = seconds(gpu.get("timeReserved"), "gpuQuota timeReserved", self.numbers)
         return Allowance(unit="gpu-hours", remaining=max(0.0, total - used - reserved) / 3600,
                          minimum=self.settings.min_quota_hours, total=total / 3600, used=used / 3600,
                          resets_at=timestamp(answer.get("quotaRefreshTime")), applies_to_cpu=False)

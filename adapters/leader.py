@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from adapters.stores import StorageError, Store, expand_url, open_store
+from adapters.wire import load_json
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +145,7 @@ def _record(blob: bytes | None) -> dict[str, Any]:
     if not blob:
         return {}
     try:
-        data = json.loads(blob)
+        data = load_json(blob)
     except ValueError:
         return {}
     return data if isinstance(data, dict) else {}

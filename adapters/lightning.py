@@ -88,6 +88,7 @@ from adapters.compute import (
 from adapters.hosted import SECRETS_FROM_ENV, UNPACK_PY, Bootstrap, bootstrap_script, packed, parse_exit_record
 from adapters.http import HostedApi, HttpRefused
 from adapters.preflight import Check, fail, ok
+from adapters.wire import MONEY_MAX, Numbers, load_json
 from desired.models import Capacity, LightningSettings
 
 LABELS_ENV = "RECONCILER_LABELS"
@@ -184,6 +185,7 @@ class LightningAdapter:
         self.owner = check_owner(owner)
         self.foreign_workers = 0
         self._api: HostedApi | None = None
+        self.numbers = Numbers(f"lightning provider {name!r}")
         self._stopped: set[str] = set()  # job ids this process asked to stop
         self._ended: dict[str, tuple[str, dict[str, Any] | None]] = {}  # job id -> (log text, exit record)
         self._costs: dict[str, float] = {}
@@ -297,9 +299,10 @@ class LightningAdapter:
                 continue
             self._ours[ref.id] = ref
             state = self._state(job)
-            if isinstance(job.get("totalCost"), (int, float)):
-                self._costs[ref.id] = float(job["totalCost"])
-                state = replace(state, cost_usd=float(job["totalCost"]))  # Lightning's own bill, 1 credit = $1
+            cost = self.numbers.number(job.get("totalCost"), "job totalCost", high=MONEY_MAX)
+            if cost is not None:
+                self._costs[ref.id] = cost
+                state = replace(state, cost_usd=cost)  # Lightning's own bill, 1 credit = $1
             out[ref] = state
         self.foreign_workers = foreign
         seen = {ref.id for ref in out}
@@ -325,7 +328,7 @@ class LightningAdapter:
         for entry in (job.get("spec") or {}).get("env") or []:
             if isinstance(entry, dict) and entry.get("name") == LABELS_ENV:
                 try:
-                    labels = json.loads(entry.get("value") or "")
+                    labels = load_json(entry.get("value") or "")
                 except ValueError:
                     return None
                 return labels if isinstance(labels, dict) else None
@@ -349,7 +352,8 @@ class LightningAdapter:
         return self._finished(job, state)
 
     def _running(self, job: Mapping[str, Any], state: str) -> WorkerState:
-        if state == "restarting" or (state == "running" and int(job.get("restartCount") or 0) > 0):
+        restarts = self.numbers.count(job.get("restartCount") or 0, "job restartCount") or 0
+        if state == "restarting" or (state == "running" and restarts > 0):
             return WorkerState(WorkerPhase.RUNNING, provider_state=state, detail=(
                 f"Lightning restarted the machine after an interruption (restart {job.get('restartCount') or 1}); "
                 "the worker resumes from its checkpoint at the same epoch"))
@@ -463,7 +467,7 @@ class LightningAdapter:
             try:
                 response = httpx.get(url, timeout=self.settings.request_timeout_seconds)
                 response.raise_for_status()
-                body = response.json() if response.content else []
+                body = load_json(response.content) if response.content else []
             except (httpx.HTTPError, ValueError) as exc:
                 raise ProviderUnavailable(f"{self.who}: a log page cannot be read ({type(exc).__name__})") from None
         entries = body if isinstance(body, list) else [body]
@@ -476,10 +480,11 @@ class LightningAdapter:
     def allowance(self) -> Allowance:
         """The teamspace's credit balance: `GET /v1/projects/{projectId}/billing/balance`."""
         answer = self.api.call("GET", f"/v1/projects/{self.settings.project_id}/billing/balance")
-        balance = answer.get("balance") if isinstance(answer, dict) else None
-        if not isinstance(balance, (int, float)):
+        balance = self.numbers.number(answer.get("balance") if isinstance(answer, dict) else None,
+                                      "balance", low=-MONEY_MAX, high=MONEY_MAX)
+        if balance is None:
             raise ProviderUnavailable(f"{self.who}: the balance answer carries no balance")
-        return Allowance(unit="credits", remaining=float(balance), minimum=self.settings.min_credits,
+        return Allowance(unit="credits", remaining=balance, minimum=self.settings.min_credits,
                          applies_to_cpu=True)
 
     def free_slots(self) -> int | None:

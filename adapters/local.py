@@ -174,6 +174,10 @@ class LocalAdapter:
 
     def _ended(self, folder: Path, rc: int) -> WorkerState:
         by_us = (folder / "terminate-requested").exists()
+        if not by_us and (folder / "preempted").exists():  # kill_worker(preempt=True): the provider's word
+            sig = signal_name(-rc) if rc < 0 else None
+            return WorkerState(WorkerPhase.PREEMPTED, rc, f"killed by {sig}" if sig else f"exited {rc}",
+                               "a preemption, simulated on the local machine", signal=sig)
         if rc >= 0:
             return WorkerState(WorkerPhase.EXITED, rc, f"exited {rc}", "stopped by the reconciler" if by_us else "")
         sig = signal_name(-rc)
@@ -272,24 +276,33 @@ class LocalAdapter:
 
     def terminate(self, ref: WorkerRef) -> None:
         """SIGTERM to the worker's process group: the supervisor gives the command a grace period
-        to checkpoint, then kills it. Only our own workers: another owner's folder is left alone."""
+        to checkpoint, then kills it. Only our own workers: another owner's folder is left alone.
+        Signalled once: the daemon asks again on every tick until the worker is gone, and a second
+        SIGTERM landing after the command restored its default handler (the SDK does, saved and on
+        its way to exit 75) would kill it mid-exit; the supervisor's grace timer does the rest."""
         folder = self._own_folder(ref)
         if folder is None:
             return
         (folder / "terminate-requested").touch(exist_ok=True)
+        if (folder / "terminate-signalled").exists():
+            return
         pid = self._read(folder, "supervisor.pid")
         if pid and pid.isdigit() and alive(int(pid), self._read(folder, "supervisor.start")):
             try:
                 os.killpg(int(pid), signal.SIGTERM)
+                (folder / "terminate-signalled").touch()
             except ProcessLookupError:
                 pass
 
-    def kill_worker(self, ref: WorkerRef, sig: int = signal.SIGKILL) -> bool:
-        """Sends `sig` to the worker command itself, as a crash or a preemption would (chaos, tests)."""
+    def kill_worker(self, ref: WorkerRef, sig: int = signal.SIGKILL, preempt: bool = False) -> bool:
+        """Sends `sig` to the worker command itself, as a crash would (chaos, tests); with `preempt`,
+        the worker's end is then reported as a preemption, the word a cloud provider gives."""
         folder = self._own_folder(ref)
         child = self._read(folder, "child.pid") if folder is not None else None
-        if not child or not child.isdigit():
+        if folder is None or not child or not child.isdigit():
             return False
+        if preempt:
+            (folder / "preempted").touch()
         try:
             os.kill(int(child), sig)
             return True

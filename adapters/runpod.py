@@ -80,6 +80,7 @@ from adapters.compute import (
 from adapters.hosted import SECRETS_FROM_ENV, UNPACK_PY, Bootstrap, bootstrap_script, packed, parse_exit_record
 from adapters.http import HostedApi
 from adapters.preflight import Check, fail, ok, warn
+from adapters.wire import DATE_MAX, MONEY_MAX, PRICE_MAX, Numbers, is_decimal
 from desired.models import Capacity, RunpodSettings
 
 log = logging.getLogger("reconciler.runpod")
@@ -158,7 +159,7 @@ def env_map(raw: Any) -> dict[str, str]:
 
 def parse_labels(value: str | None) -> tuple[str, str, str, int] | None:
     parts = (value or "").split("/")
-    if len(parts) != 4 or not parts[3].startswith("e") or not parts[3][1:].isdigit():
+    if len(parts) != 4 or not parts[3].startswith("e") or not is_decimal(parts[3][1:]):
         return None
     return parts[0], parts[1], parts[2], int(parts[3][1:])
 
@@ -184,6 +185,7 @@ class RunpodAdapter:
             raise ProviderConfigError(f"{self.who} has no API key: {KEY_HINT}")
         self.api = HostedApi(who=self.who, base_url=settings.api_url, headers={"Authorization": f"Bearer {key}"},
                              credentials_hint=KEY_HINT, timeout=settings.request_timeout_seconds)
+        self.numbers = Numbers(self.who)
         self._pods: dict[str, dict[str, Any]] = {}  # pod id -> last seen pod (ours)
         self._refs: dict[str, WorkerRef] = {}  # pod id -> ref, for pods that later vanish
         self._terminated: set[str] = set()
@@ -265,8 +267,12 @@ class RunpodAdapter:
                     f"{self.who}: the spot bid of ${body['bidPerGpu']:g}/h per GPU for {body['gpuCount']} GPU(s) "
                     f"is above the job's cap of ${cap:g}/h")
         elif cap is not None:
-            price = self.lowest_prices(body["gpuCount"]).get("uninterruptablePrice")
-            if isinstance(price, (int, float)) and price * body["gpuCount"] > cap:
+            price = self.numbers.number(self.lowest_prices(body["gpuCount"]).get("uninterruptablePrice"),
+                                        "uninterruptablePrice", high=PRICE_MAX)
+            if price is None:  # an unknown price cannot be shown to be under the cap
+                raise ProviderUnavailable(f"{self.who} did not say what on-demand {self.settings.gpu_type_id} costs, "
+                                          f"so the job's cap of ${cap:g}/h cannot be checked")
+            if price * body["gpuCount"] > cap:
                 raise ProviderUnavailable(
                     f"{self.who}: on-demand {self.settings.gpu_type_id} costs ${price:g}/h per GPU, above the "
                     f"job's cap of ${cap:g}/h for {body['gpuCount']} GPU(s)")
@@ -281,10 +287,11 @@ class RunpodAdapter:
 
     def minimum_bid(self, gpus: int) -> float:
         """The GPU type's current minimum spot bid per GPU."""
-        price = self.lowest_prices(gpus).get("minimumBidPrice")
-        if not isinstance(price, (int, float)) or price <= 0:
+        price = self.numbers.number(self.lowest_prices(gpus).get("minimumBidPrice"), "minimumBidPrice",
+                                    high=PRICE_MAX)
+        if price is None or price <= 0:
             raise ProviderUnavailable(f"{self.who} offers no spot price for {self.settings.gpu_type_id} now")
-        return float(price)
+        return price
 
     # ---- observe -----------------------------------------------------------------------------
     def _list_pods(self) -> list[dict[str, Any]]:
@@ -422,12 +429,12 @@ class RunpodAdapter:
         except Exception as exc:  # noqa: BLE001 - storage of any kind; the reason goes into the detail
             return "", f"the run folder could not be read ({' '.join(str(exc).split())[:120]})"
 
-    @staticmethod
-    def _cost(pod: dict[str, Any]) -> float | None:
-        rate, uptime = pod.get("costPerHr"), pod.get("uptimeSeconds")
-        if not isinstance(rate, (int, float)) or not isinstance(uptime, (int, float)):
+    def _cost(self, pod: dict[str, Any]) -> float | None:
+        rate = self.numbers.number(pod.get("costPerHr"), "pod costPerHr", high=PRICE_MAX)
+        uptime = self.numbers.number(pod.get("uptimeSeconds"), "pod uptimeSeconds", high=DATE_MAX)
+        if rate is None or uptime is None:
             return None
-        return round(float(rate) * float(uptime) / 3600.0, 6)
+        return round(rate * uptime / 3600.0, 6)
 
     # ---- terminate, logs, money --------------------------------------------------------------
     def terminate(self, ref: WorkerRef) -> None:
@@ -463,10 +470,10 @@ class RunpodAdapter:
     def allowance(self) -> Allowance:
         """The account's prepaid balance (USD) as credits."""
         me = self.graphql(Q_BALANCE).get("myself") or {}
-        balance = me.get("clientBalance")
-        if not isinstance(balance, (int, float)):
+        balance = self.numbers.number(me.get("clientBalance"), "clientBalance", low=-MONEY_MAX, high=MONEY_MAX)
+        if balance is None:
             raise ProviderUnavailable(f"{self.who} did not say the account's balance")
-        return Allowance(unit="credits", remaining=float(balance), minimum=0.0)
+        return Allowance(unit="credits", remaining=balance, minimum=0.0)
 
     def free_slots(self) -> int | None:
         return None

@@ -171,8 +171,8 @@ class SimWorker:
         self.start_at = now + provider.launch_delay_seconds
         self.phase = "pending"  # pending restoring computing checkpointing hung ended
         self.phase_end = self.start_at
-        self.final_save = False  # the checkpoint in progress is the last before leaving
-        self.final_exit = EXIT_INTERRUPTED
+        # The checkpoint in progress is the last before leaving; its exit code; why (in the SDK's beats).
+        self.final_save, self.final_exit, self.stopping = False, EXIT_INTERRUPTED, ""
         self.step = 0.0
         self.durable = 0
         self.target = int(spec.env.get("RECONCILER_TARGET_STEPS", "0") or 0) or None
@@ -219,8 +219,7 @@ class SimWorker:
         if not self._can_reach_storage():
             return
         record: dict[str, Any] = {"epoch": self.ref.epoch, "step": int(self.step), "target": self.target,
-                                  "time": self.t,
-                  "metrics": {}}
+                                  "time": self.t, "metrics": {}, "stopping": self.stopping}
         try:
             if self.model.fencing:
                 self.folder.write_progress(self.ref.epoch, record)
@@ -439,6 +438,7 @@ class SimWorker:
                         self.phase_end = self.t + RETRY_SECONDS
                     return
                 self.cloud.on_interruption(self)
+                self._heartbeat()  # the SDK's stopping beat, written once the final checkpoint is durable
                 self._end(self.final_exit, "interrupted",
                           WorkerState(WorkerPhase.EXITED, self.final_exit, f"exited {self.final_exit}"))
                 return
@@ -449,10 +449,10 @@ class SimWorker:
         elif event == "target":
             self._start_checkpoint(final=True, exit_code=EXIT_OK)
         elif event == "deadline":
-            self.deadline = None
+            self.deadline, self.stopping = None, "deadline"
             self._start_checkpoint(final=True)
         elif event == "notice":
-            self.notice_seen = True  # the reclaim still happens at preempt_at
+            self.notice_seen, self.stopping = True, "request"  # relayed as the planner does; reclaimed at preempt_at
             if self.preempt_at - self.t >= self.model.checkpoint_cost_seconds:
                 self._start_checkpoint(final=True)
         elif event == "error":

@@ -86,6 +86,7 @@ from adapters.compute import (
     worker_folder_name,
 )
 from adapters.preflight import Check, fail, ok
+from adapters.wire import is_decimal
 from desired.models import Capacity, SlurmSettings
 
 FIELD = re.compile(r"(?:^|\s)([A-Za-z][\w:/]*)=")
@@ -346,7 +347,7 @@ class SlurmAdapter:
     def _labels_of(self, fields: dict[str, str]) -> Labels | None:
         """Labels from `reconciler:<owner>:<provider>:<job>:<run_id>:<epoch>`, for our jobs only."""
         parts = fields.get("Comment", "").split(":")
-        if len(parts) != 6 or parts[0] != "reconciler" or parts[2] != self.name or not parts[5].isdigit():
+        if len(parts) != 6 or parts[0] != "reconciler" or parts[2] != self.name or not is_decimal(parts[5]):
             return None
         if self.owner not in (ANY_OWNER, parts[1]):
             return None

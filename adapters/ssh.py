@@ -69,6 +69,7 @@ from adapters.compute import (
     worker_folder_name,
 )
 from adapters.preflight import Check, fail, ok
+from adapters.wire import load_json
 from desired.models import Capacity, Resources, SshHost, SshSettings
 
 MISSING_AGENT = 86  # exit code of the remote preamble when the agent file is not there yet
@@ -296,7 +297,7 @@ class SshAdapter:
         return WorkerState(WorkerPhase.EXITED, -num, f"killed by {sig}", who, signal=sig, oom=oom)
 
     def _list_host(self, host: SshHost) -> dict[WorkerRef, WorkerState]:
-        out = json.loads(self._agent(host, "list", self.workdir, self.name, self.owner) or "{}")
+        out = load_json(self._agent(host, "list", self.workdir, self.name, self.owner) or "{}")
         self.health[host.name].foreign = int(out.get("foreign", 0))
         found: dict[WorkerRef, WorkerState] = {}
         for entry in out.get("workers", []):

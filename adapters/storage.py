@@ -55,6 +55,7 @@ from adapters.stores import (  # noqa: F401 - the stores' errors and helpers are
     open_store,
 )
 from adapters.stores.marks import Marks
+from adapters.wire import is_decimal, load_json
 
 log = logging.getLogger(__name__)
 CHECKPOINT_DIR = re.compile(r"^(?P<step>\d+)-e(?P<epoch>\d+)$")
@@ -121,7 +122,7 @@ class RunFolder:
         if blob is None:
             return None
         try:
-            data = json.loads(blob)
+            data = load_json(blob)
         except ValueError as exc:
             raise StorageError(f"cannot read {self.url(name)}: {exc}") from exc
         return data if isinstance(data, dict) else None
@@ -152,7 +153,7 @@ class RunFolder:
 
     def _lease_versions(self) -> list[int]:
         names = self.store.list(LEASE_LOG)
-        return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
+        return sorted(int(n[:-5]) for n in names if n.endswith(".json") and is_decimal(n[:-5]))
 
     def _lease_cas(self, token: Any, record: dict[str, Any]) -> bool:
         blob = json.dumps(record, sort_keys=True).encode()
@@ -347,7 +348,7 @@ class RunFolder:
         if blob is None:
             return None
         try:
-            data = json.loads(blob)
+            data = load_json(blob)
             applies = int(data["epoch"]) >= epoch
             reason = str(data.get("reason") or "no reason given")
         except (ValueError, TypeError, KeyError, AttributeError):
@@ -440,7 +441,7 @@ class RunFolder:
         if blob is None:
             raise CorruptCheckpoint(f"{self.url(name)} is missing")
         try:
-            record = json.loads(blob)
+            record = load_json(blob)
             files = record["files"]
             assert isinstance(files, dict)
             for meta in files.values():
@@ -521,7 +522,7 @@ class RunFolder:
 
 def _loads(blob: bytes, where: str) -> dict[str, Any]:
     try:
-        data = json.loads(blob)
+        data = load_json(blob)
     except ValueError as exc:
         raise StorageError(f"cannot read {where}: {exc}") from exc
     return data if isinstance(data, dict) else {}

@@ -73,6 +73,7 @@ from adapters.compute import (
 from adapters.hosted import SECRETS_FROM_ENV, UNPACK_PY, Bootstrap, bootstrap_script, packed, parse_exit_record
 from adapters.http import HostedApi, HttpRefused
 from adapters.preflight import Check, fail, ok
+from adapters.wire import DATE_MAX, MONEY_MAX, PRICE_MAX, Numbers, is_decimal
 from desired.models import Capacity, VastSettings
 
 LABEL_PREFIX = "reconciler"
@@ -118,7 +119,7 @@ def instance_label(owner: str, job: str, run_id: str, epoch: int) -> str:
 def parse_label(label: Any) -> tuple[str, str, str, int] | None:
     """(owner, job, run_id, epoch) of one of our labels; None for anything else."""
     parts = label.split(":") if isinstance(label, str) else []
-    if len(parts) != 5 or parts[0] != LABEL_PREFIX or not parts[4].isdigit():
+    if len(parts) != 5 or parts[0] != LABEL_PREFIX or not is_decimal(parts[4]):
         return None
     return parts[1], parts[2], parts[3], int(parts[4])
 
@@ -135,6 +136,7 @@ class VastAdapter:
         self.foreign_workers = 0
         self.secrets_at_provider = False
         self._api: HostedApi | None = None
+        self.numbers = Numbers(f"vast provider '{name}'")
         self._seen: dict[str, WorkerRef] = {}  # instance id -> ref, for instances that vanish
         self._ended: dict[str, WorkerState] = {}  # reported ended; destroyed on the next look
         self._destroyed: dict[str, WorkerState] = {}  # destroyed by us: their last word
@@ -242,17 +244,14 @@ class VastAdapter:
     def price(self, offer: dict[str, Any], spec: LaunchSpec | None = None) -> float | None:
         """What we would pay per hour for this offer (the bid when interruptible); None above the cap."""
         cap = self.cap(spec)
-        try:
-            if self.settings.interruptible:
-                floor = float(offer.get("min_bid") or offer["dph_total"])
-                if cap is not None and floor > cap:
-                    return None
-                bid = round(floor * BID_MARGIN + 0.001, 4)
-                return min(bid, cap) if cap is not None else bid
-            price = float(offer["dph_total"])
-        except (KeyError, TypeError, ValueError):
+        field = "min_bid" if self.settings.interruptible and offer.get("min_bid") else "dph_total"
+        price = self.numbers.number(offer.get(field), f"offer {field}", high=PRICE_MAX)
+        if price is None or (cap is not None and price > cap):
             return None
-        return None if cap is not None and price > cap else price
+        if self.settings.interruptible:
+            bid = round(price * BID_MARGIN + 0.001, 4)
+            return min(bid, cap) if cap is not None else bid
+        return price
 
     def _offers(self, spec: LaunchSpec) -> list[dict[str, Any]]:
         """Affordable offers, cheapest first, then the most reliable. Machines that lately lost a
@@ -267,8 +266,10 @@ class VastAdapter:
         priced = []
         for offer in self._search(self.query(spec)):
             price = self.price(offer, spec)
-            if price is not None and "id" in offer:
-                priced.append((price, -float(offer.get("reliability") or 0), {**offer, "_price": price}))
+            reliability = self.numbers.number(offer.get("reliability") or 0, "offer reliability", high=1.0)
+            offer_id = self.numbers.count(offer.get("id"), "offer id", high=2**63)
+            if price is not None and reliability is not None and offer_id is not None:
+                priced.append((price, -reliability, {**offer, "id": offer_id, "_price": price}))
         priced.sort(key=lambda p: (p[0], p[1]))
         return [p[2] for p in priced]
 
@@ -378,7 +379,8 @@ class VastAdapter:
                            ended_at=ended_at, cost_usd=cost)
 
     def _pending(self, ref: WorkerRef, row: dict[str, Any], word: str) -> WorkerState:
-        since = self._loading_since.setdefault(ref.id, float(row.get("start_date") or time.time()))
+        started = self.numbers.number(row.get("start_date"), "instance start_date", high=DATE_MAX)
+        since = self._loading_since.setdefault(ref.id, started or time.time())
         waited = time.time() - since
         if waited <= self.settings.loading_timeout_seconds or self.owner == ANY_OWNER:
             return WorkerState(WorkerPhase.PENDING, provider_state=word)
@@ -402,12 +404,12 @@ class VastAdapter:
 
     def _cost(self, row: dict[str, Any]) -> tuple[float | None, float | None]:
         """(dph_total x hours from start_date to end_date or now, end_date)."""
-        try:
-            start, rate = float(row["start_date"]), float(row["dph_total"])
-        except (KeyError, TypeError, ValueError):
+        start = self.numbers.number(row.get("start_date"), "instance start_date", high=DATE_MAX)
+        rate = self.numbers.number(row.get("dph_total"), "instance dph_total", high=PRICE_MAX)
+        if start is None or rate is None:
             return None, None
         end = row.get("end_date")
-        ended = float(end) if isinstance(end, (int, float)) and end > 0 else None
+        ended = self.numbers.number(end, "instance end_date", high=DATE_MAX) if end else None
         hours = max(0.0, ((ended or time.time()) - start) / 3600)
         return round(rate * hours, 6), ended
 
@@ -434,7 +436,7 @@ class VastAdapter:
         return row if labels is not None and (self.owner == ANY_OWNER or labels[0] == self.owner) else None
 
     def _instance(self, iid: str) -> dict[str, Any] | None:
-        if not iid.isdigit():
+        if not is_decimal(iid):
             return None
         answer = self.api.call("GET", f"/api/v0/instances/{iid}/", params={"owner": "me"}, allow=(404,))
         row = answer.get("instances") if isinstance(answer, dict) else None
@@ -442,7 +444,7 @@ class VastAdapter:
 
     def _destroy(self, ref: WorkerRef, last: WorkerState) -> None:
         """Destroy (not stop: a stopped instance still bills its disk); raises when it fails."""
-        if ref.id.isdigit():
+        if is_decimal(ref.id):
             self.api.call("DELETE", f"/api/v0/instances/{ref.id}/", json_body={}, allow=(404,))
         self._destroyed[ref.id] = last
         self._seen[ref.id] = ref
@@ -468,10 +470,10 @@ class VastAdapter:
     def allowance(self) -> Allowance:
         """The account's credit balance (1 credit = 1 USD)."""
         user = self.api.call("GET", "/api/v0/users/current")
-        try:
-            credit = float(user["credit"])
-        except (KeyError, TypeError, ValueError):
-            raise ProviderUnavailable(f"vast provider '{self.name}' did not say its credit balance") from None
+        credit = self.numbers.number(user.get("credit") if isinstance(user, dict) else None, "account credit",
+                                     low=-MONEY_MAX, high=MONEY_MAX)
+        if credit is None:
+            raise ProviderUnavailable(f"vast provider '{self.name}' did not say its credit balance")
         return Allowance(unit="credits", remaining=credit, minimum=0.0)
 
     def free_slots(self) -> int | None:

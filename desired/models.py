@@ -458,7 +458,8 @@ class Provider(Strict):
         return self.metadata.name
 
 
-NotifyEvent = Literal["succeeded", "failed", "deadline-at-risk", "budget-nearly-spent", "repeated-preemptions"]
+NotifyEvent = Literal["succeeded", "failed", "deadline-at-risk", "budget-nearly-spent", "repeated-preemptions",
+                      "held"]
 NOTIFY_EVENTS: tuple[NotifyEvent, ...] = get_args(NotifyEvent)
 
 
@@ -527,6 +528,10 @@ class Settings(Strict):
 
     storage: str = Field(default="file://~/.reconciler/runs", description="fsspec URL of run data")
     tick_seconds: float = Field(default=30.0, gt=0, description="seconds between ticks of the daemon")
+    provider_deadline_seconds: float = Field(
+        default=20.0, gt=0, le=600,
+        description="how long a tick waits for each provider's answer (all are asked at once); one that takes "
+                    "longer cannot be asked this tick: its jobs keep their last view, the others go on")
     commit_name: str = Field(default="reconciler", description="author name of status commits")
     commit_email: str = Field(default="reconciler@localhost", description="author e-mail of status commits")
     remote: str | None = Field(default=None, description="git remote to fetch from and push to")

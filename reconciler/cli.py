@@ -247,12 +247,17 @@ def plan(
         return escape(redactor.redact(text))
 
     manifest_errors = [str(e) for e in report.desired.errors] if report.desired else []
+    if report.commit and not the_plan.statuses and not manifest_errors \
+            and rec.repo.tree_id(report.commit, "desired") is None:  # as `validate` says: nothing to plan from
+        raise _fail(f"desired/ does not exist at commit {report.commit[:12]} of {rec.repo.path}: commit job "
+                    "manifests under desired/, or run this in a state repository (--repo; --path for a subfolder)")
     for e in report.errors:
         if e in manifest_errors:
             err.print(f"[red]error:[/red] {show(e)}")
         else:
             err.print(f"[yellow]warning:[/yellow] {show(e)}")
-    for line in plan_lines(the_plan.statuses.values(), the_plan.health, rec.clock.now(), bool(report.actions)):
+    held = any(st.held for st in the_plan.statuses.values())
+    for line in plan_lines(the_plan.statuses.values(), the_plan.health, rec.clock.now(), bool(report.actions), held):
         console.print(show(line))
     for a in report.actions:
         console.print(f"- {show(a)}")
@@ -310,7 +315,7 @@ def _review_refs(repo: Path, base: str, head: str, path: str = "") -> Review:
     """Reads both commits' desired state and the base's recorded statuses; a bad ref is one sentence."""
     from adapters.gitrepo import GitError, StateRepo
     from reconciler.loop import Reconciler
-    from reconciler.plan import CONFIRM_CANCEL_TRAILER
+    from reconciler.plan import confirms_cancel
     from reconciler.review import review
 
     try:
@@ -324,7 +329,7 @@ def _review_refs(repo: Path, base: str, head: str, path: str = "") -> Review:
     sides = [reader.read_desired(c, cache=False) for c in commits]
     reader.configure_repo()  # where status is recorded: the status branch's newest, when there is one
     recorded = reader.read_recorded(reader.status_source(commits[0]))
-    confirmed = any(CONFIRM_CANCEL_TRAILER in m for m in _messages(state, *commits))
+    confirmed = any(confirms_cancel(m) for m in _messages(state, *commits))
     fork = _merge_base(state, *commits)
     at_fork = reader.read_desired(fork, cache=False) if fork else None
     the_review = review(sides[0], sides[1], recorded, base_commit=commits[0], head_commit=commits[1],
@@ -523,6 +528,7 @@ def status(repo: RepoOption = Path("."), as_json: Annotated[bool, typer.Option("
             "step": step, "durable": live.durable_step, "target": target,
             "attempts": st.total_attempts if st else 0, "interruptions": st.interruptions if st else 0,
             "failures": st.failures if st else 0, "message": st.message if st else "not reconciled yet",
+            "held": st.held if st else None,
             **_forecast_fields(st, deadline),
         })
     if job_name is not None:
@@ -543,6 +549,8 @@ def status(repo: RepoOption = Path("."), as_json: Annotated[bool, typer.Option("
     console.print(table)
     if ledger:
         console.print(_ledger_table(ledger))
+    for note in sorted({st.held for st in recorded.values() if st.held}):
+        err.print(f"[yellow]held:[/yellow] {escape(note)}")
     for e in desired.errors:
         err.print(f"[red]error:[/red] {escape(str(e))}")
 
@@ -600,7 +608,7 @@ def _show_job(row: dict[str, Any], st: JobStatus | None, job: Job | None, as_jso
     if job is not None and job.spec.budget_usd is not None:
         lines.append(("budget", money(job.spec.budget_usd)))
     lines += [("risk", risk), ("placement", f.placement if f else ""), ("decision", f.decision if f else ""),
-              ("note", f.note if f else "")]
+              ("note", f.note if f else ""), ("held", str(row["held"] or ""))]
     for label, value in lines:
         if value:
             console.print(f"  {label}: {escape(value)}")
@@ -625,12 +633,14 @@ def _ledger_rows(text: bytes | None) -> list[dict]:
 
 
 def _ledger_table(ledger: list[dict]) -> Table:
-    table = Table("provider", "left (provider's word)", "refills", "used this period", "cost", title="providers")
+    table = Table("provider", "left (provider's word)", "refills", "used this period", "cost", "answers",
+                  title="providers")
     for x in ledger:
         left = "" if x.get("remaining") is None else (
             f"${x['remaining']:.2f} credits" if x.get("unit") == "credits" else f"{x['remaining']} {x.get('unit')}")
         used = f"{x.get('worker_hours', 0)} h" + (f" ({x['gpu_hours']} GPU h)" if x.get("gpu_hours") else "")
-        table.add_row(str(x.get("provider")), left, str(x.get("resets_at") or ""), used, f"${x.get('cost_usd', 0):.2f}")
+        table.add_row(str(x.get("provider")), left, str(x.get("resets_at") or ""), used, f"${x.get('cost_usd', 0):.2f}",
+                      str(x.get("answers") or ""))
     return table
 
 

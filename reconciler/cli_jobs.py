@@ -106,6 +106,8 @@ def describe(job: Annotated[str, typer.Argument(help="the job to describe")], re
                   + f" — {show(st.message if st else 'not reconciled yet')}")
     if manifest:
         console.print(f"  manifest: {escape(manifest)}" + ("" if job in desired.jobs else " (removed)"))
+    if st is not None and st.held:
+        console.print(f"  held: {show(st.held)}")
     if st is None:
         return
     console.print(f"  run: {st.run_id}   progress: {st.progress.step}"

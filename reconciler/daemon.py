@@ -27,6 +27,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from desired.models import LocalSettings, Settings
 from desired.parse import SETTINGS_FILE, parse_settings
 from reconciler.loop import Reconciler, TickReport
 from reconciler.webhook import WebhookServer
+from status.models import Phase
 
 log = logging.getLogger("reconciler")
 
@@ -83,7 +85,7 @@ class Daemon:
                 continue
             self._wake.clear()
             with self._ticking:
-                if self.stop_event.is_set():
+                if self.stop_event.is_set() or self._signalled is not None:
                     return
                 self._tick()
 
@@ -94,8 +96,11 @@ class Daemon:
             report = self.rec.tick()
             report.seconds = time.monotonic() - started
         except Exception as exc:  # one bad tick must not end the daemon
-            self.rec.conditions.holds("tick failed", f"tick failed: {exc}; the next tick tries again",
-                                     logging.ERROR)
+            if self._stopping():
+                log.info("the stop cut a tick short (%s); the next start carries on", exc)
+            else:
+                self.rec.conditions.holds("tick failed", f"tick failed: {exc}; the next tick tries again",
+                                         logging.ERROR)
             log.debug("tick failure detail", exc_info=True)
         else:
             self.rec.conditions.ended("tick failed", "ticks work again")
@@ -107,10 +112,27 @@ class Daemon:
         if report is None or report.standby is not None:
             return
         self.last_report = report
+        self._wake_after_backoff(report)
         if self.on_tick:
             self.on_tick(report)
         if self.until_done and report.all_terminal:
             self.stop_event.set()
+
+    def _stopping(self) -> bool:
+        """A stop is under way. A SIGTERM or SIGINT sent to the whole process group (systemd, Ctrl-C)
+        also ends the git processes a tick talks to, which fails it (broken pipe, an empty SHA),
+        maybe a moment before the main thread has heard the signal: a stop is not a failure."""
+        return self._signalled is not None or self.stop_event.wait(4 * POLL_SECONDS)
+    def _wake_after_backoff(self, report: TickReport) -> None:
+        """A job backing off relaunches when its back-off ends, not at the next tick (an hour away
+        with `tick_seconds: 3600`): one tick is scheduled then, for the earliest of the jobs'."""
+        ends = [st.backoff_until for st in report.statuses.values()
+                if st.phase == Phase.BACKOFF and st.backoff_until is not None]
+        if not ends or self.stop_event.is_set():
+            return
+        delay = max(0.0, min(ends) - self.rec.clock.now()) + 0.05  # just past it: the planner compares now < until
+        self._scheduler.add_job(self._wake.set, "date", run_date=datetime.now(UTC) + timedelta(seconds=delay),
+                                id="backoff", replace_existing=True, misfire_grace_time=None)
 
     def _keep_lease(self) -> None:
         """Renews the leader lease between ticks, so that a tick longer than the lease keeps it."""

@@ -1,5 +1,6 @@
 """`reconciler demo`: a state repository with one PyTorch job on the local provider, reconciled to
-completion while chaos kills the worker with SIGKILL at random moments.
+completion while chaos preempts the worker at random moments (SIGKILL, which the local provider
+then reports as a preemption, as a cloud's would).
 
 Everything is real: a git repository, run storage on local disk, detached worker processes, the
 same daemon as `reconciler run`. Nothing leaves this machine.
@@ -85,9 +86,9 @@ def _stop_leftover_workers(root: Path) -> None:
 
 
 class Chaos(threading.Thread):
-    """Kills the running worker with SIGKILL at random moments, but only once it has written a
-    checkpoint of its own, so that the run always moves forward (and, with no word from a
-    provider, a kill after new durable progress is what counts as a free interruption)."""
+    """Preempts the running worker at random moments (SIGKILL, reported by the local provider as a
+    preemption: a kill with no provider's word is not a free interruption twice in a row), but only
+    once it has written a checkpoint of its own, so that the run always moves forward."""
 
     def __init__(self, root: Path, rng: random.Random, kills: int, stop: threading.Event) -> None:
         super().__init__(daemon=True, name="chaos")
@@ -109,7 +110,7 @@ class Chaos(threading.Thread):
                     continue  # still importing torch: give it a chance to train
                 if not any(c.epoch == ref.epoch for c in folder.committed_checkpoints()):
                     continue  # nothing saved by this attempt yet
-                if self.adapter.kill_worker(ref, signal.SIGKILL):
+                if self.adapter.kill_worker(ref, signal.SIGKILL, preempt=True):
                     self.killed.append((ref.epoch, beat.step))
                     self.kills_left -= 1
 

@@ -150,12 +150,15 @@ def _forgiven(strikes: int, calm: float, at: float) -> int:
 
 
 def plan_lines(statuses: Iterable[JobStatus], health: dict[str, ProviderHealth], now: float,
-               acting: bool) -> list[str]:
+               acting: bool, held: bool = False) -> list[str]:
     """What `plan` says above its jobs: when it would act on nothing, whether that is because all is
-    as desired or because jobs wait (each job's line says why); then every provider cooling down."""
+    as desired, because a change is held, or because jobs wait (each job's line says why); then every
+    provider cooling down."""
     waiting = sum(st.phase in (Phase.PENDING, Phase.BACKOFF) for st in statuses)
     lines = []
-    if not acting and not waiting:
+    if not acting and held:
+        lines.append("no actions: a change is held (the warning above says what releases it)")
+    elif not acting and not waiting:
         lines.append("no actions: the world matches the desired state")
     elif not acting:
         lines.append(f"no actions now: {waiting} job{' is' if waiting == 1 else 's are'} waiting (why, below)")

@@ -5,6 +5,11 @@ Pure (no I/O, no clock). A free interruption needs evidence: the provider's own 
 (preempted, host lost, session end) or durable progress gained by the attempt. A signal the job
 raises on itself (SEGV, ABRT, ...) or an OOM kill is the job's error; a kill from outside that
 gained nothing is counted too, because nothing shows it was not the job's own doing.
+
+An interruption the provider does not confirm (a signal after a new checkpoint, an exit 75 with
+no notice behind it) is free once but backs off like an error, and the next one in a row is
+charged: an out-of-memory kill on a machine that reports none looks exactly like it, and must
+not relaunch the job every few seconds for ever.
 """
 
 from __future__ import annotations
@@ -21,6 +26,18 @@ if TYPE_CHECKING:
     from reconciler.tick import RunObservation
 
 EXIT_INTERRUPTED = 75  # worker checkpointed and left because it was told to (EX_TEMPFAIL)
+RAPID_END_SECONDS = 60.0
+"""An attempt that ends within this many seconds of its start (its first heartbeat, or its launch
+when it never sent one) is a rapid end, whatever progress it made: a relaunch storm is made of them."""
+RAPID_END_LIMIT = 5
+"""This many rapid ends in a row, of ends not confirmed by the provider, hold the job (Failed,
+naming the loop): on a hosted provider each of them paid a start-up and its minimum bill."""
+# The worker SDK (reconciler.worker.run, which the planner does not import: torch) stops this long
+# before RECONCILER_DEADLINE at the least: RECONCILER_GRACE, default 30 s; and at the most twice
+# its last save, capped at MAX_DEADLINE_MARGIN there (mirrored here), when that is longer.
+DEFAULT_GRACE_SECONDS = 30.0
+MAX_STOP_MARGIN_SECONDS = 1800.0
+JOB_DEADLINE_STOP = "checkpointed and stopped before the job's deadline"  # in the detail of such an end
 CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL", "SIGSYS", "SIGTRAP"})
 
 
@@ -29,6 +46,7 @@ class Verdict:
     outcome: Outcome
     detail: str
     fail_now: bool = False  # the job's own exit-code rule says: no retry
+    unconfirmed: bool = False  # an interruption, or so it seemed, that the provider never confirmed
     avoid_provider: bool = False  # the worker could not reach run storage, or lacks a secret, at this provider
 
 
@@ -38,8 +56,10 @@ def exit_rule(job: Job, code: int | None) -> ExitCodeRule | None:
     return next((r for r in job.spec.retry.exit_codes if code in r.codes), None)
 
 
-def classify(job: Job, attempt: Attempt, state: WorkerState, run: RunObservation) -> Verdict | None:
-    """None while the worker is pending or running; otherwise how its attempt ended."""
+def classify(job: Job, attempt: Attempt, state: WorkerState, run: RunObservation,
+             previous: Attempt | None = None) -> Verdict | None:
+    """None while the worker is pending or running; otherwise how its attempt ended. `previous`,
+    the attempt before this one, decides whether an unconfirmed interruption is a repeat."""
     if state.phase in (WorkerPhase.PENDING, WorkerPhase.RUNNING):
         return None
     word = state.provider_state or state.phase.value
@@ -63,7 +83,15 @@ def classify(job: Job, attempt: Attempt, state: WorkerState, run: RunObservation
         # names): charged once, and the provider avoided for a while, so the job does not loop.
         return Verdict(Outcome.JOB_ERROR, f"a secret is missing on {attempt.provider}: {state.detail}",
                        avoid_provider=True)
-    return _rule_verdict(job, state) or _evidence_verdict(attempt, state, run, word)
+    verdict = _rule_verdict(job, state)
+    if verdict is not None:
+        return verdict
+    verdict = _evidence_verdict(job, attempt, state, run, word)
+    if verdict.unconfirmed and verdict.outcome == Outcome.INTERRUPTION and previous is not None \
+            and previous.unconfirmed:
+        return Verdict(Outcome.JOB_ERROR, f"{verdict.detail}; the second interruption in a row that the "
+                       "provider did not confirm, so it counts as a failure", unconfirmed=True)
+    return verdict
 
 
 def _rule_verdict(job: Job, state: WorkerState) -> Verdict | None:
@@ -78,7 +106,8 @@ def _rule_verdict(job: Job, state: WorkerState) -> Verdict | None:
     return Verdict(Outcome.JOB_ERROR, f"{what} (counted by the job's exit_codes rule)")
 
 
-def _evidence_verdict(attempt: Attempt, state: WorkerState, run: RunObservation, word: str) -> Verdict:
+def _evidence_verdict(job: Job, attempt: Attempt, state: WorkerState, run: RunObservation,
+                      word: str) -> Verdict:
     gained = run.durable_step > attempt.step_start
     if state.oom:
         return Verdict(Outcome.JOB_ERROR, f"killed for running out of memory: {word}")
@@ -86,26 +115,51 @@ def _evidence_verdict(attempt: Attempt, state: WorkerState, run: RunObservation,
         return Verdict(Outcome.JOB_ERROR, f"crashed with {state.signal}: {word}")
     if state.signal:
         if gained:
-            return Verdict(Outcome.INTERRUPTION, f"interrupted: {word}, after a new checkpoint")
+            return Verdict(Outcome.INTERRUPTION, f"interrupted: {word}, after a new checkpoint, without the "
+                           "provider's word", unconfirmed=True)
         return Verdict(Outcome.JOB_ERROR, f"{word} before any new checkpoint; without the provider's word that "
                                           "it was preempted, this counts as a failure")
     if _stopped_by_sdk(attempt, state, run):
         # The SDK wrote its last beat after the final checkpoint and then exited 75, but torchrun
         # reports any rank's failing exit as 1: the beat is the evidence of a clean stop.
-        return Verdict(Outcome.SESSION_END if run.heartbeat_stopping == "deadline" else Outcome.INTERRUPTION,
-                       f"every rank checkpointed and stopped ({run.heartbeat_stopping}); the launcher "
-                       f"exited with code {state.exit_code}")
+        why = f"the launcher exited with code {state.exit_code}"
+        if run.heartbeat_stopping == "deadline":
+            return _deadline_stop(job, run, "every rank", f"; {why}")
+        return Verdict(Outcome.INTERRUPTION, f"every rank checkpointed and stopped ({run.heartbeat_stopping}); "
+                       f"{why}", unconfirmed=run.heartbeat_stopping != "request")
     if state.exit_code == EXIT_INTERRUPTED and run.heartbeat_epoch == attempt.epoch \
             and run.heartbeat_stopping == "deadline":
-        # The SDK saw RECONCILER_DEADLINE (the provider's session end, or the job's own deadline,
-        # which the planner enforces itself) and saved in time: a session end even when the
-        # provider's warning never came or came later (Slurm checks its warnings every 30 s).
-        return Verdict(Outcome.SESSION_END, "worker checkpointed and stopped before its session's end (exit 75)")
+        return _deadline_stop(job, run, "worker", " (exit 75)")
+    if state.exit_code == EXIT_INTERRUPTED and run.heartbeat_epoch == attempt.epoch \
+            and run.heartbeat_stopping == "request":
+        return Verdict(Outcome.INTERRUPTION, "worker checkpointed and exited on the provider's stop notice (exit 75)")
     if state.exit_code == EXIT_INTERRUPTED:
-        return Verdict(Outcome.INTERRUPTION, "worker checkpointed and exited on a stop notice (exit 75)")
+        return Verdict(Outcome.INTERRUPTION, "worker checkpointed and stopped (exit 75) with no stop notice from "
+                       "the provider", unconfirmed=True)
     if state.exit_code == 0:
         return Verdict(Outcome.JOB_ERROR, "exited 0 without writing its completion record (done.json)")
     return Verdict(Outcome.JOB_ERROR, f"exited with code {state.exit_code}")
+
+
+def _deadline_stop(job: Job, run: RunObservation, who: str, how: str) -> Verdict:
+    """The SDK saw RECONCILER_DEADLINE (the earlier of the job's deadline and the provider's session
+    end) and saved in time. Near the job's deadline it is the job's own policy ending the run: ours,
+    free, and no reason to relaunch (reconciler.launching does not). Else it is the session's end,
+    even when the provider's warning never came or came later (Slurm checks its warnings every 30 s)."""
+    deadline = job.spec.deadline
+    stopped = run.heartbeat_time
+    if deadline is not None and stopped is not None \
+            and deadline.timestamp() - stopped <= max(MAX_STOP_MARGIN_SECONDS, grace(job)):
+        return Verdict(Outcome.CANCELLED, f"{who} {JOB_DEADLINE_STOP}{how}")
+    return Verdict(Outcome.SESSION_END, f"{who} checkpointed and stopped before its session's end{how}")
+
+
+def grace(job: Job) -> float:
+    """The least stop margin the job's workers use: RECONCILER_GRACE from its env, else the SDK's default."""
+    try:
+        return float(job.spec.env.get("RECONCILER_GRACE", DEFAULT_GRACE_SECONDS))
+    except ValueError:
+        return DEFAULT_GRACE_SECONDS
 
 
 def _stopped_by_sdk(attempt: Attempt, state: WorkerState, run: RunObservation) -> bool:

@@ -16,6 +16,7 @@ from adapters.compute import WorkerPhase
 from desired.models import Job
 from reconciler.deadline import RISK_INFEASIBLE
 from reconciler.health import clock
+from reconciler.judge import JOB_DEADLINE_STOP, MAX_STOP_MARGIN_SECONDS, RAPID_END_LIMIT, RAPID_END_SECONDS, grace
 from reconciler.outlook import Outlook, forecast, outlook, over_budget
 from reconciler.placement import Placement, place
 from reconciler.reliability import Record, change, mtbf
@@ -102,6 +103,11 @@ def decide_launch(t: JobTick) -> bool:
         if reason:
             fail(t.st, reason)
             return True
+    late = _too_late(t)
+    if late:
+        t.st.phase = Phase.PENDING
+        t.st.message = late
+        return True
     if _backing_off(t):
         return True
     if t.st.storage != t.desired.settings.storage:
@@ -137,6 +143,31 @@ def _guard_crash_loop(t: JobTick) -> str:
     return ""
 
 
+def _guard_rapid_ends(t: JobTick) -> str:
+    n = _rapid_ends(t.st)
+    if n >= RAPID_END_LIMIT:
+        return (f"rapid-end loop: {n} attempts in a row ended within {RAPID_END_SECONDS:g} s of starting "
+                f"(limit {RAPID_END_LIMIT}, whatever their progress); last: {last_detail(t.st)}")
+    return ""
+
+
+def _rapid_ends(st: JobStatus) -> int:
+    """Attempts in a row, newest first, that ended within RAPID_END_SECONDS of their start (the
+    first heartbeat, else the launch) without the provider's word. Ends the provider confirmed, and
+    ours (cancelled, superseded), neither count nor break the row, as in the crash-loop guard."""
+    n = 0
+    for a in reversed(st.attempts):
+        if a.outcome is None or a.ended is None or a.outcome in (Outcome.CANCELLED, Outcome.SUPERSEDED):
+            continue
+        if a.outcome in (Outcome.INTERRUPTION, Outcome.SESSION_END) and not a.unconfirmed:
+            continue
+        start = a.first_beat if a.first_beat is not None else a.started
+        if a.outcome == Outcome.SUCCEEDED or a.ended - start >= RAPID_END_SECONDS:
+            break
+        n += 1
+    return n
+
+
 def _guard_budget(t: JobTick) -> str:
     budget = t.job.spec.budget_usd
     if budget is not None and t.st.cost_usd >= budget:
@@ -152,25 +183,63 @@ def _guard_deadline(t: JobTick) -> str:
 
 
 GUARDS: tuple[Callable[[JobTick], str], ...] = (
-    _guard_config, _guard_retries, _guard_crash_loop, _guard_budget, _guard_deadline)
+    _guard_config, _guard_retries, _guard_crash_loop, _guard_rapid_ends, _guard_budget, _guard_deadline)
+
+
+def _too_late(t: JobTick) -> str:
+    """Why no attempt is launched before the job's deadline, or "": one that cannot save new work
+    before it would do nothing but cost a start-up (the deadline itself then ends the job). The
+    worker already said so when it stopped for that deadline; else the job's measured start-up and
+    restore (launch to first heartbeat, its latest attempt) plus the SDK's stop margin must fit. A
+    deadline moved later since that stop is a new one: it is measured afresh."""
+    deadline = t.job.spec.deadline
+    if deadline is None:
+        return ""
+    when, margin = deadline.isoformat(), grace(t.job)
+    last = t.st.attempts[-1] if t.st.attempts else None
+    if last is not None and last.outcome == Outcome.CANCELLED and JOB_DEADLINE_STOP in last.detail \
+            and last.ended is not None and deadline.timestamp() - last.ended <= max(MAX_STOP_MARGIN_SECONDS, margin):
+        return (f"not relaunching: the last attempt stopped for the job's deadline ({when}), too close for "
+                "another to save new work; the deadline will end the job")
+    left = deadline.timestamp() - t.now
+    changeover = next((a.first_beat - a.started for a in reversed(t.st.attempts) if a.first_beat is not None), None)
+    if left < (changeover or 0.0) + margin:
+        took = ("start-up and restore not measured yet" if changeover is None else
+                f"{changeover:.0f} s of start-up and restore, as its latest measured attempt took")
+        return (f"not launching: {left:.0f} s to the deadline ({when}), less than an attempt needs to save new "
+                f"work ({took}, and the {margin:g} s before the deadline at which the worker stops to "
+                "checkpoint); the deadline will end the job")
+    return ""
 
 
 def _backing_off(t: JobTick) -> bool:
     """Charged failures back off exponentially, and so do free ends without progress from the
-    second in a row (one early preemption relaunches at once; a loop of them slows down)."""
+    second in a row (one early preemption relaunches at once; a loop of them slows down), and
+    interruptions the provider did not confirm from the first (a strike per one in a row)."""
     st, last = t.st, (t.st.attempts[-1] if t.st.attempts else None)
     strikes = max(st.failures if last is not None and last.outcome is not None and last.outcome.charged else 0,
-                  st.unproductive - 1)
+                  st.unproductive - 1, _unconfirmed_in_a_row(st))
     if last is not None and last.ended is not None and strikes > 0:
         if st.backoff_until is None or st.backoff_until < last.ended:
             st.backoff_until = last.ended + _backoff(t.job, strikes)
     if st.backoff_until is not None and t.now < st.backoff_until:
         st.phase = Phase.BACKOFF
         why = f"{st.failures} failure(s)" if st.failures else f"{st.unproductive} attempt(s) without progress"
+        if last is not None and last.unconfirmed and not (last.outcome is not None and last.outcome.charged):
+            why = "an interruption the provider did not confirm"
         st.message = f"backing off after {why}: {last_detail(st)}"
         return True
     st.backoff_until = None
     return False
+
+
+def _unconfirmed_in_a_row(st: JobStatus) -> int:
+    n = 0
+    for a in reversed(st.attempts):
+        if not a.unconfirmed:
+            break
+        n += 1
+    return n
 
 
 def _placement(t: JobTick) -> Placement:

@@ -9,7 +9,7 @@ Pure: statuses and observations in, ledger lines out.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 
 from adapters.compute import Allowance
@@ -43,14 +43,16 @@ def _share_of_cost(attempt: Attempt, since: float, now: float, price: float) -> 
 
 
 def build_ledger(providers: dict[str, Provider], statuses: Iterable[JobStatus], jobs: dict[str, Job],
-                 allowances: dict[str, Allowance], now: float) -> list[ProviderLedger]:
+                 allowances: dict[str, Allowance], now: float,
+                 answers: Mapping[str, str] | None = None) -> list[ProviderLedger]:
+    """`answers`: how a slow or unresponsive provider answered this tick (reconciler.asking)."""
     lines = {}
     for name, prov in providers.items():
         a = allowances.get(name)
         lines[name] = ProviderLedger(
             provider=name, type=prov.spec.type, period_start=period_start(now, a),
             unit=a.unit if a else None, remaining=a.remaining if a else None, total=a.total if a else None,
-            used=a.used if a else None, resets_at=a.resets_at if a else None)
+            used=a.used if a else None, resets_at=a.resets_at if a else None, answers=(answers or {}).get(name))
     for st in statuses:
         gpus = jobs[st.job].spec.resources.gpus if st.job in jobs else 0
         for attempt in st.attempts:

@@ -14,24 +14,25 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
 
-from adapters.compute import Allowance, ComputeAdapter, ProviderConfigError, WorkerPhase, WorkerRef
+from adapters.compute import ComputeAdapter, ProviderConfigError, WorkerPhase, WorkerRef
 from adapters.gitrepo import DESIRED_DIR, STATUS_DIR, TRAILER, GitError, StateRepo, status_branch_for
 from adapters.leader import Election, Leadership
 from adapters.notify import Notifier
 from adapters.registry import make_adapter
 from adapters.signatures import Signatures
 from adapters.storage import RunFolder, StorageError
-from desired.models import Capacity, Provider, Settings
+from desired.models import Provider, Settings
 from desired.parse import SETTINGS_FILE, DesiredState, parse_desired, parse_settings
+from reconciler.asking import Busy, ProviderCall, ProviderCalls
 from reconciler.clock import Clock, SystemClock
 from reconciler.conditions import Conditions
 from reconciler.deadline import PlacementPolicy, choose
 from reconciler.execute import execute, store_options
 from reconciler.ledger import build_ledger
 from reconciler.notices import events, messages
-from reconciler.plan import CONFIRM_CANCEL_TRAILER, Observed, Plan, RunObservation, apply_results, plan
+from reconciler.plan import Observed, Plan, RunObservation, apply_results, cancelled_by, confirms_cancel, plan
 from reconciler.redaction import secret_values
 from reconciler.signed import SignedHistory, with_hold
 from reconciler.trust import act_on, hold_note
@@ -64,6 +65,7 @@ class TickReport:
     desired: DesiredState | None = None
     standby: Leadership | None = None  # another daemon leads: this tick did nothing
     seconds: float = 0.0  # how long the tick took (measured by the daemon)
+    provider_calls: dict[str, ProviderCall] = field(default_factory=dict)  # how each provider's call went
 
     @property
     def all_terminal(self) -> bool:
@@ -76,7 +78,7 @@ class Reconciler:
     def __init__(self, repo: str | os.PathLike[str] | StateRepo, *, clock: Clock | None = None,
                  adapter_factory: AdapterFactory = make_adapter, environ: Mapping[str, str] | None = None,
                  storage_override: str | None = None, remote: str | None = None,
-                 placement_policy: PlacementPolicy | None = None) -> None:
+                 placement_policy: PlacementPolicy | None = None, provider_calls: ProviderCalls | None = None) -> None:
         # A StateRepo-like object may be passed in (the simulator's in-memory repository).
         self.repo = StateRepo(repo) if isinstance(repo, str | os.PathLike) else repo
         self.clock = clock or SystemClock()
@@ -88,6 +90,7 @@ class Reconciler:
             self.repo.remote = remote
         self.placement_policy = placement_policy or choose  # benchmarks pass baselines
         self._adapters: dict[str, tuple[str, ComputeAdapter]] = {}
+        self.provider_calls = provider_calls or ProviderCalls()
         self._root_identity: str | None = None
         self._foreign_seen: dict[str, int] = {}
         self.conditions = Conditions(log)  # tick errors and warnings: said when they start and end
@@ -207,24 +210,30 @@ class Reconciler:
 
     def observe(self, desired: DesiredState, recorded: dict[str, JobStatus],
                 adapters: dict[str, ComputeAdapter], errors: list[str], now: float) -> Observed:
+        """Providers are asked all at once, each within the deadline (reconciler.asking); one that
+        does not answer in time is unreachable this tick, and in `adapters` a `Busy` stands in for it
+        while its call is still out, so that nothing else uses it meanwhile."""
         observed = Observed()
-        for name in desired.providers:
-            adapter = adapters.get(name)
-            if adapter is None:
-                observed.unreachable[name] = "adapter could not be built"
+        self.provider_calls.deadline = desired.settings.provider_deadline_seconds
+        present = {name: adapters[name] for name in desired.providers if name in adapters}
+        for name in desired.providers.keys() - present.keys():
+            observed.unreachable[name] = "adapter could not be built"
+        with_capacity = {name for name in present if desired.providers[name].spec.resources is None}
+        for name, answer in self.provider_calls.ask(present, with_capacity).items():
+            if isinstance(answer, str):  # any failure to ask is "unknown", never "gone"
+                observed.unreachable[name] = answer
+                errors.append(f"cannot observe provider {name}: {answer}")
                 continue
-            try:
-                workers = adapter.observe()
-            except Exception as exc:  # any failure to ask is "unknown", never "gone"
-                observed.unreachable[name] = str(exc) or type(exc).__name__
-                errors.append(f"cannot observe provider {name}: {exc}")
-                continue
-            observed.workers.update(workers)
-            if desired.providers[name].spec.resources is None:
-                observed.capacity.update(_reported_capacity(name, adapter))
-            observed.allowances.update(_reported_allowance(name, adapter))
-            observed.free_slots.update(_reported_slots(name, adapter))
-            self._note_foreign(name, getattr(adapter, "foreign_workers", 0))
+            observed.workers.update(answer.workers)
+            if answer.capacity is not None:
+                observed.capacity[name] = answer.capacity
+            if answer.allowance is not None:
+                observed.allowances[name] = answer.allowance
+            if answer.free_slots is not None:
+                observed.free_slots[name] = answer.free_slots
+            self._note_foreign(name, answer.foreign)
+        for name, age in self.provider_calls.busy().items():
+            adapters[name] = cast(ComputeAdapter, Busy(name, age))
         runs = {(name, job.run_id()) for name, job in desired.jobs.items()}
         runs |= {(st.job, st.run_id) for st in recorded.values() if st.run_id and not st.phase.terminal}
         settings = desired.settings
@@ -312,11 +321,17 @@ class Reconciler:
                 return None
         return None
 
-    def _cancel_confirmed(self, commit: str) -> bool:
-        """The commits since the last change to desired/ carry the trailer that confirms a change
-        cancelling most jobs at once."""
-        since = self.repo.last_change(commit, [DESIRED_DIR]) or commit
-        return any(CONFIRM_CANCEL_TRAILER in m for m in self.repo.messages_since(commit, since))
+    def _cancel_confirmed(self, commit: str, desired: DesiredState, recorded: dict[str, JobStatus]) -> bool:
+        """A commit from the newest one that changed the manifests of the jobs this state would
+        cancel, up to `commit`, carries the trailer that confirms it. Read from git on every tick, so
+        a held change stays held across ticks, restarts and leader changes; a later delete without
+        the trailer is held again, whatever was confirmed before it."""
+        doomed = cancelled_by(desired, recorded)
+        if not doomed:
+            return False
+        paths = sorted({st.manifest for st in doomed if st.manifest}) or [DESIRED_DIR]
+        since = self.repo.last_change(commit, paths) or commit
+        return any(confirms_cancel(m) for m in self.repo.messages_since(commit, since))
 
     # ---- the tick ------------------------------------------------------------------------------
     def configure_repo(self) -> None:
@@ -383,11 +398,14 @@ class Reconciler:
         adapters = self.adapters_for(view, report.errors)
         now = self.clock.now()
         observed = self.observe(view, recorded, adapters, report.errors, now)
+        report.provider_calls = dict(self.provider_calls.calls)
         observed.retired = retired
-        the_plan = plan(desired, observed, recorded, now, commit, confirm_cancel=self._cancel_confirmed(commit),
+        confirmed = self._cancel_confirmed(commit, desired, recorded)
+        the_plan = plan(desired, observed, recorded, now, commit, confirm_cancel=confirmed,
                         policy=self.placement_policy)
-        the_plan.statuses = {name: st if st.held == held else st.model_copy(update={"held": held}, deep=True)
-                             for name, st in the_plan.statuses.items()}
+        if held is not None:  # the signature check's hold; else each status keeps the planner's (a held cancel)
+            the_plan.statuses = {name: st if st.held == held else st.model_copy(update={"held": held}, deep=True)
+                                 for name, st in the_plan.statuses.items()}
         report.errors.extend(the_plan.notes)
         report.actions = [_describe(a) for a in the_plan.actions]
         report.statuses = the_plan.statuses
@@ -427,7 +445,8 @@ class Reconciler:
         report.errors.extend(result.errors)
         durable = {k: v.durable_step for k, v in observed.runs.items()}
         apply_results(the_plan, result.launches, now, durable, result.moves)
-        ledger = build_ledger(desired.providers, the_plan.statuses.values(), desired.jobs, observed.allowances, now)
+        ledger = build_ledger(desired.providers, the_plan.statuses.values(), desired.jobs, observed.allowances, now,
+                              {n: c.words() for n, c in report.provider_calls.items() if c.slow})
         self._commit(the_plan, recorded, desired, commit, report, ledger)
         self._notify(recorded, desired, report)
         self.conditions.exactly("tick", report.errors)  # a fetch error, a held change: once, not every tick
@@ -527,6 +546,7 @@ def read_run(storage: str, job: str, run_id: str, options: dict[str, str]) -> Ru
             reached_step=progress.reached if progress else None,
             done=done is not None,
             done_time=_number(done.get("time")) if done else None,
+            done_step=int(step) if done and isinstance(step := done.get("step"), int) else None,
         )
     except (StorageError, OSError, ValueError) as exc:
         return RunObservation(error=str(exc))
@@ -534,41 +554,6 @@ def read_run(storage: str, job: str, run_id: str, options: dict[str, str]) -> Ru
 
 def _number(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) else None
-
-
-def _reported_capacity(name: str, adapter: ComputeAdapter) -> dict[str, Capacity]:
-    """What the adapter says one worker may use, when it can tell (placement checks resources)."""
-    ask = getattr(adapter, "capacity", None)
-    try:
-        cap = ask() if callable(ask) else None
-    except Exception as exc:  # unknown capacity places as before; never stops the tick
-        log.debug("provider %s could not report its capacity: %s", name, exc)
-        return {}
-    return {name: cap} if isinstance(cap, Capacity) else {}
-
-
-def _reported_allowance(name: str, adapter: ComputeAdapter) -> dict[str, Allowance]:
-    """The provider's own quota or credits, for adapters that can read them (hosted providers).
-    One that cannot be read now is unknown: placement goes on, and the provider's own refusal
-    (a quota error at launch) is capacity, not a job error."""
-    ask = getattr(adapter, "allowance", None)
-    try:
-        allowance = ask() if callable(ask) else None
-    except Exception as exc:  # noqa: BLE001 - unknown allowance never stops the tick
-        log.info("provider %s could not report its quota or credits: %s", name, exc)
-        return {}
-    return {name: allowance} if isinstance(allowance, Allowance) else {}
-
-
-def _reported_slots(name: str, adapter: ComputeAdapter) -> dict[str, int]:
-    """How many more workers the provider can take now, for adapters that can tell (the simulator's
-    spot pools); unknown for the rest, which then learn it from a refused launch."""
-    try:
-        slots = adapter.free_slots()
-    except Exception as exc:  # noqa: BLE001 - unknown slots never stop the tick
-        log.debug("provider %s could not report free slots: %s", name, exc)
-        return {}
-    return {name: slots} if isinstance(slots, int) else {}
 
 
 def _describe(action: object) -> str:

@@ -37,6 +37,7 @@ _RULES = (
     ("provider", re.compile(r"provider|launch|terminate|worker|quota|capacity", re.IGNORECASE)),
 )
 TICK_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+CALL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
 
 
 def error_class(message: str) -> str:
@@ -67,6 +68,15 @@ class Metrics(Collector):
                              registry=self.registry)
         self.last_tick = Gauge("reconciler_last_tick_timestamp_seconds", "When the last tick ended (Unix time)",
                                registry=self.registry)
+        self.call_seconds = Histogram("reconciler_provider_call_duration_seconds", "Time a provider took to answer "
+                                      "the observe step's call (calls past the deadline are not in it)", ["provider"],
+                                      buckets=CALL_BUCKETS, registry=self.registry)
+        self.unanswered = Counter("reconciler_provider_unanswered", "Ticks in which a provider did not answer within "
+                                  "its deadline (its jobs kept their last view)", ["provider"], registry=self.registry)
+        self.responsive = Gauge("reconciler_provider_responsive", "1 when the provider answered the last tick within "
+                                "its deadline, 0 when it did not", ["provider"], registry=self.registry)
+        self.last_call = Gauge("reconciler_provider_last_call_seconds", "How long the provider's last call took, "
+                               "or had taken when the tick stopped waiting", ["provider"], registry=self.registry)
         for name in ERROR_CLASSES:
             self.errors.labels(name)  # every class is exported, at 0 until it happens
         self.registry.register(self)
@@ -76,6 +86,13 @@ class Metrics(Collector):
         self.last_tick.set_to_current_time()
         for message in report.errors:
             self.errors.labels(error_class(message)).inc()
+        for provider, call in report.provider_calls.items():
+            if call.answered:
+                self.call_seconds.labels(provider).observe(call.seconds)
+            else:
+                self.unanswered.labels(provider).inc()
+            self.responsive.labels(provider).set(1.0 if call.answered else 0.0)
+            self.last_call.labels(provider).set(call.seconds)
         if report.statuses or not report.errors:  # a tick held by broken settings keeps the last view
             with self._lock:
                 self._statuses = dict(report.statuses)

@@ -11,7 +11,9 @@ Events:
 - succeeded / failed: the phase became Succeeded / Failed;
 - deadline-at-risk: the forecast's risk became "at risk" or "infeasible";
 - budget-nearly-spent: spending first reached `budget_fraction` of the job's `budget_usd`;
-- repeated-preemptions: the attempts ending in an interruption, in a row, reached `preemptions`.
+- repeated-preemptions: the attempts ending in an interruption, in a row, reached `preemptions`;
+- held: a change is held until someone confirms it (a commit that would cancel most jobs) or signs
+  it; one event per hold, naming the jobs it holds and what releases it.
 """
 
 from __future__ import annotations
@@ -34,9 +36,12 @@ class Event:
     kind: str  # one of desired.models.NOTIFY_EVENTS
     run_id: str
     text: str  # one line for people
+    jobs: tuple[str, ...] = ()  # an event about several jobs at once (a hold); `job` is then the first
 
     @property
     def title(self) -> str:
+        if len(self.jobs) > 1:
+            return f"reconciler: {len(self.jobs)} jobs {self.kind.replace('-', ' ')}"
         return f"reconciler: {self.job} {self.kind.replace('-', ' ')}"
 
     @property
@@ -59,12 +64,13 @@ def spent(st: JobStatus) -> float:
 
 
 def preempted_in_a_row(st: JobStatus) -> int:
-    """Attempts that ended in an interruption, counted back from the newest closed one."""
+    """Attempts that ended in an interruption the provider confirmed, counted back from the newest
+    closed one: a process that died on a machine still there (an OOM kill, say) was not preempted."""
     count = 0
     for att in reversed(st.attempts):
         if att.open:
             continue
-        if att.outcome != Outcome.INTERRUPTION:
+        if att.outcome != Outcome.INTERRUPTION or att.unconfirmed:
             break
         count += 1
     return count
@@ -76,7 +82,19 @@ def events(before: Mapping[str, JobStatus], after: Mapping[str, JobStatus],
     out: list[Event] = []
     for name in sorted(after):
         out.extend(job_events(before.get(name), after[name], budgets.get(name), rules))
-    return out
+    return out + hold_events(before, after)
+
+
+def hold_events(before: Mapping[str, JobStatus], after: Mapping[str, JobStatus]) -> list[Event]:
+    """One event per hold that this tick started, however many jobs it holds: the note says what
+    releases it, so one message is enough to act on."""
+    held: dict[str, list[str]] = {}
+    for name in sorted(after):
+        note = after[name].held
+        old = before.get(name)
+        if note and (old is None or old.held != note):
+            held.setdefault(note, []).append(name)
+    return [Event(names[0], "held", "", note, tuple(names)) for note, names in held.items()]
 
 
 def job_events(old: JobStatus | None, new: JobStatus, budget: float | None, rules: Notifications) -> list[Event]:
@@ -109,7 +127,8 @@ def job_events(old: JobStatus | None, new: JobStatus, budget: float | None, rule
 
 
 def wants(target: NotifyTarget, event: Event) -> bool:
-    return event.kind in target.events and (not target.jobs or event.job in target.jobs)
+    jobs = event.jobs or (event.job,)
+    return event.kind in target.events and (not target.jobs or any(j in target.jobs for j in jobs))
 
 
 def messages(found: list[Event], rules: Notifications) -> list[Message]:

@@ -134,6 +134,7 @@ def _plan_job(out: Plan, job: Job, rec: JobStatus | None, workers: dict[WorkerRe
               desired: DesiredState, observed: Observed, now: float, commit: str, busy: dict[str, int],
               policy: PlacementPolicy, reliability: dict[str, Reliability]) -> None:
     st = identify(job, rec, desired, observed, now, commit)
+    st.held = None  # the loop adds a hold of the signature check; a cancel hold is _plan_removed's
     run = observed.runs.get((job.name, st.run_id), RunObservation())
     t = JobTick(job, st, run, workers, desired, observed, now, out, busy, st.current, policy, reliability, rec)
     for step in STEPS:
@@ -257,6 +258,11 @@ def judge(t: JobTick) -> bool:
         state = t.workers.get(seen) if seen is not None else None
         t.close_current(Outcome.SUCCEEDED, "completed", state.exit_code if state else None,
                         ended=t.run.done_time or (state.ended_at if state else None))
+        # It ended at its last step, not at its last checkpoint (the completion saves none).
+        last = t.st.attempts[-1]
+        final = t.run.done_step if t.run.done_step is not None else t.job.spec.target_steps
+        if final is not None and final > (last.step_end or 0):
+            t.st.attempts[-1] = last.model_copy(update={"step_end": final})
         return False
     if seen is None:
         _judge_unseen(t)
@@ -268,13 +274,17 @@ def judge(t: JobTick) -> bool:
 
 def _judge_seen(t: JobTick, ref: WorkerRef, state: WorkerState) -> bool:
     assert t.current is not None
-    verdict = classify(t.job, t.current, state, t.run)
+    verdict = classify(t.job, t.current, state, t.run, t.st.attempts[-2] if len(t.st.attempts) > 1 else None)
     if verdict is None:
         _judge_live(t, ref, state)
         return False
     beat = t.run.heartbeat_time if t.run.heartbeat_epoch == t.current.epoch else None
+    if t.current.stop_reason:  # stopped by us (its manifest was deleted, then restored): never the worker's end
+        t.close_current(Outcome.CANCELLED, t.current.stop_reason, state.exit_code,
+                        ended=end_time(t.current, t.now, state.ended_at, beat))
+        return False
     t.close_current(verdict.outcome, verdict.detail, state.exit_code, ended=end_time(
-        t.current, t.now, state.ended_at, beat))
+        t.current, t.now, state.ended_at, beat), unconfirmed=verdict.unconfirmed)
     if verdict.avoid_provider:
         t.st.provider_backoff[ref.provider] = t.now + STORAGE_UNREACHABLE_BACKOFF_SECONDS
     if verdict.outcome == Outcome.JOB_ERROR:
@@ -338,7 +348,8 @@ def finish(t: JobTick) -> bool:
     if t.run.done:
         t.st.phase = Phase.SUCCEEDED
         target = t.job.spec.target_steps
-        t.st.progress = Progress(step=max(t.run.durable_step, target or 0, t.st.progress.step), target=target)
+        t.st.progress = Progress(step=max(t.run.durable_step, t.run.done_step or 0, target or 0, t.st.progress.step),
+                                 target=target)
         t.st.message = "run completed"
         t.st.forecast = None
         t.st.backoff_until = None
@@ -370,16 +381,41 @@ STEPS: tuple[Step, ...] = (fence, read_storage, adopt, foresee, stop_on_policy, 
 # ---- jobs whose manifest is gone --------------------------------------------------------------
 
 
+def cancelled_by(desired: DesiredState, recorded: dict[str, JobStatus]) -> list[JobStatus]:
+    """The active jobs this desired state would cancel: their manifest is gone (a manifest that
+    merely stopped parsing holds its job instead)."""
+    return [st for st in recorded.values() if not st.phase.terminal and st.job not in desired.jobs
+            and st.manifest not in desired.files_with_errors]
+
+
+def confirms_cancel(message: str) -> bool:
+    """The commit message carries CONFIRM_CANCEL_TRAILER as a git trailer: a line of its own in the
+    last paragraph, after the subject. Quoting it in a sentence (as the reconciler's own status
+    commits do when they say what is held) confirms nothing."""
+    paragraphs = [p for p in message.strip().split("\n\n") if p.strip()]
+    if len(paragraphs) < 2:
+        return False
+    key, _, value = CONFIRM_CANCEL_TRAILER.partition(":")
+    for line in paragraphs[-1].splitlines():
+        k, sep, v = line.partition(":")
+        if sep and k.strip().lower() == key.lower() and v.strip().lower() == value.strip().lower():
+            return True
+    return False
+
+
 def _mass_cancel_hold(desired: DesiredState, recorded: dict[str, JobStatus], confirmed: bool) -> str:
     """A commit that would cancel most of the active jobs at once (an emptied or moved desired/,
-    a bad merge) is held until confirmed; returns the message, or "" when nothing is held."""
+    a bad merge) is held until confirmed; returns the message, or "" when nothing is held. Nothing
+    of it is kept in memory: every tick (and every restarted daemon) finds the same hold from git."""
     active = [st for st in recorded.values() if not st.phase.terminal]
-    doomed = [st for st in active if st.job not in desired.jobs and st.manifest not in desired.files_with_errors]
+    doomed = cancelled_by(desired, recorded)
     if confirmed or len(doomed) < 2 or len(doomed) * 2 <= len(active):
         return ""
-    return (f"holding: this commit would cancel {len(doomed)} of {len(active)} active jobs; if that is "
-            f"meant, commit again with the trailer '{CONFIRM_CANCEL_TRAILER}' "
-            f"(e.g. git commit --allow-empty -m 'cancel jobs' --trailer '{CONFIRM_CANCEL_TRAILER}')")
+    names = ", ".join(sorted(st.job for st in doomed))
+    return (f"holding: this change would cancel {len(doomed)} of {len(active)} active jobs ({names}); nothing "
+            f"is stopped until a commit carries the trailer '{CONFIRM_CANCEL_TRAILER}' "
+            f"(git commit --allow-empty -m 'cancel jobs' --trailer '{CONFIRM_CANCEL_TRAILER}'), "
+            "or the manifests are restored")
 
 
 def _plan_removed(out: Plan, rec: JobStatus, workers: dict[WorkerRef, WorkerState], desired: DesiredState,
@@ -387,13 +423,14 @@ def _plan_removed(out: Plan, rec: JobStatus, workers: dict[WorkerRef, WorkerStat
     """A job whose manifest is gone is cancelled: its workers are stopped (through the provider
     definition the status last knew, when that is gone too), and its attempt is billed until the
     worker is seen gone."""
-    st = rec.model_copy(deep=True)
+    st = rec.model_copy(update={"held": None}, deep=True)
     out.statuses[st.job] = st
     if rec.manifest and rec.manifest in desired.files_with_errors:
         st.message = f"manifest {rec.manifest} has errors; holding the job as it is until they are fixed"
         return
     if held and not st.phase.terminal:
-        st.message = held
+        st.message = "manifest deleted; the cancel is held until a commit confirms it or the manifest is restored"
+        st.held = held
         return
     alive = [ref for ref, state in workers.items() if live(state)]
     for ref in alive:
@@ -401,17 +438,26 @@ def _plan_removed(out: Plan, rec: JobStatus, workers: dict[WorkerRef, WorkerStat
     run = observed.runs.get((st.job, st.run_id), RunObservation())
     cur = st.current
     if cur is not None and any(r.epoch == cur.epoch and r.run_id == st.run_id for r in alive):
+        st.attempts[-1] = cur.model_copy(update={"stop_reason": "manifest deleted"})
         st.message = f"manifest deleted; stopping {cur.worker} on {cur.provider} (billed until it is gone)"
         return
     if cur is not None:
         prov = desired.providers.get(cur.provider) or observed.retired.get(cur.provider)
         price = prov.spec.price_per_hour if prov else 0.0
-        gone = next((s.ended_at for r, s in workers.items() if r.epoch == cur.epoch and r.run_id == st.run_id), None)
-        record_close(st, close(cur, Outcome.CANCELLED, now, run, "manifest deleted", None, price, gone))
+        gone = next((s for r, s in workers.items() if r.epoch == cur.epoch and r.run_id == st.run_id), None)
+        # A run that completed first (while the cancel was held, or just before it) succeeded.
+        outcome, detail = (Outcome.SUCCEEDED, "completed") if run.done else (Outcome.CANCELLED, "manifest deleted")
+        record_close(st, close(cur, outcome, now, run, detail, gone.exit_code if gone else None,
+                               price, gone.ended_at if gone else None))
     if not st.phase.terminal:
-        st.phase = Phase.CANCELLED
-        st.message = "manifest deleted; run cancelled (this file stays as history; restore it to resume)"
         st.backoff_until = None
+        if run.done:
+            st.phase, st.message = Phase.SUCCEEDED, "run completed; its manifest has been deleted since"
+            st.progress = Progress(step=max(st.progress.step, run.durable_step, run.done_step or 0),
+                                   target=st.progress.target)
+        else:
+            st.phase = Phase.CANCELLED
+            st.message = "manifest deleted; run cancelled (this file stays as history; restore it to resume)"
 
 
 # ---- small rules --------------------------------------------------------------------------------

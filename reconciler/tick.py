@@ -36,6 +36,7 @@ class RunObservation:
     reached_step: int | None = None
     done: bool = False
     done_time: float | None = None  # the worker's clock when it wrote the completion record
+    done_step: int | None = None  # the last step, as the completion record says
     error: str | None = None  # storage could not be read
     # Since when (reconciler's clock) and over how many observations the heartbeat has not changed;
     # None when the loop has no such memory yet (just started): then nothing is judged stalled.
@@ -164,13 +165,15 @@ class JobTick:
             self.out.actions.append(Terminate(ref, reason, self.observed.run_storage.get((ref.job, ref.run_id))))
 
     def close_current(self, outcome: Outcome, detail: str, exit_code: int | None = None,
-                      ended: float | None = None) -> None:
+                      ended: float | None = None, unconfirmed: bool = False) -> None:
         assert self.current is not None
         cur = self.current
         seen = next((s for r, s in self.workers.items()
                      if (r.provider, r.id, r.epoch) == (cur.provider, cur.worker, cur.epoch)), None)
         closed = close(cur, outcome, self.now, self.run, detail, exit_code, self.price(cur.provider), ended,
                        seen.cost_usd if seen else None)
+        if unconfirmed:
+            closed = closed.model_copy(update={"unconfirmed": True})
         record_close(self.st, closed.model_copy(update={"host": seen.host}) if seen and seen.host else closed,
                      provider_ended=seen is not None and seen.phase in PROVIDER_ENDED)
         self.current = None

@@ -11,7 +11,8 @@ What the answers mean (the senders show them in their delivery logs):
   202  accepted: a push to the reconciled branch (a tick starts), or a verified delivery we do not
        act on (another branch, a tag, another event: "ignored"; 2xx so GitLab keeps the hook on)
   200  GitHub's `ping`
-  400  not a webhook we know, no delivery id, or a body that is not JSON
+  400  not a webhook we know, no delivery id, a Content-Length that is not plain digits, or a body
+       that is not JSON (strictly: no NaN, no key twice, nested no deeper than 64 levels)
   401  no signature or token, or a wrong one (one code for both: either way the sender did not
        prove it knows the secret)
   404  another path than / or /webhook;  405  another method than POST
@@ -35,6 +36,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from adapters.wire import WireError, decimal_int, load_json
 
 log = logging.getLogger("reconciler")
 
@@ -152,9 +155,9 @@ def judge(headers: Mapping[str, str], body: bytes, secret: bytes, branch: Callab
 
 def _push(delivery: Delivery, body: bytes, branch: Callable[[], str | None]) -> Answer:
     try:
-        payload = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return Answer(400, "body is not JSON: set the webhook's content type to application/json")
+        payload = load_json(body, limit=MAX_BODY)
+    except WireError as exc:
+        return Answer(400, f"body is not JSON ({exc}): set the webhook's content type to application/json")
     if delivery.event.lower() not in ("push", "push hook"):
         return Answer(202, f"ignored: {delivery.event} is not a push")
     ref = payload.get("ref") if isinstance(payload, dict) else None
@@ -212,15 +215,16 @@ class _Handler(BaseHTTPRequestHandler):
         """The declared body length, or the answer refusing it; an oversized body is never read."""
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
             return Answer(411, "a Content-Length is required")
-        raw = self.headers.get("Content-Length")
-        if raw is None:
+        given = self.headers.get_all("Content-Length") or []
+        if not given:
             return Answer(411, "a Content-Length is required")
-        try:
-            length = int(raw)
-        except ValueError:
-            return Answer(400, "bad Content-Length")
-        if length < 0:
-            return Answer(400, "bad Content-Length")
+        try:  # ASCII digits only (int() would take "1_0", "+10", " 10"), and one value (RFC 9112 §6.3)
+            lengths = {decimal_int(raw.strip(" \t")) for raw in given}
+        except WireError:
+            return Answer(400, "bad Content-Length: it must be digits only")
+        if len(lengths) != 1:
+            return Answer(400, "bad Content-Length: it is given more than once, with different values")
+        length = lengths.pop()
         if length > MAX_BODY:
             return Answer(413, f"body of {length} bytes; the limit is {MAX_BODY}")
         return length
@@ -298,7 +302,7 @@ def _bracketed(host: str) -> str:
 def parse_listen(value: str) -> tuple[str, int]:
     """HOST:PORT, [IPv6]:PORT or :PORT (loopback). Raises ValueError with a sentence on bad input."""
     host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not port.isascii() or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"{value!r} is not HOST:PORT (e.g. 127.0.0.1:8080 or :8080)")
     host = host.strip("[]") or "127.0.0.1"
     return host, int(port)

@@ -73,6 +73,12 @@ class Attempt(Model):
     host: str = ""  # the provider's machine, where it names one (per-host cool-down)
     first_beat: float | None = None  # the first heartbeat we saw, by the worker's clock kept within [started, now]
     first_beat_step: int | None = None  # the step that heartbeat reported: rates count from here
+    # Why the reconciler asked this attempt to stop while leaving it open (a deleted manifest: it is
+    # billed until the worker is gone). However the worker then ends, that end was ours: cancelled.
+    stop_reason: str | None = None
+    # Ended as an interruption the provider never confirmed (a signal, an exit 75 without its
+    # notice): it backs off, and the next such end in a row is charged. None (not written) otherwise.
+    unconfirmed: bool | None = None
 
     @property
     def open(self) -> bool:
@@ -142,7 +148,9 @@ class JobStatus(Model):
     refusals: list[Refusal] = Field(default_factory=list)  # the newest few, oldest first
     log_tail: str | None = None
     forecast: Forecast | None = None
-    held: str | None = None  # a newer change to desired/ not acted on (reconciler.yaml `signatures:`), and why
+    # A newer change to desired/ not acted on, and what releases it: a commit that would cancel most
+    # jobs (until confirmed) or one whose signature did not verify (reconciler.yaml `signatures:`).
+    held: str | None = None
 
     @property
     def current(self) -> Attempt | None:
@@ -278,6 +286,10 @@ def render_index(statuses: list[JobStatus], errors: list[str], ledger: list[Prov
             f"{st.failures} | {eta} | {cost} | {cell(risk)} | {msg} |"
         )
     lines += render_ledger_table(ledger or [])
+    # A held change (a cancel waiting for its confirmation), once; one already among the errors is not repeated.
+    held = sorted({st.held for st in statuses if st.held and not any(st.held in e for e in errors)})
+    if held:
+        lines += ["", "## Held", ""] + [f"- {note}" for note in held]
     if errors:
         lines += ["", "## Manifest errors", ""]
         lines += [f"- {one_line(e)}" for e in errors]
@@ -374,6 +386,7 @@ class ProviderLedger(Model):
     gpu_hours: float = 0.0  # this period, workers of jobs that asked for GPUs (times their GPU count)
     cost_usd: float = 0.0  # this period, billed or priced
     running: int = 0
+    answers: str | None = None  # set while the provider is slow or does not answer (reconciler.asking)
 
 
 def render_ledger(ledger: list[ProviderLedger]) -> str:
@@ -398,11 +411,13 @@ def render_ledger_table(ledger: list[ProviderLedger]) -> list[str]:
     """The ledger as markdown lines for `status/README.md`."""
     if not ledger:
         return []
-    lines = ["", "## Providers", "", "| provider | left (provider's word) | refills | used this period | cost |",
-             "|---|---|---|---|---|"]
+    lines = ["", "## Providers", "",
+             "| provider | left (provider's word) | refills | used this period | cost | answers |",
+             "|---|---|---|---|---|---|"]
     for x in sorted(ledger, key=lambda x: x.provider):
         left = "" if x.remaining is None else (f"${x.remaining:.2f} credits" if x.unit == "credits"
                                               else f"{x.remaining:.1f} {x.unit}")
         used = f"{x.worker_hours:.1f} h" + (f" ({x.gpu_hours:.1f} GPU h)" if x.gpu_hours else "")
-        lines.append(f"| {x.provider} | {left} | {iso(x.resets_at) or ''} | {used} | ${x.cost_usd:.2f} |")
+        lines.append(f"| {x.provider} | {left} | {iso(x.resets_at) or ''} | {used} | ${x.cost_usd:.2f} "
+                     f"| {cell(x.answers or '')} |")
     return lines

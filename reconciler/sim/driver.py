@@ -27,6 +27,7 @@ from adapters.compute import ComputeAdapter
 from adapters.sim import JobModel, ProviderModel, SimAdapter, SimCloud, SimWorker
 from adapters.storage import RunFolder
 from desired.models import Provider
+from reconciler.asking import ProviderCalls
 from reconciler.checkpoint_policy import IntervalPolicy
 from reconciler.clock import ManualClock
 from reconciler.deadline import PlacementPolicy
@@ -193,8 +194,9 @@ class Simulation:
     # ---- wiring ---------------------------------------------------------------------------
     def _new_reconciler(self) -> Reconciler:
         repo: Any = self.repo  # StateRepo's methods, in memory
+        # Providers one after another: the world's seeded randomness is drawn in a fixed order.
         return Reconciler(repo, clock=self.clock, adapter_factory=self._adapter, environ={},
-                          placement_policy=self.config.placement_policy)
+                          placement_policy=self.config.placement_policy, provider_calls=ProviderCalls(threads=False))
 
     def _adapter(self, provider: Provider, owner: str) -> ComputeAdapter:
         settings = provider.spec.settings

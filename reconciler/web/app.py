@@ -95,7 +95,9 @@ def create_app(repo: str | Path, *, token: str | None = None, refresh_seconds: i
         health = provider_health(snap.statuses.values(), now, snap.desired.providers)
         learned = provider_reliabilities(snap.desired.providers, snap.statuses.values(), now)
         return render(snap, "overview.html", rows=rows, counts=views.phase_counts(rows),
+                      slow=snap.slow_providers,
                       providers=views.provider_rows(health, learned, now), half_life=views.HALF_LIFE_TEXT,
+                      held=sorted({r.held for r in rows if r.held}),
                       errors=[snap.redactor.redact(str(e)) for e in snap.desired.errors])
 
     def job_page(request: Request) -> Response:

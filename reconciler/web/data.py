@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from adapters.gitrepo import STATUS_DIR
 from adapters.storage import Progress, RunFolder, StorageError
 from desired.parse import DesiredState
@@ -34,6 +36,7 @@ class Snapshot:
     statuses: dict[str, JobStatus]  # redacted
     redactor: Redactor
     names: list[str] = field(default_factory=list)  # recorded or desired, sorted
+    slow_providers: list[tuple[str, str]] = field(default_factory=list)  # (provider, how it answers), redacted
 
     def target(self, name: str) -> int | None:
         job = self.desired.jobs.get(name)
@@ -80,7 +83,9 @@ class PageData:
             redactor = Redactor(secret_values(desired, self.environ))
             statuses = {n: redacted(redactor, st) for n, st in self.rec.read_recorded(status_at).items()}
             names = sorted(set(statuses) | set(desired.jobs))
-            self._snapshot = Snapshot(head, desired, statuses, redactor, names)
+            slow = [(redactor.redact(p), redactor.redact(a)) for p, a in slow_providers(
+                self.rec.repo.read_file(status_at, f"{STATUS_DIR}/providers.yaml"))]
+            self._snapshot = Snapshot(head, desired, statuses, redactor, names, slow)
             return self._snapshot
 
     def live(self, snap: Snapshot, name: str) -> Progress | None:
@@ -147,6 +152,18 @@ class PageData:
     def remote_url(self) -> str | None:
         with self._lock:
             return self.rec.repo.remote_url()
+
+
+def slow_providers(text: bytes | None) -> list[tuple[str, str]]:
+    """(provider, how it answers) for the providers the last tick found slow or unresponsive
+    (`answers` in status/providers.yaml); none when the file is absent or unreadable."""
+    try:
+        data = yaml.safe_load(text) if text else None
+    except yaml.YAMLError:
+        return []
+    rows = data.get("providers") if isinstance(data, dict) else None
+    return [(str(r["provider"]), str(r["answers"])) for r in rows or []
+            if isinstance(r, dict) and r.get("provider") and r.get("answers")] if isinstance(rows, list) else []
 
 
 def redacted(redactor: Redactor, st: JobStatus) -> JobStatus:

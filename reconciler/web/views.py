@@ -49,6 +49,7 @@ class Row:
     cost: str
     risk: str
     message: str
+    held: str = ""  # a change not acted on until it is confirmed (or signed), and what releases it
 
 
 def overview_row(name: str, st: JobStatus | None, target: int | None, live_step: int | None,
@@ -66,7 +67,7 @@ def overview_row(name: str, st: JobStatus | None, target: int | None, live_step:
     saved = f" (saved {durable})" if step != durable else ""
     progress = f"{step}/{target}{saved}" if target else f"{step}{saved}"
     return Row(name, st.phase.value, percent, progress, st.total_attempts, st.interruptions, st.failures,
-               eta_text(st), cost_text(st), risk_text(st, deadline), st.message)
+               eta_text(st), cost_text(st), risk_text(st, deadline), st.message, st.held or "")
 
 
 @dataclass(frozen=True)

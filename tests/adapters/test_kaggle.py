@@ -21,6 +21,7 @@ import pytest
 from adapters.compute import LaunchSpec, ProviderConfigError, ProviderUnavailable, WorkerPhase, WorkerState
 from adapters.hosted import SECRET_NOT_ATTACHED, STORAGE_UNREACHABLE
 from adapters.kaggle import KaggleAdapter, kernel_slug, kernel_state, log_attempt, log_text, read_credentials, seconds
+from adapters.wire import Numbers
 from desired.models import KaggleSettings
 from tests.adapters.test_contract import PROBE, ended, probe_records, running, wait_state
 from tests.fakes.kaggle import FakeKaggle
@@ -129,6 +130,26 @@ def test_garbage_json_is_unavailable(fake: FakeKaggle) -> None:
     fake.fail_next("ListKernels", garbage=True)
     with pytest.raises(ProviderUnavailable, match="not JSON"):
         adapter(fake).observe()
+
+
+def test_a_redirect_is_unavailable_and_a_running_kernel_is_not_lost(fake: FakeKaggle, tmp_path: Path) -> None:
+    """A 3xx with an empty body once read as "no kernels": every running worker was lost."""
+    kaggle = adapter(fake)
+    ref = kaggle.launch(probe(tmp_path, sleep="60"))
+    assert ref in kaggle.observe()
+    fake.fail_next("ListKernels", 302)
+    with pytest.raises(ProviderUnavailable, match="answered HTTP 302 to https://www.kaggle.com/account/login"):
+        kaggle.observe()
+    assert kaggle.observe()[ref].phase in (WorkerPhase.PENDING, WorkerPhase.RUNNING)
+
+
+def test_a_quota_that_is_not_a_duration_refuses_the_answer(fake: FakeKaggle, caplog: pytest.LogCaptureFixture) -> None:
+    fake.set_quota(-5)
+    with caplog.at_level("WARNING", logger="reconciler"), pytest.raises(ProviderUnavailable, match="not a duration"):
+        adapter(fake).allowance()
+    assert [r.getMessage() for r in caplog.records] == [
+        "kaggle provider 'kaggle' answered a bad gpuQuota totalTimeAllowed: '-18000' is not a number from 0 to "
+        "31622400; what carried it is refused"]
 
 
 # ---- credentials ------------------------------------------------------------------------------
@@ -247,7 +268,12 @@ def test_kaggles_json_log_becomes_plain_lines_and_durations_parse() -> None:
     raw = json.dumps([{"stream_name": "stdout", "time": 0.5, "data": "a\n"},
                       {"stream_name": "stderr", "time": 1.0, "data": "b\n"}])
     assert log_text(raw) == "a\nb\n" and log_text("plain text") == "plain text" and log_text(None) == ""
-    assert seconds("108000s") == 108000 and seconds("1.5s") == 1.5 and seconds(None) == 0 and seconds("x") == 0
+    numbers = Numbers("kaggle provider 'k'")
+    assert seconds("108000s", "t", numbers) == 108000 and seconds("1.5s", "t", numbers) == 1.5
+    assert seconds(None, "t", numbers) == 0 and seconds(7, "t", numbers) == 7
+    for bad in ("x", "nans", "infs", "-1s", "1_0s", True):
+        with pytest.raises(ProviderUnavailable, match="not a duration"):
+            seconds(bad, "t", numbers)
 
 
 def test_logs_come_from_the_kernels_output_and_are_read_once_when_finished(fake: FakeKaggle, tmp_path: Path) -> None:

@@ -3,8 +3,11 @@ the shared helpers every adapter uses (labels, the minimal environment)."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -35,6 +38,18 @@ def test_a_segfault_is_reported_as_an_exit_by_sigsegv_not_a_preemption(tmp_path:
     state = wait_state(adapter, ref, ended)
     assert (state.phase, state.exit_code, state.signal, state.oom) == (WorkerPhase.EXITED, -11, "SIGSEGV", False)
     assert state.provider_state == "killed by SIGSEGV" and "not by the reconciler" in state.detail
+
+
+@pytest.mark.parametrize(("preempt", "phase"), [(False, WorkerPhase.EXITED), (True, WorkerPhase.PREEMPTED)])
+def test_kill_worker_reports_a_preemption_only_when_asked_to_simulate_one(tmp_path: Path, preempt: bool,
+                                                                         phase: WorkerPhase) -> None:
+    adapter = adapter_in(tmp_path)
+    ref = adapter.launch(LaunchSpec(job="chaos", run_id="r-1", epoch=1,
+                                    command=[sys.executable, "-c", "import time; time.sleep(60)"]))
+    wait_state(adapter, ref, lambda s: s.phase == WorkerPhase.RUNNING)
+    assert adapter.kill_worker(ref, preempt=preempt)
+    state = wait_state(adapter, ref, ended)
+    assert (state.phase, state.signal, state.provider_state) == (phase, "SIGKILL", "killed by SIGKILL")
 
 
 def test_an_oom_kill_is_told_by_the_cgroup_s_oom_kill_counter(tmp_path: Path) -> None:
@@ -101,3 +116,64 @@ def test_minimal_environment_keeps_only_the_listed_variables() -> None:
                                         "TZ": "UTC", "LOGNAME": "u"}
     # the agent on SSH hosts and Slurm nodes is stdlib-only and keeps its own copy of the list
     assert (bootstrap.BASE_ENV, bootstrap.BASE_ENV_PREFIXES) == (BASE_ENV, BASE_ENV_PREFIXES)
+
+
+# A command that stops as the worker SDK does: its SIGTERM handler asks it to save, and once saved it
+# restores the default handler (Run.close) and takes a moment to exit 75 (interpreter shutdown).
+CLEAN_STOP = """
+import signal, sys, time, pathlib
+folder = pathlib.Path(sys.argv[1])
+asked = []
+signal.signal(signal.SIGTERM, lambda *_: asked.append(1))
+(folder / "ready").touch()
+while not asked:
+    time.sleep(0.05)
+time.sleep(0.3)
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
+(folder / "closed").touch()
+time.sleep(1.5)
+sys.exit(75)
+"""
+
+
+def test_a_worker_asked_to_stop_again_while_it_exits_still_ends_with_its_own_exit_75(tmp_path: Path) -> None:
+    """The daemon asks on every tick until the worker is gone: only the first ask may signal it, or a
+    later SIGTERM lands after the command restored its default handler and kills it mid-exit (-15)."""
+    adapter = adapter_in(tmp_path)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    ref = adapter.launch(LaunchSpec(job="stop", run_id="r-1", epoch=1,
+                                    command=[sys.executable, "-c", CLEAN_STOP, str(marks)]))
+    wait_for(marks / "ready")
+    adapter.terminate(ref)
+    wait_for(marks / "closed")
+    adapter.terminate(ref)  # the next tick, while the worker is still on its way out
+    state = wait_state(adapter, ref, ended)
+    assert (state.phase, state.exit_code) == (WorkerPhase.EXITED, 75)
+    assert state.detail == "stopped by the reconciler"
+
+
+def wait_for(path: Path, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def test_the_ssh_and_slurm_agent_also_stops_a_worker_once(tmp_path: Path) -> None:
+    """The agent beside SSH and Slurm workers: a second `terminate` (the next tick) neither signals
+    the command again nor puts off the SIGKILL that ends the grace."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    folder = tmp_path / "workers" / "w.e1"
+    agent = [sys.executable, bootstrap.__file__]
+    payload = {"labels": {"provider": "ssh", "job": "stop", "run_id": "r-1", "epoch": 1},
+               "command": [sys.executable, "-c", CLEAN_STOP, str(marks)], "grace": 30}
+    subprocess.run([*agent, "launch", str(folder)], input=json.dumps(payload), text=True, check=True,
+                   capture_output=True, timeout=30)
+    wait_for(marks / "ready")
+    subprocess.run([*agent, "terminate", str(folder)], check=True, capture_output=True, timeout=30)
+    wait_for(marks / "closed")
+    subprocess.run([*agent, "terminate", str(folder)], check=True, capture_output=True, timeout=30)
+    wait_for(folder / "exit.json")
+    assert json.loads((folder / "exit.json").read_text())["code"] == 75

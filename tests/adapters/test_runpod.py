@@ -23,6 +23,7 @@ from adapters.compute import (
 from adapters.runpod import RunpodAdapter, pod_name, start_command
 from adapters.storage import RunFolder
 from desired.models import RunpodSettings
+from tests.fakes import runpod as runpod_fake
 from tests.fakes.runpod import API_KEY, NO_INSTANCES, FakeRunpod
 
 PROBE = str(Path(__file__).with_name("probe.py"))
@@ -258,6 +259,23 @@ def test_a_bid_above_the_job_s_cap_is_unavailable_and_creates_nothing(fake: Fake
     assert fake.pods == {}
     adapter_on(fake, interruptible=False).launch(LaunchSpec(**{**capped.__dict__, "max_price_per_hour": 50.0}))
     assert len(fake.pods) == 1
+
+
+@pytest.mark.parametrize("price", [-0.5, "NaN", 1e12], ids=["negative", "nan-text", "absurd"])
+def test_an_on_demand_price_that_is_not_a_sound_number_is_refused_under_a_cap(
+        fake: FakeRunpod, specs: Specs, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        price: object) -> None:
+    """A negative price passed the cap check (-0.5 x GPUs is below any cap): an unknown price
+    cannot be shown to be under the job's cap, so nothing is created."""
+    monkeypatch.setattr(runpod_fake, "GPU_TYPES", {k: (d, m, price, b) for k, (d, m, _p, b)
+                                                   in runpod_fake.GPU_TYPES.items()})
+    capped = LaunchSpec(**{**specs().__dict__, "max_price_per_hour": 50.0})
+    with caplog.at_level("WARNING", logger="reconciler"), pytest.raises(
+            ProviderUnavailable, match="did not say what on-demand .* costs, so the job's cap of \\$50/h"):
+        adapter_on(fake, interruptible=False).launch(capped)
+    assert fake.pods == {}
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [
+        "runpod provider 'runpod' answered a bad uninterruptablePrice"]
 
 
 def test_outbid_sends_sigterm_and_a_worker_that_saves_in_time_exits_75(fake: FakeRunpod, specs: Specs) -> None:

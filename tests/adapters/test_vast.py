@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -158,6 +159,55 @@ def test_500_and_garbage_json_are_unavailable(fake: FakeVast, kind: str) -> None
     vast.api.sleep = lambda _s: None
     with pytest.raises(ProviderUnavailable, match="vast provider 'vast'"):
         vast.observe()
+
+
+@pytest.mark.parametrize("body", [{}, {"instances": [], "next_token": None}], ids=["empty", "json-body"])
+def test_a_redirect_is_unavailable_never_an_empty_list(fake: FakeVast, tmp_path: Path, body: dict[str, Any]) -> None:
+    """A 3xx (a proxy or login wall before the API) once read as an empty instance list: the
+    running instance was 'gone from Vast's list' and relaunched within seconds."""
+    vast = adapter(fake)
+    ref = vast.launch(spec(tmp_path, sleep="60"))
+    wait(vast, ref, phase(WorkerPhase.RUNNING))
+    fake.fail("list", kind="redirect", status=301, body=body)
+    with pytest.raises(ProviderUnavailable, match="answered HTTP 301 to https://cloud.vast.ai/.*redirects are not"):
+        vast.observe()
+    assert vast.observe()[ref].phase is WorkerPhase.RUNNING
+
+
+@pytest.mark.parametrize("interruptible", [True, False], ids=["bid", "on-demand"])
+def test_an_offer_priced_below_zero_or_not_a_number_is_refused_with_one_warning(
+        fake: FakeVast, tmp_path: Path, caplog: pytest.LogCaptureFixture, interruptible: bool) -> None:
+    """NaN compares false with the cap (so it passed it) and a negative price sorts first: such
+    offers are dropped, each bad field said once, and the next sound offer is rented."""
+    bad_field = "min_bid" if interruptible else "dph_total"
+    fake.offers = [{**offer(1, 0.2), bad_field: -0.1}, {**offer(2, 0.25), bad_field: "nan"}, offer(3, 0.3),
+                   {**offer(4, 0.28), "reliability": 1.5}]
+    vast = adapter(fake, interruptible=interruptible)
+    with caplog.at_level("WARNING", logger="reconciler"):
+        vast.launch(spec(tmp_path, sleep="5"))
+        vast.launch(spec(tmp_path, sleep="5", job="two"))  # the same bad offers, searched again
+    assert [i.offer["id"] for i in fake.live()] == [3, 3]
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert said == [f"vast provider 'vast' answered a bad offer {field}: {value} is not a number from 0 to {high}; "
+                    "what carried it is refused"
+                    for field, value, high in [(bad_field, "-0.1", "10000"), ("reliability", "1.5", "1")]]
+
+
+def test_a_nan_on_the_wire_refuses_the_whole_answer_and_rents_nothing(fake: FakeVast, tmp_path: Path) -> None:
+    """`NaN` and `Infinity` are not JSON (RFC 8259 §6); Python's json.loads takes them."""
+    fake.offers = [{**offer(1, 0.2), "min_bid": float("nan")}, {**offer(2, 0.3), "min_bid": float("inf")}]
+    with pytest.raises(ProviderUnavailable, match="not JSON as its API documents"):
+        adapter(fake).launch(spec(tmp_path))
+    assert fake.count("create") == 0
+
+
+def test_the_fake_reads_content_length_as_a_real_server_does(fake: FakeVast) -> None:
+    """Held to RFC 9112 §6.3 like the real service: "1_0" is not 10."""
+    body = b'{"limit": 1}'
+    for length, status in ((b"1_2", b"400"), (b"+12", b"400"), (b"12", b"401")):
+        with socket.create_connection(("127.0.0.1", int(fake.url.rsplit(":", 1)[1])), timeout=10) as s:
+            s.sendall(b"POST /api/v0/bundles/ HTTP/1.1\r\nHost: x\r\nContent-Length: " + length + b"\r\n\r\n" + body)
+            assert s.recv(4096).split(b" ")[1] == status, length  # 401: read, then refused for its missing key
 
 
 def test_a_create_that_acted_then_timed_out_is_adopted_not_doubled(fake: FakeVast, tmp_path: Path) -> None:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from adapters.compute import ComputeAdapter, LaunchSpec, WorkerRef
+from adapters.wire import WireError, decimal_int
 
 
 @dataclass
@@ -54,3 +56,24 @@ def serve_until_interrupted(close: Callable[[], None]) -> None:
         pass
     finally:
         close()
+
+
+def read_body(handler: BaseHTTPRequestHandler) -> bytes | None:
+    """The request's body by its Content-Length, read as a real HTTP server does (RFC 9112 §6.3:
+    digits only, one value); None after answering 400 and closing when the length is not that."""
+    given = handler.headers.get_all("Content-Length") or []
+    try:
+        lengths = {decimal_int(value.strip(" \t")) for value in given}
+    except WireError:
+        lengths = set()
+    if given and len(lengths) != 1:
+        handler.close_connection = True
+        handler.send_response(400)
+        handler.send_header("Content-Type", "text/plain")
+        handler.send_header("Content-Length", "19")
+        handler.send_header("Connection", "close")
+        handler.end_headers()
+        handler.wfile.write(b"bad Content-Length\n")
+        return None
+    length = lengths.pop() if lengths else 0
+    return handler.rfile.read(length) if length else b""

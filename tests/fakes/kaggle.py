@@ -44,7 +44,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from tests.fakes import serve_until_interrupted
+from tests.fakes import read_body, serve_until_interrupted
 from tests.fakes.machine import Machine
 
 SERVICE = "kernels.KernelsApiService"
@@ -438,8 +438,9 @@ def _handler(fake: FakeKaggle) -> type[BaseHTTPRequestHandler]:
             pass
 
         def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b""
+            raw = read_body(self)
+            if raw is None:
+                return None
             try:
                 body = json.loads(raw or b"{}")
             except ValueError:
@@ -470,6 +471,8 @@ def _handler(fake: FakeKaggle) -> type[BaseHTTPRequestHandler]:
                 return False
             if fault.garbage:
                 self._send_raw(200, b"<html><body>502 Bad Gateway</body></html>", "text/html")
+            elif 300 <= fault.status < 400:  # a login wall or proxy in front of the API (RFC 9110 §15.4)
+                self._send_raw(fault.status, b"", "text/html", {"Location": "https://www.kaggle.com/account/login"})
             else:
                 headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
                 self._send(fault.status, {"code": fault.status, "message": "injected failure"}, headers)

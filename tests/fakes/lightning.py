@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from tests.fakes import HostedKit, serve_until_interrupted
+from tests.fakes import HostedKit, read_body, serve_until_interrupted
 from tests.fakes.machine import Machine
 
 USER_ID, API_KEY = "fake-user-0001", "fake-api-key-5e1f"
@@ -432,8 +432,9 @@ def _error(status: int, code: int, message: str) -> tuple[int, bytes, dict]:
 def _handler(fake: FakeLightning) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def _serve(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(length) if length else b""
+            body = read_body(self)
+            if body is None:
+                return
             headers = {k.lower(): v for k, v in self.headers.items()}
             status, payload, extra = fake.handle(self.command, self.path, headers, body)
             try:

@@ -42,7 +42,7 @@ from typing import Any
 from graphql import FieldNode, GraphQLError, OperationDefinitionNode, parse
 from graphql.utilities import value_from_ast_untyped
 
-from tests.fakes import HostedKit, serve_until_interrupted
+from tests.fakes import HostedKit, read_body, serve_until_interrupted
 from tests.fakes.machine import Machine
 
 API_KEY = "rp-fake-key-4f2a9c"
@@ -403,8 +403,9 @@ def _errors(message: str) -> bytes:
 def _handler(fake: FakeRunpod) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
-            length = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(length) if length else b""
+            body = read_body(self)
+            if body is None:
+                return
             if self.path.split("?")[0] != "/graphql":
                 self._send(404, _errors("not found"), {})
                 return

@@ -17,7 +17,8 @@ container as Docker does: SIGTERM to the main process, SIGKILL after `stop_grace
 Credit falls by each running instance's `dph_total` over time; at zero every instance stops.
 
 Faults on demand (`fail(route, kind, ...)`): HTTP status with a body and Retry-After, garbage JSON,
-a create that acts and then answers too late; `vanish(offer_id)` (rented by someone else at rent
+a create that acts and then answers too late, a redirect, an answer that hangs until `released`;
+`vanish(offer_id)` (rented by someone else at rent
 time), `raise_min_bid_at_rent(offer_id, p)` (a bid enough at search is below the minimum at rent),
 `outbid(id)`, `host_offline(id, gone_after)`, `credit`. Nothing a request carries (the create's
 `env` holds secrets) is written to disk.
@@ -43,7 +44,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.fakes import serve_until_interrupted
+from tests.fakes import read_body, serve_until_interrupted
 from tests.fakes.machine import Machine
 
 DEFAULT_OFFERS = (
@@ -97,7 +98,8 @@ def _cur_state(inst: Instance) -> str:
 
 @dataclass
 class Fault:
-    kind: str  # "status" | "garbage" | "late" (a create that acts, then answers after `seconds`)
+    kind: str  # "status" | "garbage" | "late" (a create that acts, then answers after `seconds`) | "redirect"
+    # (a 3xx with Location, and `body` if given) | "hang" (answers normally after `seconds` or `release()`)
     status: int = 500
     body: dict[str, Any] = field(default_factory=dict)
     retry_after: str | None = None
@@ -125,6 +127,7 @@ class FakeVast:
         self.lock = threading.RLock()
         self._ids = itertools.count(7001)
         self._stop = threading.Event()
+        self.released = threading.Event()  # ends every "hang" fault at once
         self.server: ThreadingHTTPServer | None = None
         self.url = ""
 
@@ -145,6 +148,7 @@ class FakeVast:
 
     def close(self) -> None:
         self._stop.set()
+        self.released.set()
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()
@@ -349,8 +353,9 @@ class VastHandler(BaseHTTPRequestHandler):
     def _handle(self, method: str) -> None:
         url = urlsplit(self.path)
         params = {k: v[-1] for k, v in parse_qs(url.query).items()}
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
+        raw = read_body(self)
+        if raw is None:
+            return
         if method == "GET" and url.path.startswith("/logs/"):
             return self._text(self.service.logs.get(url.path[6:].removesuffix(".log")))
         if self.headers.get("Authorization") != f"Bearer {self.service.key}":
@@ -364,11 +369,13 @@ class VastHandler(BaseHTTPRequestHandler):
             self.service.requests.append((route, method))
             faults = self.service.faults.get(route) or []
             fault = faults.pop(0) if faults else None
-        if fault is not None and fault.kind != "late":
+        if fault is not None and fault.kind not in ("late", "hang"):
             return self._fault(fault)
+        if fault is not None and fault.kind == "hang":
+            self._fault(fault)
         with self.service.lock:
             status, answer = handler()
-        if fault is not None:
+        if fault is not None and fault.kind == "late":
             time.sleep(fault.seconds)  # acted, and answers too late for the client
         self._json(status, answer)
 
@@ -397,6 +404,12 @@ class VastHandler(BaseHTTPRequestHandler):
     def _fault(self, fault: Fault) -> None:
         if fault.kind == "garbage":
             return self._raw(200, b"<html>502 Bad Gateway</html>", "text/html")
+        if fault.kind == "redirect":  # a proxy or login wall in front of the API (RFC 9110 §15.4: Location)
+            data = json.dumps(fault.body).encode() if fault.body else b""
+            return self._raw(fault.status, data, "application/json", {"Location": "https://cloud.vast.ai/"})
+        if fault.kind == "hang":  # a provider that answers, but only after `seconds` (or `release()`)
+            self.service.released.wait(fault.seconds)
+            return None
         headers = {"Retry-After": fault.retry_after} if fault.retry_after is not None else {}
         self._json(fault.status, fault.body or {"success": False, "error": "server_error", "msg": "Oops."}, headers)
 

@@ -72,6 +72,13 @@ def test_repeated_preemptions_fire_at_the_configured_streak_and_again_only_after
     assert "3 times in a row" in text and "spot" in text
 
 
+def test_an_interruption_the_provider_did_not_confirm_is_no_preemption() -> None:
+    before = status(outcomes=("interruption", "interruption"))
+    after = status(outcomes=("interruption", "interruption", "interruption"))
+    after.attempts[-1].unconfirmed = True  # killed by a signal on a machine that is still there
+    assert kinds(before, after) == []
+
+
 def test_each_target_gets_the_events_and_jobs_it_asked_for() -> None:
     rules = Notifications(targets=[NotifyTarget(url_env="ALL"),
                                    NotifyTarget(url_env="FAILURES", events=["failed"]),

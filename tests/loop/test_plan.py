@@ -92,18 +92,19 @@ def test_price_cap_excludes_expensive_provider() -> None:
 
 
 @pytest.mark.parametrize(
-    ("state", "outcome", "charged"),
+    ("state", "outcome", "charged", "backs_off"),
     [
-        (WorkerState(WorkerPhase.PREEMPTED, -9, "killed by SIGKILL"), Outcome.INTERRUPTION, False),
-        (WorkerState(WorkerPhase.SESSION_LIMIT, None, "TIMEOUT"), Outcome.SESSION_END, False),
-        (WorkerState(WorkerPhase.LOST, None, "NODE_FAIL"), Outcome.INTERRUPTION, False),
-        (WorkerState(WorkerPhase.EXITED, 75, "exited 75"), Outcome.INTERRUPTION, False),
-        (WorkerState(WorkerPhase.EXITED, 1, "exited 1"), Outcome.JOB_ERROR, True),
-        (WorkerState(WorkerPhase.EXITED, 0, "exited 0"), Outcome.JOB_ERROR, True),  # no done.json
+        (WorkerState(WorkerPhase.PREEMPTED, -9, "killed by SIGKILL"), Outcome.INTERRUPTION, False, False),
+        (WorkerState(WorkerPhase.SESSION_LIMIT, None, "TIMEOUT"), Outcome.SESSION_END, False, False),
+        (WorkerState(WorkerPhase.LOST, None, "NODE_FAIL"), Outcome.INTERRUPTION, False, False),
+        # exit 75 with no notice from the provider behind it: free once, but it backs off
+        (WorkerState(WorkerPhase.EXITED, 75, "exited 75"), Outcome.INTERRUPTION, False, True),
+        (WorkerState(WorkerPhase.EXITED, 1, "exited 1"), Outcome.JOB_ERROR, True, True),
+        (WorkerState(WorkerPhase.EXITED, 0, "exited 0"), Outcome.JOB_ERROR, True, True),  # no done.json
     ],
 )
 def test_end_of_attempt_is_classified_and_only_job_errors_are_charged(
-    state: WorkerState, outcome: Outcome, charged: bool
+    state: WorkerState, outcome: Outcome, charged: bool, backs_off: bool
 ) -> None:
     d = desired(job_yaml())
     run_id = d.jobs["train"].run_id()
@@ -117,9 +118,9 @@ def test_end_of_attempt_is_classified_and_only_job_errors_are_charged(
     assert st.failures == (1 if charged else 0)
     assert st.interruptions == (0 if charged else 1)
     assert st.attempts[0].steps_lost == 7
-    if charged:
+    if backs_off:
         assert st.phase == Phase.BACKOFF and not p.actions
-    else:  # interruptions relaunch at once, elsewhere first
+    else:  # the provider's interruptions relaunch at once, elsewhere first
         assert [a.provider for a in p.actions if isinstance(a, Launch)] == ["paid"]
 
 

@@ -255,3 +255,36 @@ def test_words_about_the_chosen_options_money_are_exact(price: float, quota: int
     d = desired(job(budget=100.0, providers="[quota]"), providers=providers)
     message = plan(d, Observed(), {}, NOW).statuses["train"].message
     assert message == f"launching on quota: {words} (no deadline to plan for)"
+
+
+@pytest.mark.parametrize(("deadline_in", "held"), [(100.0, True), (149.0, True), (300.0, False)])
+def test_no_attempt_is_launched_that_cannot_save_before_the_deadline(deadline_in: float, held: bool) -> None:
+    # The last attempt took 120 s from launch to its first heartbeat (start-up and restore), and
+    # the worker stops 30 s before the deadline to checkpoint: under 150 s left, a launch buys nothing.
+    d = desired(PROVIDERS + "---\n" + job(deadline_in=deadline_in))
+    last = done_on("spot", 1.0, 3000, ago=600.0)
+    last.first_beat = last.started + 120.0
+    p = plan(d, Observed(), {"train": history(d, last)}, NOW)
+    st = p.statuses["train"]
+    if held:
+        assert launched(p) == [] and st.phase == Phase.PENDING
+        assert st.message.startswith(f"not launching: {deadline_in:.0f} s to the deadline"), st.message
+        assert "120 s of start-up and restore, as its latest measured attempt took" in st.message
+        assert st.message.endswith("the deadline will end the job")
+    else:
+        assert not st.message.startswith("not launching"), st.message
+
+
+@pytest.mark.parametrize(("deadline_in", "held"), [(30.0, True), (2 * HOUR, False)])
+def test_after_the_worker_stopped_for_the_deadline_only_a_moved_deadline_relaunches(deadline_in: float,
+                                                                                    held: bool) -> None:
+    d = desired(PROVIDERS + "---\n" + job(deadline_in=deadline_in))
+    stop = Attempt(epoch=1, provider="spot", worker="w1", started=NOW - 600.0, ended=NOW - 10.0, exit_code=75,
+                   outcome=Outcome.CANCELLED, step_start=0, step_end=500,
+                   detail="worker checkpointed and stopped before the job's deadline (exit 75)")
+    p = plan(d, Observed(), {"train": history(d, stop)}, NOW)
+    st = p.statuses["train"]
+    assert st.message.startswith("not relaunching: the last attempt stopped for the job's deadline") == held, \
+        st.message
+    if held:
+        assert launched(p) == [] and st.phase == Phase.PENDING

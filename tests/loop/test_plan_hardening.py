@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from adapters.compute import WorkerPhase, WorkerState
+from adapters.compute import WorkerPhase, WorkerRef, WorkerState
 from desired.models import Capacity
 from desired.parse import parse_desired
 from reconciler import plan as planner
@@ -71,7 +71,8 @@ def test_attempts_without_progress_back_off_and_then_fail_as_a_crash_loop() -> N
     exit75 = WorkerState(WorkerPhase.EXITED, 75, "exited 75")
     first = ended(d, exit75)
     assert first.statuses["train"].unproductive == 1
-    assert [type(a) for a in first.actions] == [Launch]  # one early end relaunches at once
+    # no provider's notice behind the exit 75: even the first such end backs off
+    assert first.statuses["train"].phase == Phase.BACKOFF and not first.actions
     second = ended(d, exit75, unproductive=1)
     assert second.statuses["train"].phase == Phase.BACKOFF and not second.actions
     third = ended(d, exit75, unproductive=2)
@@ -150,9 +151,25 @@ def test_a_commit_that_cancels_most_jobs_is_held_until_confirmed() -> None:
     only_c = desired(job_yaml("c"))
     held = plan(only_c, Observed(), recorded, NOW)
     assert all(held.statuses[n].phase == Phase.RUNNING for n in "ab")
-    assert "would cancel 2 of 3 active jobs" in held.statuses["a"].message and held.notes
+    assert "would cancel 2 of 3 active jobs (a, b)" in (held.statuses["a"].held or "") and held.notes
+    assert "held" in held.statuses["a"].message and held.statuses["c"].held is None
     confirmed = plan(only_c, Observed(), recorded, NOW, confirm_cancel=True)
     assert all(confirmed.statuses[n].phase == Phase.CANCELLED for n in "ab")
+    assert all(confirmed.statuses[n].held is None for n in "abc")
+
+
+def test_a_run_that_completed_while_its_cancel_was_held_is_recorded_as_succeeded() -> None:
+    d = desired(job_yaml("a"), job_yaml("b"))
+    recorded = {n: with_attempt(d, job=n) for n in "ab"}
+    gone = WorkerState(WorkerPhase.EXITED, 0, "exited 0")
+    workers = {WorkerRef("free", recorded[n].current.worker, n, recorded[n].run_id, 1): gone  # type: ignore[union-attr]
+               for n in "ab"}
+    runs = {("a", recorded["a"].run_id): RunObservation(lease_epoch=1, durable_step=90, done=True, done_step=100),
+            ("b", recorded["b"].run_id): RunObservation(lease_epoch=1, durable_step=40)}
+    confirmed = plan(desired(), Observed(workers=workers, runs=runs), recorded, NOW, confirm_cancel=True)
+    a, b = confirmed.statuses["a"], confirmed.statuses["b"]
+    assert (a.phase, a.attempts[-1].outcome, a.progress.step) == (Phase.SUCCEEDED, Outcome.SUCCEEDED, 100)
+    assert (b.phase, b.attempts[-1].outcome) == (Phase.CANCELLED, Outcome.CANCELLED)
 
 
 def test_deleting_one_job_of_many_needs_no_confirmation() -> None:

@@ -166,6 +166,57 @@ def test_a_body_without_content_length_is_411(hook: Hook) -> None:
     assert hook.woken == 0
 
 
+def raw_post(hook: Hook, body: bytes, lengths: list[bytes]) -> str:
+    """One signed push sent with the Content-Length header(s) as written; the status line answered."""
+    head = "".join(f"{k}: {v}\r\n" for k, v in github(body).items()).encode()
+    head += b"".join(b"Content-Length: " + n + b"\r\n" for n in lengths)
+    with socket.create_connection(hook.address, timeout=10) as s:
+        s.sendall(b"POST / HTTP/1.1\r\nHost: hook\r\n" + head + b"\r\n" + body)
+        return s.recv(4096).decode().split("\r\n", 1)[0]
+
+
+@pytest.mark.parametrize("form", ["underscore", "plus", "decimal", "arabic-indic", "hex"])
+def test_a_content_length_that_is_not_plain_digits_is_400(hook: Hook, form: str) -> None:
+    """int() reads "12_3" as 123, "+123" as 123 and Arabic-Indic digits as digits: each made the
+    server read a body of a length the sender never wrote."""
+    body = push()
+    n = str(len(body))
+    written = {"underscore": f"{n[:-1]}_{n[-1]}".encode(), "plus": f"+{n}".encode(), "decimal": f"{n}.0".encode(),
+               "arabic-indic": n.translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩")).encode(),
+               "hex": hex(len(body)).encode()}[form]
+    answer = raw_post(hook, body, [written])
+    assert answer.startswith("HTTP/1.1 400"), (written, answer)
+    assert hook.woken == 0
+
+
+def test_a_content_length_with_spaces_around_it_is_read(hook: Hook) -> None:
+    """Spaces around a header's value are not part of it (RFC 9110 §5.5)."""
+    body = push()
+    assert raw_post(hook, body, [f"  {len(body)}\t".encode()]).startswith("HTTP/1.1 202")
+
+
+def test_two_different_content_lengths_are_400(hook: Hook) -> None:
+    body = push()
+    assert raw_post(hook, body, [str(len(body)).encode(), str(len(body) + 5).encode()]).startswith("HTTP/1.1 400")
+    assert hook.woken == 0
+
+
+@pytest.mark.parametrize("payload", [b"[" * 100_000 + b"]" * 100_000,
+                                     b'{"ref": "refs/heads/main", "x": ' + b"[" * 65 + b"]" * 65 + b"}",
+                                     b'{"ref": "refs/heads/other", "ref": "refs/heads/main"}',
+                                     b'{"ref": "refs/heads/main", "n": NaN}'],
+                         ids=["nested-100000", "nested-65", "duplicate-key", "nan"])
+def test_a_signed_body_that_is_not_strict_json_is_400_and_the_server_keeps_serving(hook: Hook,
+                                                                                   payload: bytes) -> None:
+    """Deep nesting raised RecursionError in the handler's thread; duplicate keys and NaN are not
+    JSON as RFC 8259 writes it. All are refused in one sentence, and the next push is served."""
+    r = hook.post(payload, github(payload))
+    assert r.status_code == 400 and r.json()["result"].startswith("body is not JSON ("), r.text
+    body = push()
+    assert hook.post(body, github(body)).status_code == 202
+    assert hook.woken == 1
+
+
 def test_ping_other_events_and_malformed_requests(hook: Hook) -> None:
     body = push()
     assert hook.post(body, github(body, event="ping")).status_code == 200

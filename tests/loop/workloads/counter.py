@@ -1,11 +1,14 @@
 """A tiny worker for loop tests: sums step numbers, checkpointing through the worker SDK.
 
-usage: counter.py STEP_SECONDS [--interrupt-until-epoch N]
+usage: counter.py STEP_SECONDS [--interrupt-until-epoch N] [--killed-after-save]
 With --interrupt-until-epoch N, attempts 1..N leave at once with exit 75 (as if preempted after
 a final checkpoint), before the SDK is even imported, so many attempts stay cheap.
+With --killed-after-save, every attempt is killed by SIGKILL right after its first checkpoint is
+durable, with no word from any provider: what an out-of-memory kill looks like.
 """
 
 import os
+import signal
 import sys
 import time
 
@@ -27,6 +30,9 @@ with open_run(heartbeat_interval=0.0) as run:
         run.heartbeat(step, total=state["total"])
         if run.should_checkpoint(step):
             run.save(step, state=state)
+            if "--killed-after-save" in sys.argv:
+                run.wait()
+                os.kill(os.getpid(), signal.SIGKILL)
         run.exit_if_stopping(step, state=state)
     assert state["total"] == target * (target + 1) // 2, "a resumed run must carry on where it stopped"
     run.complete(target, total=state["total"])
