@@ -91,6 +91,7 @@ from adapters.compute import (
 )
 from adapters.hosted import SECRET_NOT_ATTACHED, Bootstrap, bootstrap_script, parse_exit_record, script_plan
 from adapters.http import HostedApi
+from adapters.preflight import Check, warn
 from adapters.wire import YEAR_SECONDS, Numbers, load_json
 from desired.models import Capacity, KaggleSettings
 
@@ -575,6 +576,22 @@ class KaggleAdapter:
         if shape is None:
             return None
         return Capacity(gpus=shape[1], gpu_models=[shape[0]])
+
+    def preflight(self, specs: list[LaunchSpec]) -> list[Check]:
+        """`reconciler doctor`: Kaggle's API cannot say which secrets are attached to a kernel, so for
+        each job that names secrets, where to attach them, and whether its kernel exists yet (GetKernel)."""
+        checks = []
+        for spec in (s for s in specs if s.secret_env):
+            slug = kernel_slug(self.name, self.owner, spec.job)
+            url, names = kernel_url(self.username, slug), ", ".join(sorted(spec.secret_env))
+            if self._read_kernel(slug) is None:
+                found = (f"{names} must be attached to kernel {slug}, which the first attempt creates; that "
+                         f"attempt stops at once (exit {SECRET_NOT_ATTACHED}) until they are")
+            else:
+                found = f"{names} must be attached to {url}; Kaggle's API cannot say whether they are"
+            checks.append(warn(self.name, f"secrets of {spec.job}", found,
+                               f"attach {names} at {url} (editor: Add-ons -> Secrets)"))
+        return checks
 
     def allowance(self) -> Allowance:
         """The weekly GPU quota, from Kaggle's own answer (GetAcceleratorQuotaStatistics)."""

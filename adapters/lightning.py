@@ -87,6 +87,7 @@ from adapters.compute import (
 )
 from adapters.hosted import SECRETS_FROM_ENV, UNPACK_PY, Bootstrap, bootstrap_script, packed, parse_exit_record
 from adapters.http import HostedApi, HttpRefused
+from adapters.preflight import Check, fail, ok
 from adapters.wire import MONEY_MAX, Numbers, load_json
 from desired.models import Capacity, LightningSettings
 
@@ -491,6 +492,27 @@ class LightningAdapter:
 
     def capacity(self) -> Capacity | None:
         return machine_capacity(self.settings.machine)
+
+    def preflight(self, specs: list[LaunchSpec]) -> list[Check]:
+        """`reconciler doctor`: the teamspace has a secret of each name a job's env refers to
+        (`GET /v1/projects/{projectId}/secrets`, the SDK's secret_service_list_secrets: names only)."""
+        wanted = [s for s in specs if s.secret_env]
+        if not wanted:
+            return []
+        answer = self.api.call("GET", f"/v1/projects/{self.settings.project_id}/secrets")
+        rows = answer.get("secrets") if isinstance(answer, dict) else None
+        have = {r.get("name") for r in rows or [] if isinstance(r, dict)}
+        checks = []
+        for spec in wanted:
+            missing = sorted(set(spec.secret_env) - have)
+            what = f"secrets of {spec.job}"
+            if missing:
+                checks.append(fail(self.name, what, f"the teamspace has no secret named {', '.join(missing)}",
+                                   f"add {', '.join(missing)} to the teamspace's secrets (lightning.ai: "
+                                   "Teamspace settings -> Secrets)"))
+            else:
+                checks.append(ok(self.name, what, f"{', '.join(sorted(spec.secret_env))} are teamspace secrets"))
+        return checks
 
     def close(self) -> None:
         if self._api is not None:

@@ -79,6 +79,7 @@ from adapters.compute import (
 )
 from adapters.hosted import SECRETS_FROM_ENV, UNPACK_PY, Bootstrap, bootstrap_script, packed, parse_exit_record
 from adapters.http import HostedApi
+from adapters.preflight import Check, fail, ok, warn
 from adapters.wire import DATE_MAX, MONEY_MAX, PRICE_MAX, Numbers, is_decimal
 from desired.models import Capacity, RunpodSettings
 
@@ -479,6 +480,36 @@ class RunpodAdapter:
 
     def capacity(self) -> Capacity | None:
         return Capacity(gpu_models=[self.settings.gpu_type_id])
+
+    def preflight(self, specs: list[LaunchSpec]) -> list[Check]:
+        """`reconciler doctor`: the GPU type's price now for each job, against its cap (no pod made);
+        secrets live in RunPod's store, which its API does not list: said, not checked."""
+        checks = []
+        for spec in specs:
+            gpus = max(1, spec.gpus)
+            prices = self.lowest_prices(gpus)
+            word = "minimumBidPrice" if self.settings.interruptible else "uninterruptablePrice"
+            price = self.settings.bid_per_gpu if self.settings.interruptible and self.settings.bid_per_gpu \
+                else prices.get(word)
+            checks.append(self._price_check(spec, gpus, price))
+            if spec.secret_env:
+                names = ", ".join(sorted(spec.secret_env))
+                checks.append(warn(self.name, f"secrets of {spec.job}", f"{names} are read from RunPod's secret "
+                                   "store, which its API does not list", f"make sure RunPod has secrets named {names} "
+                                   "(console: Secrets)"))
+        return checks
+
+    def _price_check(self, spec: LaunchSpec, gpus: int, price: Any) -> Check:
+        what, gpu = f"price for {spec.job}", self.settings.gpu_type_id
+        if not isinstance(price, (int, float)) or price <= 0:
+            return fail(self.name, what, f"RunPod offers no {'spot' if self.settings.interruptible else 'on-demand'} "
+                        f"price for {gpu} now", "choose another gpu_type_id, or try again later")
+        total, cap = price * gpus, spec.max_price_per_hour
+        detail = f"{gpus} x {gpu} at ${price:g}/h per GPU (${total:g}/h)"
+        if cap is not None and total > cap:
+            return fail(self.name, what, f"{detail} is above the job's cap of ${cap:g}/h",
+                        "raise the job's max_price_per_hour or choose a cheaper gpu_type_id")
+        return ok(self.name, what, detail)
 
     def close(self) -> None:
         self.api.close()

@@ -85,6 +85,7 @@ from adapters.compute import (
     worker_deadline,
     worker_folder_name,
 )
+from adapters.preflight import Check, fail, ok
 from adapters.wire import is_decimal
 from desired.models import Capacity, SlurmSettings
 
@@ -618,6 +619,18 @@ class SlurmAdapter:
                 notify()
             last = jobs
             stop.wait(interval)
+
+    def preflight(self, specs: list[LaunchSpec]) -> list[Check]:
+        """`reconciler doctor`: the controller answers `sinfo` (nothing is submitted)."""
+        try:
+            proc = self._run(["sinfo", "-h", "-o", "%P %a %D"])
+        except (ProviderConfigError, ProviderUnavailable) as exc:
+            return [fail(self.name, "controller", str(exc), "fix what the message names, then run doctor again")]
+        if proc.returncode != 0:
+            return [fail(self.name, "controller", f"`sinfo` failed: {proc.stderr.strip()[-300:]}",
+                         "check that slurmctld is up and SLURM_CONF names this cluster")]
+        partitions = [line.split()[0] for line in proc.stdout.splitlines() if line.split()]
+        return [ok(self.name, "controller", f"sinfo answers; partitions: {', '.join(partitions) or 'none'}")]
 
     def free_slots(self) -> int | None:
         """Slurm queues what it cannot run yet; the provider's `concurrency` is the limit that matters."""

@@ -68,6 +68,7 @@ from adapters.compute import (
     worker_deadline,
     worker_folder_name,
 )
+from adapters.preflight import Check, fail, ok
 from adapters.wire import load_json
 from desired.models import Capacity, Resources, SshHost, SshSettings
 
@@ -545,6 +546,19 @@ class SshAdapter:
                 last = line
             proc.wait()
             stop.wait(WATCH_RETRY_SECONDS)
+
+    def preflight(self, specs: list[LaunchSpec]) -> list[Check]:
+        """`reconciler doctor`: each host lets us log in and runs its Python (nothing is installed)."""
+        checks = []
+        for host in self.hosts.values():
+            what = f"host {host.name}"
+            try:
+                version = self._run(host, f"exec {shlex.quote(host.python)} -V", upload=False).strip()
+            except (ProviderConfigError, ProviderUnavailable, HostUnreachable) as exc:
+                checks.append(fail(self.name, what, str(exc), "fix what the message names; doctor only logs in"))
+                continue
+            checks.append(ok(self.name, what, f"{host.address} answers over ssh; {version or host.python}"))
+        return checks
 
     def free_slots(self) -> int | None:
         """Free worker places on the hosts that answered last time; None before the first observation."""

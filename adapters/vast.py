@@ -72,6 +72,7 @@ from adapters.compute import (
 )
 from adapters.hosted import SECRETS_FROM_ENV, UNPACK_PY, Bootstrap, bootstrap_script, packed, parse_exit_record
 from adapters.http import HostedApi, HttpRefused
+from adapters.preflight import Check, fail, ok
 from adapters.wire import DATE_MAX, MONEY_MAX, PRICE_MAX, Numbers, is_decimal
 from desired.models import Capacity, VastSettings
 
@@ -480,6 +481,20 @@ class VastAdapter:
 
     def capacity(self) -> Capacity | None:
         return None  # offers vary from one search to the next
+
+    def preflight(self, specs: list[LaunchSpec]) -> list[Check]:
+        """`reconciler doctor`: the offers each job would be rented from now (one search each, no rent)."""
+        checks = []
+        for spec in specs:
+            offers, what = self._offers(spec), f"offers for {spec.job}"
+            if not offers:
+                checks.append(fail(self.name, what, "no offer fits its resources within the price cap now",
+                                   "relax its gpu_model or memory, raise the price cap, or try again later"))
+                continue
+            kind = "bid" if self.settings.interruptible else "on-demand"
+            checks.append(ok(self.name, what, f"{len(offers)} fit; the cheapest {kind} ${offers[0]['_price']:g}/h "
+                                              f"(offer {offers[0]['id']}, {offers[0].get('gpu_name', 'GPU')})"))
+        return checks
 
 
 def _offer_gone(text: str) -> bool:

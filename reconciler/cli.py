@@ -645,6 +645,17 @@ def _ledger_table(ledger: list[dict]) -> Table:
 
 
 @app.command()
+def doctor(repo: RepoOption = Path("."), as_json: Annotated[bool, typer.Option("--json")] = False,
+           repo_url: UrlOption = None, branch: BranchOption = None, path: PathOption = "") -> None:
+    """Before the first paid run: read-only checks of every provider in desired/ with the daemon's
+    credentials (key, quota or credits, offers and prices, images, secrets) and of run storage (a
+    probe object written, read back, deleted). Rents, launches and pushes nothing. Exit 1 if a check fails."""
+    from reconciler.doctor import run as run_doctor
+
+    raise typer.Exit(run_doctor(_reconciler(repo, repo_url, branch, path), console, as_json))
+
+
+@app.command()
 def schema() -> None:
     """Print the JSON schema of manifests (Job, Provider) and settings (reconciler.yaml)."""
     from pydantic import TypeAdapter

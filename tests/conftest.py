@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,3 +78,23 @@ def local_workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[P
 @pytest.fixture
 def state_repo(tmp_path: Path, local_workdir: Path) -> StateRepoFixture:
     return StateRepoFixture(tmp_path / "state", tmp_path / "runs")
+
+
+@pytest.fixture(scope="session")
+def oci_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Debian's docker-registry on 127.0.0.1 (tests/fakes/oci_registry.py); with CI=true a registry
+    that cannot start fails the test, elsewhere it is skipped with the reason."""
+    from tests.fakes.oci_registry import Registry, RegistryUnavailable
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    registry = Registry(tmp_path_factory.mktemp("oci-registry"), port)
+    try:
+        registry.start()
+    except RegistryUnavailable as exc:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true but {exc}", pytrace=False)
+        pytest.skip(str(exc))
+    yield registry
+    registry.stop()

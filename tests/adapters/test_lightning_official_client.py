@@ -155,3 +155,16 @@ def test_the_adapter_s_create_body_uses_only_the_sdk_s_field_names(
     jobs, _ = client(sdk, fake)
     seen = jobs.jobs_service_get_job(fake.project_id, ref.id)
     assert seen.spec.instance_name == "lit-l4-1" and seen.spec.max_run_attempts == 1
+
+
+def test_the_secret_list_deserializes_into_the_sdks_models_with_names_only(sdk: Any, fake: FakeLightning) -> None:
+    """doctor's read of the teamspace's secrets (`GET /v1/projects/{projectId}/secrets`)."""
+    fake.set_secret("HF_TOKEN", "hf-value")
+    config = sdk.Configuration()
+    config.host = fake.url
+    api_client = sdk.ApiClient(config)
+    api_client.set_default_header("Authorization", basic_header())
+    listed = sdk.SecretServiceApi(api_client).secret_service_list_secrets(project_id=fake.project_id)
+    assert isinstance(listed, sdk.V1ListSecretsResponse)
+    assert [(s.name, s.project_id) for s in listed.secrets] == [("HF_TOKEN", fake.project_id)]
+    assert "hf-value" not in json.dumps(api_client.sanitize_for_serialization(listed))

@@ -324,6 +324,13 @@ class FakeLightning:
         if path == f"{base}/billing/balance" and method == "GET":
             return _ok({"accountId": "acct-fake", "balance": round(self.balance, 6), "balanceLimit": 0,
                         "projectId": self.project_id})
+        if path == f"{base}/secrets" and method == "GET":
+            # SecretServiceApi.secret_service_list_secrets (lightning_sdk/lightning_cloud/openapi/api/
+            # secret_service_api.py): V1ListSecretsResponse {secrets: [V1Secret {id, name, projectId, type}]},
+            # names only, never values; a generic secret is SECRET_TYPE_UNSPECIFIED (api/teamspace_api.py)
+            listed = [{"id": f"sec-{i:03d}", "name": name, "projectId": self.project_id,
+                       "type": "SECRET_TYPE_UNSPECIFIED"} for i, name in enumerate(sorted(self.secrets))]
+            return _ok({"secrets": listed})
         if not path.startswith(f"{base}/jobs"):
             return _error(404, 5, f"no route for {method} {path}")
         rest = path[len(f"{base}/jobs"):].strip("/")
