@@ -11,7 +11,9 @@ Events:
 - succeeded / failed: the phase became Succeeded / Failed;
 - deadline-at-risk: the forecast's risk became "at risk" or "infeasible";
 - budget-nearly-spent: spending first reached `budget_fraction` of the job's `budget_usd`;
-- repeated-preemptions: the attempts ending in an interruption, in a row, reached `preemptions`.
+- repeated-preemptions: the attempts ending in an interruption, in a row, reached `preemptions`;
+- storage-fault: run storage became full, read-only, unavailable, ... or works again (not a job's
+  event: one message per change, to every target that asked for it, whatever its `jobs`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from status.models import JobStatus, Outcome, Phase
 AT_RISK = ("at risk", "infeasible")
 # How each event is sent: apprise's notify types, which targets show as a colour or an icon.
 LEVELS = {"succeeded": "success", "failed": "failure", "deadline-at-risk": "warning",
-          "budget-nearly-spent": "warning", "repeated-preemptions": "warning"}
+          "budget-nearly-spent": "warning", "repeated-preemptions": "warning", "storage-fault": "warning"}
 
 
 @dataclass(frozen=True)
@@ -115,3 +117,15 @@ def wants(target: NotifyTarget, event: Event) -> bool:
 def messages(found: list[Event], rules: Notifications) -> list[Message]:
     """One message per event and target that asked for it."""
     return [Message(t.url_env, e.title, e.text, e.level) for e in found for t in rules.targets if wants(t, e)]
+
+
+def store_messages(before: str | None, after: str | None, rules: Notifications) -> list[Message]:
+    """One message per target when what is wrong with run storage changed: `before` and `after`
+    say what was and is wrong (StoreFault.describe), None when nothing is."""
+    if before == after:
+        return []
+    if after is not None:
+        title, body, level = "reconciler: run storage fault", f"{after}; nothing is charged or launched until it is back", "warning"
+    else:
+        title, body, level = "reconciler: run storage works again", f"resolved: {before}; jobs carry on", "success"
+    return [Message(t.url_env, title, body, level) for t in rules.targets if "storage-fault" in t.events]

@@ -232,13 +232,16 @@ def parse_status(text: str | bytes) -> JobStatus | None:
 
 
 def render_index(statuses: list[JobStatus], errors: list[str], ledger: list[ProviderLedger] | None = None,
-                 deadlines: dict[str, float] | None = None) -> str:
-    """`status/README.md`: one table of all jobs (and the provider ledger), for people browsing the repository."""
+                 deadlines: dict[str, float] | None = None, store_fault: str | None = None) -> str:
+    """`status/README.md`: one table of all jobs (and the provider ledger), for people browsing the
+    repository; `store_fault` says what is wrong with run storage, when something is."""
     lines = [
         "# Status",
         "",
         "Written by the reconciler on every change; do not edit.",
         "",
+        *([f"**Run storage fault:** {cell(store_fault)}. Nothing is charged or launched until it is back; "
+           "live workers keep training and retry their saves.", ""] if store_fault else []),
         "| job | phase | progress | attempts | interruptions | failures | ETA (UTC) | spent / projected | risk "
         "| message |",
         "|---|---|---|---|---|---|---|---|---|---|",
