@@ -24,7 +24,7 @@ from adapters.registry import make_adapter
 from adapters.signatures import Signatures
 from adapters.storage import RunFolder, StorageError
 from adapters.stores import open_store
-from adapters.stores.faults import StoreFault, probe
+from adapters.stores.faults import StoreFault, classify, probe
 from desired.models import Capacity, Provider, Settings
 from desired.parse import SETTINGS_FILE, DesiredState, parse_desired, parse_settings
 from reconciler.clock import Clock, SystemClock
@@ -153,7 +153,9 @@ class Reconciler:
     def lease_fault(self, exc: Exception) -> str:
         """The leader lease cannot be renewed: this daemon stops acting (no launch, no stop, no status
         commit) until it can, and says so once."""
-        message = f"not acting: cannot renew the leader lease ({exc}); acting again once it is renewed"
+        fault = classify(exc)  # its words, without the temporary names that change on every try
+        message = (f"not acting: cannot renew the leader lease ({fault.describe() if fault else exc}); "
+                   "acting again once it is renewed")
         self.conditions.holds("lease", message)
         return message
 

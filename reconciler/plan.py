@@ -316,7 +316,7 @@ def wait_for_store(t: JobTick) -> bool:
     relaunches nothing (each would need the store); a live worker keeps running (the SDK retries
     its saves), and the status says what is wrong with the store."""
     fault = t.observed.store_fault
-    if fault is None or t.run.done or t.st.phase.terminal:
+    if fault is None or t.run.done or t.st.phase.terminal or (t.current is None and t.job.spec.suspend):
         return False
     if t.current is not None:
         t.st.message = f"{t.st.message}; {fault.describe()}: its saves wait, nothing is charged"

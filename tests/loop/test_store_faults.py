@@ -7,6 +7,7 @@ step with nothing lost (the workload asserts its sum, which a lost or repeated s
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import subprocess
 import sys
@@ -15,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from adapters.leader import MIN_SECONDS_ENV, Election
+from reconciler.clock import ManualClock
 from reconciler.loop import Reconciler, TickReport
 from status.models import Phase
 from tests.conftest import StateRepoFixture
@@ -46,12 +49,11 @@ def tmpfs(tmp_path: Path) -> Iterator[Path]:
 def fill(folder: Path) -> Path:
     """Writes one file until the file system is full; returns it (delete it to free the space)."""
     big = folder / "filler"
-    with open(big, "wb") as fh:
-        chunk = b"\0" * 65536
+    with open(big, "wb", buffering=0) as fh:
+        chunk = b"\0" * 4096
         while True:
             try:
                 fh.write(chunk)
-                fh.flush()
             except OSError as exc:
                 assert exc.errno == errno.ENOSPC
                 break
@@ -129,3 +131,36 @@ def test_a_read_only_store_charges_no_job_and_the_job_completes_when_writable(
         if mounted:
             subprocess.run(["umount", "-l", str(storage)], check=False)
 
+
+
+@needs_root
+def test_a_lease_the_full_store_cannot_renew_leads_until_it_expires_then_the_daemon_stops_acting(
+        tmp_path: Path, tmpfs: Path, local_workdir: Path, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(MIN_SECONDS_ENV, "30")
+    caplog.set_level(logging.INFO, "reconciler")
+    state_repo = StateRepoFixture(tmp_path / "state", tmpfs)
+    clock = ManualClock()
+    rec = Reconciler(state_repo.path, clock=clock)
+    rec.election = Election()
+    assert rec.tick().halted is None  # the lease is taken: good for 30 s
+    filler = fill(tmpfs)
+    clock.advance(10)
+    within = rec.tick()
+    assert within.halted is None and within.errors == []  # still the leader: nobody else can be
+    clock.advance(25)  # past the lease this daemon last wrote
+    state_repo.write("desired/later.yaml", job("later", ["true"], "suspend: true"))
+    state_repo.commit("add later")
+    for _ in range(3):
+        report = rec.tick()
+        assert report.halted is not None and "cannot renew the leader lease" in report.halted
+        assert report.actions == [] and report.status_commit is None
+        clock.advance(1)
+    assert not (state_repo.path / "status" / "later.yaml").exists()
+    said = [r.getMessage() for r in caplog.records if "not acting" in r.getMessage()]
+    assert len(said) == 1 and "full" in said[0], said
+    filler.unlink()
+    back = rec.tick()
+    assert back.halted is None and back.statuses["later"].phase == Phase.SUSPENDED
+    assert (state_repo.path / "status" / "later.yaml").exists()
+    assert sum("renewed again" in r.getMessage() for r in caplog.records) == 1
