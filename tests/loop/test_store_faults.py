@@ -7,21 +7,27 @@ step with nothing lost (the workload asserts its sum, which a lost or repeated s
 from __future__ import annotations
 
 import errno
+import http.client
 import logging
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from adapters.leader import MIN_SECONDS_ENV, Election
+from adapters.stores import open_store
 from reconciler.clock import ManualClock
 from reconciler.loop import Reconciler, TickReport
 from status.models import Phase
 from tests.conftest import StateRepoFixture
 from tests.loop.test_loop_local import job, phase, tick_until
+from tests.worker.conftest import make_bucket, s3_endpoint  # noqa: F401 - a fixture
+from tests.worker.harness import S3_CREDENTIALS
 
 WORKLOAD = Path(__file__).parent / "workloads" / "counter.py"
 ROOT = Path(__file__).resolve().parents[2]  # the worker imports this tree's SDK, not an installed one
@@ -67,14 +73,18 @@ def reached(storage: Path, run_id: str, epoch: int = 1) -> int:
 
 
 def run_through_fault(state_repo: StateRepoFixture, storage: Path, start: Callable[[], None],
-                      end: Callable[[], None], kind: str) -> None:
+                      end: Callable[[], None], kind: str, env: str = "",
+                      reached_at: Callable[[Path, str], int] = reached,
+                      held: Callable[[TickReport], bool] | None = None, secrets: str = "") -> None:
     """Runs a counter job; once it has a checkpoint, `start`s the fault, ticks until the worker has
-    trained to its last step under it, `end`s it and ticks until the job is done. Checks on every
-    tick of the fault that nothing is charged or launched, and at the end that one attempt did it all."""
-    state_repo.write("desired/count.yaml", job("count", [sys.executable, str(WORKLOAD), "0.1"], f"env: {{PYTHONPATH: {ROOT}}}"))
+    trained to its last step under it (or until `held` says), `end`s it and ticks until the job is
+    done. Checks on every tick of the fault that nothing is charged or launched, and at the end
+    that one attempt did it all."""
+    state_repo.write("desired/count.yaml", job("count", [sys.executable, str(WORKLOAD), "0.1"],
+                                               f"env: {{PYTHONPATH: {ROOT}, {env}}}\n{secrets}"))
     state_repo.commit("add count")
     rec = Reconciler(state_repo.path)
-    first = tick_until(rec, lambda r: r.statuses["count"].phase == Phase.RUNNING and reached(
+    first = tick_until(rec, lambda r: r.statuses["count"].phase == Phase.RUNNING and reached_at(
         storage, r.statuses["count"].run_id) >= 15, timeout=90)
     run_id = first.statuses["count"].run_id
     start()
@@ -85,7 +95,7 @@ def run_through_fault(state_repo: StateRepoFixture, storage: Path, start: Callab
         assert st.total_attempts == 1, st.attempts
         assert not any(a.startswith("launch") for a in report.actions), report.actions
 
-    during = tick_until(rec, lambda r: reached(storage, run_id) >= TARGET, each=faulted, timeout=90)
+    during = tick_until(rec, held or (lambda r: reached_at(storage, run_id) >= TARGET), each=faulted, timeout=120)
     st = during.statuses["count"]
     assert st.phase == Phase.RUNNING and kind in st.message, st.message
     readme = (state_repo.path / "status" / "README.md").read_text()
@@ -164,3 +174,84 @@ def test_a_lease_the_full_store_cannot_renew_leads_until_it_expires_then_the_dae
     assert back.halted is None and back.statuses["later"].phase == Phase.SUSPENDED
     assert (state_repo.path / "status" / "later.yaml").exists()
     assert sum("renewed again" in r.getMessage() for r in caplog.records) == 1
+
+
+class Failing503:
+    """A loopback proxy in front of the S3 test server that answers 503 Service Unavailable to
+    every request while `failing` is set, and passes everything through otherwise."""
+
+    BODY = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>ServiceUnavailable</Code>'
+            b"<Message>Please reduce your request rate.</Message></Error>")
+
+    def __init__(self, upstream: str) -> None:
+        self.failing = threading.Event()
+        target = upstream.removeprefix("http://")
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _any(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if proxy.failing.is_set():
+                    self.send_response(503)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(proxy.BODY)))
+                    self.end_headers()
+                    self.wfile.write(proxy.BODY)
+                    return
+                conn = http.client.HTTPConnection(target, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+                conn.request(self.command, self.path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("content-length", "connection", "transfer-encoding", "date", "server"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                conn.close()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+def test_an_s3_store_answering_503_charges_no_job_and_the_job_completes_after(
+        tmp_path: Path, local_workdir: Path, s3_endpoint: str,  # noqa: F811 - a fixture
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for k, v in S3_CREDENTIALS.items():
+        monkeypatch.setenv(k, v)
+    proxy = Failing503(s3_endpoint)
+    bucket = make_bucket(s3_endpoint)
+    state_repo = StateRepoFixture(tmp_path / "state", tmp_path / "unused")
+    state_repo.write("reconciler.yaml", f"storage: s3://{bucket}/runs\ntick_seconds: 0.5\n"
+                                        f"storage_options: {{endpoint_url: '{proxy.url}'}}\n")
+    state_repo.commit("s3 storage behind the proxy")
+    secrets = f"secrets: [{', '.join(S3_CREDENTIALS)}]"
+    seen: list[int] = []
+
+    def reached_s3(_storage: Path, run_id: str) -> int:
+        blob = open_store(f"s3://{bucket}/runs/count/{run_id}", {"endpoint_url": s3_endpoint}).read("reached-e1")
+        return int(blob) if blob else 0
+
+    def two_ticks_of_it(report: TickReport) -> bool:
+        seen.append(1)
+        return len(seen) >= 2
+
+    try:
+        run_through_fault(state_repo, tmp_path, proxy.failing.set, proxy.failing.clear, "unavailable",
+                          secrets=secrets, reached_at=reached_s3, held=two_ticks_of_it)
+    finally:
+        proxy.close()
