@@ -168,7 +168,8 @@ class JobTick:
         closed = close(cur, outcome, self.now, self.run, detail, exit_code, self.price(cur.provider), ended,
                        seen.cost_usd if seen else None)
         record_close(self.st, closed.model_copy(update={"host": seen.host}) if seen and seen.host else closed,
-                     provider_ended=seen is not None and seen.phase in PROVIDER_ENDED)
+                     provider_ended=(seen is not None and seen.phase in PROVIDER_ENDED)
+                     or self.observed.store_fault is not None)  # neither says anything about the job
         self.current = None
 
 
