@@ -125,7 +125,8 @@ def store_messages(before: str | None, after: str | None, rules: Notifications) 
     if before == after:
         return []
     if after is not None:
-        title, body, level = "reconciler: run storage fault", f"{after}; nothing is charged or launched until it is back", "warning"
+        title, level = "reconciler: run storage fault", "warning"
+        body = f"{after}; nothing is charged or launched until it is back"
     else:
         title, body, level = "reconciler: run storage works again", f"resolved: {before}; jobs carry on", "success"
     return [Message(t.url_env, title, body, level) for t in rules.targets if "storage-fault" in t.events]

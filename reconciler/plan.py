@@ -8,9 +8,10 @@ Each job goes through the same named steps in a fixed order (as Flux's reconcile
 guards): identify the run -> fence workers that must not run -> read storage -> adopt an
 unrecorded worker -> foresee (the forecast) -> stop on policy (suspend, deadline, budget) ->
 judge the live attempt -> wait while run storage has a fault -> reconsider where it runs ->
-finish -> hold a finished job -> decide the next launch. A step either passes the job on or settles its status for this tick. How attempts
-end is judged in `reconciler.judge`; foresee, reconsider and the launch live in
-`reconciler.launching`; the planner's inputs, actions and per-job state in `reconciler.tick`.
+finish -> hold a finished job -> decide the next launch. A step either passes the job on or
+settles its status for this tick. How attempts end is judged in `reconciler.judge`; foresee,
+reconsider and the launch live in `reconciler.launching`; the planner's inputs, actions and
+per-job state in `reconciler.tick`.
 """
 
 from __future__ import annotations
