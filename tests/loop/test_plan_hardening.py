@@ -26,8 +26,8 @@ from tests.loop.test_plan import NOW, PROVIDERS, desired, job_yaml, running, wit
 
 def test_steps_run_in_a_fixed_named_order() -> None:
     assert [s.__name__ for s in planner.STEPS] == [
-        "fence", "read_storage", "adopt", "foresee", "stop_on_policy", "judge", "reconsider", "finish",
-        "hold_finished", "decide_launch"]
+        "fence", "read_storage", "adopt", "foresee", "stop_on_policy", "judge", "wait_for_store", "reconsider",
+        "finish", "hold_finished", "decide_launch"]
 
 
 def ended(d, state: WorkerState, durable: int = 0, step_start: int = 0, **st_kw: int):  # type: ignore[no-untyped-def]
