@@ -184,6 +184,8 @@ def read_storage(t: JobTick) -> bool:
     """Step 3: storage that cannot be read decides nothing about the run. A finished job keeps its
     own message (the reason it failed must survive a storage outage)."""
     t.st.storage = t.observed.run_storage.get((t.job.name, t.st.run_id), t.desired.settings.storage)
+    fault = t.observed.store_fault
+    t.st.storage_fault = fault.describe() if fault is not None and not t.st.phase.terminal else None
     if t.st.storage != t.desired.settings.storage and t.current is not None:
         t.out.notes.append(f"{t.job.name}: storage change to {t.desired.settings.storage} held while attempt "
                            f"{t.current.epoch} is live on {t.st.storage}")

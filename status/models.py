@@ -130,6 +130,7 @@ class JobStatus(Model):
     log_tail: str | None = None
     forecast: Forecast | None = None
     held: str | None = None  # a newer change to desired/ not acted on (reconciler.yaml `signatures:`), and why
+    storage_fault: str | None = None  # what is wrong with run storage while the job waits for it
 
     @property
     def current(self) -> Attempt | None:

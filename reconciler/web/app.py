@@ -93,7 +93,8 @@ def create_app(repo: str | Path, *, token: str | None = None, refresh_seconds: i
         learned = provider_reliabilities(snap.desired.providers, snap.statuses.values(), time.time())
         return render(snap, "overview.html", rows=rows, counts=views.phase_counts(rows),
                       providers=views.provider_rows(learned), half_life=views.HALF_LIFE_TEXT,
-                      errors=[snap.redactor.redact(str(e)) for e in snap.desired.errors])
+                      errors=[snap.redactor.redact(str(e)) for e in snap.desired.errors],
+                      storage_faults=sorted({st.storage_fault for st in snap.statuses.values() if st.storage_fault}))
 
     def job_page(request: Request) -> Response:
         name = request.path_params["name"]

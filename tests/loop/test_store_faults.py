@@ -18,11 +18,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from starlette.testclient import TestClient
 
 from adapters.leader import MIN_SECONDS_ENV, Election
 from adapters.stores import open_store
 from reconciler.clock import ManualClock
 from reconciler.loop import Reconciler, TickReport
+from reconciler.web.app import create_app
 from status.models import Phase
 from tests.conftest import StateRepoFixture
 from tests.loop.test_loop_local import job, phase, tick_until
@@ -99,7 +101,9 @@ def run_through_fault(state_repo: StateRepoFixture, storage: Path, start: Callab
     st = during.statuses["count"]
     assert st.phase == Phase.RUNNING and kind in st.message, st.message
     readme = (state_repo.path / "status" / "README.md").read_text()
-    assert f"is {kind}" in readme
+    assert readme.count("Run storage fault") == 1 and f"is {kind}" in readme
+    page = TestClient(create_app(state_repo.path)).get("/").text
+    assert page.count("Run storage fault") == 1 and f"is {kind}" in page
     end()
     final = tick_until(rec, phase("count"), timeout=90)
     st = final.statuses["count"]
@@ -107,6 +111,7 @@ def run_through_fault(state_repo: StateRepoFixture, storage: Path, start: Callab
     assert st.failures == 0 and st.interruptions == 0 and st.total_attempts == 1, st.attempts
     assert st.progress.step == TARGET
     assert "Run storage fault" not in (state_repo.path / "status" / "README.md").read_text()
+    assert "Run storage fault" not in TestClient(create_app(state_repo.path)).get("/").text
 
 
 @needs_root
