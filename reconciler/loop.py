@@ -398,7 +398,7 @@ class Reconciler:
         now = self.clock.now()
         observed = self.observe(view, recorded, adapters, report.errors, now)
         observed.retired = retired
-        observed.store_fault = self._probe_store(desired.settings) if probe_store else self.store_fault
+        observed.store_fault = self._probe_store(desired.settings, recorded) if probe_store else self.store_fault
         the_plan = plan(desired, observed, recorded, now, commit, confirm_cancel=self._cancel_confirmed(commit),
                         policy=self.placement_policy)
         the_plan.statuses = {name: st if st.held == held else st.model_copy(update={"held": held}, deep=True)
@@ -513,11 +513,12 @@ class Reconciler:
             self.notifier.submit(msg.url_env, self.redactor.redact(msg.title), self.redactor.redact(msg.body),
                                  msg.level)
 
-    def _probe_store(self, settings: Settings) -> StoreFault | None:
+    def _probe_store(self, settings: Settings, recorded: dict[str, JobStatus]) -> StoreFault | None:
         """One small write, read and delete in run storage per tick: what is wrong with it, if
         anything. Said once when a fault starts (or changes) and once when it ends."""
+        ran_here = any(st.attempts and (st.storage or settings.storage) == settings.storage for st in recorded.values())
         try:
-            fault = probe(open_store(settings.storage, store_options(settings.storage, settings)))
+            fault = probe(open_store(settings.storage, store_options(settings.storage, settings)), ran_here)
         except StorageError as exc:  # the store cannot even be opened (a bad URL): not a fault of it
             log.debug("run storage not probed: %s", exc)
             fault = None

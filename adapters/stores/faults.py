@@ -106,13 +106,23 @@ def _kind(exc: BaseException) -> FaultKind | None:
     return None
 
 
-def probe(store: Store) -> StoreFault | None:
+MARKER = ".reconciler-store"  # written once the store holds run data: its absence then means the store is gone
+OWN = (".health/", ".leader/", MARKER)
+
+
+def probe(store: Store, holds_runs: bool = False) -> StoreFault | None:
     """One small write, read and delete in `store`: None when all three work, else the fault.
-    A failure that is not a storage fault is not this probe's business (the caller's own reads
-    report it)."""
+    `holds_runs`: jobs have run in this store, so a store with no run data at all (an unmounted
+    disk, a deleted folder or prefix) is gone rather than new. A failure that is not a storage
+    fault is not this probe's business (the caller's own reads report it)."""
     name = f".health/{socket.gethostname()}-{os.getpid()}"
     data = os.urandom(16)
     try:
+        if holds_runs and store.read(MARKER) is None:  # before the write, which would make the folder
+            if not any(not k.startswith(OWN) for k in store.list()):
+                return StoreFault("gone", f"it holds no run data, though jobs have run there; if it was emptied on "
+                                          f"purpose, create {store.url(MARKER)} to start afresh", store.uri)
+            store.write(MARKER, b"reconciler run storage\n")
         store.write(name, data)
         back = store.read(name)
         store.delete(name)

@@ -4,6 +4,8 @@ moved or judged stalled, the live worker is kept, and each job's message names t
 from __future__ import annotations
 
 import errno
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -109,3 +111,21 @@ def test_one_storage_fault_message_per_change() -> None:
     assert start.url_env == "HOOK" and start.level == "warning" and "is full" in start.body
     (end,) = store_messages(said, None, rules)
     assert end.level == "success" and "works again" in end.title
+
+
+def test_a_store_that_held_runs_and_now_holds_nothing_is_gone_not_new(tmp_path: Path) -> None:
+    from adapters.stores import open_store
+    from adapters.stores.faults import MARKER, probe
+
+    root = tmp_path / "runs"
+    store = open_store(f"file://{root}")
+    assert probe(store, holds_runs=False) is None  # a new store: nothing has run there yet
+    store.write("train/r-1/progress.json", b"{}")
+    assert probe(store, holds_runs=True) is None and store.read(MARKER) is not None
+    shutil.rmtree(root)  # an unmounted disk, a deleted folder
+    fault = probe(store, holds_runs=True)
+    assert fault is not None and fault.kind == "gone" and MARKER in fault.detail
+    assert not root.exists()  # the probe did not make an empty store look alive again
+    root.mkdir()
+    (root / MARKER).write_text("")  # emptied on purpose: the user says so
+    assert probe(store, holds_runs=True) is None
