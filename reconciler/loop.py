@@ -516,7 +516,8 @@ class Reconciler:
     def _probe_store(self, settings: Settings, recorded: dict[str, JobStatus]) -> StoreFault | None:
         """One small write, read and delete in run storage per tick: what is wrong with it, if
         anything. Said once when a fault starts (or changes) and once when it ends."""
-        ran_here = any(st.attempts and (st.storage or settings.storage) == settings.storage for st in recorded.values())
+        ran_here = any(st.attempts and not st.phase.terminal and (st.storage or settings.storage) == settings.storage
+                       for st in recorded.values())  # an unfinished run's data should be there
         try:
             fault = probe(open_store(settings.storage, store_options(settings.storage, settings)), ran_here)
         except StorageError as exc:  # the store cannot even be opened (a bad URL): not a fault of it
