@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from adapters.stores import StorageError, Store, expand_url, open_store
+from adapters.stores.faults import classify
 from adapters.wire import load_json
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,9 @@ class Leadership:
     holder: str
     expires: float
     url: str
+    # The lease could not be renewed for a storage fault (StoreFault.describe) but the one this
+    # daemon last wrote runs until `expires`: it leads until then, and no other daemon can take over.
+    fault: str | None = None
 
     def describe(self) -> str:
         until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.expires))
@@ -78,17 +82,34 @@ class Election:
             if self._lease is not None and (self._lease[0].uri, self._lease[1]) != (folder.uri, name):
                 self._resign(now)  # storage or identity changed: let the old lease go
             self._seconds = lease_seconds(self.tick_seconds or tick_seconds)
-            return self._say(self._hold_at(folder, name, now))
+            try:
+                return self._say(self._hold_at(folder, name, now))
+            except StorageError as exc:
+                return self._through_fault(exc, folder.url(name), now)
 
-    def keep_alive(self, now: float) -> None:
+    def _through_fault(self, exc: StorageError, url: str, now: float) -> Leadership:
+        """A storage fault kept the lease from being renewed: leading still while the lease last
+        written lasts (nobody else can hold it before it expires), else the error is raised and
+        this daemon stops acting until the store lets it take the lease again."""
+        fault = classify(exc)
+        last = self._last
+        if fault is None or last is None or not last.leading or now >= last.expires or last.url != url:
+            raise exc
+        return Leadership(True, self.holder, last.expires, url, fault=fault.describe())
+
+    def keep_alive(self, now: float) -> Leadership | None:
         """Between ticks, so that a tick longer than the lease does not lose it: renew a lease we
-        lead with once a third of it has passed. Never takes a lease it does not lead with."""
+        lead with once a third of it has passed. Never takes a lease it does not lead with.
+        Returns the lease when it tried to renew it."""
         with self._lock:
             if self._lease is None or self._last is None or not self._last.leading:
-                return
+                return None
             if now - self._written < self._seconds / 3:
-                return
-            self._say(self._hold_at(*self._lease, now))
+                return None
+            try:
+                return self._say(self._hold_at(*self._lease, now))
+            except StorageError as exc:
+                return self._through_fault(exc, self._lease[0].url(self._lease[1]), now)
 
     def _hold_at(self, folder: Store, name: str, now: float) -> Leadership:
         url = folder.url(name)

@@ -459,7 +459,7 @@ class Provider(Strict):
 
 
 NotifyEvent = Literal["succeeded", "failed", "deadline-at-risk", "budget-nearly-spent", "repeated-preemptions",
-                      "held"]
+                      "held", "storage-fault"]
 NOTIFY_EVENTS: tuple[NotifyEvent, ...] = get_args(NotifyEvent)
 
 

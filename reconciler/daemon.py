@@ -112,7 +112,7 @@ class Daemon:
             self._follow_settings(report)
         except Exception as exc:  # e.g. no commit yet: the interval stays as it was
             log.debug("settings not followed this tick: %s", exc)
-        if report is None or report.standby is not None:
+        if report is None or report.standby is not None or report.halted is not None:
             return
         self.last_report = report
         self._wake_after_backoff(report)
@@ -143,11 +143,12 @@ class Daemon:
         if election is None or self.stop_event.is_set():
             return
         try:
-            election.keep_alive(self.rec.clock.now())
+            held = election.keep_alive(self.rec.clock.now())
         except Exception as exc:
-            self.rec.conditions.holds("lease", f"cannot renew the leader lease: {exc}; the next tick tries again")
+            self.rec.lease_fault(exc)
         else:
-            self.rec.conditions.ended("lease", "the leader lease is renewed again")
+            if held is not None:
+                self.rec.lease_held(held)
 
     def trigger(self) -> None:
         """Run a tick now (coalesced with any pending one). Safe from any thread: it only sets an event."""

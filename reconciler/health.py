@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from status.models import JobStatus, Outcome, Phase, iso
+from status.models import JobStatus, Phase, iso
 
 REFUSAL_COOLDOWN_SECONDS = 120.0  # a provider that refused a launch is skipped this long (first strike)
 LOSS_COOLDOWN_SECONDS = 300.0  # a provider that lost a worker is tried last this long (first strike)
@@ -97,7 +97,7 @@ def troubles(statuses: Iterable[JobStatus]) -> list[Trouble]:
         for r in st.refusals:
             found.add(Trouble(r.provider, r.refused, REFUSED, r.error, st.job))
         for a in st.attempts:
-            if a.outcome in (Outcome.INTERRUPTION, Outcome.SESSION_END) and a.ended is not None:
+            if a.provider_ended and a.ended is not None:
                 found.add(Trouble(a.provider, a.ended, LOST, a.detail, st.job))
     return sorted(found, key=_order)
 

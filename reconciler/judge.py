@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING
 
 from adapters.compute import WorkerPhase, WorkerState
 from adapters.hosted import SECRET_NOT_ATTACHED, STORAGE_UNREACHABLE
+from adapters.stores.faults import StoreFault
 from desired.models import ExitCodeRule, Job
-from status.models import Attempt, JobStatus, Outcome
+from status.models import STORAGE_FAULT_DETAIL, Attempt, JobStatus, Outcome
 
 if TYPE_CHECKING:
     from reconciler.tick import RunObservation
@@ -57,9 +58,11 @@ def exit_rule(job: Job, code: int | None) -> ExitCodeRule | None:
 
 
 def classify(job: Job, attempt: Attempt, state: WorkerState, run: RunObservation,
-             previous: Attempt | None = None) -> Verdict | None:
+             previous: Attempt | None = None, store_fault: StoreFault | None = None) -> Verdict | None:
     """None while the worker is pending or running; otherwise how its attempt ended. `previous`,
-    the attempt before this one, decides whether an unconfirmed interruption is a repeat."""
+    the attempt before this one, decides whether an unconfirmed interruption is a repeat.
+    `store_fault`: run storage is faulty now (the tick's probe), so an end that is not a success is
+    the store's."""
     if state.phase in (WorkerPhase.PENDING, WorkerPhase.RUNNING):
         return None
     word = state.provider_state or state.phase.value
@@ -73,6 +76,11 @@ def classify(job: Job, attempt: Attempt, state: WorkerState, run: RunObservation
         return Verdict(Outcome.SESSION_END, f"session limit reached: {word}")
     if state.exit_code == 0 and run.done:
         return Verdict(Outcome.SUCCEEDED, "completed")
+    if store_fault is not None:
+        # A worker that could not save while the store itself was full, read-only, ... is not at
+        # fault: a storage-fault interruption, free; nothing is relaunched until the store is back.
+        return Verdict(Outcome.INTERRUPTION, f"{STORAGE_FAULT_DETAIL} ended ({word}, exit code {state.exit_code}) "
+                       f"while {store_fault.describe()}; not charged")
     if state.exit_code == STORAGE_UNREACHABLE and "cannot reach run storage" in state.detail:
         # Charged once, and that provider is avoided for a while: relaunching there would only
         # repeat it (missing storage secrets, a firewall), and the job must not loop on it.

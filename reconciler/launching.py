@@ -34,7 +34,7 @@ def bad_hosts(statuses: Iterable[JobStatus], now: float) -> frozenset[tuple[str,
     host that lost its network, say): the next launches on that provider avoid them, whatever the job."""
     return frozenset(
         (a.provider, a.host) for st in statuses for a in st.attempts
-        if a.host and a.outcome == Outcome.INTERRUPTION and a.ended is not None
+        if a.host and a.outcome == Outcome.INTERRUPTION and a.provider_ended and a.ended is not None
         and now - a.ended < HOST_COOLDOWN_SECONDS)
 
 

@@ -23,6 +23,8 @@ from adapters.notify import Notifier
 from adapters.registry import make_adapter
 from adapters.signatures import Signatures
 from adapters.storage import RunFolder, StorageError
+from adapters.stores import open_store
+from adapters.stores.faults import StoreFault, classify, probe
 from desired.models import Provider, Settings
 from desired.parse import SETTINGS_FILE, DesiredState, parse_desired, parse_settings
 from reconciler.asking import Busy, ProviderCall, ProviderCalls
@@ -31,7 +33,7 @@ from reconciler.conditions import Conditions
 from reconciler.deadline import PlacementPolicy, choose
 from reconciler.execute import execute, store_options
 from reconciler.ledger import build_ledger
-from reconciler.notices import events, messages
+from reconciler.notices import events, messages, store_messages
 from reconciler.plan import Observed, Plan, RunObservation, apply_results, cancelled_by, confirms_cancel, plan
 from reconciler.redaction import secret_values
 from reconciler.signed import SignedHistory, with_hold
@@ -64,6 +66,7 @@ class TickReport:
     statuses: dict[str, JobStatus] = field(default_factory=dict)
     desired: DesiredState | None = None
     standby: Leadership | None = None  # another daemon leads: this tick did nothing
+    halted: str | None = None  # the leader lease could not be renewed: this tick did nothing, and says why
     seconds: float = 0.0  # how long the tick took (measured by the daemon)
     provider_calls: dict[str, ProviderCall] = field(default_factory=dict)  # how each provider's call went
 
@@ -111,6 +114,7 @@ class Reconciler:
         # reconciler.yaml's `signatures:` (adapters/signatures.py); not for in-memory repositories.
         self.signed = (SignedHistory(Signatures(self.repo.repo), self.repo.subdir) if isinstance(self.repo, StateRepo)
                        else None)
+        self.store_fault: StoreFault | None = None  # what the last probe of run storage found wrong
 
     # ---- one daemon per repository ---------------------------------------------------------------
     def acquire_lock(self) -> None:
@@ -150,6 +154,22 @@ class Reconciler:
         if self._root_identity is None:
             self._root_identity = repository_identity(self.repo.root_commit())
         return self._root_identity
+
+    def lease_fault(self, exc: Exception) -> str:
+        """The leader lease cannot be renewed: this daemon stops acting (no launch, no stop, no status
+        commit) until it can, and says so once."""
+        fault = classify(exc)  # its words, without the temporary names that change on every try
+        message = (f"not acting: cannot renew the leader lease ({fault.describe() if fault else exc}); "
+                   "acting again once it is renewed")
+        self.conditions.holds("lease", message)
+        return message
+
+    def lease_held(self, leader: Leadership | None) -> None:
+        if leader is not None and leader.fault is not None:
+            self.conditions.holds("lease", f"cannot renew the leader lease: {leader.fault}; leading until it "
+                                           f"expires, launching nothing")
+        else:
+            self.conditions.ended("lease", "the leader lease is renewed again; acting again")
 
     def resign(self) -> None:
         if self.election is not None:
@@ -369,8 +389,8 @@ class Reconciler:
             return f"{message}\n\n{TRAILER}: {commit}\n"
         return message
 
-    def _look_and_plan(self, report: TickReport) -> tuple[Plan, DesiredState, dict[str, JobStatus],
-                                                           dict[str, ComputeAdapter], Observed, float]:
+    def _look_and_plan(self, report: TickReport, probe_store: bool = False) -> tuple[
+            Plan, DesiredState, dict[str, JobStatus], dict[str, ComputeAdapter], Observed, float]:
         """Read git, storage and providers at HEAD and plan: the part a preview and a tick share."""
         head = self.repo.head()
         trust = self.signed.trust(head) if self.signed is not None else None
@@ -400,6 +420,7 @@ class Reconciler:
         observed = self.observe(view, recorded, adapters, report.errors, now)
         report.provider_calls = dict(self.provider_calls.calls)
         observed.retired = retired
+        observed.store_fault = self._probe_store(desired.settings, recorded) if probe_store else self.store_fault
         confirmed = self._cancel_confirmed(commit, desired, recorded)
         the_plan = plan(desired, observed, recorded, now, commit, confirm_cancel=confirmed,
                         policy=self.placement_policy)
@@ -429,12 +450,17 @@ class Reconciler:
             self.repo.pull()
         except GitError as exc:
             report.errors.append(str(exc))
-        leader = self.leadership()
+        try:
+            leader = self.leadership()
+        except StorageError as exc:
+            report.halted = self.lease_fault(exc)
+            return report
+        self.lease_held(leader)
         if leader is not None and not leader.leading:
             report.standby = leader  # another daemon acts on this repository; this one waits
             return report
         try:
-            the_plan, desired, recorded, adapters, observed, now = self._look_and_plan(report)
+            the_plan, desired, recorded, adapters, observed, now = self._look_and_plan(report, probe_store=True)
         except SettingsHold as exc:
             report.errors.append(str(exc))
             self.conditions.exactly("tick", report.errors)
@@ -447,13 +473,15 @@ class Reconciler:
         apply_results(the_plan, result.launches, now, durable, result.moves)
         ledger = build_ledger(desired.providers, the_plan.statuses.values(), desired.jobs, observed.allowances, now,
                               {n: c.words() for n, c in report.provider_calls.items() if c.slow})
-        self._commit(the_plan, recorded, desired, commit, report, ledger)
+        self._commit(the_plan, recorded, desired, commit, report, ledger, observed.store_fault)
         self._notify(recorded, desired, report)
+        self._notify_store(observed.store_fault, desired)
         self.conditions.exactly("tick", report.errors)  # a fetch error, a held change: once, not every tick
         return report
 
     def _commit(self, the_plan: Plan, recorded: dict[str, JobStatus], desired: DesiredState, commit: str,
-                report: TickReport, ledger: list[ProviderLedger] | None = None) -> None:
+                report: TickReport, ledger: list[ProviderLedger] | None = None,
+                store_fault: StoreFault | None = None) -> None:
         """Writes the changed job statuses, the index and the provider ledger (which rides along with
         a status change, never commits alone: its figures move every tick)."""
         self._learn_secrets(desired)
@@ -483,7 +511,8 @@ class Reconciler:
             return
         deadlines = {name: job.spec.deadline.timestamp() for name, job in desired.jobs.items() if job.spec.deadline}
         index = render_index([self._redacted(st) for st in the_plan.statuses.values()],
-                             [str(e) for e in desired.errors], ledger or [], deadlines)
+                             [str(e) for e in desired.errors], ledger or [], deadlines,
+                             store_fault.describe() if store_fault else None)
         if ledger:
             files[f"{STATUS_DIR}/providers.yaml"] = self.redactor.redact(render_ledger(ledger))
         files[f"{STATUS_DIR}/README.md"] = self.redactor.redact(index)
@@ -506,6 +535,32 @@ class Reconciler:
             return
         budgets = {name: job.spec.budget_usd for name, job in desired.jobs.items()}
         for msg in messages(events(recorded, report.statuses, budgets, rules), rules):
+            self.notifier.submit(msg.url_env, self.redactor.redact(msg.title), self.redactor.redact(msg.body),
+                                 msg.level)
+
+    def _probe_store(self, settings: Settings, recorded: dict[str, JobStatus]) -> StoreFault | None:
+        """One small write, read and delete in run storage per tick: what is wrong with it, if
+        anything. Said once when a fault starts (or changes) and once when it ends."""
+        ran_here = any(st.attempts and not st.phase.terminal and (st.storage or settings.storage) == settings.storage
+                       for st in recorded.values())  # an unfinished run's data should be there
+        try:
+            fault = probe(open_store(settings.storage, store_options(settings.storage, settings)), ran_here)
+        except StorageError as exc:  # the store cannot even be opened (a bad URL): not a fault of it
+            log.debug("run storage not probed: %s", exc)
+            fault = None
+        if fault is not None:
+            self.conditions.holds("store", f"{fault.describe()}: nothing is charged or launched until it is back")
+        else:
+            self.conditions.ended("store", "run storage works again; jobs carry on from their durable progress")
+        return fault
+
+    def _notify_store(self, fault: StoreFault | None, desired: DesiredState) -> None:
+        """One notification when run storage's fault starts, changes or ends (this process's view)."""
+        before = self.store_fault.describe() if self.store_fault else None
+        self.store_fault = fault
+        if self.notifier is None:
+            return
+        for msg in store_messages(before, fault.describe() if fault else None, desired.settings.notifications):
             self.notifier.submit(msg.url_env, self.redactor.redact(msg.title), self.redactor.redact(msg.body),
                                  msg.level)
 

@@ -14,6 +14,8 @@ Events:
 - repeated-preemptions: the attempts ending in an interruption, in a row, reached `preemptions`;
 - held: a change is held until someone confirms it (a commit that would cancel most jobs) or signs
   it; one event per hold, naming the jobs it holds and what releases it.
+- storage-fault: run storage became full, read-only, unavailable, ... or works again (not a job's
+  event: one message per change, to every target that asked for it, whatever its `jobs`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from status.models import JobStatus, Outcome, Phase
 AT_RISK = ("at risk", "infeasible")
 # How each event is sent: apprise's notify types, which targets show as a colour or an icon.
 LEVELS = {"succeeded": "success", "failed": "failure", "deadline-at-risk": "warning",
-          "budget-nearly-spent": "warning", "repeated-preemptions": "warning"}
+          "budget-nearly-spent": "warning", "repeated-preemptions": "warning", "storage-fault": "warning"}
 
 
 @dataclass(frozen=True)
@@ -70,7 +72,7 @@ def preempted_in_a_row(st: JobStatus) -> int:
     for att in reversed(st.attempts):
         if att.open:
             continue
-        if att.outcome != Outcome.INTERRUPTION or att.unconfirmed:
+        if att.outcome != Outcome.INTERRUPTION or not att.provider_ended:
             break
         count += 1
     return count
@@ -134,3 +136,16 @@ def wants(target: NotifyTarget, event: Event) -> bool:
 def messages(found: list[Event], rules: Notifications) -> list[Message]:
     """One message per event and target that asked for it."""
     return [Message(t.url_env, e.title, e.text, e.level) for e in found for t in rules.targets if wants(t, e)]
+
+
+def store_messages(before: str | None, after: str | None, rules: Notifications) -> list[Message]:
+    """One message per target when what is wrong with run storage changed: `before` and `after`
+    say what was and is wrong (StoreFault.describe), None when nothing is."""
+    if before == after:
+        return []
+    if after is not None:
+        title, level = "reconciler: run storage fault", "warning"
+        body = f"{after}; nothing is charged or launched until it is back"
+    else:
+        title, body, level = "reconciler: run storage works again", f"resolved: {before}; jobs carry on", "success"
+    return [Message(t.url_env, title, body, level) for t in rules.targets if "storage-fault" in t.events]

@@ -8,7 +8,8 @@ Each job goes through the same named steps in a fixed order (as Flux's reconcile
 guards): identify the run -> fence workers that must not run -> read storage -> adopt an
 unrecorded worker -> foresee (the forecast) -> stop on policy (suspend, deadline, budget) ->
 judge the live attempt -> note a lost worker against its provider's health (reconciler.health,
-computed once per plan from every job's status and shared by all) -> reconsider where it runs ->
+computed once per plan from every job's status and shared by all) -> wait while run storage has a
+fault -> reconsider where it runs ->
 finish -> hold a finished job -> decide the next launch. A step either passes the job on or
 settles its status for this tick. How attempts end is judged in `reconciler.judge`; foresee,
 reconsider and the launch live in `reconciler.launching`; the planner's inputs, actions and
@@ -198,12 +199,16 @@ def read_storage(t: JobTick) -> bool:
     """Step 3: storage that cannot be read decides nothing about the run. A finished job keeps its
     own message (the reason it failed must survive a storage outage)."""
     t.st.storage = t.observed.run_storage.get((t.job.name, t.st.run_id), t.desired.settings.storage)
+    fault = t.observed.store_fault
+    t.st.storage_fault = fault.describe() if fault is not None and not t.st.phase.terminal else None
     if t.st.storage != t.desired.settings.storage and t.current is not None:
         t.out.notes.append(f"{t.job.name}: storage change to {t.desired.settings.storage} held while attempt "
                            f"{t.current.epoch} is live on {t.st.storage}")
     if t.run.error:
         if not t.st.phase.terminal:
-            t.st.message = f"run data unreadable, waiting: {t.run.error}"
+            fault = t.observed.store_fault
+            t.st.message = (f"waiting: {fault.describe()}; nothing is charged or launched until it is back"
+                            if fault else f"run data unreadable, waiting: {t.run.error}")
         return True
     target = t.job.spec.target_steps
     t.st.progress = Progress(step=_status_step(t.st.progress.step, t.run.durable_step, target), target=target)
@@ -274,7 +279,8 @@ def judge(t: JobTick) -> bool:
 
 def _judge_seen(t: JobTick, ref: WorkerRef, state: WorkerState) -> bool:
     assert t.current is not None
-    verdict = classify(t.job, t.current, state, t.run, t.st.attempts[-2] if len(t.st.attempts) > 1 else None)
+    verdict = classify(t.job, t.current, state, t.run, t.st.attempts[-2] if len(t.st.attempts) > 1 else None,
+                       t.observed.store_fault)
     if verdict is None:
         _judge_live(t, ref, state)
         return False
@@ -298,7 +304,8 @@ def _judge_seen(t: JobTick, ref: WorkerRef, state: WorkerState) -> bool:
 
 def _judge_live(t: JobTick, ref: WorkerRef, state: WorkerState) -> None:
     assert t.current is not None
-    stalled = _stalled(t.job, t.current, t.run, t.now, state)
+    # A heartbeat cannot move while the store refuses writes: no stall is judged during a fault.
+    stalled = "" if t.observed.store_fault else _stalled(t.job, t.current, t.run, t.now, state)
     if stalled:
         t.stop(ref, "stalled: no heartbeat")
         t.close_current(Outcome.STALLED, stalled)
@@ -342,6 +349,21 @@ def note_trouble(t: JobTick) -> bool:
     return False
 
 
+def wait_for_store(t: JobTick) -> bool:
+    """Step 8a: while run storage has a fault, a job that has not completed launches, moves and
+    relaunches nothing (each would need the store); a live worker keeps running (the SDK retries
+    its saves), and the status says what is wrong with the store."""
+    fault = t.observed.store_fault
+    if fault is None or t.run.done or t.st.phase.terminal or (t.current is None and t.job.spec.suspend):
+        return False
+    if t.current is not None:
+        t.st.message = f"{t.st.message}; {fault.describe()}: its saves wait, nothing is charged"
+    else:
+        t.st.phase = Phase.PENDING
+        t.st.message = f"waiting: {fault.describe()}; nothing is charged or launched until it is back"
+    return True
+
+
 def finish(t: JobTick) -> bool:
     """Step 9: a completed run is Succeeded; a worker that wrote its completion but does not exit
     is stopped after a short grace, so it stops billing. A live attempt settles the tick."""
@@ -374,8 +396,8 @@ def hold_finished(t: JobTick) -> bool:
     return True
 
 
-STEPS: tuple[Step, ...] = (fence, read_storage, adopt, foresee, stop_on_policy, judge, note_trouble, reconsider,
-                          finish, hold_finished, decide_launch)
+STEPS: tuple[Step, ...] = (fence, read_storage, adopt, foresee, stop_on_policy, judge, note_trouble, wait_for_store,
+                          reconsider, finish, hold_finished, decide_launch)
 
 
 # ---- jobs whose manifest is gone --------------------------------------------------------------

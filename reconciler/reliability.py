@@ -1,8 +1,9 @@
 """A provider's mean time between interruptions, learned from every job's attempts on it. Pure.
 
 What counts: machine time (each attempt from its launch to its end, or now) as exposure, and each
-end the provider made as an interruption (`PROVIDER_ENDS`: preempted, host lost, vanished from
-its listing, stopped on its notice, the session's limit), whether or not the worker saved first.
+end the provider made as an interruption (`Attempt.provider_ended`: preempted, host lost, vanished
+from its listing, stopped on its notice, the session's limit), whether or not the worker saved
+first; not an interruption the provider never confirmed, nor one a run-store fault caused.
 Both are read from the attempts kept in the job statuses, so the estimate survives a restart of
 the daemon, and both are weighed by their age with a half-life (HALF_LIFE_SECONDS): a provider
 that changes is followed within a few interruptions, and after a quiet spell the estimate drifts
@@ -22,12 +23,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from reconciler.checkpoint_policy import estimate_mtbf
-from status.models import Attempt, JobStatus, Outcome
+from status.models import Attempt, JobStatus
 
 HALF_LIFE_SECONDS = 6 * 3600.0  # an interruption (or an hour of machine time) this old counts half
 PRIOR_SPOT_MTBF_SECONDS = 6 * 3600.0
 PRIOR_RELIABLE_MTBF_SECONDS = 30 * 24 * 3600.0  # machines nobody takes away still die, rarely
-PROVIDER_ENDS = frozenset({Outcome.INTERRUPTION, Outcome.SESSION_END})
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ def attempt_record(a: Attempt, now: float) -> Record:
     end = min(now, a.ended if a.ended is not None else now)
     start = min(a.started, end)
     exposure = HALF_LIFE_SECONDS / math.log(2.0) * (weight(now - end) - weight(now - start))
-    return Record(exposure, weight(now - end) if a.outcome in PROVIDER_ENDS else 0.0)
+    return Record(exposure, weight(now - end) if a.provider_ended else 0.0)
 
 
 def records(statuses: Iterable[JobStatus], now: float) -> dict[str, Record]:

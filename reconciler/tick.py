@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from adapters.compute import Allowance, WorkerPhase, WorkerRef, WorkerState
+from adapters.stores.faults import StoreFault
 from desired.models import Capacity, Job, Provider
 from desired.parse import DesiredState
 from reconciler.deadline import PlacementPolicy, choose
@@ -59,6 +60,9 @@ class Observed:
     # be stopped and billed, never launched on.
     retired: dict[str, Provider] = field(default_factory=dict)
     free_slots: dict[str, int] = field(default_factory=dict)  # provider -> workers it can take now, where it says
+    # What this tick's probe of run storage found wrong with it (full, read-only, ...), or None:
+    # while it holds, nothing is charged and nothing that needs the store is launched.
+    store_fault: StoreFault | None = None
 
 
 @dataclass(frozen=True)
@@ -175,7 +179,8 @@ class JobTick:
         if unconfirmed:
             closed = closed.model_copy(update={"unconfirmed": True})
         record_close(self.st, closed.model_copy(update={"host": seen.host}) if seen and seen.host else closed,
-                     provider_ended=seen is not None and seen.phase in PROVIDER_ENDED)
+                     provider_ended=(seen is not None and seen.phase in PROVIDER_ENDED)
+                     or self.observed.store_fault is not None)  # neither says anything about the job
         self.current = None
 
 

@@ -56,6 +56,9 @@ class Model(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+STORAGE_FAULT_DETAIL = "storage fault:"  # how an end the run store's fault caused is recorded (reconciler.judge)
+
+
 class Attempt(Model):
     epoch: int
     provider: str
@@ -83,6 +86,14 @@ class Attempt(Model):
     @property
     def open(self) -> bool:
         return self.outcome is None
+
+    @property
+    def provider_ended(self) -> bool:
+        """The provider ended it (preempted, host lost, vanished, its session's end): what counts
+        against the provider's failure rate and health. Not an interruption it never confirmed, nor
+        one the run store's fault caused."""
+        return (self.outcome in (Outcome.INTERRUPTION, Outcome.SESSION_END) and not self.unconfirmed
+                and not self.detail.startswith(STORAGE_FAULT_DETAIL))
 
 
 class Refusal(Model):
@@ -151,6 +162,7 @@ class JobStatus(Model):
     # A newer change to desired/ not acted on, and what releases it: a commit that would cancel most
     # jobs (until confirmed) or one whose signature did not verify (reconciler.yaml `signatures:`).
     held: str | None = None
+    storage_fault: str | None = None  # what is wrong with run storage while the job waits for it
 
     @property
     def current(self) -> Attempt | None:
@@ -264,13 +276,16 @@ def parse_status(text: str | bytes) -> JobStatus | None:
 
 
 def render_index(statuses: list[JobStatus], errors: list[str], ledger: list[ProviderLedger] | None = None,
-                 deadlines: dict[str, float] | None = None) -> str:
-    """`status/README.md`: one table of all jobs (and the provider ledger), for people browsing the repository."""
+                 deadlines: dict[str, float] | None = None, store_fault: str | None = None) -> str:
+    """`status/README.md`: one table of all jobs (and the provider ledger), for people browsing the
+    repository; `store_fault` says what is wrong with run storage, when something is."""
     lines = [
         "# Status",
         "",
         "Written by the reconciler on every change; do not edit.",
         "",
+        *([f"**Run storage fault:** {cell(store_fault)}. Nothing is charged or launched until it is back; "
+           "live workers keep training and retry their saves.", ""] if store_fault else []),
         "| job | phase | progress | attempts | interruptions | failures | ETA (UTC) | spent / projected | risk "
         "| message |",
         "|---|---|---|---|---|---|---|---|---|---|",

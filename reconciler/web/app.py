@@ -110,7 +110,8 @@ def create_app(repo: str | Path, *, token: str | None = None, refresh_seconds: i
                       slow=snap.slow_providers,
                       providers=views.provider_rows(health, learned, now), half_life=views.HALF_LIFE_TEXT,
                       held=sorted({r.held for r in rows if r.held}),
-                      errors=[snap.redactor.redact(str(e)) for e in snap.desired.errors])
+                      errors=[snap.redactor.redact(str(e)) for e in snap.desired.errors],
+                      storage_faults=sorted({st.storage_fault for st in snap.statuses.values() if st.storage_fault}))
 
     def job_page(request: Request) -> Response:
         name = request.path_params["name"]

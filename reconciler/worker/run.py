@@ -31,6 +31,7 @@ from reconciler.checkpoint_policy import IntervalPolicy
 from reconciler.worker import dist, loop, snapshot
 from reconciler.worker import sharded as dcp_format
 from reconciler.worker.dist import Group
+from reconciler.worker.storefault import StoreFaults
 
 log = logging.getLogger("reconciler.worker")
 
@@ -128,6 +129,7 @@ class Run:
         self._upload: snapshot.Background | None = None
         self._io: Group | None = None  # the sharded writes' own group, made at the first sharded save
         self._upload_error: BaseException | None = None
+        self._faults = StoreFaults()  # a full or read-only store is waited out, never a crash
         self._buffers: dict[str, torch.Tensor] = {}
         self._last_saved_step: int | None = None
         self._last_save_time = clock()
@@ -393,6 +395,8 @@ class Run:
         """
         self._check_open()
         entered = self._clock()
+        if self._faults.active and self._upload is not None and self._upload.is_alive() and not self.sharded:
+            return  # the last save waits for the store: training goes on, and that save lands first
         self.wait()
         if step == self._last_saved_step:
             return
@@ -438,7 +442,8 @@ class Run:
 
     def _write(self, snap: snapshot.Snapshot, started: float) -> None:
         try:
-            ckpt = snapshot.write(self.folder, self.epoch, snap, self._last_committed, self._pool)
+            ckpt = self._faults.retrying(lambda: snapshot.write(self.folder, self.epoch, snap, self._last_committed,
+                                                                self._pool), f"save the checkpoint of step {snap.step}")
             self._save_seconds = self._clock() - started  # copy + upload + commit: what a final save costs
             self.interval.saved(durable=self._save_seconds)
             self._after_commit(ckpt)
@@ -511,6 +516,9 @@ class Run:
             self._progress_tag = self.folder.write_progress(self.epoch, record, self._progress_tag)
         except Fenced as exc:
             raise self._superseded(exc) from None
+        except StorageError as exc:
+            if not self._faults.tolerate(exc, f"write the heartbeat of step {step}"):
+                raise
         if not force:
             self._check_stop_request()
 
@@ -518,7 +526,7 @@ class Run:
         """The cheap per-step record of how far this attempt got (see RunFolder.mark_reached)."""
         try:
             self.folder.mark_reached(self.epoch, step)
-        except OSError as exc:
+        except (OSError, StorageError) as exc:
             log.debug("could not record the step reached: %s", exc)
 
     def complete(self, step: int | None = None, **metrics: float) -> None:
@@ -540,7 +548,7 @@ class Run:
                     "time": time.time(),
                     "metrics": {k: float(v) for k, v in metrics.items()},
                 }
-                self.folder.mark_done(self.epoch, record)
+                self._faults.retrying(lambda: self.folder.mark_done(self.epoch, record), "write the completion record")
             except Superseded:
                 err = Fenced(f"run {self.run_id} epoch {self.epoch} was replaced before it completed")
             except StorageError as exc:
@@ -610,6 +618,7 @@ class Run:
         if self._closed:
             return
         self._closed = True
+        self._faults.stopped.set()
         if self._upload is not None:
             self._upload.join()
             self._upload = None

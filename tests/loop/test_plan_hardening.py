@@ -26,7 +26,8 @@ from tests.loop.test_plan import NOW, PROVIDERS, desired, job_yaml, running, wit
 
 def test_steps_run_in_a_fixed_named_order() -> None:
     assert [s.__name__ for s in planner.STEPS] == [
-        "fence", "read_storage", "adopt", "foresee", "stop_on_policy", "judge", "note_trouble", "reconsider",
+        "fence", "read_storage", "adopt", "foresee", "stop_on_policy", "judge", "note_trouble", "wait_for_store",
+        "reconsider",
         "finish", "hold_finished", "decide_launch"]
 
 

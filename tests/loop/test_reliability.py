@@ -67,7 +67,7 @@ def ended_by(state: WorkerState, checkpointed: bool) -> tuple[Observed, JobStatu
     ref, _ = running("train", run_id, 1, provider="spot")
     run = RunObservation(lease_epoch=1, durable_step=45 if checkpointed else 40, heartbeat_step=46,
                          heartbeat_epoch=1, heartbeat_time=NOW - 2,
-                         heartbeat_stopping="request" if state.exit_code == 75 else None)  # the SDK's beat after a notice
+                         heartbeat_stopping="request" if state.exit_code == 75 else None)  # the SDK's notice beat
     return Observed(workers={ref: state}, runs={("train", run_id): run}), st
 
 
@@ -107,3 +107,21 @@ def test_an_end_that_is_the_job_s_own_does_not_count() -> None:
     assert p.statuses["train"].attempts[0].outcome == Outcome.JOB_ERROR
     after = provider_reliabilities(d.providers, p.statuses.values(), NOW)["spot"]
     assert after.interruptions == 0.0 and after.mtbf_seconds > PRIOR_SPOT_MTBF_SECONDS
+
+
+@pytest.mark.parametrize("update", [{"unconfirmed": True}, {"detail": "storage fault: ended (exited 1) while run "
+                                                                        "storage is full; not charged"}],
+                         ids=["unconfirmed", "storage-fault"])
+def test_an_interruption_the_provider_did_not_make_counts_neither_for_its_rate_nor_its_health(
+        update: dict[str, object]) -> None:
+    """A signal with no word from the provider, or an end a full or read-only run store caused, is an
+    interruption of the job but says nothing of the provider's machines."""
+    from reconciler.health import troubles
+
+    ends = stormy("spot", 3.0)
+    ends["old"].attempts = [a.model_copy(update=update) for a in ends["old"].attempts]
+    d = desired(job_yaml(), providers=SPOT)
+    rel = provider_reliabilities(d.providers, ends.values(), NOW)["spot"]
+    assert rel.interruptions == 0.0 and rel.mtbf_seconds > PRIOR_SPOT_MTBF_SECONDS  # quiet machine time
+    assert troubles(ends.values()) == []
+    assert troubles(stormy("spot", 3.0).values())  # the same ends, confirmed by the provider, do count
