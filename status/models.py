@@ -73,6 +73,7 @@ class Attempt(Model):
     host: str = ""  # the provider's machine, where it names one (per-host cool-down)
     first_beat: float | None = None  # the first heartbeat we saw, by the worker's clock kept within [started, now]
     first_beat_step: int | None = None  # the step that heartbeat reported: rates count from here
+    running_since: float | None = None  # first seen running by the provider: the first heartbeat's grace counts from here
 
     @property
     def open(self) -> bool:
@@ -165,7 +166,8 @@ def from_iso(value: Any) -> float | None:
     return datetime.strptime(str(value), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
 
 
-_TIME_FIELDS = ("started", "ended", "unseen_since", "backoff_until", "first_beat", "eta", "refused")
+_TIME_FIELDS = ("started", "ended", "unseen_since", "backoff_until", "first_beat", "eta", "refused",
+                "running_since")
 
 
 def _times_to_iso(data: Any) -> Any:
