@@ -73,7 +73,7 @@ class Attempt(Model):
     host: str = ""  # the provider's machine, where it names one (per-host cool-down)
     first_beat: float | None = None  # the first heartbeat we saw, by the worker's clock kept within [started, now]
     first_beat_step: int | None = None  # the step that heartbeat reported: rates count from here
-    running_since: float | None = None  # first seen running by the provider: the first heartbeat's grace counts from here
+    running_since: float | None = None  # first seen running: the grace for its first heartbeat counts from here
 
     @property
     def open(self) -> bool:
