@@ -21,6 +21,7 @@ from reconciler.source import BranchOption, PathOption, UrlOption
 
 if TYPE_CHECKING:
     from reconciler.loop import Reconciler
+    from status.models import JobStatus
 
 BAR_WIDTH = 12  # characters: narrow enough that a 200-column table keeps its other cells on one line
 EVENTS_SHOWN = 15
@@ -82,7 +83,6 @@ def describe(job: Annotated[str, typer.Argument(help="the job to describe")], re
              repo_url: UrlOption = None, branch: BranchOption = None, path: PathOption = "") -> None:
     """One job in detail: its phase and message, each attempt (provider, start and end, outcome,
     steps gained and lost, cost) and its recent events (the status commits that changed it)."""
-    from reconciler.logs import attempt_numbers
     from reconciler.redaction import secret_values
     from status.models import money, when
     from status.redact import Redactor
@@ -110,18 +110,9 @@ def describe(job: Annotated[str, typer.Argument(help="the job to describe")], re
         return
     console.print(f"  run: {st.run_id}   progress: {st.progress.step}"
                   + (f"/{st.progress.target}" if st.progress.target else "")
-                  + f"   attempts: {st.total_attempts}   interruptions: {st.interruptions}   "
+                  + f"   attempts this run: {st.total_attempts}   interruptions: {st.interruptions}   "
                   f"failures: {st.failures}   steps lost: {st.steps_lost}   cost: {money(st.cost_usd)}")
-    table = Table("#", "provider", "worker", "started (UTC)", "ended (UTC)", "outcome", "steps", "gained", "lost",
-                  "cost", "detail", title="attempts")
-    for number, a in zip(attempt_numbers(st), st.attempts, strict=True):
-        end = a.step_end if a.step_end is not None else (st.progress.step if a.open else None)
-        gained = "" if end is None else str(max(0, end - a.step_start))
-        table.add_row(str(number), escape(a.provider), escape(a.worker), when(a.started),
-                      when(a.ended) if a.ended else "running", a.outcome.value if a.outcome else "open",
-                      f"{a.step_start}→{end if end is not None else '?'}", gained, str(a.steps_lost),
-                      money(a.cost_usd), show(a.detail))
-    console.print(table)
+    _attempt_tables(st, show)
     if st.refusals:  # launches that never became attempts: they have no number
         refused = Table("when (UTC)", "provider", "refused with", title="refused launches (the newest few)")
         for r in st.refusals:
@@ -131,6 +122,30 @@ def describe(job: Annotated[str, typer.Argument(help="the job to describe")], re
     if st.log_tail:
         console.print("last log lines of a failed attempt:")
         console.print(block(redactor.redact(st.log_tail)))
+
+
+def _attempt_tables(st: JobStatus, show: Callable[[str], str]) -> None:
+    """The kept attempts, one table per run: this run first, then the earlier runs (a changed
+    command starts a new run; its status keeps their last attempts). `#` is the number
+    `reconciler logs --attempt` takes."""
+    from reconciler.logs import attempt_numbers
+    from status.models import money, when
+
+    number = {id(a): n for n, a in zip(attempt_numbers(st), st.attempts, strict=True)}
+    for run, attempts in st.runs():
+        name = run or "(id not recorded)"
+        title = f"attempts of run {name} (this run)" if run == st.run_id else f"attempts of earlier run {name}"
+        table = Table("#", "provider", "worker", "started (UTC)", "ended (UTC)", "outcome", "steps",
+                      "gained", "lost", "cost", "detail", title=title)
+        for a in attempts:
+            end = a.step_end if a.step_end is not None else (st.progress.step if a.open else None)
+            gained = "" if end is None else str(max(0, end - a.step_start))
+            table.add_row(str(number[id(a)]), escape(a.provider), escape(a.worker), when(a.started),
+                          when(a.ended) if a.ended else "running", a.outcome.value if a.outcome else "open",
+                          f"{a.step_start}→{end if end is not None else '?'}", gained, str(a.steps_lost),
+                          money(a.cost_usd), show(a.detail))
+        if attempts:
+            console.print(table)
 
 
 def _events(rec: Reconciler, job: str, show: Callable[[str], str]) -> None:

@@ -218,7 +218,7 @@ def adopt(t: JobTick) -> bool:
     if t.current is not None or t.st.phase.terminal or t.run.lease_epoch <= 0:
         return False
     for ref in t.live_refs(t.run.lease_epoch):
-        adopted = Attempt(epoch=ref.epoch, provider=ref.provider, worker=ref.id, started=t.now,
+        adopted = Attempt(run_id=t.st.run_id, epoch=ref.epoch, provider=ref.provider, worker=ref.id, started=t.now,
                           step_start=t.run.durable_step, detail="adopted after a reconciler restart")
         t.st.attempts.append(adopted)
         t.st.total_attempts += 1
@@ -491,8 +491,9 @@ def apply_results(p: Plan, results: list[LaunchResult], now: float, durable: dic
     for res in results:
         st = p.statuses[res.action.job]
         if res.ref is not None:
-            st.attempts.append(Attempt(epoch=res.ref.epoch, provider=res.ref.provider, worker=res.ref.id,
-                                       started=now, step_start=durable.get((st.job, st.run_id), 0)))
+            st.attempts.append(Attempt(run_id=st.run_id, epoch=res.ref.epoch, provider=res.ref.provider,
+                                       worker=res.ref.id, started=now,
+                                       step_start=durable.get((st.job, st.run_id), 0)))
             st.total_attempts += 1
             st.phase = Phase.LAUNCHING
             st.message = f"attempt {res.ref.epoch} launched on {res.ref.provider} ({res.action.reason})"

@@ -70,6 +70,28 @@ def test_describe_shows_attempts_and_events_with_secrets_masked(state_repo: Stat
     assert res.returncode == 1 and "error: no job named nope (jobs: echo)" in res.stderr
 
 
+def test_describe_lists_attempts_per_run_this_run_first(state_repo: StateRepoFixture) -> None:
+    """Issue 27 item 1: after a changed command started a new run, describe mixed both runs' attempts
+    in one table under the new run's count."""
+    state_repo.write("desired/count.yaml", job("count", counter(0.01)))
+    state_repo.commit("add count")
+    rec = Reconciler(state_repo.path)
+    first = tick_until(rec, lambda r: r.statuses["count"].phase.terminal).statuses["count"].run_id
+    state_repo.write("desired/count.yaml", job("count", counter(0.02)))
+    state_repo.commit("a changed command: a new run")
+    second = tick_until(rec, lambda r: r.statuses["count"].run_id != first
+                        and r.statuses["count"].phase.terminal).statuses["count"]
+    out = cli("describe", "count", "--repo", str(state_repo.path)).stdout
+    assert f"run: {second.run_id}" in out and "attempts this run: 1" in out
+    this_run, earlier = out.split(f"attempts of run {second.run_id} (this run)")[1].split("events (")[0].split(
+        f"attempts of earlier run {first}")
+    def rows(text: str) -> list[str]:
+        return [line for line in text.splitlines() if line.count("│") > 3 and "local" in line]
+    assert len(rows(this_run)) == 1 and "succeeded" in rows(this_run)[0], out
+    assert len(rows(earlier)) == 1 and "succeeded" in rows(earlier)[0], out
+    assert second.attempts[-1].run_id == second.run_id and second.attempts[0].run_id == first
+
+
 def test_status_shows_a_progress_bar(state_repo: StateRepoFixture) -> None:
     state_repo.write("desired/count.yaml", job("count", counter(0.02)))
     state_repo.commit("add count")
