@@ -523,6 +523,7 @@ def status(repo: RepoOption = Path("."), as_json: Annotated[bool, typer.Option("
             "step": step, "durable": live.durable_step, "target": target,
             "attempts": st.total_attempts if st else 0, "interruptions": st.interruptions if st else 0,
             "failures": st.failures if st else 0, "message": st.message if st else "not reconciled yet",
+            "metrics": dict(live.heartbeat_metrics),  # the worker's newest reported values (loss, ...)
             **_forecast_fields(st, deadline),
         })
     if job_name is not None:

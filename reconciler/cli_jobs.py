@@ -20,6 +20,7 @@ from reconciler.shown import block, escape
 from reconciler.source import BranchOption, PathOption, UrlOption
 
 if TYPE_CHECKING:
+    from desired.parse import DesiredState
     from reconciler.loop import Reconciler
     from status.models import JobStatus
 
@@ -113,6 +114,7 @@ def describe(job: Annotated[str, typer.Argument(help="the job to describe")], re
                   + f"   attempts this run: {st.total_attempts}   interruptions: {st.interruptions}   "
                   f"failures: {st.failures}   steps lost: {st.steps_lost}   cost: {money(st.cost_usd)}")
     _attempt_tables(st, show)
+    _reported_metrics(st, desired)
     if st.refusals:  # launches that never became attempts: they have no number
         refused = Table("when (UTC)", "provider", "refused with", title="refused launches (the newest few)")
         for r in st.refusals:
@@ -146,6 +148,30 @@ def _attempt_tables(st: JobStatus, show: Callable[[str], str]) -> None:
                           money(a.cost_usd), show(a.detail))
         if attempts:
             console.print(table)
+
+
+def _reported_metrics(st: JobStatus, desired: DesiredState) -> None:
+    """What the run's worker reported besides its step (loss, accuracy, ...), from the series it
+    keeps in run storage: each metric's newest value, and its range over the run."""
+    from adapters import series
+    from adapters.storage import RunFolder, StorageError
+    from reconciler.execute import store_options
+
+    store = st.storage or desired.settings.storage
+    try:
+        found = series.read(RunFolder.for_run(store, st.job, st.run_id, store_options(store, desired.settings)).store)
+    except (StorageError, OSError, ValueError) as exc:
+        console.print(f"  metrics: cannot be read from run storage now ({escape(str(exc))})")
+        return
+    if not found:
+        return
+    table = Table("metric", "newest", "at step", "lowest", "highest", "points",
+                  title=f"metrics the worker reported (run {st.run_id})")
+    for name, points in found.items():
+        values = [v for _, v in points]
+        table.add_row(escape(name), f"{values[-1]:.6g}", str(points[-1][0]), f"{min(values):.6g}",
+                      f"{max(values):.6g}", str(len(points)))
+    console.print(table)
 
 
 def _events(rec: Reconciler, job: str, show: Callable[[str], str]) -> None:
