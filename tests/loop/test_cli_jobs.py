@@ -98,6 +98,12 @@ def test_status_shows_a_progress_bar(state_repo: StateRepoFixture) -> None:
     tick_until(Reconciler(state_repo.path), lambda r: r.statuses["count"].phase.terminal)
     table = cli("status", "--repo", str(state_repo.path)).stdout
     assert "━" * 10 in table.split("┃ progress")[1] and "60/60 100% (saved 60)" in table
+    rows = json.loads(cli("status", "--json", "--repo", str(state_repo.path)).stdout)
+    assert rows[0]["metrics"] == {"total": 60 * 61 / 2}  # what the worker reported (issue 27 item 3)
+    described = cli("describe", "count", "--repo", str(state_repo.path)).stdout
+    assert "metrics the worker reported" in described
+    total = next(line for line in described.splitlines() if "│ total" in line).split("│")
+    assert [c.strip() for c in total[2:4]] == ["1830", "60"]  # newest value, at step
 
 
 def test_suspend_resume_cancel_are_commits_that_keep_comments(state_repo: StateRepoFixture) -> None:
