@@ -5,7 +5,8 @@ Nothing deep in the loop touches a metric: after each tick the daemon hands its 
 built from them at scrape time), observes the tick's duration and counts its errors by class and
 the attempts that started or ended since the previous report. Each provider's health (cool-downs
 after refusals and lost workers, reconciler.health) is computed from the same statuses at scrape
-time. Counters count from the daemon's start, as Prometheus counters do: attempts that started or
+time, and each job's worker metrics (the newest value of each, from the heartbeat the tick read)
+are kept per job and run. Counters count from the daemon's start, as Prometheus counters do: attempts that started or
 ended before it are not counted.
 """
 

@@ -1,5 +1,6 @@
-"""What the status page shows, computed from statuses: the overview's rows, the attempt timeline
-and the progress chart as shapes in SVG coordinates. Pure: data in, data out (the templates draw).
+"""What the status page shows, computed from statuses: the overview's rows, and for each run of a
+job its attempt timeline, progress chart and the charts of the metrics its worker reports, as
+shapes in SVG coordinates. Pure: data in, data out (the templates draw).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import pytest
 
 from adapters.storage import RunFolder
 from reconciler.worker import open_run
-from status.models import Attempt, JobStatus, Outcome, Phase, Progress
+from status.models import Attempt, JobStatus, Outcome, Phase, Progress, parse_status, render_status
 from tests.web.conftest import Server, start_server, stop_server
 from tests.web.scenario import HOUR, Scenario, manifest
 
@@ -117,3 +117,28 @@ def test_the_loss_a_worker_reports_is_plotted_over_steps_beside_progress(runs_se
     chart = box.locator("svg").bounding_box()
     assert chart["x"] > progress["x"] + progress["width"] - 1 and abs(chart["y"] - progress["y"]) < 40  # beside it
     assert page.locator(f'details.run[data-run="{OLD}"] .chart-box.metric').count() == 0
+
+
+def test_several_runs_or_sweep_members_share_one_chart_per_metric() -> None:
+    from reconciler.web.views import metric_charts
+
+    charts = metric_charts({"lr-1e-3": {"loss": [(10, 2.0), (20, 1.0)], "accuracy": [(20, 0.5)]},
+                            "lr-1e-4": {"loss": [(10, 2.2), (20, 1.8), (30, 1.6)]}})
+    assert [c.name for c in charts] == ["accuracy", "loss"]
+    loss = charts[1]
+    assert [(line.label, len(line.points.split())) for line in loss.lines] == [("lr-1e-3", 2), ("lr-1e-4", 3)]
+    assert len({line.index for line in loss.lines}) == 2  # told apart by colour
+
+
+def test_an_attempt_kept_by_a_new_runs_status_is_merged_once_under_its_own_run() -> None:
+    from reconciler.web.views import merge_attempts, run_order
+
+    first = Attempt(epoch=1, provider="local", worker="w1", started=1000.0, ended=2000.0,
+                    outcome=Outcome.INTERRUPTION)
+    old = JobStatus(job="j", run_id=OLD, total_attempts=1, attempts=[first])
+    new = JobStatus(job="j", run_id=NEW, total_attempts=1,
+                    attempts=[first, Attempt(epoch=1, provider="local", worker="w2", started=3000.0)])
+    as_read = [parse_status(render_status(_legacy(st))) for st in (old, new)]  # as the page reads git
+    merged = merge_attempts([st for st in as_read if st is not None])
+    assert [(a.worker, a.run_id) for a in merged] == [("w1", OLD), ("w2", NEW)]
+    assert run_order(NEW, merged, [(1500.0, old), (3500.0, new)]) == [NEW, OLD]
