@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters.stores import StorageError, Store
+from adapters.stores import Store
 
 MAX_POINTS = 200  # per attempt
 MAX_NAMES = 16  # per run
@@ -59,20 +59,24 @@ def clean(metrics: Mapping[str, Any]) -> tuple[dict[str, float], list[str]]:
 
 @dataclass
 class Series:
-    """One attempt's points, (step, {name: value}), evenly thinned to at most MAX_POINTS."""
+    """One attempt's points, (step, {name: value}), evenly thinned to at most MAX_POINTS, and the
+    newest report besides (so the series always ends where the attempt is)."""
 
     max_points: int = MAX_POINTS
     points: list[tuple[int, dict[str, float]]] = field(default_factory=list)
     stride: int = 1
     _seen: int = 0
+    _tail: tuple[int, dict[str, float]] | None = None
 
     def add(self, step: int, values: dict[str, float]) -> bool:
-        """Keeps every `stride`-th report; True when a point was kept."""
+        """Keeps every `stride`-th report, and the newest one; True when what is kept changed."""
         if not values:
             return False
         self._seen += 1
         if (self._seen - 1) % self.stride:
-            return False
+            self._tail = (int(step), dict(values))
+            return True
+        self._tail = None
         if self.points and self.points[-1][0] == step:
             self.points[-1] = (step, {**self.points[-1][1], **values})
             return True
@@ -82,8 +86,12 @@ class Series:
             self.stride *= 2
         return True
 
+    def kept(self) -> list[tuple[int, dict[str, float]]]:
+        tail = [self._tail] if self._tail and (not self.points or self._tail[0] > self.points[-1][0]) else []
+        return self.points + tail
+
     def record(self, epoch: int) -> bytes:
-        return json.dumps({"epoch": epoch, "points": [[s, v] for s, v in self.points]}, sort_keys=True).encode()
+        return json.dumps({"epoch": epoch, "points": [[s, v] for s, v in self.kept()]}, sort_keys=True).encode()
 
 
 def write(store: Store, epoch: int, series: Series) -> None:
@@ -123,4 +131,4 @@ def latest(series: Mapping[str, list[tuple[int, float]]]) -> dict[str, dict[str,
     return {name: {"step": pts[-1][0], "value": pts[-1][1]} for name, pts in series.items() if pts}
 
 
-__all__ = ["MAX_NAMES", "MAX_POINTS", "Series", "StorageError", "clean", "latest", "read", "write"]
+__all__ = ["MAX_NAMES", "MAX_POINTS", "Series", "clean", "latest", "read", "write"]

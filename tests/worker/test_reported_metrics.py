@@ -45,8 +45,9 @@ def test_an_attempts_series_stays_bounded_over_the_whole_attempt() -> None:
     kept = series.Series(max_points=50)
     for step in range(1, 10_001):
         kept.add(step, {"loss": 1.0 / step})
-    steps = [s for s, _ in kept.points]
-    assert len(steps) <= 50 and steps[0] == 1 and steps[-1] > 9_000  # spread over all of it
+    steps = [s for s, _ in kept.kept()]
+    assert len(steps) <= 51 and steps[0] == 1 and steps[-2] > 9_000  # spread over all of it
+    assert steps[-1] == 10_000  # and ending where the attempt is
 
 
 def test_a_resumed_attempts_steps_replace_those_its_predecessor_redid(tmp_path: Path) -> None:
