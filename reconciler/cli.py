@@ -529,6 +529,7 @@ def status(repo: RepoOption = Path("."), as_json: Annotated[bool, typer.Option("
             "attempts": st.total_attempts if st else 0, "interruptions": st.interruptions if st else 0,
             "failures": st.failures if st else 0, "message": st.message if st else "not reconciled yet",
             "held": st.held if st else None,
+            "metrics": dict(live.heartbeat_metrics),  # the worker's newest reported values (loss, ...)
             **_forecast_fields(st, deadline),
         })
     if job_name is not None:

@@ -20,7 +20,9 @@ from reconciler.shown import block, escape
 from reconciler.source import BranchOption, PathOption, UrlOption
 
 if TYPE_CHECKING:
+    from desired.parse import DesiredState
     from reconciler.loop import Reconciler
+    from status.models import JobStatus
 
 BAR_WIDTH = 12  # characters: narrow enough that a 200-column table keeps its other cells on one line
 EVENTS_SHOWN = 15
@@ -82,7 +84,6 @@ def describe(job: Annotated[str, typer.Argument(help="the job to describe")], re
              repo_url: UrlOption = None, branch: BranchOption = None, path: PathOption = "") -> None:
     """One job in detail: its phase and message, each attempt (provider, start and end, outcome,
     steps gained and lost, cost) and its recent events (the status commits that changed it)."""
-    from reconciler.logs import attempt_numbers
     from reconciler.redaction import secret_values
     from status.models import money, when
     from status.redact import Redactor
@@ -112,18 +113,10 @@ def describe(job: Annotated[str, typer.Argument(help="the job to describe")], re
         return
     console.print(f"  run: {st.run_id}   progress: {st.progress.step}"
                   + (f"/{st.progress.target}" if st.progress.target else "")
-                  + f"   attempts: {st.total_attempts}   interruptions: {st.interruptions}   "
+                  + f"   attempts this run: {st.total_attempts}   interruptions: {st.interruptions}   "
                   f"failures: {st.failures}   steps lost: {st.steps_lost}   cost: {money(st.cost_usd)}")
-    table = Table("#", "provider", "worker", "started (UTC)", "ended (UTC)", "outcome", "steps", "gained", "lost",
-                  "cost", "detail", title="attempts")
-    for number, a in zip(attempt_numbers(st), st.attempts, strict=True):
-        end = a.step_end if a.step_end is not None else (st.progress.step if a.open else None)
-        gained = "" if end is None else str(max(0, end - a.step_start))
-        table.add_row(str(number), escape(a.provider), escape(a.worker), when(a.started),
-                      when(a.ended) if a.ended else "running", a.outcome.value if a.outcome else "open",
-                      f"{a.step_start}→{end if end is not None else '?'}", gained, str(a.steps_lost),
-                      money(a.cost_usd), show(a.detail))
-    console.print(table)
+    _attempt_tables(st, show)
+    _reported_metrics(st, desired)
     if st.refusals:  # launches that never became attempts: they have no number
         refused = Table("when (UTC)", "provider", "refused with", title="refused launches (the newest few)")
         for r in st.refusals:
@@ -133,6 +126,54 @@ def describe(job: Annotated[str, typer.Argument(help="the job to describe")], re
     if st.log_tail:
         console.print("last log lines of a failed attempt:")
         console.print(block(redactor.redact(st.log_tail)))
+
+
+def _attempt_tables(st: JobStatus, show: Callable[[str], str]) -> None:
+    """The kept attempts, one table per run: this run first, then the earlier runs (a changed
+    command starts a new run; its status keeps their last attempts). `#` is the number
+    `reconciler logs --attempt` takes."""
+    from reconciler.logs import attempt_numbers
+    from status.models import money, when
+
+    number = {id(a): n for n, a in zip(attempt_numbers(st), st.attempts, strict=True)}
+    for run, attempts in st.runs():
+        name = run or "(id not recorded)"
+        title = f"attempts of run {name} (this run)" if run == st.run_id else f"attempts of earlier run {name}"
+        table = Table("#", "provider", "worker", "started (UTC)", "ended (UTC)", "outcome", "steps",
+                      "gained", "lost", "cost", "detail", title=title)
+        for a in attempts:
+            end = a.step_end if a.step_end is not None else (st.progress.step if a.open else None)
+            gained = "" if end is None else str(max(0, end - a.step_start))
+            table.add_row(str(number[id(a)]), escape(a.provider), escape(a.worker), when(a.started),
+                          when(a.ended) if a.ended else "running", a.outcome.value if a.outcome else "open",
+                          f"{a.step_start}→{end if end is not None else '?'}", gained, str(a.steps_lost),
+                          money(a.cost_usd), show(a.detail))
+        if attempts:
+            console.print(table)
+
+
+def _reported_metrics(st: JobStatus, desired: DesiredState) -> None:
+    """What the run's worker reported besides its step (loss, accuracy, ...), from the series it
+    keeps in run storage: each metric's newest value, and its range over the run."""
+    from adapters import series
+    from adapters.storage import RunFolder, StorageError
+    from reconciler.execute import store_options
+
+    store = st.storage or desired.settings.storage
+    try:
+        found = series.read(RunFolder.for_run(store, st.job, st.run_id, store_options(store, desired.settings)).store)
+    except (StorageError, OSError, ValueError) as exc:
+        console.print(f"  metrics: cannot be read from run storage now ({escape(str(exc))})")
+        return
+    if not found:
+        return
+    table = Table("metric", "newest", "at step", "lowest", "highest", "points",
+                  title=f"metrics the worker reported (run {st.run_id})")
+    for name, points in found.items():
+        values = [v for _, v in points]
+        table.add_row(escape(name), f"{values[-1]:.6g}", str(points[-1][0]), f"{min(values):.6g}",
+                      f"{max(values):.6g}", str(len(points)))
+    console.print(table)
 
 
 def _events(rec: Reconciler, job: str, show: Callable[[str], str]) -> None:

@@ -67,6 +67,7 @@ class TickReport:
     desired: DesiredState | None = None
     standby: Leadership | None = None  # another daemon leads: this tick did nothing
     halted: str | None = None  # the leader lease could not be renewed: this tick did nothing, and says why
+    runs: dict[tuple[str, str], RunObservation] = field(default_factory=dict)  # what storage said, (job, run id)
     seconds: float = 0.0  # how long the tick took (measured by the daemon)
     provider_calls: dict[str, ProviderCall] = field(default_factory=dict)  # how each provider's call went
 
@@ -430,6 +431,7 @@ class Reconciler:
         report.errors.extend(the_plan.notes)
         report.actions = [_describe(a) for a in the_plan.actions]
         report.statuses = the_plan.statuses
+        report.runs = observed.runs
         return the_plan, desired, recorded, adapters, observed, now
 
     def preview(self) -> tuple[Plan, TickReport]:
@@ -598,6 +600,7 @@ def read_run(storage: str, job: str, run_id: str, options: dict[str, str]) -> Ru
             heartbeat_epoch=progress.epoch if progress else None,
             heartbeat_time=progress.time if progress else None,
             heartbeat_stopping=progress.stopping if progress else None,
+            heartbeat_metrics=dict(progress.metrics) if progress else {},
             reached_step=progress.reached if progress else None,
             done=done is not None,
             done_time=_number(done.get("time")) if done else None,

@@ -5,7 +5,8 @@ Nothing deep in the loop touches a metric: after each tick the daemon hands its 
 built from them at scrape time), observes the tick's duration and counts its errors by class and
 the attempts that started or ended since the previous report. Each provider's health (cool-downs
 after refusals and lost workers, reconciler.health) is computed from the same statuses at scrape
-time. Counters count from the daemon's start, as Prometheus counters do: attempts that started or
+time, and each job's worker metrics (the newest value of each, from the heartbeat the tick read)
+are kept per job and run. Counters count from the daemon's start, as Prometheus counters do: attempts that started or
 ended before it are not counted.
 """
 
@@ -57,6 +58,7 @@ class Metrics(Collector):
         self._statuses: dict[str, JobStatus] = {}
         self._providers: dict[str, Provider] = {}
         self._attempts: dict[tuple[str, str, int], bool] = {}  # (job, run, epoch) -> ended
+        self._reported: dict[str, tuple[str, dict[str, float]]] = {}  # job -> its run, the worker's metrics
         self.tick_seconds = Histogram("reconciler_tick_duration_seconds", "Time one tick took",
                                       buckets=TICK_BUCKETS, registry=self.registry)
         self.errors = Counter("reconciler_errors", "Errors reported by ticks, by class", ["class"],
@@ -96,6 +98,7 @@ class Metrics(Collector):
         if report.statuses or not report.errors:  # a tick held by broken settings keeps the last view
             with self._lock:
                 self._statuses = dict(report.statuses)
+                self._reported = _reported(report, self._reported)
                 if report.desired is not None:
                     self._providers = dict(report.desired.providers)
             self._count_attempts(report.statuses.values())
@@ -151,6 +154,7 @@ class Metrics(Collector):
             for (provider, outcome), n in sorted(kept.items()):
                 recent.add_metric([st.job, provider, outcome], n)
         yield from (phase, steps, target, ratio, cost, attempts, interruptions, recent)
+        yield self._worker_metrics()
         yield from _reliability(providers, statuses)
         yield from self._health(statuses)
         if self.notifier is not None:
@@ -159,6 +163,17 @@ class Metrics(Collector):
             notes.add_metric(["delivered"], self.notifier.sent)
             notes.add_metric(["failed"], self.notifier.failed)
             yield notes
+
+    def _worker_metrics(self) -> Metric:
+        gauge = GaugeMetricFamily("reconciler_job_worker_metric", "The newest value of each metric the job's "
+                                  "worker reports (loss, accuracy, throughput: what heartbeat() is given)",
+                                  labels=["job", "run", "metric"])
+        with self._lock:
+            reported = sorted(self._reported.items())
+        for job, (run, values) in reported:
+            for name, value in sorted(values.items()):
+                gauge.add_metric([job, run, name], value)
+        return gauge
 
     def _health(self, statuses: list[JobStatus]) -> Iterator[Metric]:
         now = time.time()
@@ -186,6 +201,20 @@ class Metrics(Collector):
             refusals.add_metric([name], h.refusals)
             losses.add_metric([name], h.losses)
         yield from (state, until, strikes, refusals, losses)
+
+
+def _reported(report: TickReport, before: dict[str, tuple[str, dict[str, float]]]
+              ) -> dict[str, tuple[str, dict[str, float]]]:
+    """Each job's worker metrics as storage gave them this tick; a job whose run was not read this
+    tick (finished, or storage not answering) keeps what was read last for the same run."""
+    out: dict[str, tuple[str, dict[str, float]]] = {}
+    for job, st in report.statuses.items():
+        run = report.runs.get((job, st.run_id))
+        if run is not None and run.error is None and run.heartbeat_metrics:
+            out[job] = (st.run_id, dict(run.heartbeat_metrics))
+        elif job in before and before[job][0] == st.run_id:
+            out[job] = before[job]
+    return out
 
 
 def _reliability(providers: dict[str, Provider], statuses: list[JobStatus]) -> Iterator[Metric]:

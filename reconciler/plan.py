@@ -81,6 +81,9 @@ STALL_MIN_OBSERVATIONS = 3  # a stall needs this many observations of the same h
 STALE_BY_WORKER_CLOCK = 3  # without observations of our own, a heartbeat this many timeouts old is a stall
 DEFAULT_STALL_SECONDS = 300.0  # stall timeout of an instrumented worker when the job sets none
 FINISHED_GRACE_SECONDS = 60.0  # a worker still alive this long after its run completed is stopped
+# A running worker that has not heartbeated this long is called not instrumented (the SDK's first
+# beat comes after imports and the restore, which can take a while on a cold machine).
+FIRST_HEARTBEAT_GRACE_SECONDS = 120.0
 CONFIRM_CANCEL_TRAILER = "Reconciler-Confirm: cancel"
 
 
@@ -221,7 +224,7 @@ def adopt(t: JobTick) -> bool:
     if t.current is not None or t.st.phase.terminal or t.run.lease_epoch <= 0:
         return False
     for ref in t.live_refs(t.run.lease_epoch):
-        adopted = Attempt(epoch=ref.epoch, provider=ref.provider, worker=ref.id, started=t.now,
+        adopted = Attempt(run_id=t.st.run_id, epoch=ref.epoch, provider=ref.provider, worker=ref.id, started=t.now,
                           step_start=t.run.durable_step, detail="adopted after a reconciler restart")
         t.st.attempts.append(adopted)
         t.st.total_attempts += 1
@@ -314,7 +317,9 @@ def _judge_live(t: JobTick, ref: WorkerRef, state: WorkerState) -> None:
         t.close_current(Outcome.INTERRUPTION, "the provider did not start the worker in time")
     else:
         t.st.phase = Phase.RUNNING if state.phase == WorkerPhase.RUNNING else Phase.LAUNCHING
-        t.st.message = _running_message(t.current, t.run, state)
+        if state.phase == WorkerPhase.RUNNING and t.current.running_since is None:
+            t.st.attempts[-1] = t.current = t.current.model_copy(update={"running_since": t.now})
+        t.st.message = _running_message(t.current, t.run, state, t.now)
         if state.notice:
             reason = f"{ref.provider} will interrupt it: {state.notice}"
             t.out.actions.append(RequestStop(ref, reason, t.observed.run_storage.get((ref.job, ref.run_id))))
@@ -522,11 +527,14 @@ def _stalled(job: Job, attempt: Attempt, run: RunObservation, now: float, state:
     return ""
 
 
-def _running_message(attempt: Attempt, run: RunObservation, state: WorkerState) -> str:
+def _running_message(attempt: Attempt, run: RunObservation, state: WorkerState, now: float) -> str:
+    """The live attempt in a few words. "Not instrumented" only once the worker has run past the
+    grace without a single heartbeat of the run: said earlier, it is a false alarm on every SDK job."""
     where = f"{attempt.provider}/{attempt.worker}"
     if state.phase == WorkerPhase.PENDING:
         return f"attempt {attempt.epoch} waiting to start on {where}"
-    if run.heartbeat_epoch is None:
+    since = attempt.running_since if attempt.running_since is not None else attempt.started
+    if run.heartbeat_epoch is None and now - since >= FIRST_HEARTBEAT_GRACE_SECONDS:
         return (f"attempt {attempt.epoch} running on {where} (not instrumented: no heartbeat, so it is "
                 "judged by the provider's state alone)")
     return f"attempt {attempt.epoch} running on {where}"
@@ -551,8 +559,9 @@ def apply_results(p: Plan, results: list[LaunchResult], now: float, durable: dic
     for res in results:
         st = p.statuses[res.action.job]
         if res.ref is not None:
-            st.attempts.append(Attempt(epoch=res.ref.epoch, provider=res.ref.provider, worker=res.ref.id,
-                                       started=now, step_start=durable.get((st.job, st.run_id), 0)))
+            st.attempts.append(Attempt(run_id=st.run_id, epoch=res.ref.epoch, provider=res.ref.provider,
+                                       worker=res.ref.id, started=now,
+                                       step_start=durable.get((st.job, st.run_id), 0)))
             st.total_attempts += 1
             st.phase = Phase.LAUNCHING
             st.message = f"attempt {res.ref.epoch} launched on {res.ref.provider} ({res.action.reason})"

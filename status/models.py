@@ -12,7 +12,7 @@ from enum import StrEnum
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from status.text import lines, one_line
 
@@ -60,6 +60,7 @@ STORAGE_FAULT_DETAIL = "storage fault:"  # how an end the run store's fault caus
 
 
 class Attempt(Model):
+    run_id: str = ""  # the run it belonged to: a new run's status keeps the earlier runs' last attempts
     epoch: int
     provider: str
     worker: str
@@ -82,6 +83,7 @@ class Attempt(Model):
     # Ended as an interruption the provider never confirmed (a signal, an exit 75 without its
     # notice): it backs off, and the next such end in a row is charged. None (not written) otherwise.
     unconfirmed: bool | None = None
+    running_since: float | None = None  # first seen running: the grace for its first heartbeat counts from here
 
     @property
     def open(self) -> bool:
@@ -168,6 +170,32 @@ class JobStatus(Model):
     def current(self) -> Attempt | None:
         return self.attempts[-1] if self.attempts and self.attempts[-1].open else None
 
+    @model_validator(mode="after")
+    def _attempts_own_runs(self) -> JobStatus:
+        """A status written before attempts named their run: its run's attempts are its last
+        `total_attempts` (counted per run, appended after the earlier runs' kept ones); the others
+        belonged to earlier runs whose ids it did not record (the page finds them in the history)."""
+        unnamed = [i for i, a in enumerate(self.attempts) if not a.run_id]
+        if unnamed and self.run_id:
+            own = set(range(len(self.attempts) - min(self.total_attempts, len(self.attempts)), len(self.attempts)))
+            for i in unnamed:
+                if i in own:
+                    self.attempts[i] = self.attempts[i].model_copy(update={"run_id": self.run_id})
+        return self
+
+    def runs(self) -> list[tuple[str, list[Attempt]]]:
+        """The kept attempts by run, this run first, then the earlier ones newest first ("" for a run
+        whose id was not recorded)."""
+        order: list[str] = [self.run_id]
+        by_run: dict[str, list[Attempt]] = {self.run_id: []}
+        for a in reversed(self.attempts):
+            run = a.run_id
+            if run not in by_run:
+                order.append(run)
+                by_run[run] = []
+            by_run[run].insert(0, a)
+        return [(r, by_run[r]) for r in order if by_run[r] or r == self.run_id]
+
 
 def iso(ts: float | None) -> str | None:
     if ts is None:
@@ -185,7 +213,8 @@ def from_iso(value: Any) -> float | None:
     return datetime.strptime(str(value), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
 
 
-_TIME_FIELDS = ("started", "ended", "unseen_since", "backoff_until", "first_beat", "eta", "refused")
+_TIME_FIELDS = ("started", "ended", "unseen_since", "backoff_until", "first_beat", "eta", "refused",
+                "running_since")
 
 
 def _times_to_iso(data: Any) -> Any:

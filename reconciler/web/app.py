@@ -32,6 +32,7 @@ from reconciler.forecast import provider_reliabilities
 from reconciler.health import provider_health
 from reconciler.web import views
 from reconciler.web.data import PageData, Snapshot
+from status.models import Attempt, JobStatus
 
 HERE = Path(__file__).parent
 TOKEN_ENV = "RECONCILER_WEB_TOKEN"
@@ -154,23 +155,40 @@ def _job_context(data: PageData, snap: Snapshot, name: str, commit_url: str | No
     history = data.history(snap, name)
     recorded = [(v.time, v.status) for v in reversed(history) if v.status is not None]
     attempts = views.merge_attempts([s for _, s in recorded] + ([st] if st else []))
-    live = data.live(snap, name)
-    points, rises = views.durable_points(recorded)
-    stored = data.checkpoints(snap, name)
-    marks = {step: t for t, step in rises}
-    marks.update({step: t for t, step in stored})
-    end = max(t for t, _ in points) if points and st is not None and st.phase.terminal else now
-    chart = views.progress_chart(points, [(t, s) for s, t in marks.items()], snap.target(name),
-                                 (live.time, live.step) if live else None, end)
+    current = st.run_id if st else ""
+    runs = [_run_view(data, snap, name, run, run == current, attempts, recorded, now)
+            for run in views.run_order(current, attempts, recorded)]
     commits = [{"sha": v.sha, "short": v.sha[:10], "time": views.when(v.time), "subject": v.subject,
                 "url": commit_url.format(sha=v.sha) if commit_url else None,
                 "phase": v.status.phase.value if v.status else "removed",
                 "step": v.status.progress.step if v.status else None} for v in history]
     log_tail = st.log_tail if st and st.log_tail else ""
     storage_log = "" if log_tail else data.attempt_log(snap, name)
-    return {"name": name, "st": st, "row": _row(data, snap, name), "timeline": views.timeline(attempts, now),
-            "attempts": list(reversed(attempts)), "chart": chart, "commits": commits, "log_tail": log_tail,
-            "storage_log": storage_log, "outcome_class": views.outcome_class}
+    return {"name": name, "st": st, "row": _row(data, snap, name), "runs": runs, "commits": commits,
+            "log_tail": log_tail, "storage_log": storage_log, "outcome_class": views.outcome_class}
+
+
+def _run_view(data: PageData, snap: Snapshot, name: str, run: str, current: bool, attempts: list[Attempt],
+              recorded: list[tuple[float, JobStatus]], now: float) -> dict[str, Any]:
+    """One run's attempts, durable progress and reported metrics. The live heartbeat and the stored
+    checkpoints are the current run's; an earlier run's chart ends where its record does."""
+    mine = [a for a in attempts if a.run_id == run]
+    versions = [(t, s) for t, s in recorded if s.run_id == run]
+    points, rises = views.durable_points(versions)
+    marks = {step: t for t, step in rises}
+    live = data.live(snap, name) if current else None
+    st = snap.statuses.get(name)
+    if current:
+        marks.update({step: t for t, step in data.checkpoints(snap, name)})
+        end = max(t for t, _ in points) if points and st is not None and st.phase.terminal else now
+    else:
+        end = max([t for t, _ in points] + [a.ended for a in mine if a.ended is not None] or [now])
+    chart = views.progress_chart(points, [(t, s) for s, t in marks.items()], snap.target(name),
+                                 (live.time, live.step) if live else None, end)
+    reported = data.reported(snap, name, run)
+    return {"run_id": run, "current": current, "timeline": views.timeline(mine, end),
+            "attempts": list(reversed(mine)), "chart": chart, "summary": views.run_summary(mine, versions),
+            "metrics": views.metric_charts({run or "earlier run": reported}) if reported else []}
 
 
 def check_bind(host: str, token: str | None) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from adapters import series
 from adapters.gitrepo import STATUS_DIR
 from adapters.storage import Progress, RunFolder, StorageError
 from desired.parse import DesiredState
@@ -133,6 +134,19 @@ class PageData:
         except (StorageError, OSError, ValueError):
             return out
         return out
+
+    def reported(self, snap: Snapshot, name: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
+        """The metrics the run's workers reported over steps (adapters/series.py), by name; empty
+        when there are none or storage cannot be read now."""
+        st = snap.statuses.get(name)
+        if not run_id:
+            return {}
+        storage = (st.storage if st and st.storage else "") or snap.desired.settings.storage
+        try:
+            folder = RunFolder.for_run(storage, name, run_id, dict(snap.desired.settings.storage_options))
+            return series.read(folder.store)
+        except (StorageError, OSError, ValueError):
+            return {}
 
     # ---- one job's history -----------------------------------------------------------------------
     def history(self, snap: Snapshot, name: str, limit: int = HISTORY_LIMIT) -> list[Version]:

@@ -1,9 +1,11 @@
-"""What the status page shows, computed from statuses: the overview's rows, the attempt timeline
-and the progress chart as shapes in SVG coordinates. Pure: data in, data out (the templates draw).
+"""What the status page shows, computed from statuses: the overview's rows, and for each run of a
+job its attempt timeline, progress chart and the charts of the metrics its worker reports, as
+shapes in SVG coordinates. Pure: data in, data out (the templates draw).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -175,12 +177,17 @@ class Timeline:
 
 
 def merge_attempts(versions: list[JobStatus]) -> list[Attempt]:
-    """Every attempt the status history mentions, oldest first: a status keeps only its last few
-    attempts, so the page reads them from every recorded version (the newest record of each wins)."""
-    seen: dict[tuple[str, int, float], Attempt] = {}
+    """Every attempt the status history mentions, oldest first, each once with its run: a status
+    keeps only its last few attempts, so the page reads them from every recorded version (the
+    newest record of each wins), and a new run's status keeps the earlier runs' last attempts, so
+    an attempt that does not name its run (written before attempts did) belongs to the run of the
+    oldest version that recorded it."""
+    seen: dict[tuple[str, str, int, float], Attempt] = {}
     for st in versions:  # oldest to newest
         for a in st.attempts:
-            seen[(st.run_id, a.epoch, a.started)] = a
+            key = (a.provider, a.worker, a.epoch, a.started)
+            run = a.run_id or (seen[key].run_id if key in seen else "")
+            seen[key] = a if a.run_id == run else a.model_copy(update={"run_id": run})
     return sorted(seen.values(), key=lambda a: (a.started, a.epoch))
 
 
@@ -354,3 +361,103 @@ def visible(value: object) -> object:
     if isinstance(value, str):
         return lines(value)
     return value
+
+
+# ---- runs: a changed command starts a new run --------------------------------------------------
+
+
+def run_order(current: str, attempts: list[Attempt], recorded: list[tuple[float, JobStatus]]) -> list[str]:
+    """The job's runs, this run first, then the earlier ones newest first ("": attempts of a run
+    whose id no recorded status names any more)."""
+    last: dict[str, float] = {}
+    for t, st in recorded:
+        last[st.run_id] = max(last.get(st.run_id, t), t)
+    for a in attempts:
+        t = a.ended if a.ended is not None else a.started
+        last[a.run_id] = max(last.get(a.run_id, t), t)
+    earlier = sorted((r for r in last if r != current), key=lambda r: -last[r])
+    return [current, *earlier] if current else earlier
+
+
+def run_summary(attempts: list[Attempt], versions: list[tuple[float, JobStatus]]) -> str:
+    """One line for a folded earlier run: its attempts, how far it got, when it was last recorded."""
+    step = max([st.progress.step for _, st in versions] + [a.step_end or 0 for a in attempts] + [0])
+    ends = [t for t, _ in versions] + [a.ended for a in attempts if a.ended is not None]
+    n = len(attempts)
+    return (f"{n} attempt{'s' if n != 1 else ''} kept, reached step {step:,}"
+            + (f", last recorded {when(max(ends))} UTC" if ends else ""))
+
+
+# ---- the metrics a worker reports, over steps ----------------------------------------------------
+
+METRIC_WIDTH = 430
+METRIC_HEIGHT = 190
+METRIC_LEFT = 58
+
+
+@dataclass(frozen=True)
+class Line:
+    label: str  # the run (or a sweep's member) the line belongs to
+    index: int  # its colour
+    points: str  # SVG polyline points
+    last: tuple[float, float, str]  # the newest point and its tooltip
+
+
+@dataclass
+class MetricChart:
+    name: str
+    width: int = METRIC_WIDTH
+    height: int = METRIC_HEIGHT
+    lines: list[Line] = field(default_factory=list)
+    y_ticks: list[Tick] = field(default_factory=list)  # x holds the y coordinate here
+    x_ticks: list[Tick] = field(default_factory=list)  # steps
+
+
+def metric_charts(series: dict[str, dict[str, list[tuple[int, float]]]]) -> list[MetricChart]:
+    """One chart per metric name, one line per label (a run; a sweep's members side by side), each
+    value over its step. `series` is label -> metric name -> (step, value), steps ascending."""
+    names = sorted({n for by_name in series.values() for n in by_name})
+    return [_metric_chart(name, {label: pts[name] for label, pts in series.items() if pts.get(name)})
+            for name in names]
+
+
+def _metric_chart(name: str, lines: dict[str, list[tuple[int, float]]]) -> MetricChart:
+    chart = MetricChart(name)
+    steps = [s for pts in lines.values() for s, _ in pts]
+    values = [v for pts in lines.values() for _, v in pts]
+    s0, s1 = min(steps), max(max(steps), min(steps) + 1)
+    lo, hi = value_range(values)
+    plot_w, plot_h = METRIC_WIDTH - METRIC_LEFT - 10, METRIC_HEIGHT - MARGIN_TOP - MARGIN_BOTTOM
+
+    def xy(s: float, v: float) -> tuple[float, float]:
+        return (round(METRIC_LEFT + plot_w * (s - s0) / (s1 - s0), 1),
+                round(MARGIN_TOP + plot_h * (1 - (v - lo) / (hi - lo)), 1))
+
+    for i, (label, pts) in enumerate(lines.items()):
+        coords = [xy(s, v) for s, v in pts]
+        step, value = pts[-1]
+        chart.lines.append(Line(label, i % 6, " ".join(f"{x},{y}" for x, y in coords),
+                                (*coords[-1], f"{label}: {name} {value:.6g} at step {step:,}")))
+    chart.y_ticks = [Tick(xy(s0, v)[1], f"{v:.4g}") for v in nice_ticks(lo, hi)]
+    chart.x_ticks = [Tick(xy(s, lo)[0], f"{s:,}") for s in nice_ticks(s0, s1) if s == int(s)]
+    return chart
+
+
+def value_range(values: list[float]) -> tuple[float, float]:
+    """The y range of a metric chart: its values with a little room, never empty."""
+    lo, hi = min(values), max(values)
+    if hi == lo:
+        pad = abs(hi) * 0.1 or 1.0
+        return lo - pad, hi + pad
+    pad = (hi - lo) * 0.05
+    return lo - pad, hi + pad
+
+
+def nice_ticks(lo: float, hi: float, most: int = 5) -> list[float]:
+    """Round values between lo and hi (1, 2 or 5 times a power of ten apart) to label an axis."""
+    raw = (hi - lo) / most
+    power = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1.0
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    first = math.ceil(lo / step) * step
+    count = int((hi - first) // step) + 1
+    return [round(first + i * step, 12) for i in range(max(0, count))]

@@ -31,6 +31,7 @@ from reconciler.checkpoint_policy import IntervalPolicy
 from reconciler.worker import dist, loop, snapshot
 from reconciler.worker import sharded as dcp_format
 from reconciler.worker.dist import Group
+from reconciler.worker.reported import Reported
 from reconciler.worker.storefault import StoreFaults
 
 log = logging.getLogger("reconciler.worker")
@@ -138,6 +139,7 @@ class Run:
         self._restored_from: str | None = None
         self._last_beat = float("-inf")
         self._progress_tag: str | None = None
+        self._reported = Reported(self.folder, self.epoch)
         self._closed = False
         self._completed = False
         self._past_target_warned = False
@@ -509,7 +511,7 @@ class Run:
             "step": int(step),
             "target": self.target,
             "time": time.time(),
-            "metrics": {k: float(v) for k, v in metrics.items()},
+            "metrics": self._reported.beat(step, metrics),
             **({"stopping": self._stopping} if self._stopping else {}),
         }
         try:
@@ -546,7 +548,7 @@ class Run:
                     "step": int(step),
                     "run_id": self.run_id,
                     "time": time.time(),
-                    "metrics": {k: float(v) for k, v in metrics.items()},
+                    "metrics": self._reported.last,
                 }
                 self._faults.retrying(lambda: self.folder.mark_done(self.epoch, record), "write the completion record")
             except Superseded:

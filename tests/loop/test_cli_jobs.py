@@ -70,12 +70,40 @@ def test_describe_shows_attempts_and_events_with_secrets_masked(state_repo: Stat
     assert res.returncode == 1 and "error: no job named nope (jobs: echo)" in res.stderr
 
 
+def test_describe_lists_attempts_per_run_this_run_first(state_repo: StateRepoFixture) -> None:
+    """Issue 27 item 1: after a changed command started a new run, describe mixed both runs' attempts
+    in one table under the new run's count."""
+    state_repo.write("desired/count.yaml", job("count", counter(0.01)))
+    state_repo.commit("add count")
+    rec = Reconciler(state_repo.path)
+    first = tick_until(rec, lambda r: r.statuses["count"].phase.terminal).statuses["count"].run_id
+    state_repo.write("desired/count.yaml", job("count", counter(0.02)))
+    state_repo.commit("a changed command: a new run")
+    second = tick_until(rec, lambda r: r.statuses["count"].run_id != first
+                        and r.statuses["count"].phase.terminal).statuses["count"]
+    out = cli("describe", "count", "--repo", str(state_repo.path)).stdout
+    assert f"run: {second.run_id}" in out and "attempts this run: 1" in out
+    this_run, earlier = out.split(f"attempts of run {second.run_id} (this run)")[1].split("events (")[0].split(
+        f"attempts of earlier run {first}")
+    def rows(text: str) -> list[str]:
+        return [line for line in text.splitlines() if line.count("│") > 3 and "local" in line]
+    assert len(rows(this_run)) == 1 and "succeeded" in rows(this_run)[0], out
+    assert len(rows(earlier)) == 1 and "succeeded" in rows(earlier)[0], out
+    assert second.attempts[-1].run_id == second.run_id and second.attempts[0].run_id == first
+
+
 def test_status_shows_a_progress_bar(state_repo: StateRepoFixture) -> None:
     state_repo.write("desired/count.yaml", job("count", counter(0.02)))
     state_repo.commit("add count")
     tick_until(Reconciler(state_repo.path), lambda r: r.statuses["count"].phase.terminal)
     table = cli("status", "--repo", str(state_repo.path)).stdout
     assert "━" * 10 in table.split("┃ progress")[1] and "60/60 100% (saved 60)" in table
+    rows = json.loads(cli("status", "--json", "--repo", str(state_repo.path)).stdout)
+    assert rows[0]["metrics"] == {"total": 60 * 61 / 2}  # what the worker reported (issue 27 item 3)
+    described = cli("describe", "count", "--repo", str(state_repo.path)).stdout
+    assert "metrics the worker reported" in described
+    total = next(line for line in described.splitlines() if "│ total" in line).split("│")
+    assert [c.strip() for c in total[2:4]] == ["1830", "60"]  # newest value, at step
 
 
 def test_suspend_resume_cancel_are_commits_that_keep_comments(state_repo: StateRepoFixture) -> None:

@@ -91,3 +91,32 @@ def test_a_tick_that_keeps_failing_is_logged_once_and_its_recovery_once(
     daemon._tick()  # noqa: SLF001
     failed = said(caplog, "tick failed")
     assert len(failed) == 1 and said(caplog, "ticks work again") == ["ticks work again"], caplog.text
+
+
+@pytest.mark.parametrize(("path", "broken"), [
+    ("desired/bad.yaml", "apiVersion: reconciler.dev/v1\nkind: Job\nmetadata: {name: bad}\n"
+                         "spec: {command: [python, x.py], target_steps: nope}\n"),
+    ("reconciler.yaml", "storage: [not, a, url]\n")])
+def test_a_broken_manifest_is_warned_about_once_while_the_daemon_ticks_and_once_when_fixed(
+        state_repo: StateRepoFixture, caplog: pytest.LogCaptureFixture, path: str, broken: str) -> None:
+    """Issue 27 item 7: the daemon ticking on a broken manifest printed its warning on every tick."""
+    from reconciler.daemon import Daemon
+
+    daemon = Daemon(Reconciler(state_repo.path), watch=False)
+    caplog.set_level(logging.INFO, logger="reconciler")
+    kept = (state_repo.path / path).read_text() if (state_repo.path / path).exists() else None
+    state_repo.write(path, broken)
+    state_repo.commit(f"break {path}")
+    for _ in range(4):
+        daemon._tick()  # noqa: SLF001 - one tick, as the scheduler runs it
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and path in r.getMessage()]
+    assert len(warned) == 1 + (path == "reconciler.yaml"), warned  # the error, and for settings the hold
+    if kept is None:
+        (state_repo.path / path).unlink()
+    else:
+        state_repo.write(path, kept)
+    state_repo.commit(f"fix {path}")
+    daemon._tick()  # noqa: SLF001
+    daemon._tick()  # noqa: SLF001
+    resolved = [r.getMessage() for r in caplog.records if r.getMessage().startswith("resolved:")]
+    assert resolved == [f"resolved: {w}" for w in warned], caplog.text

@@ -105,6 +105,8 @@ def test_the_endpoint_shows_each_jobs_phase_progress_cost_and_attempts_from_the_
     assert (value(done, "reconciler_last_tick_timestamp_seconds") or 0) > time.time() - 60
     assert value(done, "reconciler_notifications_total", result="delivered") == 1
     assert value(done, "reconciler_notifications_total", result="failed") == 0
+    run_id = report.statuses["count"].run_id  # what the worker reported with its last heartbeat (issue 27 item 3)
+    assert value(done, "reconciler_job_worker_metric", job="count", run=run_id, metric="total") == 60 * 61 / 2
 
 
 def free_port() -> int:

@@ -261,11 +261,33 @@ def test_a_worker_that_never_heartbeats_is_judged_by_its_provider_unless_the_job
     ref, state = running("train", run_id, 1)
     run = RunObservation(lease_epoch=1, heartbeat_unchanged_since=NOW - 4000, heartbeat_unchanged_ticks=50)
     st = with_attempt(d)
-    st.attempts[0] = st.attempts[0].model_copy(update={"started": NOW - 5000})
+    st.attempts[0] = st.attempts[0].model_copy(update={"started": NOW - 5000, "running_since": NOW - 4900})
     p = plan(d, Observed(workers={ref: state}, runs={("train", run_id): run}), {"train": st}, NOW)
     assert (Terminate(ref, "stalled: no heartbeat") in p.actions) == stalled
     if not stalled:
         assert "not instrumented" in p.statuses["train"].message
+
+
+def test_a_worker_is_called_not_instrumented_only_after_the_grace_without_a_heartbeat() -> None:
+    """The first Running transition of an SDK job comes before its first beat: no false alarm then;
+    the words come once the worker has run for the grace without one, and go with the first beat."""
+    d = desired(job_yaml())
+    run_id = d.jobs["train"].run_id()
+    ref, state = running("train", run_id, 1)
+    silent = RunObservation(lease_epoch=1, heartbeat_unchanged_since=NOW, heartbeat_unchanged_ticks=1)
+    st = with_attempt(d)
+    st.attempts[0] = st.attempts[0].model_copy(update={"started": NOW - 600})  # queued a while, then started
+    first = plan(d, Observed(workers={ref: state}, runs={("train", run_id): silent}), {"train": st}, NOW)
+    seen = first.statuses["train"]
+    assert seen.phase == Phase.RUNNING and "not instrumented" not in seen.message
+    assert seen.attempts[-1].running_since == NOW
+    later = NOW + planner.FIRST_HEARTBEAT_GRACE_SECONDS
+    p = plan(d, Observed(workers={ref: state}, runs={("train", run_id): silent}), {"train": seen}, later)
+    assert "not instrumented" in p.statuses["train"].message
+    beating = RunObservation(lease_epoch=1, heartbeat_epoch=1, heartbeat_step=5, heartbeat_time=later,
+                             heartbeat_unchanged_since=later, heartbeat_unchanged_ticks=1)
+    p = plan(d, Observed(workers={ref: state}, runs={("train", run_id): beating}), {"train": seen}, later)
+    assert "not instrumented" not in p.statuses["train"].message
 
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from adapters import series
 from adapters.storage import CheckpointName, RunFolder
 from status.models import (
     MAX_ATTEMPTS_KEPT,
@@ -185,5 +186,9 @@ def _storage(sc: Scenario) -> None:
         folder.commit_checkpoint(epoch, CheckpointName(step, epoch), {"files": {}, "time": now - 300 + 120 * i})
     folder.write_progress(epoch, {"epoch": epoch, "step": durable + 95, "target": TARGET, "time": now - 30,
                                   "metrics": {"loss": 0.42}})
+    losses = series.Series()  # what the worker's heartbeats reported over the attempt (adapters/series.py)
+    for step in range(durable + 5, durable + 96, 5):
+        losses.add(step, {"loss": round(0.42 + 0.3 * (durable + 95 - step) / 95 + 0.02 * (step % 3), 4)})
+    series.write(folder.store, epoch, losses)
     other = RunFolder.for_run(f"file://{sc.storage}", "launching-job", "r1")
     other.write_attempt_log(1, f"starting\nconnecting with password {CANARY}\n")

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 
+from adapters import series
 from adapters.storage import RunFolder
 from reconciler.worker import Run, open_run
 from reconciler.worker.integrations import files
@@ -142,6 +143,8 @@ def test_trainer_killed_then_stopped_resumes_from_its_checkpoint_and_matches_an_
     assert done is not None and done["step"] == steps
     beat = folder.progress()
     assert beat is not None and (beat.step, beat.target) == (steps, steps), "target steps come from max_steps"
+    reported = series.read(folder.store)  # the losses the callbacks saw, over steps, every attempt's
+    assert len(reported.get("loss", [])) > 2 and reported["loss"][-1][0] > stopped_at, reported
     assert leftovers(folder, tmp_path) == []
     assert_same(load(str(tmp_path / "ref.pt")), load(str(tmp_path / "out.pt")), f"{trainer} final weights")
 

@@ -68,7 +68,7 @@ class ReconcilerCallback(TrainerCallback):  # type: ignore[misc]
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        self._metrics = {k: float(v) for k, v in (logs or {}).items() if isinstance(v, int | float)}
+        self._metrics.update({k: v for k, v in (logs or {}).items() if isinstance(v, int | float)})  # train and eval
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **kwargs: Any) -> None:

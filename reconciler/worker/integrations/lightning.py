@@ -89,7 +89,7 @@ class ReconcilerCallback(Callback):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         step = trainer.global_step
-        self.run.heartbeat(step, **_metrics(outputs))
+        self.run.heartbeat(step, **_metrics(trainer, outputs))
         if self.run.should_checkpoint(step):
             self.save(trainer)
         self.scratch.exit_if_stopping(self.run, step)  # saved just above: should_checkpoint is true on a notice
@@ -119,9 +119,11 @@ class ReconcilerCallback(Callback):
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _metrics(outputs: Any) -> dict[str, float]:
+def _metrics(trainer: Trainer, outputs: Any) -> dict[str, Any]:
+    """The batch's loss and what the module logs (`self.log`), as they are: the SDK turns them into
+    numbers only when it writes a heartbeat (a tensor's value waits for the GPU)."""
+    logged = dict(getattr(trainer, "callback_metrics", None) or {})
     loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-    try:
-        return {"loss": float(loss)} if loss is not None else {}
-    except (TypeError, ValueError, RuntimeError):
-        return {}
+    if loss is not None:
+        logged.setdefault("loss", loss.detach() if hasattr(loss, "detach") else loss)
+    return logged
