@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.compute import BASE_ENV, BASE_ENV_PREFIXES, JobConfigError, LaunchSpec
+from adapters.slim import slim
 from adapters.wire import load_json
 
 # The modules a worker imports (reconciler.worker and `reconciler exec`, with their storage layer);
@@ -49,6 +50,8 @@ SDK_FILES = (
     "reconciler/worker/data.py",
     "reconciler/worker/loop.py",
     "reconciler/worker/carried.py",
+    "reconciler/worker/reported.py",
+    "reconciler/worker/storefault.py",
     "reconciler/worker/dist.py",
     "reconciler/worker/sharded.py",
     "reconciler/worker/integrations/__init__.py",
@@ -66,6 +69,8 @@ SDK_FILES = (
     "adapters/stores/memory.py",
     "adapters/stores/fsspec.py",
     "adapters/stores/marks.py",
+    "adapters/stores/faults.py",
+    "adapters/series.py",
     "adapters/storage.py",
     "adapters/s3.py",
     "status/__init__.py",
@@ -87,11 +92,12 @@ def package_root() -> Path:
 def sdk_bundle() -> bytes:
     """The worker SDK as one zlib-compressed tar (deterministic: sorted names, no times or owners).
     Compressed as one stream, not file by file as a zip is, it is a fifth smaller, which counts
-    where the whole launch must fit in one 128 KiB argument (see `packed`)."""
+    where the whole launch must fit in one 128 KiB argument (see `packed`); so does carrying the
+    modules without their comments and docstrings (adapters.slim), line for line."""
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         for name in sorted(SDK_FILES):
-            data = (package_root() / name).read_bytes()
+            data = slim((package_root() / name).read_text(encoding="utf-8")).encode()
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))

@@ -251,3 +251,23 @@ def test_a_bootstrap_too_big_for_one_argument_is_the_jobs_config_error_in_one_se
     with pytest.raises(LaunchTooLarge, match="over the 131072-byte limit of one command-line argument"):
         packed(bootstrap_script(huge, {"job": "train"}, Bootstrap("test", SECRETS_FROM_ENV)))
     assert issubclass(LaunchTooLarge, JobConfigError)
+
+
+def test_the_bundle_carries_each_module_line_for_line_without_comments_or_docstrings(tmp_path: Path) -> None:
+    """A worker's traceback names the repository's line numbers: slimming keeps every line in place."""
+    import ast
+    import io
+    import tokenize
+
+    from adapters.hosted import package_root
+    from adapters.slim import slim
+
+    unpack_bundle(sdk_bundle(), str(tmp_path / "sdk"))
+    for name in SDK_FILES:
+        source = (package_root() / name).read_text(encoding="utf-8")
+        carried = (tmp_path / "sdk" / name).read_text(encoding="utf-8")
+        assert carried == slim(source) and carried.count("\n") == source.count("\n"), name
+        tokens = tokenize.generate_tokens(io.StringIO(carried).readline)
+        assert not [t for t in tokens if t.type == tokenize.COMMENT], name
+        for a, b in zip(ast.walk(ast.parse(source)), ast.walk(ast.parse(carried)), strict=True):
+            assert type(a) is type(b) and getattr(a, "lineno", None) == getattr(b, "lineno", None), name
