@@ -17,6 +17,8 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
+from reconciler.cli_status import StatusOutput
+from reconciler.cli_status import show as show_status
 from reconciler.pr_check import WORKFLOW_PATH
 from reconciler.shown import VisibleFilter, escape
 from reconciler.source import BranchOption, PathOption, UrlOption
@@ -490,7 +492,12 @@ def _check_backend(storage: str) -> None:
 
 
 @app.command()
-def status(repo: RepoOption = Path("."), as_json: Annotated[bool, typer.Option("--json")] = False,
+def status(repo: RepoOption = Path("."),
+           output: Annotated[StatusOutput, typer.Option(
+               "--output", "-o", help="table: fits the terminal, messages on lines of their own; wide: every "
+                                      "column, rows as long as they need; plain: tab-separated; json")
+           ] = StatusOutput.TABLE,
+           as_json: Annotated[bool, typer.Option("--json", help="the same as --output json")] = False,
            job_name: Annotated[str | None, typer.Option("--job", help="one job in detail: its forecast on "
                                                          "each provider and the placement decision")] = None,
            repo_url: UrlOption = None, branch: BranchOption = None, path: PathOption = "") -> None:
@@ -528,20 +535,15 @@ def status(repo: RepoOption = Path("."), as_json: Annotated[bool, typer.Option("
     if job_name is not None:
         _show_job(rows[0], recorded.get(job_name), desired.jobs.get(job_name), as_json)
         return
-    if as_json:
+    if as_json or output is StatusOutput.JSON:
         console.print_json(json.dumps(rows))
         return
-    ledger = _ledger_rows(rec.repo.read_file(status_at, "status/providers.yaml"))
-    table = Table("job", "phase", "progress", "attempts", "interruptions", "failures", "ETA (UTC)",
-                  "spent / projected", "risk", "message")
     for r in rows:
-        prog = cli_jobs.progress_cell(int(r["step"]), r["target"], r["durable"])
-        st = recorded.get(str(r["job"]))
-        eta, cost, risk = _forecast_cells(st, r["deadline"])
-        table.add_row(escape(str(r["job"])), str(r["phase"]), prog, str(r["attempts"]), str(r["interruptions"]),
-                      str(r["failures"]), eta, escape(cost), escape(risk), escape(str(r["message"])))
-    console.print(table)
-    if ledger:
+        r["eta_cell"], r["cost_cell"], r["risk_cell"] = _forecast_cells(recorded.get(str(r["job"])), r["deadline"])
+    show_status(console, rows, output,
+                lambda r: cli_jobs.progress_cell(int(r["step"]), r["target"], r["durable"]))
+    ledger = _ledger_rows(rec.repo.read_file(status_at, "status/providers.yaml"))
+    if ledger and output is not StatusOutput.PLAIN:  # plain is one line a job, for scripts
         console.print(_ledger_table(ledger))
     for e in desired.errors:
         err.print(f"[red]error:[/red] {escape(str(e))}")
