@@ -1,5 +1,6 @@
 """The command line: init, validate, plan, run, status, schema, demo, exec, serve (describe, suspend, resume,
-cancel and --version are in cli_jobs, logs in cli_logs)."""
+cancel and --version are in cli_jobs, logs in cli_logs, reconcile in cli_reconcile; status's table in
+cli_status)."""
 
 from __future__ import annotations
 
@@ -700,7 +701,7 @@ from reconciler.web.command import serve as _serve  # noqa: E402 - the status pa
 app.command(name="serve")(_serve)
 
 # Commands kept in modules of their own register themselves on `app` when imported.
-from reconciler import cli_jobs, cli_logs  # noqa: E402,F401
+from reconciler import cli_jobs, cli_logs, cli_reconcile  # noqa: E402,F401
 
 
 def main() -> None:

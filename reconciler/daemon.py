@@ -1,7 +1,8 @@
 """`reconciler run`: ticks on an interval (APScheduler, one at a time, coalesced) and at once when
 `desired/` changes in a local repository, a worker writes its completion record, or a local
 worker's supervisor writes its exit record (a SIGKILL relaunches at once: watchfiles), or a push
-webhook for the reconciled branch arrives (`listen`, reconciler.webhook), or an adapter that can
+webhook for the reconciled branch arrives (`listen`, reconciler.webhook), or `reconciler reconcile`
+asks on the clone's socket (reconciler.nudge, which waits for that tick), or an adapter that can
 see its workers end (SSH exit records, Slurm job states: `adapters.compute.WatchesEndings`) says
 one did; that watch runs on a thread per provider and only wakes the tick, which decides.
 
@@ -39,6 +40,7 @@ from adapters.local import workers_root
 from desired.models import LocalSettings, Settings
 from desired.parse import SETTINGS_FILE, parse_settings
 from reconciler.loop import Reconciler, TickReport
+from reconciler.nudge import NudgeServer, told
 from reconciler.webhook import WebhookServer
 
 log = logging.getLogger("reconciler")
@@ -50,7 +52,8 @@ ENDINGS = ("done.json", "exit_code")  # a run completed (storage), a local worke
 class Daemon:
     def __init__(self, reconciler: Reconciler, *, tick_seconds: float | None = None, until_done: bool = False,
                  on_tick: Callable[[TickReport], None] | None = None, watch: bool = True,
-                 stop_grace: float = 5.0, listen: tuple[str, int] | None = None, webhook_secret: str = "") -> None:
+                 stop_grace: float = 5.0, listen: tuple[str, int] | None = None, webhook_secret: str = "",
+                 nudge: bool = True) -> None:
         self.rec = reconciler
         self.until_done = until_done
         self.on_tick = on_tick
@@ -72,6 +75,11 @@ class Daemon:
         self.webhook = None if listen is None else WebhookServer(
             *listen, secret=webhook_secret, wake=self.trigger, branch=self._branch)
         self.webhook_address: tuple[str, int] | None = None  # bound once running (port 0 picks one)
+        self.nudge = (NudgeServer(self.rec.repo.repo.git_dir, self.tick_now)  # `reconciler reconcile`
+                      if nudge and isinstance(self.rec.repo, StateRepo) else None)
+        self._ticks = threading.Condition()  # counts ticks begun and ended, for `tick_now`
+        self._begun = self._ended = 0
+        self._outcome: dict[str, Any] = {}  # what the last tick did, as `reconciler reconcile` prints it
         self._scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(1),
                                                          "lease": ThreadPoolExecutor(1)})
 
@@ -81,14 +89,33 @@ class Daemon:
         while not self.stop_event.is_set():
             if not self._wake.wait(POLL_SECONDS):
                 continue
-            self._wake.clear()
             with self._ticking:
                 if self.stop_event.is_set():
                     return
-                self._tick()
+                with self._ticks:
+                    self._wake.clear()
+                    self._begun += 1
+                outcome = self._tick()
+                with self._ticks:
+                    self._ended, self._outcome = self._begun, outcome
+                    self._ticks.notify_all()
 
-    def _tick(self) -> None:
+    def tick_now(self) -> dict[str, Any]:
+        """Wakes a tick and waits for one that began after this call to end; what it did, for
+        `reconciler reconcile` (from the request's own thread)."""
+        with self._ticks:
+            wanted = self._begun + 1
+            self._wake.set()
+            while self._ended < wanted:
+                if self.stop_event.is_set():
+                    return {"error": "the daemon is stopping; no tick was run"}
+                self._ticks.wait(POLL_SECONDS)
+            return self._outcome
+
+    def _tick(self) -> dict[str, Any]:
+        """One tick; returns what it did, as `reconciler reconcile` tells it."""
         report: TickReport | None = None
+        failure = ""
         started = time.monotonic()
         try:
             report = self.rec.tick()
@@ -97,6 +124,7 @@ class Daemon:
             self.rec.conditions.holds("tick failed", f"tick failed: {exc}; the next tick tries again",
                                      logging.ERROR)
             log.debug("tick failure detail", exc_info=True)
+            failure = self.rec.redactor.redact(f"the tick failed: {exc}; the next tick tries again")
         else:
             self.rec.conditions.ended("tick failed", "ticks work again")
         self._seen_desired = self._desired_id()
@@ -104,13 +132,13 @@ class Daemon:
             self._follow_settings(report)
         except Exception as exc:  # e.g. no commit yet: the interval stays as it was
             log.debug("settings not followed this tick: %s", exc)
-        if report is None or report.standby is not None:
-            return
-        self.last_report = report
-        if self.on_tick:
-            self.on_tick(report)
-        if self.until_done and report.all_terminal:
-            self.stop_event.set()
+        if report is not None and report.standby is None:
+            self.last_report = report
+            if self.on_tick:
+                self.on_tick(report)
+            if self.until_done and report.all_terminal:
+                self.stop_event.set()
+        return told(report, failure)
 
     def _keep_lease(self) -> None:
         """Renews the leader lease between ticks, so that a tick longer than the lease keeps it."""
@@ -242,6 +270,8 @@ class Daemon:
         try:
             if self.webhook is not None:  # after the lock: a second daemon on this clone fails on that first
                 self.webhook_address = self.webhook.start()
+            if self.nudge is not None:
+                self.nudge.start()
             self.interval = None
             self._scheduler.add_job(self._wake.set, "interval", seconds=self.tick_seconds or 30.0, id="tick",
                                     max_instances=1, coalesce=True, misfire_grace_time=None)
@@ -268,6 +298,8 @@ class Daemon:
             stop.set()
         if self.webhook is not None:
             self.webhook.stop()
+        if self.nudge is not None:
+            self.nudge.stop()
         if self._scheduler.running:
             self._scheduler.shutdown(wait=False)
         if not self._ticking.acquire(timeout=self.stop_grace):
