@@ -66,4 +66,5 @@ def logs(
 
 
 def _attempt_state(att: Attempt) -> str:
-    return "still open" if att.open else f"ended: {att.outcome.value if att.outcome else 'unknown'}"
+    """The attempt's end in its own words ("suspended by the manifest", not the outcome "cancelled")."""
+    return "still open" if att.open else f"ended: {att.detail or (att.outcome.value if att.outcome else 'unknown')}"
