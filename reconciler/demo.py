@@ -183,15 +183,15 @@ def run_demo(root: Path, *, chaos: bool = True, seed: int | None = None, steps: 
 
 
 def attempts_table(status: JobStatus) -> Table:
-    """The run's attempts, short enough for an 80-column terminal: the steps each resumed at and had
-    saved at its end, what it lost, and the detail last, the one cell that may wrap."""
-    table = Table("attempt", "outcome", "resumed", "saved", "lost", "detail", box=box.SIMPLE_HEAD,
+    """The run's attempts, short enough for an 80-column terminal: the steps each resumed from and
+    had saved at its end (`120-180`), what it lost, and the detail last, the one cell that may wrap."""
+    table = Table("attempt", "outcome", "steps", "lost", "detail", box=box.SIMPLE_HEAD,
                   show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
-    for col in table.columns[:5]:
+    for col in table.columns[:4]:
         col.no_wrap = True
     for a in status.attempts:
-        table.add_row(str(a.epoch), a.outcome.value if a.outcome else "open", str(a.step_start),
-                      "" if a.step_end is None else str(a.step_end), str(a.steps_lost), escape(a.detail))
+        table.add_row(str(a.epoch), a.outcome.value if a.outcome else "open",
+                      f"{a.step_start}-{'' if a.step_end is None else a.step_end}", str(a.steps_lost), escape(a.detail))
     return table
 
 

@@ -42,7 +42,9 @@ def _one(line: str, old: JobStatus | None, new: JobStatus, message: str) -> str:
     """One job's subject: the whole change line if it fits, else the first of shorter tellings that does."""
     what = _what(old, new)
     clause = _first_clause(message)
-    for candidate in (line, _launch(old, new), f"{what} ({clause})" if clause else "", what):
+    live = new.current
+    where = f"{what} (attempt {live.epoch} on {live.provider})" if live is not None else ""
+    for candidate in (line, _launch(old, new), f"{what} ({clause})" if clause else "", where, what):
         if candidate and len(candidate) <= SUBJECT_LIMIT:
             return candidate
     return what[:SUBJECT_LIMIT]

@@ -30,7 +30,7 @@ def test_demo_attempt_table_keeps_rows_short_at_80_columns() -> None:
     from reconciler.demo import attempts_table
     from status.models import Attempt, JobStatus, Outcome
 
-    detail = "killed by SIGKILL, not by the reconciler"
+    detail = "interrupted: killed by SIGKILL, not by the reconciler, after a new checkpoint"  # as the demo says
     st = JobStatus(job="train-demo", attempts=[
         Attempt(epoch=n, provider="local", worker=f"w{n}", started=0.0, ended=1.0, outcome=Outcome.INTERRUPTION,
                 detail=detail, step_start=40 * (n - 1), step_end=40 * n, steps_lost=5) for n in (1, 2)])

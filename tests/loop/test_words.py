@@ -80,3 +80,13 @@ def test_a_relaunch_subject_says_which_attempt_where_and_why() -> None:
     line = f"train-demo: Running -> Launching ({message})"
     subject = status_message([line], [(old, new)], [message]).split("\n")[0]
     assert subject == "train-demo: attempt 3 on local after interrupted: killed by SIGKILL"
+
+
+def test_a_running_subject_says_which_attempt_runs_where() -> None:
+    old = status("train-demo", Phase.LAUNCHING, "attempt 5 launched on local (first launch)")
+    new = status("train-demo", Phase.RUNNING, "attempt 5 running on local/r361768f2755b.train-demo.r-3d42ea961b6a.e5")
+    new.attempts = [Attempt(epoch=5, provider="local", worker="r361768f2755b.train-demo.r-3d42ea961b6a.e5",
+                            started=NOW)]
+    line = f"train-demo: Launching -> Running ({new.message})"
+    subject = status_message([line], [(old, new)], [new.message]).split("\n")[0]
+    assert subject == "train-demo: Launching -> Running (attempt 5 on local)"
