@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
+from typer.core import TyperArgument, TyperOption
 
 from reconciler.cli_status import StatusOutput
 from reconciler.cli_status import show as show_status
@@ -42,6 +43,22 @@ console = Console()
 err = Console(stderr=True)
 
 RepoOption = Annotated[Path, typer.Option("--repo", "-r", help="the state repository (a git checkout)")]
+VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="also log debug messages")]
+
+
+def _flag_type(self: TyperOption, ctx: Any) -> str | None:
+    """An on/off flag takes no value: its help shows none (typer would print a `<bool>` placeholder)."""
+    return None if self.is_flag else _option_type(self, ctx)
+
+
+def _argument_type(self: TyperArgument, ctx: Any) -> str | None:
+    """An argument whose metavar says what it takes (`-- CMD ARGS`) needs no `<list[str]>` beside it."""
+    return None if self.metavar else _plain_argument_type(self, ctx)
+
+
+_option_type, _plain_argument_type = TyperOption.display_type_rich, TyperArgument.display_type_rich
+TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
+TyperArgument.display_type_rich = _argument_type  # type: ignore[method-assign]
 
 EXAMPLE_JOB = """\
 # A job the reconciler drives to completion. See `reconciler schema` for every field.
@@ -177,7 +194,8 @@ def validate(repo: RepoOption = Path("."), path: PathOption = "") -> None:
     errors = unreadable + bad_settings + [str(e) for e in state.errors]
     for e in errors:
         err.print(f"[red]error:[/red] {escape(e)}")
-    console.print(f"{len(state.jobs)} job(s), {len(state.providers)} provider(s), {len(errors)} error(s)")
+    console.print(f"{len(state.jobs)} job(s), {len(state.providers)} provider(s), {len(errors)} error(s) in the "
+                  "working tree (uncommitted changes included; the daemon and `plan` read the last commit)")
     if errors:
         raise typer.Exit(1)
 
@@ -210,7 +228,7 @@ class PlanFormat(StrEnum):
 @app.command()
 def plan(
     repo: RepoOption = Path("."),
-    verbose: bool = False,
+    verbose: VerboseOption = False,
     base: Annotated[str | None, typer.Option(
         help="review a change: what merging HEAD (or --head) into this ref would do, job by job, from git "
              "alone (no provider or storage access)")] = None,
@@ -250,6 +268,10 @@ def plan(
         return escape(redactor.redact(text))
 
     manifest_errors = [str(e) for e in report.desired.errors] if report.desired else []
+    which = ("the last commit" if report.commit == report.head
+             else f"the newest trusted commit (the last, {report.head[:12]}, is held)")
+    console.print(f"plan for commit {report.commit[:12]}, {which}; uncommitted changes are not read "
+                  "(`validate` checks the working tree)")
     for e in report.errors:
         if e in manifest_errors:
             err.print(f"[red]error:[/red] {show(e)}")
@@ -386,7 +408,7 @@ def run(
         metavar="HOST:PORT", help="serve Prometheus metrics here (/metrics); :PORT is loopback")] = None,
     serve_at: Annotated[str | None, typer.Option("--serve", metavar="HOST:PORT", help="serve the status page "
                                                  "too (as `reconciler serve` does)")] = None,
-    verbose: bool = False,
+    verbose: VerboseOption = False,
     repo_url: UrlOption = None, branch: BranchOption = None, path: PathOption = "",
 ) -> None:
     """Reconcile: launch and relaunch workers until every job is done, committing status to git.
@@ -683,12 +705,17 @@ def demo(
     raise typer.Exit(code)
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def exec(ctx: typer.Context) -> None:  # noqa: A001 - the command's name is `exec`
-    """Run a non-Python command as a worker: `reconciler exec -- CMD ARGS...` (heartbeats, signals, exit)."""
+@app.command(context_settings={"ignore_unknown_options": True})
+def exec(command: Annotated[list[str] | None, typer.Argument(  # noqa: A001 - the command's name is `exec`
+        metavar="-- CMD ARGS", show_default=False,
+        help="the command to run and its arguments, after `--` (so that its own options are not read as "
+             "exec's)")] = None) -> None:
+    """Run a non-Python command as a worker: `reconciler exec -- CMD ARGS...`. It heartbeats while the
+    command runs (its step: a line written to the file $RECONCILER_STEP_FILE names), passes SIGTERM,
+    SIGINT and the reconciler's stop request on to it, and exits with its exit code (75: interrupted)."""
     from reconciler.execwrap import main as exec_main
 
-    args = list(ctx.args)
+    args = list(command or [])
     if args and args[0] == "--":
         args = args[1:]
     if not args:
