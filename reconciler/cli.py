@@ -58,7 +58,7 @@ def _argument_type(self: TyperArgument, ctx: Any) -> str | None:
 
 _option_type, _plain_argument_type = TyperOption.display_type_rich, TyperArgument.display_type_rich
 TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
-TyperArgument.display_type_rich = _argument_type  # type: ignore[method-assign]
+TyperArgument.display_type_rich = _argument_type  # type: ignore[method-assign,assignment]
 
 EXAMPLE_JOB = """\
 # A job the reconciler drives to completion. See `reconciler schema` for every field.

@@ -36,7 +36,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from adapters.compute import ComputeAdapter, WatchesEndings
 from adapters.gitrepo import StateRepo
-from adapters.local import workers_root
+from adapters.local import worker_roots
 from desired.models import LocalSettings, Settings
 from desired.parse import SETTINGS_FILE, parse_settings
 from reconciler.loop import Reconciler, TickReport
@@ -196,8 +196,9 @@ class Daemon:
         desired = report.desired if report is not None else None
         if desired is None:
             return self._local_roots
-        self._local_roots = tuple(sorted({workers_root(p.spec.settings) for p in desired.providers.values()
-                                          if isinstance(p.spec.settings, LocalSettings)}))
+        self._local_roots = tuple(sorted({r for p in desired.providers.values()
+                                          if isinstance(p.spec.settings, LocalSettings)
+                                          for r in worker_roots(p.spec.settings)}))
         return self._local_roots
 
     def _follow_endings(self, adapters: dict[str, ComputeAdapter]) -> None:

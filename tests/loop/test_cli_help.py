@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -57,3 +58,12 @@ def test_validate_and_plan_say_which_copy_of_the_manifests_they_read(state_repo:
 
     assert "in the working tree (uncommitted changes included" in run("validate")
     assert f"plan for commit {head[:12]}, the last commit; uncommitted changes are not read" in run("plan")
+
+
+def test_the_daemon_says_where_run_data_and_workers_go_in_one_line(state_repo: StateRepoFixture,
+                                                                   local_workdir: Path) -> None:
+    res = subprocess.run([sys.executable, "-m", "reconciler", "run", "--once", "--repo", str(state_repo.path)],
+                         capture_output=True, text=True, env={**os.environ, "COLUMNS": "400"}, check=True)
+    line = next(x for x in res.stderr.splitlines() if "run data" in x)
+    assert f"is stored in {state_repo.storage} on this machine, outside the repository" in line
+    assert f"local workers' folders in {local_workdir / 'workers'}" in line
