@@ -90,3 +90,21 @@ def test_a_running_subject_says_which_attempt_runs_where() -> None:
     line = f"train-demo: Launching -> Running ({new.message})"
     subject = status_message([line], [(old, new)], [new.message]).split("\n")[0]
     assert subject == "train-demo: Launching -> Running (attempt 5 on local)"
+
+
+def test_the_readme_shows_subjects_as_they_are_written() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    shown = readme.split("git log -- status/:\n", 1)[1].split("\nelapsed:", 1)[0].splitlines()
+    subjects = [line.split(" reconciler: ", 1)[1] for line in shown if " reconciler: " in line]
+    assert subjects and all(len(s) <= SUBJECT_LIMIT for s in subjects)
+    old = status("train-demo", Phase.RUNNING, "")
+    old.total_attempts = 1
+    new = old.model_copy(deep=True, update={"phase": Phase.LAUNCHING, "total_attempts": 2})
+    new.attempts = [Attempt(epoch=1, provider="local", worker="w1", started=NOW - 60, ended=NOW,
+                            outcome=Outcome.INTERRUPTION,
+                            detail="interrupted: killed by SIGKILL, not by the reconciler, after a new checkpoint"),
+                    Attempt(epoch=2, provider="local", worker="w2", started=NOW)]
+    line = f"train-demo: Running -> Launching (attempt 2 launched on local (relaunch after: {new.attempts[0].detail}))"
+    assert status_message([line], [(old, new)], [line]).split("\n")[0] in subjects
