@@ -20,6 +20,7 @@ from rich.table import Table
 from typer.core import TyperArgument, TyperOption
 
 from reconciler.cli_status import StatusOutput
+from reconciler.cli_status import compact as compact_table
 from reconciler.cli_status import show as show_status
 from reconciler.pr_check import WORKFLOW_PATH
 from reconciler.shown import VisibleFilter, escape
@@ -650,12 +651,21 @@ def _ledger_rows(text: bytes | None) -> list[dict]:
 
 
 def _ledger_table(ledger: list[dict]) -> Table:
-    table = Table("provider", "left (provider's word)", "refills", "used this period", "cost", title="providers")
+    from status.models import from_iso, when
+
+    table = compact_table("provider", "left (provider's word)", "refills (UTC)", "used this period", "cost",
+                          title="providers")
     for x in ledger:
         left = "" if x.get("remaining") is None else (
             f"${x['remaining']:.2f} credits" if x.get("unit") == "credits" else f"{x['remaining']} {x.get('unit')}")
         used = f"{x.get('worker_hours', 0)} h" + (f" ({x['gpu_hours']} GPU h)" if x.get("gpu_hours") else "")
-        table.add_row(str(x.get("provider")), left, str(x.get("resets_at") or ""), used, f"${x.get('cost_usd', 0):.2f}")
+        try:
+            refills = from_iso(x.get("resets_at"))
+            refill = "" if refills is None else when(refills)
+        except ValueError:  # a file edited by hand: shown as written
+            refill = str(x.get("resets_at"))
+        table.add_row(escape(str(x.get("provider"))), escape(left), escape(refill), escape(used),
+                      f"${x.get('cost_usd', 0):.2f}")
     return table
 
 

@@ -80,11 +80,18 @@ def _wide(rows: list[dict[str, Any]], wide_progress: Any) -> None:
     Console(width=100_000, soft_wrap=True).print(table)  # as wide as it needs: `| less -S` scrolls it
 
 
-def _table(rows: list[dict[str, Any]], optional: tuple[tuple[str, str, str], ...]) -> Table:
-    table = Table("job", "phase", "progress", "attempts", *(h for h, _, _ in optional),
-                  box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=(0, 1, 0, 0))
+def compact(*headers: str, title: str | None = None) -> Table:
+    """A table for a terminal of any width: a rule under the header, one space between columns, no
+    borders, and a cell too long for the terminal wraps (never an ellipsis)."""
+    table = Table(*headers, title=title, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
+                  padding=(0, 1, 0, 0))
     for col in table.columns:
-        col.overflow = "fold"  # never an ellipsis: a cell too long for the terminal wraps
+        col.overflow = "fold"
+    return table
+
+
+def _table(rows: list[dict[str, Any]], optional: tuple[tuple[str, str, str], ...]) -> Table:
+    table = compact("job", "phase", "progress", "attempts", *(h for h, _, _ in optional))
     for r in rows:
         cells = _cells(r)
         table.add_row(*(escape(cells[c]) for c in ("job", "phase", "progress", "attempts")),

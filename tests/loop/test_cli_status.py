@@ -16,7 +16,16 @@ import termios
 import time
 from pathlib import Path
 
-from status.models import Attempt, Forecast, JobStatus, Phase, Progress, render_status
+from status.models import (
+    Attempt,
+    Forecast,
+    JobStatus,
+    Phase,
+    Progress,
+    ProviderLedger,
+    render_ledger,
+    render_status,
+)
 from tests.conftest import StateRepoFixture
 from tests.loop.test_loop_local import counter, job
 
@@ -38,6 +47,9 @@ def recorded_repo(state_repo: StateRepoFixture) -> None:
     state_repo.write("status/train-demo.yaml", render_status(st))
     state_repo.write("status/eval-nightly.yaml", render_status(JobStatus(
         job="eval-nightly", phase=Phase.PENDING, message="waiting for a provider: local is at capacity")))
+    state_repo.write("status/providers.yaml", render_ledger([ProviderLedger(
+        provider="kaggle-free", type="kaggle", unit="gpu-hours", remaining=21.5, resets_at=now + 86400,
+        period_start=now - 86400, worker_hours=8.5, gpu_hours=8.5)]))
     state_repo.commit("jobs and their recorded status")
 
 
@@ -74,6 +86,7 @@ def test_status_fits_an_80_column_terminal_without_cutting_a_cell(state_repo: St
     assert "…" not in out, out
     assert all(len(line) <= 80 for line in out.splitlines()), out
     assert "Running" in out and "Pending" in out and "40/60 67%" in out, out
+    assert "21.5 gpu-hours" in out and "8.5 h (8.5 GPU h)" in out, out  # the ledger too, whole
     row = [line for line in out.splitlines() if line.startswith("train-demo ")]
     assert len(row) == 1 and "Running" in row[0], out  # the row is one line, its cells whole
     said = " ".join(out.split())  # the message, wrapped on lines of its own, is all there
