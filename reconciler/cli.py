@@ -1,6 +1,6 @@
 """The command line: init, validate, plan, run, status, schema, demo, exec, serve (describe, suspend, resume,
-cancel and --version are in cli_jobs, logs in cli_logs, reconcile in cli_reconcile; status's table in
-cli_status)."""
+cancel and --version are in cli_jobs, logs in cli_logs, reconcile in cli_reconcile; status's tables in
+cli_status; help without type placeholders in cli_help)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,9 @@ import typer
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
-from typer.core import TyperArgument, TyperOption
 
-from reconciler.cli_status import StatusOutput
-from reconciler.cli_status import compact as compact_table
+from reconciler import cli_help  # noqa: F401 - help without placeholders, before any command is built
+from reconciler.cli_status import StatusOutput, ledger_rows, ledger_table
 from reconciler.cli_status import show as show_status
 from reconciler.pr_check import WORKFLOW_PATH
 from reconciler.shown import VisibleFilter, escape
@@ -47,19 +46,6 @@ RepoOption = Annotated[Path, typer.Option("--repo", "-r", help="the state reposi
 VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="also log debug messages")]
 
 
-def _flag_type(self: TyperOption, ctx: Any) -> str | None:
-    """An on/off flag takes no value: its help shows none (typer would print a `<bool>` placeholder)."""
-    return None if self.is_flag else _option_type(self, ctx)
-
-
-def _argument_type(self: TyperArgument, ctx: Any) -> str | None:
-    """An argument whose metavar says what it takes (`-- CMD ARGS`) needs no `<list[str]>` beside it."""
-    return None if self.metavar else _plain_argument_type(self, ctx)
-
-
-_option_type, _plain_argument_type = TyperOption.display_type_rich, TyperArgument.display_type_rich
-TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
-TyperArgument.display_type_rich = _argument_type  # type: ignore[method-assign,assignment]
 
 EXAMPLE_JOB = """\
 # A job the reconciler drives to completion. See `reconciler schema` for every field.
@@ -566,9 +552,9 @@ def status(repo: RepoOption = Path("."),
         r["eta_cell"], r["cost_cell"], r["risk_cell"] = _forecast_cells(recorded.get(str(r["job"])), r["deadline"])
     show_status(console, rows, output,
                 lambda r: cli_jobs.progress_cell(int(r["step"]), r["target"], r["durable"]))
-    ledger = _ledger_rows(rec.repo.read_file(status_at, "status/providers.yaml"))
+    ledger = ledger_rows(rec.repo.read_file(status_at, "status/providers.yaml"))
     if ledger and output is not StatusOutput.PLAIN:  # plain is one line a job, for scripts
-        console.print(_ledger_table(ledger))
+        console.print(ledger_table(ledger))
     for e in desired.errors:
         err.print(f"[red]error:[/red] {escape(str(e))}")
 
@@ -636,37 +622,6 @@ def _show_job(row: dict[str, Any], st: JobStatus | None, job: Job | None, as_jso
             table.add_row(escape(name), hours(p.hours), money(p.cost_usd),
                           "measured" if p.measured else "borrowed (the job's rate over all its attempts)")
         console.print(table)
-
-
-def _ledger_rows(text: bytes | None) -> list[dict]:
-    """The provider ledger as the last status commit wrote it (status/providers.yaml)."""
-    import yaml
-
-    try:
-        data = yaml.safe_load(text) if text else None
-    except yaml.YAMLError:
-        return []
-    rows = data.get("providers") if isinstance(data, dict) else None
-    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
-
-
-def _ledger_table(ledger: list[dict]) -> Table:
-    from status.models import from_iso, when
-
-    table = compact_table("provider", "left (provider's word)", "refills (UTC)", "used this period", "cost",
-                          title="providers")
-    for x in ledger:
-        left = "" if x.get("remaining") is None else (
-            f"${x['remaining']:.2f} credits" if x.get("unit") == "credits" else f"{x['remaining']} {x.get('unit')}")
-        used = f"{x.get('worker_hours', 0)} h" + (f" ({x['gpu_hours']} GPU h)" if x.get("gpu_hours") else "")
-        try:
-            refills = from_iso(x.get("resets_at"))
-            refill = "" if refills is None else when(refills)
-        except ValueError:  # a file edited by hand: shown as written
-            refill = str(x.get("resets_at"))
-        table.add_row(escape(str(x.get("provider"))), escape(left), escape(refill), escape(used),
-                      f"${x.get('cost_usd', 0):.2f}")
-    return table
 
 
 @app.command()

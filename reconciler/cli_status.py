@@ -1,5 +1,6 @@
 """How `reconciler status` shows its rows: a table that fits the terminal (80 columns or a pipe),
-`wide` (every column, no line ever cut), `plain` (tab-separated, for scripts) or `json`.
+`wide` (every column, no line ever cut), `plain` (tab-separated, for scripts) or `json`; and the
+provider ledger of the last status commit, in the same compact table.
 
 The default table keeps one line a row: it holds the short cells (job, phase, progress, attempts)
 and, while they fit, the forecast's; each job's message, and any cell that did not fit, follow
@@ -120,3 +121,34 @@ def _fitted(console: Console, rows: list[dict[str, Any]]) -> None:
         said = "; ".join(x for x in (one_line(str(r["message"])), counts, *extra) if x)
         if said:
             console.print(f"[bold]{escape(str(r['job']))}[/bold]: {escape(said)}", overflow="fold")
+
+
+def ledger_rows(text: bytes | None) -> list[dict]:
+    """The provider ledger as the last status commit wrote it (status/providers.yaml)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(text) if text else None
+    except yaml.YAMLError:
+        return []
+    rows = data.get("providers") if isinstance(data, dict) else None
+    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+
+
+def ledger_table(ledger: list[dict]) -> Table:
+    from status.models import from_iso, when
+
+    table = compact("provider", "left (provider's word)", "refills (UTC)", "used this period", "cost",
+                          title="providers")
+    for x in ledger:
+        left = "" if x.get("remaining") is None else (
+            f"${x['remaining']:.2f} credits" if x.get("unit") == "credits" else f"{x['remaining']} {x.get('unit')}")
+        used = f"{x.get('worker_hours', 0)} h" + (f" ({x['gpu_hours']} GPU h)" if x.get("gpu_hours") else "")
+        try:
+            refills = from_iso(x.get("resets_at"))
+            refill = "" if refills is None else when(refills)
+        except ValueError:  # a file edited by hand: shown as written
+            refill = str(x.get("resets_at"))
+        table.add_row(escape(str(x.get("provider"))), escape(left), escape(refill), escape(used),
+                      f"${x.get('cost_usd', 0):.2f}")
+    return table

@@ -40,7 +40,7 @@ from adapters.local import worker_roots
 from desired.models import LocalSettings, Settings
 from desired.parse import SETTINGS_FILE, parse_settings
 from reconciler.loop import Reconciler, TickReport
-from reconciler.nudge import NudgeServer, told
+from reconciler.nudge import NudgeError, NudgeServer, told
 from reconciler.webhook import WebhookServer
 
 log = logging.getLogger("reconciler")
@@ -272,7 +272,11 @@ class Daemon:
             if self.webhook is not None:  # after the lock: a second daemon on this clone fails on that first
                 self.webhook_address = self.webhook.start()
             if self.nudge is not None:
-                self.nudge.start()
+                try:
+                    self.nudge.start()
+                except (OSError, NudgeError) as exc:  # the daemon still ticks; only the nudge is lost
+                    log.warning("`reconciler reconcile` cannot reach this daemon: %s", exc)
+                    self.nudge = None
             self.interval = None
             self._scheduler.add_job(self._wake.set, "interval", seconds=self.tick_seconds or 30.0, id="tick",
                                     max_instances=1, coalesce=True, misfire_grace_time=None)

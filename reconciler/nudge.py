@@ -56,6 +56,14 @@ def told(report: TickReport | None, failure: str = "") -> dict[str, Any]:
             "seconds": round(report.seconds, 3)}
 
 
+def _check_private(folder: Path) -> None:
+    """The socket's folder must be the user's own: another user's could hold a socket of theirs."""
+    info = folder.stat()
+    if info.st_uid != os.getuid() or (folder.name.startswith("reconciler-") and info.st_mode & 0o077):
+        raise NudgeError(f"{folder} is not a folder of this user's own (owner uid {info.st_uid}, mode "
+                         f"{info.st_mode & 0o777:o}); remove it")
+
+
 def _same_user(conn: socket.socket) -> bool:
     raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     _pid, uid, _gid = struct.unpack("3i", raw)
@@ -72,8 +80,9 @@ class NudgeServer:
 
     def start(self) -> Path:
         """Binds the socket. Call it holding the clone's lock: a socket file left by a daemon that
-        died is then stale for sure, and replaced."""
+        died is then stale for sure, and replaced. Raises NudgeError where the folder is not ours."""
         self.path.parent.mkdir(mode=0o700, exist_ok=True)
+        _check_private(self.path.parent)
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -131,6 +140,8 @@ def _request(conn: socket.socket) -> bytes:
 def nudge(git_dir: str | os.PathLike[str], timeout: float) -> dict[str, Any]:
     """Asks the daemon of this clone to tick now; returns its answer once that tick has finished."""
     path = socket_path(git_dir)
+    if path.parent.is_dir():
+        _check_private(path.parent)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     with sock:
