@@ -173,8 +173,10 @@ def _events(rec: Reconciler, job: str, show: Callable[[str], str]) -> None:
         stamp, _, body = rest.partition("\x00")
         if not sha:
             continue
-        lines = [ln.strip().removeprefix("- ") for ln in body.splitlines()]
-        mine = [ln for ln in lines if ln.startswith(f"{job}:")] or lines[:1]
+        lines = body.strip().splitlines()
+        # A subject with a body of "- job: ..." lines is their summary: the lines are told, whole, once.
+        told = [ln[2:].strip() for ln in lines if ln.startswith("- ")] or lines[:1]
+        mine = [ln for ln in told if ln.startswith(f"{job}:")] or told[:1]
         for line in mine:
             table.add_row(when(float(stamp)), sha, show(line))
     if table.row_count:

@@ -116,7 +116,7 @@ def _fitted(console: Console, rows: list[dict[str, Any]]) -> None:
     console.print(table)
     for r in rows:
         extra = [f"{o[2]} {r[o[1]]}".strip() for o in OPTIONAL if o not in optional and r[o[1]]]
-        counts = (f"{r['interruptions']} interrupted, {r['failures']} failed"
+        counts = (f"interruptions {r['interruptions']}, failures {r['failures']}"
                   if r["interruptions"] or r["failures"] else "")
         said = "; ".join(x for x in (one_line(str(r["message"])), counts, *extra) if x)
         if said:

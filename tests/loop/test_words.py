@@ -9,6 +9,7 @@ from reconciler.judge import classify
 from reconciler.plan import Launch, Observed, RunObservation, plan
 from reconciler.subjects import SUBJECT_LIMIT, status_message
 from status.models import Attempt, JobStatus, Outcome, Phase, Progress
+from tests.conftest import StateRepoFixture
 from tests.loop.test_plan import NOW, desired, job_yaml, with_attempt
 
 
@@ -108,3 +109,25 @@ def test_the_readme_shows_subjects_as_they_are_written() -> None:
                     Attempt(epoch=2, provider="local", worker="w2", started=NOW)]
     line = f"train-demo: Running -> Launching (attempt 2 launched on local (relaunch after: {new.attempts[0].detail}))"
     assert status_message([line], [(old, new)], [line]).split("\n")[0] in subjects
+
+
+def test_describe_tells_each_change_of_a_status_commit_once_and_whole(state_repo: StateRepoFixture) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from status.models import render_status
+
+    old, new = status("train", Phase.RUNNING, ""), status("train", Phase.PENDING, "")
+    message = "interrupted: killed by SIGKILL, not by the reconciler; relaunching when local has a free slot"
+    new.message = message
+    line = f"train: Running -> Pending ({message})"
+    other = status("eval", Phase.PENDING, "new job")
+    state_repo.write("status/train.yaml", render_status(new))
+    state_repo.commit(status_message([line, "eval: Pending (new job)"], [(old, new), (None, other)],
+                                     [message, "new job"]))
+    out = subprocess.run([sys.executable, "-m", "reconciler", "describe", "train", "--repo", str(state_repo.path)],
+                         capture_output=True, text=True, env={**os.environ, "COLUMNS": "400"}, check=True).stdout
+    events = out.split("events (status commits, newest first)")[1]
+    assert events.count("train: Running -> Pending") == 1 and message in events, events
+    assert "eval" not in events
