@@ -247,6 +247,9 @@ class LocalAdapter:
                                  f"{self.name!r}); fix the job's manifest")
         folder = self.root / worker_folder_name(self.owner, spec.job, spec.run_id, spec.epoch)
         ref = WorkerRef(self.name, folder.name, spec.job, spec.run_id, spec.epoch)
+        if self.root.exists() and not self.root.is_dir():  # mkdir would take the file for the folder
+            raise ProviderUnavailable(f"local provider {self.name!r}: its workdir {self.root} is a file, not a "
+                                      "directory")
         try:
             self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
             folder.mkdir(mode=0o700)

@@ -15,6 +15,7 @@ from adapters.compute import (
     BASE_ENV_PREFIXES,
     LaunchSpec,
     ProviderConfigError,
+    ProviderUnavailable,
     WorkerPhase,
     check_label,
     worker_base_env,
@@ -85,6 +86,12 @@ def test_workers_go_in_the_workdir_itself_and_earlier_ones_under_workers_are_sti
     seen = adapter.observe()
     assert set(seen) == {old, new} and seen[old].phase is WorkerPhase.EXITED
     assert "from before" in adapter.logs(old)
+
+
+def test_a_workdir_that_is_a_file_refuses_the_launch_saying_so(tmp_path: Path) -> None:
+    (tmp_path / "wd").write_text("not a folder\n")
+    with pytest.raises(ProviderUnavailable, match="its workdir .*/wd is a file, not a directory"):
+        adapter_in(tmp_path).launch(LaunchSpec(job="j", run_id="r-1", epoch=1, command=["true"]))
 
 
 def test_capacity_reports_this_machine(tmp_path: Path) -> None:
