@@ -516,6 +516,7 @@ def status(repo: RepoOption = Path("."),
     ledger of the last status commit (quota or credits left, hours and cost this period)."""
     from reconciler.loop import read_run
 
+    as_json = as_json or output is StatusOutput.JSON
     rec = _reconciler(repo, repo_url, branch, path)
     status_at = rec.fresh_status(repo_url is not None)
     commit = rec.repo.head()
@@ -545,7 +546,7 @@ def status(repo: RepoOption = Path("."),
     if job_name is not None:
         _show_job(rows[0], recorded.get(job_name), desired.jobs.get(job_name), as_json)
         return
-    if as_json or output is StatusOutput.JSON:
+    if as_json:
         console.print_json(json.dumps(rows))
         return
     for r in rows:

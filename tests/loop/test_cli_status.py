@@ -118,6 +118,7 @@ def test_status_output_wide_plain_and_json(state_repo: StateRepoFixture) -> None
     assert cells["phase"] == "Running" and cells["message"] == LONG and cells["interruptions"] == "2"
     rows = json.loads(status("-o", "json"))
     assert rows == json.loads(status("--json")) and {r["job"] for r in rows} == {"train-demo", "eval-nightly"}
+    assert json.loads(status("--job", "train-demo", "-o", "json"))["job"] == "train-demo"
 
 
 def test_status_help_names_every_option(state_repo: StateRepoFixture) -> None:
