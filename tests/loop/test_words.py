@@ -69,14 +69,19 @@ def test_one_job_keeps_its_whole_line_or_the_first_clause_of_its_message() -> No
     assert body == f"- {line}"
 
 
+def relaunched(epoch: int, detail: str) -> tuple[JobStatus, JobStatus]:
+    """train-demo before and after attempt `epoch` was launched on local, the one before it ended so."""
+    old = status("train-demo", Phase.RUNNING, f"attempt {epoch - 1} running")
+    old.total_attempts = epoch - 1
+    new = old.model_copy(deep=True, update={"phase": Phase.LAUNCHING, "total_attempts": epoch})
+    new.attempts = [Attempt(epoch=epoch - 1, provider="local", worker="w1", started=NOW - 60, ended=NOW,
+                            outcome=Outcome.INTERRUPTION, detail=detail),
+                    Attempt(epoch=epoch, provider="local", worker="w2", started=NOW)]
+    return old, new
+
+
 def test_a_relaunch_subject_says_which_attempt_where_and_why() -> None:
-    old = status("train-demo", Phase.RUNNING, "attempt 2 running")
-    old.total_attempts = 2
-    new = old.model_copy(deep=True, update={"phase": Phase.LAUNCHING, "total_attempts": 3})
-    new.attempts = [Attempt(epoch=2, provider="local", worker="w2", started=NOW - 60, ended=NOW,
-                            outcome=Outcome.INTERRUPTION,
-                            detail="interrupted: killed by SIGKILL, not by the reconciler"),
-                    Attempt(epoch=3, provider="local", worker="w3", started=NOW)]
+    old, new = relaunched(3, "interrupted: killed by SIGKILL, not by the reconciler")
     message = "attempt 3 launched on local (relaunch after: interrupted: killed by SIGKILL, not by the reconciler)"
     line = f"train-demo: Running -> Launching ({message})"
     subject = status_message([line], [(old, new)], [message]).split("\n")[0]
@@ -100,13 +105,7 @@ def test_the_readme_shows_subjects_as_they_are_written() -> None:
     shown = readme.split("git log -- status/:\n", 1)[1].split("\nelapsed:", 1)[0].splitlines()
     subjects = [line.split(" reconciler: ", 1)[1] for line in shown if " reconciler: " in line]
     assert subjects and all(len(s) <= SUBJECT_LIMIT for s in subjects)
-    old = status("train-demo", Phase.RUNNING, "")
-    old.total_attempts = 1
-    new = old.model_copy(deep=True, update={"phase": Phase.LAUNCHING, "total_attempts": 2})
-    new.attempts = [Attempt(epoch=1, provider="local", worker="w1", started=NOW - 60, ended=NOW,
-                            outcome=Outcome.INTERRUPTION,
-                            detail="interrupted: killed by SIGKILL, not by the reconciler, after a new checkpoint"),
-                    Attempt(epoch=2, provider="local", worker="w2", started=NOW)]
+    old, new = relaunched(2, "interrupted: killed by SIGKILL, not by the reconciler, after a new checkpoint")
     line = f"train-demo: Running -> Launching (attempt 2 launched on local (relaunch after: {new.attempts[0].detail}))"
     assert status_message([line], [(old, new)], [line]).split("\n")[0] in subjects
 
