@@ -1,14 +1,15 @@
 """The `local` compute adapter: workers are detached processes on this machine.
 
-Each worker gets a folder `<workdir>/workers/<owner>.<job>.<run_id>.e<epoch>/` (0700) holding its
-labels (provider, owner, job, run_id, epoch), the supervisor's pid and start time, the output log
-(0600) and, once the command ends, its exit code. `owner` is the state repository's identity: two
-repositories sharing this machine never see, stop or read each other's workers (`observe` counts
-the others' live workers in `foreign_workers`). A small supervisor (`python -m
-adapters.local_supervisor`) runs in its own session, so workers survive the daemon, and a restarted
-daemon finds them again by reading those folders. The supervisor gets the command's environment on
-its stdin (never in its own environment or in a file); the command gets only the minimal base
-environment (`adapters.compute.worker_base_env`), its `env` and its named secrets.
+Each worker gets a folder `<workdir>/<owner>.<job>.<run_id>.e<epoch>/` (0700; without `workdir`,
+in ~/.reconciler/local/workers/) holding its labels (provider, owner, job, run_id, epoch), the
+supervisor's pid and start time, the output log (0600) and, once the command ends, its exit code.
+`owner` is the state repository's identity: two repositories sharing this machine never see, stop
+or read each other's workers (`observe` counts the others' live workers in `foreign_workers`). A
+small supervisor (`python -m adapters.local_supervisor`) runs in its own session, so workers
+survive the daemon, and a restarted daemon finds them again by reading those folders. The
+supervisor gets the command's environment on its stdin (never in its own environment or in a
+file); the command gets only the minimal base environment (`adapters.compute.worker_base_env`),
+its `env` and its named secrets.
 
 State table (the process's fate -> WorkerState):
 
@@ -126,10 +127,21 @@ def _mtime(path: Path) -> float | None:
 
 
 def workers_root(settings: LocalSettings | None = None) -> Path:
-    """The folder that holds one folder per worker (the daemon watches it for exit records)."""
+    """The folder that holds one folder per worker (the daemon watches it for exit records): the
+    provider's `workdir` itself, else `workers/` in RECONCILER_LOCAL_WORKDIR or ~/.reconciler/local."""
     settings = settings or LocalSettings()
-    return Path(os.path.expanduser(settings.workdir or os.environ.get(
-        "RECONCILER_LOCAL_WORKDIR", DEFAULT_WORKDIR))) / "workers"
+    if settings.workdir:
+        return Path(os.path.expanduser(settings.workdir))
+    return Path(os.path.expanduser(os.environ.get("RECONCILER_LOCAL_WORKDIR", DEFAULT_WORKDIR))) / "workers"
+
+
+def worker_roots(settings: LocalSettings | None = None) -> tuple[Path, ...]:
+    """Where workers may be found: `workers_root`, and `<workdir>/workers/`, where earlier versions
+    put them when `workdir` was set, while that folder exists (its workers are still observed,
+    stopped and read; new ones go to `workers_root`)."""
+    root = workers_root(settings)
+    earlier = root / "workers"
+    return (root, earlier) if settings is not None and settings.workdir and earlier.is_dir() else (root,)
 
 
 class LocalAdapter:
@@ -138,6 +150,7 @@ class LocalAdapter:
         self.owner = check_owner(owner)
         self.foreign_workers = 0
         self.root = workers_root(settings)
+        self.roots = worker_roots(settings)
         self._capacity: Capacity | None = None
 
     # ---- helpers ---------------------------------------------------------------------------
@@ -163,8 +176,7 @@ class LocalAdapter:
         """The folder of one of our workers; None for a name that is not a folder of ours."""
         if ref.id != os.path.basename(ref.id) or ref.id in ("", ".", ".."):
             return None
-        folder = self.root / ref.id
-        return folder if self._ours(self._labels(folder)) else None
+        return next((root / ref.id for root in self.roots if self._ours(self._labels(root / ref.id))), None)
 
     def _read(self, folder: Path, name: str) -> str | None:
         try:
@@ -239,6 +251,9 @@ class LocalAdapter:
                                  f"{self.name!r}); fix the job's manifest")
         folder = self.root / worker_folder_name(self.owner, spec.job, spec.run_id, spec.epoch)
         ref = WorkerRef(self.name, folder.name, spec.job, spec.run_id, spec.epoch)
+        if self.root.exists() and not self.root.is_dir():  # mkdir would take the file for the folder
+            raise ProviderUnavailable(f"local provider {self.name!r}: its workdir {self.root} is a file, not a "
+                                      "directory")
         try:
             self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
             folder.mkdir(mode=0o700)
@@ -257,17 +272,16 @@ class LocalAdapter:
     def observe(self) -> dict[WorkerRef, WorkerState]:
         found: dict[WorkerRef, WorkerState] = {}
         foreign = 0
-        if self.root.exists():
-            for folder in sorted(self.root.iterdir()):
-                labels = self._labels(folder)
-                if labels is None:
-                    continue
-                if not self._ours(labels):
-                    foreign += labels.get("owner") != self.owner and self._live(folder)
-                    continue
-                ref = self._ref_of(folder, labels)
-                if ref is not None:
-                    found[ref] = self._state(folder)
+        for folder in (f for root in self.roots if root.is_dir() for f in sorted(root.iterdir())):
+            labels = self._labels(folder)
+            if labels is None:
+                continue
+            if not self._ours(labels):
+                foreign += labels.get("owner") != self.owner and self._live(folder)
+                continue
+            ref = self._ref_of(folder, labels)
+            if ref is not None:
+                found[ref] = self._state(folder)
         self.foreign_workers = foreign
         return found
 

@@ -253,7 +253,8 @@ class Job(Strict):
 class LocalSettings(Strict):
     type: Literal["local"] = Field(default="local",
         description="local: worker processes on the reconciler's own machine")
-    workdir: str | None = Field(default=None, description="where worker folders live; default ~/.reconciler")
+    workdir: str | None = Field(default=None, description="the folder that holds the workers' folders, one "
+                                                          "per attempt; default ~/.reconciler/local/workers")
 
 
 class SshHost(Strict):

@@ -12,6 +12,7 @@ reads the first, YAML keeps the last), or holds an integer longer than MAX_NUMBE
 from __future__ import annotations
 
 import codecs
+import difflib
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from desired.models import HOSTED_PROVIDER_TYPES, Job, Provider, Settings, default_local_provider
+from desired.suggest import did_you_mean, fields_at
 
 MAX_FILE_BYTES = 1_000_000
 MAX_DOCUMENTS = 200
@@ -200,13 +202,20 @@ def _load_one(loader: _SafeLoader, index: int) -> Any:
         raise YamlProblem("nesting is too deep to read", index) from exc
 
 
-def _validation_errors(file: str, doc_index: int, exc: ValidationError) -> list[ManifestError]:
+def _validation_errors(file: str, doc_index: int, exc: ValidationError,
+                       model: type[BaseModel]) -> list[ManifestError]:
+    """Every error pydantic found in the document (all at once), an unknown field with the known
+    field its spelling is closest to."""
     out = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+        parts = [p for p in err["loc"] if not str(p).startswith("function-")]
+        loc = ".".join(str(p) for p in parts)
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
-            msg = "unknown field (check the spelling; see `reconciler schema`)"
+            where, known = fields_at(model, parts)
+            loc = ".".join(where)
+            hint = did_you_mean(str(parts[-1]), known) if parts else ""
+            msg = f"unknown field{hint}" if hint else "unknown field (check the spelling; see `reconciler schema`)"
         elif msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
         out.append(ManifestError(file, msg, doc_index, loc or None))
@@ -217,7 +226,7 @@ def _validate(model: type[BaseModel], data: Any, file: str, index: int) -> tuple
     try:
         return model.model_validate(data), []
     except ValidationError as exc:
-        return None, _validation_errors(file, index, exc)
+        return None, _validation_errors(file, index, exc, model)
 
 
 def parse_settings(text: str | bytes | None, file: str = SETTINGS_FILE) -> tuple[Settings, list[ManifestError]]:
@@ -296,15 +305,13 @@ def _parse_file(state: DesiredState, path: str, content: str | bytes, origins: d
         if not isinstance(doc, dict):
             state.errors.append(ManifestError(path, "a manifest must be a mapping", index))
             continue
-        kind = doc.get("kind")
-        model: type[Job] | type[Provider]
-        if kind == "Job":
-            model = Job
-        elif kind == "Provider":
-            model = Provider
-        else:
-            state.errors.append(ManifestError(path, f"unknown kind {str(kind)[:80]!r}; expected Job or Provider",
-                                              index, "kind"))
+        kind = str(doc.get("kind"))
+        model = KINDS.get(kind)
+        if model is None:  # the rest of the document is still checked, as the kind it is closest to
+            state.errors.append(_unknown_kind(path, index, doc.get("kind")))
+            guess = KINDS.get(next(iter(difflib.get_close_matches(kind, KINDS, n=1, cutoff=0.6)), ""))
+            if guess is not None:
+                state.errors.extend(_validate(guess, {**doc, "kind": guess.__name__}, path, index)[1])
             continue
         obj, errors = _validate(model, doc, path, index)
         state.errors.extend(errors)
@@ -320,6 +327,15 @@ def _parse_file(state: DesiredState, path: str, content: str | bytes, origins: d
             state.job_files[obj.name] = path
         else:
             state.providers[obj.name] = obj
+
+
+KINDS: dict[str, type[Job] | type[Provider]] = {"Job": Job, "Provider": Provider}
+
+
+def _unknown_kind(path: str, index: int, kind: Any) -> ManifestError:
+    hint = did_you_mean(str(kind), set(KINDS))
+    what = "no kind" if kind is None else f"unknown kind {str(kind)[:80]!r}"
+    return ManifestError(path, f"{what}; expected Job or Provider{hint}", index, "kind")
 
 
 def _check_placements(state: DesiredState, refused: Collection[str] = ()) -> None:

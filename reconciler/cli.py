@@ -1,5 +1,6 @@
 """The command line: init, validate, plan, run, status, schema, demo, exec, serve (describe, suspend, resume,
-cancel and --version are in cli_jobs, logs in cli_logs)."""
+cancel and --version are in cli_jobs, logs in cli_logs, reconcile in cli_reconcile; status's tables in
+cli_status; help without type placeholders in cli_help)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
+from reconciler import cli_help  # noqa: F401 - help without placeholders, before any command is built
+from reconciler.cli_status import StatusOutput, ledger_rows, ledger_table
+from reconciler.cli_status import show as show_status
 from reconciler.pr_check import WORKFLOW_PATH
 from reconciler.shown import VisibleFilter, escape
 from reconciler.source import BranchOption, PathOption, UrlOption
@@ -39,6 +43,9 @@ console = Console()
 err = Console(stderr=True)
 
 RepoOption = Annotated[Path, typer.Option("--repo", "-r", help="the state repository (a git checkout)")]
+VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="also log debug messages")]
+
+
 
 EXAMPLE_JOB = """\
 # A job the reconciler drives to completion. See `reconciler schema` for every field.
@@ -174,7 +181,8 @@ def validate(repo: RepoOption = Path("."), path: PathOption = "") -> None:
     errors = unreadable + bad_settings + [str(e) for e in state.errors]
     for e in errors:
         err.print(f"[red]error:[/red] {escape(e)}")
-    console.print(f"{len(state.jobs)} job(s), {len(state.providers)} provider(s), {len(errors)} error(s)")
+    console.print(f"{len(state.jobs)} job(s), {len(state.providers)} provider(s), {len(errors)} error(s) in the "
+                  "working tree (uncommitted changes included; the daemon and `plan` read the last commit)")
     if errors:
         raise typer.Exit(1)
 
@@ -207,7 +215,7 @@ class PlanFormat(StrEnum):
 @app.command()
 def plan(
     repo: RepoOption = Path("."),
-    verbose: bool = False,
+    verbose: VerboseOption = False,
     base: Annotated[str | None, typer.Option(
         help="review a change: what merging HEAD (or --head) into this ref would do, job by job, from git "
              "alone (no provider or storage access)")] = None,
@@ -251,6 +259,10 @@ def plan(
             and rec.repo.tree_id(report.commit, "desired") is None:  # as `validate` says: nothing to plan from
         raise _fail(f"desired/ does not exist at commit {report.commit[:12]} of {rec.repo.path}: commit job "
                     "manifests under desired/, or run this in a state repository (--repo; --path for a subfolder)")
+    which = ("the last commit" if report.commit == report.head
+             else f"the newest trusted commit (the last, {report.head[:12]}, is held)")
+    console.print(f"plan for commit {report.commit[:12]}, {which}; uncommitted changes are not read "
+                  "(`validate` checks the working tree)")
     for e in report.errors:
         if e in manifest_errors:
             err.print(f"[red]error:[/red] {show(e)}")
@@ -388,7 +400,7 @@ def run(
         metavar="HOST:PORT", help="serve Prometheus metrics here (/metrics); :PORT is loopback")] = None,
     serve_at: Annotated[str | None, typer.Option("--serve", metavar="HOST:PORT", help="serve the status page "
                                                  "too (as `reconciler serve` does)")] = None,
-    verbose: bool = False,
+    verbose: VerboseOption = False,
     repo_url: UrlOption = None, branch: BranchOption = None, path: PathOption = "",
 ) -> None:
     """Reconcile: launch and relaunch workers until every job is done, committing status to git.
@@ -495,7 +507,12 @@ def _check_backend(storage: str) -> None:
 
 
 @app.command()
-def status(repo: RepoOption = Path("."), as_json: Annotated[bool, typer.Option("--json")] = False,
+def status(repo: RepoOption = Path("."),
+           output: Annotated[StatusOutput, typer.Option(
+               "--output", "-o", help="table: fits the terminal, messages on lines of their own; wide: every "
+                                      "column, rows as long as they need; plain: tab-separated; json")
+           ] = StatusOutput.TABLE,
+           as_json: Annotated[bool, typer.Option("--json", help="the same as --output json")] = False,
            job_name: Annotated[str | None, typer.Option("--job", help="one job in detail: its forecast on "
                                                          "each provider and the placement decision")] = None,
            repo_url: UrlOption = None, branch: BranchOption = None, path: PathOption = "") -> None:
@@ -504,6 +521,7 @@ def status(repo: RepoOption = Path("."), as_json: Annotated[bool, typer.Option("
     ledger of the last status commit (quota or credits left, hours and cost this period)."""
     from reconciler.loop import read_run
 
+    as_json = as_json or output is StatusOutput.JSON
     rec = _reconciler(repo, repo_url, branch, path)
     status_at = rec.fresh_status(repo_url is not None)
     commit = rec.repo.head()
@@ -538,18 +556,13 @@ def status(repo: RepoOption = Path("."), as_json: Annotated[bool, typer.Option("
     if as_json:
         console.print_json(json.dumps(rows))
         return
-    ledger = _ledger_rows(rec.repo.read_file(status_at, "status/providers.yaml"))
-    table = Table("job", "phase", "progress", "attempts", "interruptions", "failures", "ETA (UTC)",
-                  "spent / projected", "risk", "message")
     for r in rows:
-        prog = cli_jobs.progress_cell(int(r["step"]), r["target"], r["durable"])
-        st = recorded.get(str(r["job"]))
-        eta, cost, risk = _forecast_cells(st, r["deadline"])
-        table.add_row(escape(str(r["job"])), str(r["phase"]), prog, str(r["attempts"]), str(r["interruptions"]),
-                      str(r["failures"]), eta, escape(cost), escape(risk), escape(str(r["message"])))
-    console.print(table)
-    if ledger:
-        console.print(_ledger_table(ledger))
+        r["eta_cell"], r["cost_cell"], r["risk_cell"] = _forecast_cells(recorded.get(str(r["job"])), r["deadline"])
+    show_status(console, rows, output,
+                lambda r: cli_jobs.progress_cell(int(r["step"]), r["target"], r["durable"]))
+    ledger = ledger_rows(rec.repo.read_file(status_at, "status/providers.yaml"))
+    if ledger and output is not StatusOutput.PLAIN:  # plain is one line a job, for scripts
+        console.print(ledger_table(ledger))
     for note in sorted({st.held for st in recorded.values() if st.held}):
         err.print(f"[yellow]held:[/yellow] {escape(note)}")
     for e in desired.errors:
@@ -621,30 +634,6 @@ def _show_job(row: dict[str, Any], st: JobStatus | None, job: Job | None, as_jso
         console.print(table)
 
 
-def _ledger_rows(text: bytes | None) -> list[dict]:
-    """The provider ledger as the last status commit wrote it (status/providers.yaml)."""
-    import yaml
-
-    try:
-        data = yaml.safe_load(text) if text else None
-    except yaml.YAMLError:
-        return []
-    rows = data.get("providers") if isinstance(data, dict) else None
-    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
-
-
-def _ledger_table(ledger: list[dict]) -> Table:
-    table = Table("provider", "left (provider's word)", "refills", "used this period", "cost", "answers",
-                  title="providers")
-    for x in ledger:
-        left = "" if x.get("remaining") is None else (
-            f"${x['remaining']:.2f} credits" if x.get("unit") == "credits" else f"{x['remaining']} {x.get('unit')}")
-        used = f"{x.get('worker_hours', 0)} h" + (f" ({x['gpu_hours']} GPU h)" if x.get("gpu_hours") else "")
-        table.add_row(str(x.get("provider")), left, str(x.get("resets_at") or ""), used, f"${x.get('cost_usd', 0):.2f}",
-                      str(x.get("answers") or ""))
-    return table
-
-
 @app.command()
 def doctor(repo: RepoOption = Path("."), as_json: Annotated[bool, typer.Option("--json")] = False,
            repo_url: UrlOption = None, branch: BranchOption = None, path: PathOption = "") -> None:
@@ -702,12 +691,17 @@ def demo(
     raise typer.Exit(code)
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def exec(ctx: typer.Context) -> None:  # noqa: A001 - the command's name is `exec`
-    """Run a non-Python command as a worker: `reconciler exec -- CMD ARGS...` (heartbeats, signals, exit)."""
+@app.command(context_settings={"ignore_unknown_options": True})
+def exec(command: Annotated[list[str] | None, typer.Argument(  # noqa: A001 - the command's name is `exec`
+        metavar="-- CMD ARGS", show_default=False,
+        help="the command to run and its arguments, after `--` (so that its own options are not read as "
+             "exec's)")] = None) -> None:
+    """Run a non-Python command as a worker: `reconciler exec -- CMD ARGS...`. It heartbeats while the
+    command runs (its step: a line written to the file $RECONCILER_STEP_FILE names), passes SIGTERM,
+    SIGINT and the reconciler's stop request on to it, and exits with its exit code (75: interrupted)."""
     from reconciler.execwrap import main as exec_main
 
-    args = list(ctx.args)
+    args = list(command or [])
     if args and args[0] == "--":
         args = args[1:]
     if not args:
@@ -720,7 +714,7 @@ from reconciler.web.command import serve as _serve  # noqa: E402 - the status pa
 app.command(name="serve")(_serve)
 
 # Commands kept in modules of their own register themselves on `app` when imported.
-from reconciler import cli_jobs, cli_logs  # noqa: E402,F401
+from reconciler import cli_jobs, cli_logs, cli_reconcile  # noqa: E402,F401
 
 
 def main() -> None:

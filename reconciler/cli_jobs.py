@@ -59,9 +59,9 @@ def progress_cell(step: int, target: int | None, durable: int | None) -> Table |
 
 
 def announce(rec: Reconciler, tick_seconds: float | None) -> None:
-    """One log line at start: what this daemon reconciles (credentials in the storage URL masked)."""
+    """Two log lines at start: what this daemon reconciles, and where it writes on this machine or
+    elsewhere (run storage, local workers' folders), with credentials in the storage URL masked."""
     from adapters.gitrepo import GitError
-    from status.redact import without_credentials
 
     try:
         head = rec.repo.head()
@@ -72,10 +72,32 @@ def announce(rec: Reconciler, tick_seconds: float | None) -> None:
     s = desired.settings
     providers = ", ".join(f"{n} ({p.spec.type})" for n, p in sorted(desired.providers.items())) or "none"
     remote = f", remote {s.remote}" if s.remote else ""
-    logging.getLogger("reconciler").info(
-        "reconciling %s, branch %s%s; storage %s; providers: %s; %d job(s); tick every %gs",
-        rec.repo.path, branch, remote, without_credentials(s.storage), providers, len(desired.jobs),
-        tick_seconds if tick_seconds is not None else s.tick_seconds)
+    log = logging.getLogger("reconciler")
+    log.info("reconciling %s, branch %s%s; providers: %s; %d job(s); tick every %gs", rec.repo.path, branch, remote,
+             providers, len(desired.jobs), tick_seconds if tick_seconds is not None else s.tick_seconds)
+    log.info("%s", where_data_goes(rec, desired))
+
+
+def where_data_goes(rec: Reconciler, desired: DesiredState) -> str:
+    """One sentence: the run storage (a folder named in full, and whether it is outside the
+    repository) and the folders of local providers' workers."""
+    from adapters.local import workers_root
+    from desired.models import LocalSettings
+    from desired.parse import on_this_machine
+    from status.redact import without_credentials
+
+    storage = rec.storage_override or desired.settings.storage
+    url = without_credentials(storage)
+    if on_this_machine(storage) and url.startswith("file://"):
+        folder = Path(url[len("file://"):]).expanduser().absolute()
+        inside = folder.is_relative_to(Path(rec.repo.path).absolute())
+        said = f"{folder} on this machine{'' if inside else ', outside the repository'}"
+    else:
+        said = url
+    local = sorted({str(workers_root(p.spec.settings)) for p in desired.providers.values()
+                    if isinstance(p.spec.settings, LocalSettings)})
+    workers = f"; local workers' folders in {', '.join(local)}" if local else ""
+    return f"run data (checkpoints, progress, leases) is stored in {said} (`storage:` in reconciler.yaml){workers}"
 
 
 # ---- describe -------------------------------------------------------------------------------------
@@ -193,8 +215,10 @@ def _events(rec: Reconciler, job: str, show: Callable[[str], str]) -> None:
         stamp, _, body = rest.partition("\x00")
         if not sha:
             continue
-        lines = [ln.strip().removeprefix("- ") for ln in body.splitlines()]
-        mine = [ln for ln in lines if ln.startswith(f"{job}:")] or lines[:1]
+        lines = body.strip().splitlines()
+        # A subject with a body of "- job: ..." lines is their summary: the lines are told, whole, once.
+        told = [ln[2:].strip() for ln in lines if ln.startswith("- ")] or lines[:1]
+        mine = [ln for ln in told if ln.startswith(f"{job}:")] or told[:1]
         for line in mine:
             table.add_row(when(float(stamp)), sha, show(line))
     if table.row_count:

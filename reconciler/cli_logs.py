@@ -10,6 +10,7 @@ import typer
 
 from reconciler.cli import RepoOption, _fail, _reconciler, app, err
 from reconciler.shown import escape
+from reconciler.source import BranchOption, PathOption, UrlOption
 from status.text import lines
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ def logs(
     raw: Annotated[bool, typer.Option("--raw", help="print control characters (escape sequences, carriage "
                                                      "returns) as the worker wrote them, not as visible escapes; "
                                                      "only for a log you trust")] = False,
+    repo_url: UrlOption = None, branch: BranchOption = None, path: PathOption = "",
 ) -> None:
     """Show a worker's log, read through its provider (a local or SSH worker's folder, Slurm's output
     file, a hosted provider's log API, or the copy the worker wrote to the run folder where the
@@ -38,13 +40,13 @@ def logs(
 
     if tail < 0 or poll <= 0:
         raise _fail("--tail must be 0 or more and --poll more than 0", 2)
-    rec = _reconciler(repo)
+    rec = _reconciler(repo, repo_url, branch, path)
 
     def shown(text: str) -> str:
         return text if raw else lines(text.replace("\r\n", "\n"))
 
     try:
-        source = locate(rec, job, attempt)
+        source = locate(rec, job, attempt, fetch=repo_url is not None)
         where = f"{source.ref.provider} (worker {source.ref.id})"
         err.print(f"{escape(job)}: attempt {source.number} on {escape(where)}, "
                   f"{escape(_attempt_state(source.attempt))}")
@@ -66,4 +68,5 @@ def logs(
 
 
 def _attempt_state(att: Attempt) -> str:
-    return "still open" if att.open else f"ended: {att.outcome.value if att.outcome else 'unknown'}"
+    """The attempt's end in its own words ("suspended by the manifest", not the outcome "cancelled")."""
+    return "still open" if att.open else f"ended: {att.detail or (att.outcome.value if att.outcome else 'unknown')}"

@@ -1,7 +1,8 @@
 """`reconciler run`: ticks on an interval (APScheduler, one at a time, coalesced) and at once when
 `desired/` changes in a local repository, a worker writes its completion record, or a local
 worker's supervisor writes its exit record (a SIGKILL relaunches at once: watchfiles), or a push
-webhook for the reconciled branch arrives (`listen`, reconciler.webhook), or an adapter that can
+webhook for the reconciled branch arrives (`listen`, reconciler.webhook), or `reconciler reconcile`
+asks on the clone's socket (reconciler.nudge, which waits for that tick), or an adapter that can
 see its workers end (SSH exit records, Slurm job states: `adapters.compute.WatchesEndings`) says
 one did; that watch runs on a thread per provider and only wakes the tick, which decides.
 
@@ -36,10 +37,11 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from adapters.compute import ComputeAdapter, WatchesEndings
 from adapters.gitrepo import StateRepo
-from adapters.local import workers_root
+from adapters.local import worker_roots
 from desired.models import LocalSettings, Settings
 from desired.parse import SETTINGS_FILE, parse_settings
 from reconciler.loop import Reconciler, TickReport
+from reconciler.nudge import NudgeError, NudgeServer, told
 from reconciler.webhook import WebhookServer
 from status.models import Phase
 
@@ -53,9 +55,10 @@ class Daemon:
     def __init__(self, reconciler: Reconciler, *, tick_seconds: float | None = None, until_done: bool = False,
                  on_tick: Callable[[TickReport], None] | None = None, watch: bool = True,
                  stop_grace: float = 5.0, listen: tuple[str, int] | None = None, webhook_secret: str = "",
-                 mounts: dict[str, object] | None = None) -> None:
+                 mounts: dict[str, object] | None = None, nudge: bool = True) -> None:
         """`mounts`: applications served with the webhook on `listen` (the status page, the metrics,
-        when `run --serve` or `--metrics` names the same address)."""
+        when `run --serve` or `--metrics` names the same address). `nudge`: listen on the clone's
+        socket for `reconciler reconcile`."""
         self.rec = reconciler
         self.until_done = until_done
         self.on_tick = on_tick
@@ -77,6 +80,11 @@ class Daemon:
         self.webhook = None if listen is None else WebhookServer(
             *listen, secret=webhook_secret, wake=self.trigger, branch=self._branch, mounts=mounts)
         self.webhook_address: tuple[str, int] | None = None  # bound once running (port 0 picks one)
+        self.nudge = (NudgeServer(self.rec.repo.repo.git_dir, self.tick_now)  # `reconciler reconcile`
+                      if nudge and isinstance(self.rec.repo, StateRepo) else None)
+        self._ticks = threading.Condition()  # counts ticks begun and ended, for `tick_now`
+        self._begun = self._ended = 0
+        self._outcome: dict[str, Any] = {}  # what the last tick did, as `reconciler reconcile` prints it
         self._scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(1),
                                                          "lease": ThreadPoolExecutor(1)})
 
@@ -86,14 +94,33 @@ class Daemon:
         while not self.stop_event.is_set():
             if not self._wake.wait(POLL_SECONDS):
                 continue
-            self._wake.clear()
             with self._ticking:
                 if self.stop_event.is_set() or self._signalled is not None:
                     return
-                self._tick()
+                with self._ticks:
+                    self._wake.clear()
+                    self._begun += 1
+                outcome = self._tick()
+                with self._ticks:
+                    self._ended, self._outcome = self._begun, outcome
+                    self._ticks.notify_all()
 
-    def _tick(self) -> None:
+    def tick_now(self) -> dict[str, Any]:
+        """Wakes a tick and waits for one that began after this call to end; what it did, for
+        `reconciler reconcile` (from the request's own thread)."""
+        with self._ticks:
+            wanted = self._begun + 1
+            self._wake.set()
+            while self._ended < wanted:
+                if self.stop_event.is_set():
+                    return {"error": "the daemon is stopping; no tick was run"}
+                self._ticks.wait(POLL_SECONDS)
+            return self._outcome
+
+    def _tick(self) -> dict[str, Any]:
+        """One tick; returns what it did, as `reconciler reconcile` tells it."""
         report: TickReport | None = None
+        failure = ""
         started = time.monotonic()
         try:
             report = self.rec.tick()
@@ -105,6 +132,7 @@ class Daemon:
                 self.rec.conditions.holds("tick failed", f"tick failed: {exc}; the next tick tries again",
                                          logging.ERROR)
             log.debug("tick failure detail", exc_info=True)
+            failure = self.rec.redactor.redact(f"the tick failed: {exc}; the next tick tries again")
         else:
             self.rec.conditions.ended("tick failed", "ticks work again")
         self._seen_desired = self._desired_id()
@@ -112,14 +140,14 @@ class Daemon:
             self._follow_settings(report)
         except Exception as exc:  # e.g. no commit yet: the interval stays as it was
             log.debug("settings not followed this tick: %s", exc)
-        if report is None or report.standby is not None or report.halted is not None:
-            return
-        self.last_report = report
-        self._wake_after_backoff(report)
-        if self.on_tick:
-            self.on_tick(report)
-        if self.until_done and report.all_terminal:
-            self.stop_event.set()
+        if report is not None and report.standby is None and report.halted is None:
+            self.last_report = report
+            self._wake_after_backoff(report)
+            if self.on_tick:
+                self.on_tick(report)
+            if self.until_done and report.all_terminal:
+                self.stop_event.set()
+        return told(report, failure)
 
     def _stopping(self) -> bool:
         """A stop is under way. A SIGTERM or SIGINT sent to the whole process group (systemd, Ctrl-C)
@@ -194,8 +222,9 @@ class Daemon:
         desired = report.desired if report is not None else None
         if desired is None:
             return self._local_roots
-        self._local_roots = tuple(sorted({workers_root(p.spec.settings) for p in desired.providers.values()
-                                          if isinstance(p.spec.settings, LocalSettings)}))
+        self._local_roots = tuple(sorted({r for p in desired.providers.values()
+                                          if isinstance(p.spec.settings, LocalSettings)
+                                          for r in worker_roots(p.spec.settings)}))
         return self._local_roots
 
     def _follow_endings(self, adapters: dict[str, ComputeAdapter]) -> None:
@@ -268,6 +297,12 @@ class Daemon:
         try:
             if self.webhook is not None:  # after the lock: a second daemon on this clone fails on that first
                 self.webhook_address = self.webhook.start()
+            if self.nudge is not None:
+                try:
+                    self.nudge.start()
+                except (OSError, NudgeError) as exc:  # the daemon still ticks; only the nudge is lost
+                    log.warning("`reconciler reconcile` cannot reach this daemon: %s", exc)
+                    self.nudge = None
             self.interval = None
             self._scheduler.add_job(self._wake.set, "interval", seconds=self.tick_seconds or 30.0, id="tick",
                                     max_instances=1, coalesce=True, misfire_grace_time=None)
@@ -294,6 +329,8 @@ class Daemon:
             stop.set()
         if self.webhook is not None:
             self.webhook.stop()
+        if self.nudge is not None:
+            self.nudge.stop()
         if self._scheduler.running:
             self._scheduler.shutdown(wait=False)
         if not self._ticking.acquire(timeout=self.stop_grace):

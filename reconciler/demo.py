@@ -18,6 +18,7 @@ from pathlib import Path
 
 import git
 import yaml
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -27,7 +28,8 @@ from adapters.storage import RunFolder
 from desired.models import LocalSettings
 from reconciler.daemon import Daemon
 from reconciler.loop import Reconciler, TickReport
-from status.models import parse_status
+from reconciler.shown import escape
+from status.models import JobStatus, parse_status
 
 MARKER = ".reconciler-demo"
 JOB = "train-demo"
@@ -162,11 +164,7 @@ def run_demo(root: Path, *, chaos: bool = True, seed: int | None = None, steps: 
     if status is None:
         console.print("[red]demo: no status was written[/red]")
         return 1
-    table = Table("attempt", "outcome", "detail", "resumed at", "durable at end", "steps lost")
-    for a in status.attempts:
-        table.add_row(str(a.epoch), a.outcome.value if a.outcome else "open", a.detail, str(a.step_start),
-                      str(a.step_end if a.step_end is not None else ""), str(a.steps_lost))
-    console.print(table)
+    console.print(attempts_table(status))
     console.print(f"chaos kills (attempt, step at the kill): {chaos_thread.killed or 'none'}")
     done = RunFolder.for_run(f"file://{root / 'runs'}", JOB, status.run_id).done() or {}
     metrics = done.get("metrics", {}) if isinstance(done.get("metrics"), dict) else {}
@@ -183,6 +181,19 @@ def run_demo(root: Path, *, chaos: bool = True, seed: int | None = None, steps: 
     print(f"demo: {outcome}: attempts={status.total_attempts} interruptions={status.interruptions} "
           f"lost_steps={status.steps_lost}", flush=True)
     return 0 if outcome == "succeeded" else 1
+
+
+def attempts_table(status: JobStatus) -> Table:
+    """The run's attempts, short enough for an 80-column terminal: the steps each resumed from and
+    had saved at its end (`120-180`), what it lost, and the detail last, the one cell that may wrap."""
+    table = Table("attempt", "outcome", "steps", "lost", "detail", box=box.SIMPLE_HEAD,
+                  show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
+    for col in table.columns[:4]:
+        col.no_wrap = True
+    for a in status.attempts:
+        table.add_row(str(a.epoch), a.outcome.value if a.outcome else "open",
+                      f"{a.step_start}-{'' if a.step_end is None else a.step_end}", str(a.steps_lost), escape(a.detail))
+    return table
 
 
 def main() -> None:  # pragma: no cover - convenience for `python -m reconciler.demo`

@@ -66,8 +66,8 @@ def classify(job: Job, attempt: Attempt, state: WorkerState, run: RunObservation
     if state.phase in (WorkerPhase.PENDING, WorkerPhase.RUNNING):
         return None
     word = state.provider_state or state.phase.value
-    if state.detail:
-        word += f" ({state.detail})"
+    if state.detail:  # "killed by SIGKILL, not by the reconciler" already says "killed by SIGKILL"
+        word = state.detail if state.detail.startswith(word) else f"{word} ({state.detail})"
     if state.phase == WorkerPhase.PREEMPTED:
         return Verdict(Outcome.INTERRUPTION, f"interrupted: {word}")
     if state.phase == WorkerPhase.LOST:

@@ -275,7 +275,8 @@ def _launch(t: JobTick, name: str) -> None:
     prov = t.desired.providers[name]
     t.busy[name] = t.busy.get(name, 0) + 1
     _reserve_allowance(t, name, prov.spec.price_per_hour)
-    reason = "first launch" if not st.attempts else f"relaunch after: {last_detail(st)}"
+    reason = ("first launch" if not st.attempts  # attempts of a replaced run are kept, but not counted
+              else "first launch of the new run" if not st.total_attempts else f"relaunch after: {last_detail(st)}")
     avoid = tuple(sorted(h for p, h in t.observed.bad_hosts | bad_hosts([st], t.now) if p == name))
     t.out.actions.append(Launch(t.job.name, st.run_id, name, reason, avoid, worker_mtbf(t, name)))
     st.phase = Phase.LAUNCHING

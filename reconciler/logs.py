@@ -96,9 +96,10 @@ class LogSource:
         return state is not None and state.phase in LIVE
 
 
-def locate(rec: Reconciler, job: str, attempt: int | None = None) -> LogSource:
-    """The log source of `job`'s attempt number `attempt` (the newest when None), from HEAD."""
-    recorded = rec.read_recorded(rec.fresh_status(False))  # the status branch's, when there is one
+def locate(rec: Reconciler, job: str, attempt: int | None = None, fetch: bool = False) -> LogSource:
+    """The log source of `job`'s attempt number `attempt` (the newest when None), from HEAD; `fetch`:
+    the status the remote holds now (a clone of --repo-url)."""
+    recorded = rec.read_recorded(rec.fresh_status(fetch))  # the status branch's, when there is one
     commit = rec.repo.head()
     desired = rec.read_desired(commit)
     st = recorded.get(job)

@@ -37,6 +37,7 @@ from reconciler.notices import events, messages, store_messages
 from reconciler.plan import Observed, Plan, RunObservation, apply_results, cancelled_by, confirms_cancel, plan
 from reconciler.redaction import secret_values
 from reconciler.signed import SignedHistory, with_hold
+from reconciler.subjects import status_message
 from reconciler.trust import act_on, hold_note
 from status.models import JobStatus, ProviderLedger, parse_status, render_index, render_ledger, render_status
 from status.redact import Redactor, redact_data
@@ -489,6 +490,7 @@ class Reconciler:
         self._learn_secrets(desired)
         files: dict[str, str | None] = {}
         changes = []
+        changed: list[tuple[JobStatus | None, JobStatus]] = []
         desired_commit = self.repo.last_change(commit, [DESIRED_DIR, "reconciler.yaml"]) or commit
         status_at = self.status_source(report.head or commit)  # where `recorded` was read
         for name, st in sorted(the_plan.statuses.items()):
@@ -503,6 +505,7 @@ class Reconciler:
             text = self._render_redacted(st)
             files[f"{STATUS_DIR}/{name}.yaml"] = text
             changes.append(one_line(self.redactor.redact(_change_line(old, st))))  # a commit message line
+            changed.append((old, st))
         if not files:
             if self._push_pending:
                 try:
@@ -519,8 +522,7 @@ class Reconciler:
             files[f"{STATUS_DIR}/providers.yaml"] = self.redactor.redact(render_ledger(ledger))
         files[f"{STATUS_DIR}/README.md"] = self.redactor.redact(index)
         report.changed = changes
-        subject = changes[0] if len(changes) == 1 else f"status: {len(changes)} jobs changed"
-        message = subject + ("\n\n" + "\n".join(f"- {c}" for c in changes) if len(changes) > 1 else "")
+        message = status_message(changes, changed, [one_line(self.redactor.redact(new.message)) for _, new in changed])
         try:
             report.status_commit = self.repo.commit_status(files, self._status_message(message, commit))
             self.repo.push()

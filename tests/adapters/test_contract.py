@@ -363,7 +363,7 @@ def test_worker_folder_is_private_and_its_log_too(kit: Kit) -> None:
     spec = kit.spec(lines="3", secret="x")
     ref = kit.launch(adapter, spec)
     wait_state(adapter, ref, ended)
-    folders = [p for p in (kit.workdir / "workers").iterdir() if p.name.endswith(f".{spec.job}.r-contract.e1")]
+    folders = [p for p in kit.workdir.rglob(f"*.{spec.job}.r-contract.e1") if p.is_dir()]  # local: in workdir
     assert len(folders) == 1 and folders[0].name.startswith(f"{OWNER}.")
     assert folders[0].stat().st_mode & 0o777 == 0o700
     assert (folders[0] / "log").stat().st_mode & 0o777 == 0o600

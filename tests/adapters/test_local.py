@@ -18,6 +18,7 @@ from adapters.compute import (
     BASE_ENV_PREFIXES,
     LaunchSpec,
     ProviderConfigError,
+    ProviderUnavailable,
     WorkerPhase,
     check_label,
     worker_base_env,
@@ -78,12 +79,34 @@ def test_local_worker_with_an_oom_marker_is_reported_oom(tmp_path: Path) -> None
     adapter = adapter_in(tmp_path)
     ref = adapter.launch(LaunchSpec(job="hog", run_id="r-1", epoch=1, command=[sys.executable, "-c", "pass"]))
     wait_state(adapter, ref, ended)
-    folder = tmp_path / "wd" / "workers" / ref.id
+    folder = tmp_path / "wd" / ref.id
     (folder / "oom").write_text("counter rose")
     (folder / "exit_code").write_text("-9")
     state = adapter.observe()[ref]
     assert (state.phase, state.signal, state.oom) == (WorkerPhase.EXITED, "SIGKILL", True)
     assert "OOM" in state.detail
+
+
+def test_workers_go_in_the_workdir_itself_and_earlier_ones_under_workers_are_still_found(tmp_path: Path) -> None:
+    """`workdir: X` used to put workers in X/workers/; a worker left there by that version is still
+    observed, read and stopped, and new ones go to X."""
+    earlier = LocalAdapter("local", LocalSettings(workdir=str(tmp_path / "wd" / "workers")), owner=OWNER)
+    old = earlier.launch(LaunchSpec(job="old", run_id="r-1", epoch=1,
+                                    command=[sys.executable, "-c", "print('from before', flush=True)"]))
+    wait_state(earlier, old, ended)
+    adapter = adapter_in(tmp_path)
+    new = adapter.launch(LaunchSpec(job="new", run_id="r-1", epoch=1, command=[sys.executable, "-c", "pass"]))
+    assert (tmp_path / "wd" / new.id / "labels.json").exists()
+    assert not (tmp_path / "wd" / "workers" / new.id).exists()
+    seen = adapter.observe()
+    assert set(seen) == {old, new} and seen[old].phase is WorkerPhase.EXITED
+    assert "from before" in adapter.logs(old)
+
+
+def test_a_workdir_that_is_a_file_refuses_the_launch_saying_so(tmp_path: Path) -> None:
+    (tmp_path / "wd").write_text("not a folder\n")
+    with pytest.raises(ProviderUnavailable, match="its workdir .*/wd is a file, not a directory"):
+        adapter_in(tmp_path).launch(LaunchSpec(job="j", run_id="r-1", epoch=1, command=["true"]))
 
 
 def test_capacity_reports_this_machine(tmp_path: Path) -> None:

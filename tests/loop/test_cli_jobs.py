@@ -96,7 +96,7 @@ def test_status_shows_a_progress_bar(state_repo: StateRepoFixture) -> None:
     state_repo.write("desired/count.yaml", job("count", counter(0.02)))
     state_repo.commit("add count")
     tick_until(Reconciler(state_repo.path), lambda r: r.statuses["count"].phase.terminal)
-    table = cli("status", "--repo", str(state_repo.path)).stdout
+    table = cli("status", "--repo", str(state_repo.path), "--output", "wide").stdout  # the bar is wide's
     assert "━" * 10 in table.split("┃ progress")[1] and "60/60 100% (saved 60)" in table
     rows = json.loads(cli("status", "--json", "--repo", str(state_repo.path)).stdout)
     assert rows[0]["metrics"] == {"total": 60 * 61 / 2}  # what the worker reported (issue 27 item 3)
@@ -198,9 +198,9 @@ def test_run_says_what_it_reconciles_with_credentials_masked(state_repo: StateRe
     state_repo.commit("s3 storage")
     with caplog.at_level(logging.INFO, logger="reconciler"):
         announce(Reconciler(state_repo.path), None)
-    line = caplog.records[-1].getMessage()
+    line, where = (r.getMessage() for r in caplog.records[-2:])
     assert f"reconciling {state_repo.path}, branch main" in line
-    assert "storage s3://***@bucket/runs" in line and "wJalrXUtnFEMIK7MDENG" not in line
+    assert "is stored in s3://***@bucket/runs" in where and "wJalrXUtnFEMIK7MDENG" not in line + where
     assert "providers: local (local)" in line and "1 job(s)" in line and "tick every 7s" in line
 
 
@@ -218,5 +218,5 @@ def test_every_schema_field_has_a_description() -> None:
 def test_run_once_prints_the_start_up_line(state_repo: StateRepoFixture) -> None:
     res = cli("run", "--once", "--repo", str(state_repo.path))
     said = " ".join(res.stderr.split())
-    assert f"reconciling {state_repo.path}, branch main; storage file://{state_repo.storage}" in said, said
-    assert "providers: local (local); 0 job(s); tick every 0.5s" in said
+    assert f"reconciling {state_repo.path}, branch main; providers: local (local); 0 job(s); tick every 0.5s" in said
+    assert f"is stored in {state_repo.storage} on this machine, outside the repository" in said, said

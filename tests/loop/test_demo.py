@@ -22,3 +22,21 @@ def test_demo_succeeds_under_chaos_and_prints_the_summary_last(tmp_path: Path) -
     assert interruptions >= 1 and attempts == interruptions + 1
     assert "final parameters equal an uninterrupted run: yes" in res.stdout
     assert "killed by SIGKILL" in res.stdout  # the git log of status commits is shown
+
+
+def test_demo_attempt_table_keeps_rows_short_at_80_columns() -> None:
+    from rich.console import Console
+
+    from reconciler.demo import attempts_table
+    from status.models import Attempt, JobStatus, Outcome
+
+    detail = "interrupted: killed by SIGKILL, not by the reconciler, after a new checkpoint"  # as the demo says
+    st = JobStatus(job="train-demo", attempts=[
+        Attempt(epoch=n, provider="local", worker=f"w{n}", started=0.0, ended=1.0, outcome=Outcome.INTERRUPTION,
+                detail=detail, step_start=40 * (n - 1), step_end=40 * n, steps_lost=5) for n in (1, 2)])
+    console = Console(width=80, record=True)
+    console.print(attempts_table(st))
+    out = console.export_text()
+    rows = [line for line in out.splitlines() if line.strip()]
+    assert "…" not in out and detail in " ".join(out.split()), out
+    assert len(rows) <= 2 + 2 * 2, out  # the header, its rule, then at most two lines a row

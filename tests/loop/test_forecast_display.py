@@ -135,10 +135,11 @@ def test_status_table_json_and_job_view_show_the_forecast(state_repo: StateRepoF
 
     table = cli("status", "--repo", str(state_repo.path)).stdout
     assert "ETA (UTC)" in table and "spent / projected" in table and "risk" in table
-    line = next(x for x in table.splitlines() if " count " in x)
+    line = next(x for x in table.splitlines() if x.startswith("count "))
     assert "2027-01-01 10:20" in line and "$3.20 / $11" in line
     assert "on track (14 h slack, due 2027-01-31 00:00)" in line
-    assert line.rstrip("│ ").endswith("relaunch after: interrupted")  # the message stays last
+    said = next(x for x in table.splitlines() if x.startswith("count: "))  # the message: a line of its own
+    assert said == "count: relaunch after: interrupted; interruptions 1, failures 0"
 
     detail = cli("status", "--repo", str(state_repo.path), "--job", "count").stdout
     assert "decision: on box: 14 h of slack covers the expected 3 h of losses" in detail

@@ -28,7 +28,7 @@ def providers(blocker: Path) -> str:
         settings = {"type": "local", **({"workdir": workdir} if workdir else {})}
         return {"apiVersion": "reconciler.dev/v1", "kind": "Provider", "metadata": {"name": name},
                 "spec": {"settings": settings, "concurrency": 4, "price_per_hour": price}}
-    return yaml.safe_dump_all([one("broken", 0.0, str(blocker)), one("good", 0.01, None)])
+    return yaml.safe_dump_all([one("broken", 0.0, str(blocker / "workers")), one("good", 0.01, None)])
 
 
 def test_a_refused_launch_cools_the_provider_down_for_jobs_committed_later(

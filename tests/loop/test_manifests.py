@@ -54,6 +54,27 @@ def test_invalid_manifest_names_file_document_and_field(text: str, field: str, n
     assert any(e.field == field and needle in str(e) for e in state.errors), state.errors
 
 
+def test_a_misspelt_kind_hides_no_other_error_of_the_file() -> None:
+    text = GOOD.replace("kind: Job", "kind: Jobb").replace("command:", "comand:") + "  target_step: 3\n"
+    state = parse_desired({"desired/bad.yaml": text})
+    said = {e.field: e.message for e in state.errors}
+    assert "did you mean `Job`?" in said["kind"]
+    assert said["spec.comand"] == "unknown field; did you mean `command`?"
+    assert said["spec.target_step"] == "unknown field; did you mean `target_steps`?"
+    assert not state.jobs  # the kind is still wrong: nothing of it is run
+
+
+def test_a_misspelt_field_is_named_as_written_with_the_closest_known_one() -> None:
+    provider = "kind: Provider\nmetadata: {name: box}\nspec: {settings: {type: local, workdirr: /x}}\n"
+    retry = GOOD + "  retry: {max_retires: 3}\n  colour: blue\n"
+    state = parse_desired({"desired/p.yaml": provider, "desired/j.yaml": retry}, "tick_second: 5\n")
+    said = {e.field: e.message for e in state.errors}
+    assert said["spec.settings.workdir" + "r"] == "unknown field; did you mean `workdir`?"  # no union tag
+    assert said["spec.retry.max_retires"] == "unknown field; did you mean `max_retries`?"
+    assert said["tick_second"] == "unknown field; did you mean `tick_seconds`?"
+    assert "check the spelling" in said["spec.colour"]  # nothing close: no guess
+
+
 def test_yaml_alias_bomb_is_refused_without_expanding() -> None:
     bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
         f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"

@@ -1,0 +1,70 @@
+"""The message of a status commit: a subject within git's 72 characters that names each job and
+what happened to it, so that `git log --oneline` reads as the audit trail; the body holds every
+change whole, one line a job, when the subject had to shorten anything."""
+
+from __future__ import annotations
+
+import re
+
+from status.models import JobStatus
+
+SUBJECT_LIMIT = 72
+_CLAUSE_END = re.compile(r" \(|; |, ")  # where a message's first clause ends
+
+
+def _what(old: JobStatus | None, new: JobStatus) -> str:
+    """What happened to one job, in a few words: `train: Running -> Succeeded`."""
+    if old is None or old.phase == new.phase:
+        if old is not None and old.progress.step != new.progress.step:
+            pct = new.progress.percent()
+            return f"{new.job}: step {new.progress.step}" + (f" ({pct:.0f}%)" if pct is not None else "")
+        return f"{new.job}: {new.phase.value}"
+    return f"{new.job}: {old.phase.value} -> {new.phase.value}"
+
+
+def _first_clause(message: str) -> str:
+    cut = _CLAUSE_END.search(message)
+    return message[:cut.start()] if cut else message
+
+
+def _launch(old: JobStatus | None, new: JobStatus) -> str:
+    """`train: attempt 3 on local after interrupted: killed by SIGKILL` when this change launched
+    an attempt (why: how the one before it ended); "" otherwise."""
+    launched = new.current
+    if launched is None or new.total_attempts <= (old.total_attempts if old is not None else 0):
+        return ""
+    what = f"{new.job}: attempt {launched.epoch} on {launched.provider}"
+    before = new.attempts[-2] if new.total_attempts > 1 and len(new.attempts) > 1 else None
+    return f"{what} after {_first_clause(before.detail)}" if before is not None and before.detail else what
+
+
+def _one(line: str, old: JobStatus | None, new: JobStatus, message: str) -> str:
+    """One job's subject: the whole change line if it fits, else the first of shorter tellings that does."""
+    what = _what(old, new)
+    clause = _first_clause(message)
+    live = new.current
+    where = f"{what} (attempt {live.epoch} on {live.provider})" if live is not None else ""
+    for candidate in (line, _launch(old, new), f"{what} ({clause})" if clause else "", where, what):
+        if candidate and len(candidate) <= SUBJECT_LIMIT:
+            return candidate
+    return what[:SUBJECT_LIMIT]
+
+
+def status_message(lines: list[str], changes: list[tuple[JobStatus | None, JobStatus]], messages: list[str]) -> str:
+    """`lines` are the whole change lines (redacted, one line each), `changes` the (old, new) status
+    of each job in the same order and `messages` their redacted messages."""
+    if len(lines) == 1:
+        subject = _one(lines[0], *changes[0], messages[0])
+    else:
+        pieces = [_what(old, new) for old, new in changes]
+        subject = ""
+        for n in range(len(pieces), 0, -1):  # as many jobs as fit, then how many more
+            rest = len(pieces) - n
+            subject = "; ".join(pieces[:n]) + (f"; {rest} more job{'s' if rest > 1 else ''}" if rest else "")
+            if len(subject) <= SUBJECT_LIMIT:
+                break
+        else:
+            subject = f"{len(pieces)} jobs changed"
+    if len(lines) == 1 and subject == lines[0]:
+        return subject
+    return subject + "\n\n" + "\n".join(f"- {line}" for line in lines)
