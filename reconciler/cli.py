@@ -635,7 +635,8 @@ def _show_job(row: dict[str, Any], st: JobStatus | None, job: Job | None, as_jso
 
 
 @app.command()
-def doctor(repo: RepoOption = Path("."), as_json: Annotated[bool, typer.Option("--json")] = False,
+def doctor(repo: RepoOption = Path("."),
+           as_json: Annotated[bool, typer.Option("--json", help="One JSON object: ok, and every check.")] = False,
            repo_url: UrlOption = None, branch: BranchOption = None, path: PathOption = "") -> None:
     """Before the first paid run: read-only checks of every provider in desired/ with the daemon's
     credentials (key, quota or credits, offers and prices, images, secrets) and of run storage (a

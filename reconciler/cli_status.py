@@ -138,8 +138,9 @@ def ledger_rows(text: bytes | None) -> list[dict]:
 def ledger_table(ledger: list[dict]) -> Table:
     from status.models import from_iso, when
 
-    table = compact("provider", "left (provider's word)", "refills (UTC)", "used this period", "cost", "answers",
-                    title="providers")
+    slow = any(x.get("answers") for x in ledger)  # a column only while some provider is slow to answer
+    table = compact("provider", "left (provider's word)", "refills (UTC)", "used this period", "cost",
+                    *(["answers"] if slow else []), title="providers")
     for x in ledger:
         left = "" if x.get("remaining") is None else (
             f"${x['remaining']:.2f} credits" if x.get("unit") == "credits" else f"{x['remaining']} {x.get('unit')}")
@@ -150,5 +151,5 @@ def ledger_table(ledger: list[dict]) -> Table:
         except ValueError:  # a file edited by hand: shown as written
             refill = str(x.get("resets_at"))
         table.add_row(escape(str(x.get("provider"))), escape(left), escape(refill), escape(used),
-                      f"${x.get('cost_usd', 0):.2f}", escape(str(x.get("answers") or "")))
+                      f"${x.get('cost_usd', 0):.2f}", *([escape(str(x.get("answers") or ""))] if slow else []))
     return table
