@@ -19,6 +19,7 @@ from adapters.hosted import SECRET_NOT_ATTACHED, STORAGE_UNREACHABLE
 from adapters.stores.faults import StoreFault
 from desired.models import Capacity
 from desired.parse import parse_desired
+from reconciler.health import clock
 from reconciler.judge import RAPID_END_LIMIT
 from reconciler.plan import Launch, LaunchResult, Observed, Plan, RunObservation, Terminate, apply_results, plan
 from status.models import STORAGE_FAULT_DETAIL, Attempt, JobStatus, Outcome, Phase
@@ -192,6 +193,10 @@ def stalled() -> Decision:
     return end(WorkerState(WorkerPhase.RUNNING, provider_state="running"), run, started=NOW - 3600)
 
 
+def stop_before_a_far_deadline() -> Decision:
+    return end(WorkerState(WorkerPhase.EXITED, 75), beat("deadline"), extra=deadline_in(10 * 3600), step_start=5)
+
+
 def over_retry_budget() -> Decision:
     return end(WorkerState(WorkerPhase.EXITED, 1, "exited 1"), failures=2)
 
@@ -200,6 +205,17 @@ def crash_loop() -> Decision:
     # The fifth end in a row without a new checkpoint; each lived longer than a minute.
     return end(WorkerState(WorkerPhase.EXITED, 1, "exited 1"),
                extra="  retry: {max_retries: 50, backoff_seconds: 10}", unproductive=4)
+
+
+def second_end_without_progress() -> Decision:
+    return end(WorkerState(WorkerPhase.EXITED, 3, "exited 3"), unproductive=1,
+               extra=f"{LOOSE[:-1]}, exit_codes: [{{codes: [3], action: ignore}}]}}")
+
+
+def preempted_in_a_loop() -> Decision:
+    """A preemption after four ends without progress: the row of four stays (no fifth, no reset),
+    and so does its backoff."""
+    return end(WorkerState(WorkerPhase.PREEMPTED, -9, "PREEMPTED"), unproductive=4)
 
 
 def rapid_ends(unconfirmed: bool | None = True, last: Outcome = Outcome.INTERRUPTION) -> Decision:
@@ -310,6 +326,10 @@ def relaunched_elsewhere(x: Decision) -> bool:
     return x.launched == ("paid",)  # the provider that lost the worker cools down: another goes first
 
 
+def cooling_down_two_minutes(x: Decision) -> bool:
+    return x.message.startswith(f"waiting: free is cooling down until {clock(NOW + 120)} ")
+
+
 def relaunched(x: Decision) -> bool:
     return bool(x.launched)
 
@@ -345,7 +365,8 @@ class Case:
 
 
 CASES: tuple[Case, ...] = (
-    Case("the provider's own word", "interruption", (("interruption", preempted, relaunched_elsewhere),)),
+    Case("the provider's own word", "interruption",
+         (("interruption", preempted, relaunched_elsewhere), ("interruption", preempted_in_a_loop, backs_off))),
     Case("the provider's time limit", "session end", (("session end", session_limit, relaunched),)),
     Case("exit 0 with a completion record", "succeeded", (("succeeded", completed, not_relaunched),)),
     Case("any other end while run storage has a fault", "storage-fault interruption",
@@ -363,7 +384,8 @@ CASES: tuple[Case, ...] = (
     Case("exit 75 whose stopping beat says `deadline` and was written within 30 minutes", "cancelled by the deadline",
          (("cancelled by the deadline", stop_for_job_deadline, not_relaunched),)),
     Case("exit 75 whose stopping beat says `deadline`, otherwise", "session end",
-         (("session end", stop_for_session_deadline, relaunched),)),
+         (("session end", stop_for_session_deadline, relaunched),
+          ("session end", stop_before_a_far_deadline, relaunched))),
     Case("exit 75 after the provider's stop notice", "interruption", (("interruption", stop_on_notice, relaunched),)),
     Case("exit 75 with no notice behind it", "unconfirmed interruption",
          (("unconfirmed interruption", stop_without_notice, backs_off),
@@ -373,10 +395,12 @@ CASES: tuple[Case, ...] = (
     Case("heartbeat unchanged for `stall_timeout_seconds`", "stalled", (("stalled", stalled, stopped_now),)),
     Case("more charged ends than `retry.max_retries`", "retry budget",
          (("retry budget", over_retry_budget, not_relaunched),)),
-    Case("any end without a new durable checkpoint", "crash-loop guard", (("crash-loop guard", crash_loop, anything),)),
+    Case("any end without a new durable checkpoint", "crash-loop guard",
+         (("crash-loop guard", crash_loop, anything), ("interruption", second_end_without_progress, backs_off),
+          ("interruption", preempted_in_a_loop, backs_off))),
     Case("5 ends in a row, except confirmed ones", "rapid-end guard", (("rapid-end guard", rapid_ends, anything),)),
     Case("provider refused a launch or cannot be asked", "unavailable",
-         (("unavailable", refused, anything), ("unavailable", unreachable, anything))),
+         (("unavailable", refused, cooling_down_two_minutes), ("unavailable", unreachable, anything))),
     Case("a launch the job itself makes impossible", "config error", (("config error", code_path_missing, anything),)),
     Case("no allowed provider offers the job's `resources`", "unplaceable", (("unplaceable", unplaceable, anything),)),
     Case("unknown provider, budget spent", "config / policy",
