@@ -69,7 +69,7 @@ def decided(p: Plan, job: str = "train") -> Decision:
 
 def end(state: WorkerState, run: RunObservation | None = None, extra: str = "", previous: Attempt | None = None,
         store_fault: StoreFault | None = None, step_start: int = 0, started: float = NOW - 100,
-        **status: int) -> Decision:
+        later: float = 0.0, **status: int) -> Decision:
     """The live attempt (epoch 2 on `free`, launched at `started`) ends as `state` says, seen by one tick."""
     d = desired(job_yaml(extra=extra))
     run_id = d.jobs["train"].run_id()
@@ -82,7 +82,10 @@ def end(state: WorkerState, run: RunObservation | None = None, extra: str = "", 
         setattr(st, k, v)
     obs = Observed(workers={ref: state}, store_fault=store_fault,
                    runs={("train", run_id): run or RunObservation(lease_epoch=2, durable_step=step_start)})
-    return decided(plan(d, obs, {"train": st}, NOW))
+    p = plan(d, obs, {"train": st}, NOW)
+    if later:  # and a tick `later` seconds on, with no worker left
+        p = plan(d, Observed(), dict(p.statuses), NOW + later)
+    return decided(p)
 
 
 def deadline_in(seconds: float) -> str:
@@ -121,6 +124,15 @@ def store_full() -> Decision:
 def storage_unreachable() -> Decision:
     return end(WorkerState(WorkerPhase.EXITED, STORAGE_UNREACHABLE, "exited",
                            detail="the worker cannot reach run storage s3://runs: timed out"))
+
+
+def storage_unreachable_after_backoff(later: float = 3599) -> Decision:
+    return end(WorkerState(WorkerPhase.EXITED, STORAGE_UNREACHABLE, "exited",
+                           detail="the worker cannot reach run storage s3://runs: timed out"), later=later)
+
+
+def storage_unreachable_an_hour_on() -> Decision:
+    return storage_unreachable_after_backoff(3601)
 
 
 def secret_missing() -> Decision:
@@ -330,6 +342,10 @@ def cooling_down_two_minutes(x: Decision) -> bool:
     return x.message.startswith(f"waiting: free is cooling down until {clock(NOW + 120)} ")
 
 
+def relaunched_on_free(x: Decision) -> bool:
+    return x.launched == ("free",)
+
+
 def relaunched(x: Decision) -> bool:
     return bool(x.launched)
 
@@ -372,7 +388,9 @@ CASES: tuple[Case, ...] = (
     Case("any other end while run storage has a fault", "storage-fault interruption",
          (("storage-fault interruption", store_full, not_relaunched),)),
     Case("the worker cannot reach run storage from that provider", "job error",
-         (("job error", storage_unreachable, charged_once), ("job error", secret_missing, charged_once))),
+         (("job error", storage_unreachable, charged_once), ("job error", secret_missing, charged_once),
+          ("job error", storage_unreachable_after_backoff, relaunched_elsewhere),
+          ("job error", storage_unreachable_an_hour_on, relaunched_on_free))),
     Case("an exit code listed in `retry.exit_codes`", "as the rule says",
          (("final by the rule", rule("fail"), not_relaunched), ("job error", rule("count"), backs_off),
           ("interruption", rule("ignore"), relaunched))),
