@@ -214,8 +214,9 @@ def _too_late(t: JobTick) -> str:
 
 def _backing_off(t: JobTick) -> bool:
     """Charged failures back off exponentially, and so do free ends without progress from the
-    second in a row (one early preemption relaunches at once; a loop of them slows down), and
-    interruptions the provider did not confirm from the first (a strike per one in a row)."""
+    second in a row (the provider's own word neither adds to that row nor clears it, so it
+    relaunches at once unless such a row came before it), and interruptions the provider did not
+    confirm from the first (a strike per one in a row)."""
     st, last = t.st, (t.st.attempts[-1] if t.st.attempts else None)
     strikes = max(st.failures if last is not None and last.outcome is not None and last.outcome.charged else 0,
                   st.unproductive - 1, _unconfirmed_in_a_row(st))
