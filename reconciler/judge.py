@@ -21,7 +21,7 @@ from adapters.compute import WorkerPhase, WorkerState
 from adapters.hosted import SECRET_NOT_ATTACHED, STORAGE_UNREACHABLE
 from adapters.stores.faults import StoreFault
 from desired.models import ExitCodeRule, Job
-from status.models import STORAGE_FAULT_DETAIL, Attempt, JobStatus, Outcome
+from status.models import FREE_BY_RULE_DETAIL, STORAGE_FAULT_DETAIL, Attempt, JobStatus, Outcome
 
 if TYPE_CHECKING:
     from reconciler.tick import RunObservation
@@ -110,7 +110,7 @@ def _rule_verdict(job: Job, state: WorkerState) -> Verdict | None:
     if rule.action == "fail":
         return Verdict(Outcome.JOB_ERROR, f"{what}, which the job's exit_codes rule says is final", fail_now=True)
     if rule.action == "ignore":
-        return Verdict(Outcome.INTERRUPTION, f"{what} (free by the job's exit_codes rule)")
+        return Verdict(Outcome.INTERRUPTION, f"{what} {FREE_BY_RULE_DETAIL}")
     return Verdict(Outcome.JOB_ERROR, f"{what} (counted by the job's exit_codes rule)")
 
 

@@ -57,6 +57,7 @@ class Model(BaseModel):
 
 
 STORAGE_FAULT_DETAIL = "storage fault:"  # how an end the run store's fault caused is recorded (reconciler.judge)
+FREE_BY_RULE_DETAIL = "(free by the job's exit_codes rule)"  # an exit the job's own `ignore` rule made free
 
 
 class Attempt(Model):
@@ -92,10 +93,10 @@ class Attempt(Model):
     @property
     def provider_ended(self) -> bool:
         """The provider ended it (preempted, host lost, vanished, its session's end): what counts
-        against the provider's failure rate and health. Not an interruption it never confirmed, nor
-        one the run store's fault caused."""
+        against the provider's failure rate and health. Not an interruption it never confirmed, one
+        the run store's fault caused, nor an exit the job's own `exit_codes` rule made free."""
         return (self.outcome in (Outcome.INTERRUPTION, Outcome.SESSION_END) and not self.unconfirmed
-                and not self.detail.startswith(STORAGE_FAULT_DETAIL))
+                and not self.detail.startswith(STORAGE_FAULT_DETAIL) and FREE_BY_RULE_DETAIL not in self.detail)
 
 
 class Refusal(Model):

@@ -110,12 +110,14 @@ def test_an_end_that_is_the_job_s_own_does_not_count() -> None:
 
 
 @pytest.mark.parametrize("update", [{"unconfirmed": True}, {"detail": "storage fault: ended (exited 1) while run "
-                                                                        "storage is full; not charged"}],
-                         ids=["unconfirmed", "storage-fault"])
+                                                                        "storage is full; not charged"},
+                                    {"detail": "exited with code 42 (free by the job's exit_codes rule)"}],
+                         ids=["unconfirmed", "storage-fault", "free-by-the-job-s-rule"])
 def test_an_interruption_the_provider_did_not_make_counts_neither_for_its_rate_nor_its_health(
         update: dict[str, object]) -> None:
-    """A signal with no word from the provider, or an end a full or read-only run store caused, is an
-    interruption of the job but says nothing of the provider's machines."""
+    """A signal with no word from the provider, an end a full or read-only run store caused, or an exit
+    the job's own rule makes free is an interruption of the job but says nothing of the provider's
+    machines."""
     from reconciler.health import troubles
 
     ends = stormy("spot", 3.0)
