@@ -404,6 +404,9 @@ class VastSettings(HostedSettings):
         default=900.0, gt=0, description="an instance still loading after this is destroyed (capacity unavailable)")
 
 
+RUNPOD_DEFAULT_IMAGE = "runpod/pytorch:2.1.0-py3.10-cuda11.8.0-devel-ubuntu22.04"
+
+
 class RunpodSettings(HostedSettings):
     """RunPod pods through its GraphQL API: spot by bid, or on-demand."""
 
@@ -414,7 +417,9 @@ class RunpodSettings(HostedSettings):
         description="SECURE (data centres), COMMUNITY (hosts of the community) or ALL")
     interruptible: bool = Field(default=True, description="spot pods: SIGTERM then SIGKILL 5 s later when outbid")
     bid_per_gpu: float | None = Field(default=None, gt=0, description="spot bid, $/h per GPU; unset = the minimum bid")
-    image: str = Field(default="runpod/pytorch:latest", description="container image when the job names none")
+    # RunPod publishes versioned tags of runpod/pytorch only (no `latest`): this is the image of RunPod's
+    # "RunPod Pytorch 2.1" template, <torch>-py<python>-cuda<cuda>-devel-ubuntu<version>.
+    image: str = Field(default=RUNPOD_DEFAULT_IMAGE, description="container image when the job names none")
     container_disk_gb: int = Field(default=20, ge=1, description="container disk of the pod, GB")
 
 

@@ -5,6 +5,7 @@ log and exit code that travel through the run folder (RunPod has no log API)."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -426,3 +427,10 @@ def test_graphql_error_messages_are_mapped_by_what_they_say(fake: FakeRunpod, me
     with pytest.raises(kind) as err:
         adapter_on(fake).observe()
     assert "runpod provider 'runpod'" in str(err.value)
+
+
+def test_the_default_image_is_a_versioned_tag_runpod_publishes() -> None:
+    """RunPod publishes runpod/pytorch under versioned tags only; `latest` does not pull."""
+    repo, _, tag = RunpodSettings().image.partition(":")
+    assert repo == "runpod/pytorch" and tag != "latest"
+    assert re.fullmatch(r"\d+\.\d+\.\d+-py3\.\d+-cuda\d+\.\d+\.\d+-devel-ubuntu\d\d\.\d\d", tag)
