@@ -74,6 +74,14 @@ def test_launch_pushes_a_private_script_kernel_with_the_settings(fake: FakeKaggl
     assert "reconciler bootstrap for kaggle" in sent["text"]
 
 
+def test_a_first_launch_reads_kaggles_403_for_the_missing_kernel_as_none_and_pushes(
+        fake: FakeKaggle, tmp_path: Path) -> None:
+    kaggle = adapter(fake)
+    ref = kaggle.launch(probe(tmp_path, "first"))  # GetKernel of a kernel not there yet: Kaggle's 403
+    assert fake.calls.index("GetKernel") < fake.calls.index("SaveKernel")
+    assert fake.versions(slug(ref.id)) == 1
+
+
 def test_slugs_are_one_per_job_valid_short_deterministic_and_differ_by_owner_and_provider() -> None:
     one = kernel_slug("kaggle", "Repo_A", "Train.Big_Model-with-a-long-name-that-goes-on")
     assert one == kernel_slug("kaggle", "Repo_A", "Train.Big_Model-with-a-long-name-that-goes-on")
