@@ -121,7 +121,8 @@ CREDENTIAL_PLACES = ("$KAGGLE_API_TOKEN (a token or a file holding one), ~/.kagg
                      "$KAGGLE_USERNAME with $KAGGLE_KEY, or kaggle.json in $KAGGLE_CONFIG_DIR or ~/.kaggle")
 # GPUs one worker gets per machine shape. Kaggle's UI offers "T4 x2", but the API's shape name
 # does not say the count [UNCONFIRMED], so one GPU is promised: a job asking for more is refused.
-SHAPE_GPUS = {"NvidiaTeslaT4": ("T4", 1), "NvidiaTeslaT4Highmem": ("T4", 1), "NvidiaTeslaP100": ("P100", 1),
+# Kaggle's T4 accelerator is two T4s ("GPU T4 x2" in its editor); the others are one GPU each.
+SHAPE_GPUS = {"NvidiaTeslaT4": ("T4", 2), "NvidiaTeslaT4Highmem": ("T4", 2), "NvidiaTeslaP100": ("P100", 1),
               "NvidiaL4": ("L4", 1), "NvidiaL4X1": ("L4", 1), "NvidiaTeslaA100": ("A100", 1),
               "NvidiaH100": ("H100", 1), "NvidiaRtxPro6000": ("RTX-PRO-6000", 1)}
 

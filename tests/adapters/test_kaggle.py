@@ -479,3 +479,11 @@ def test_kaggles_session_cut_wins_over_the_kill_it_caused() -> None:
     killed = 'reconciler-bootstrap: exit {"code": -9, "signal": "SIGKILL"}\n'
     state = kernel_state("ERROR", "Your notebook hit the maximum session time of 43200 seconds", killed, 600)
     assert (state.phase, state.exit_code) == (WorkerPhase.SESSION_LIMIT, -9)
+
+
+def test_kaggles_editor_names_for_accelerators_are_its_api_names_and_t4_x2_is_two_gpus(fake: FakeKaggle) -> None:
+    assert KaggleSettings(machine_shape="GPU T4 x2").machine_shape == "NvidiaTeslaT4"
+    assert KaggleSettings(machine_shape="GPU  P100").machine_shape == "NvidiaTeslaP100"
+    assert KaggleSettings(machine_shape="NvidiaL4").machine_shape == "NvidiaL4"
+    capacity = adapter(fake, machine_shape="GPU T4 x2").capacity()
+    assert capacity is not None and (capacity.gpus, capacity.gpu_models) == (2, ["T4"])
