@@ -125,6 +125,7 @@ class Bootstrap:
     secrets_source: str
     session_seconds: float | None = None
     save_margin_seconds: float = 600.0
+    at_exit_source: str = "def at_exit(record):\n    pass"  # runs as the bootstrap ends (RunPod: stop the pod)
 
 
 SECRETS_FROM_ENV = '''
@@ -159,6 +160,7 @@ def bootstrap_script(spec: LaunchSpec, labels: dict[str, Any], boot: Bootstrap, 
     return _TEMPLATE.format(
         provider=boot.provider, job=spec.job, run_id=spec.run_id, epoch=spec.epoch,
         plan=json.dumps(plan, indent=1, sort_keys=True), secrets_source=boot.secrets_source.strip(),
+        at_exit_source=boot.at_exit_source.strip(),
         digest=sdk_digest(), sdk="\n".join(lines), mark=EXIT_MARK, unreachable=STORAGE_UNREACHABLE,
     )
 
@@ -241,6 +243,7 @@ def say(message):
 
 def finish(record):
     print("{mark}" + json.dumps(record, sort_keys=True), flush=True)
+    at_exit(record)
     code = record.get("code", 1)
     sys.exit(code if 0 <= code < 256 else 128 + abs(code))
 
@@ -250,6 +253,9 @@ def fail(reason, code=1):
 
 
 {secrets_source}
+
+
+{at_exit_source}
 
 
 def deadline():

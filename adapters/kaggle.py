@@ -47,7 +47,7 @@ State table (GetKernelSessionStatus `status` -> WorkerState; `provider_state` ke
 | COMPLETE without a record           | exited(0)      |                                               |
 | ERROR otherwise                     | exited(1)      | failureMessage in detail                      |
 | CANCEL_REQUESTED/ACKNOWLEDGED       | preempted      | cancelled on Kaggle, not by the reconciler    |
-| kernel gone (404)                   | lost           |                                               |
+| kernel gone (403, or 404)           | lost           |                                               |
 
 Stopping. Kaggle has no public cancel (CancelKernelSession needs a session id that neither push
 nor status returns). `terminate` therefore does nothing remote: the executor writes a stop request
@@ -61,7 +61,8 @@ them yet: it ends at once with exit SECRET_NOT_ATTACHED, whose reason names the 
 kernel's URL; the planner charges that once and avoids Kaggle for the job for a while, and the next
 attempt after the attachment uses it. Kaggle documents attachment as per notebook and lasting across
 its versions; that it survives versions pushed through the API is [UNCONFIRMED].
-Unconfirmed against the live service: a missing kernel answering 404, the session-limit message.
+Kaggle answers a read of a missing kernel with 403 (see NO_SUCH_KERNEL), so a first launch reads
+403 and pushes. Unconfirmed against the live service: the session-limit message.
 """
 
 from __future__ import annotations
@@ -96,6 +97,11 @@ from adapters.wire import YEAR_SECONDS, Numbers, load_json
 from desired.models import Capacity, KaggleSettings
 
 KERNELS = "/v1/kernels.KernelsApiService/"
+# How Kaggle answers a read of a kernel of ours that does not exist (yet): 403, not 404, since it
+# does not tell anyone who cannot see a kernel whether it exists (a Kaggle maintainer,
+# github.com/Kaggle/kaggle-cli/issues/548). A token that may not read kernels at all is refused
+# again by the push that follows, and that refusal is the error the user sees.
+NO_SUCH_KERNEL = (403, 404)
 INTROSPECT = "/v1/security.OAuthService/IntrospectToken"
 SLUG_PREFIX = "rc-"
 KERNEL_WEB = "https://www.kaggle.com/code/"
@@ -115,7 +121,8 @@ CREDENTIAL_PLACES = ("$KAGGLE_API_TOKEN (a token or a file holding one), ~/.kagg
                      "$KAGGLE_USERNAME with $KAGGLE_KEY, or kaggle.json in $KAGGLE_CONFIG_DIR or ~/.kaggle")
 # GPUs one worker gets per machine shape. Kaggle's UI offers "T4 x2", but the API's shape name
 # does not say the count [UNCONFIRMED], so one GPU is promised: a job asking for more is refused.
-SHAPE_GPUS = {"NvidiaTeslaT4": ("T4", 1), "NvidiaTeslaT4Highmem": ("T4", 1), "NvidiaTeslaP100": ("P100", 1),
+# Kaggle's T4 accelerator is two T4s ("GPU T4 x2" in its editor); the others are one GPU each.
+SHAPE_GPUS = {"NvidiaTeslaT4": ("T4", 2), "NvidiaTeslaT4Highmem": ("T4", 2), "NvidiaTeslaP100": ("P100", 1),
               "NvidiaL4": ("L4", 1), "NvidiaL4X1": ("L4", 1), "NvidiaTeslaA100": ("A100", 1),
               "NvidiaH100": ("H100", 1), "NvidiaRtxPro6000": ("RTX-PRO-6000", 1)}
 
@@ -451,13 +458,13 @@ class KaggleAdapter:
     def _status(self, slug: str) -> dict[str, Any] | None:
         """Kaggle's status answer for our kernel's current version, or None when there is no such kernel."""
         answer = self.api.call("POST", KERNELS + "GetKernelSessionStatus",
-                               json_body={"userName": self.username, "kernelSlug": slug}, allow=(404,))
+                               json_body={"userName": self.username, "kernelSlug": slug}, allow=NO_SUCH_KERNEL)
         return answer if isinstance(answer, dict) else None
 
     def _read_kernel(self, slug: str) -> Kernel | None:
         """The kernel's current version, its labels read from its source; None when Kaggle has no
         such kernel (or does not show it yet)."""
-        answer = self._rpc("GetKernel", {"userName": self.username, "kernelSlug": slug}, allow=(404,))
+        answer = self._rpc("GetKernel", {"userName": self.username, "kernelSlug": slug}, allow=NO_SUCH_KERNEL)
         if not answer:
             return None
         plan = script_plan(str((answer.get("blob") or {}).get("source") or ""))
@@ -546,7 +553,8 @@ class KaggleAdapter:
         return state
 
     def _read_log(self, slug: str) -> str:
-        answer = self._rpc("ListKernelSessionOutput", {"userName": self.username, "kernelSlug": slug}, allow=(404,))
+        answer = self._rpc("ListKernelSessionOutput", {"userName": self.username, "kernelSlug": slug},
+                           allow=NO_SUCH_KERNEL)
         return log_text(answer.get("log"))
 
     # ---- the rest of the contract -------------------------------------------------------------

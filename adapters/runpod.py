@@ -18,6 +18,8 @@ secrets: secret values never travel in the launch (`secrets_at_provider`). The p
 name is `rc-<owner>-<job>-<run_id>-e<epoch>` (cut with a hash past 60 characters); a launch first
 looks the name up among our pods and adopts it, so a create that timed out after acting is adopted
 at the next tick, never repeated. RECONCILER_GRACE=5 tells the worker SDK how long a stop gives.
+RunPod restarts a container whose command ends, so the bootstrap stops its own pod as it ends
+(SELF_STOP below); the adapter's release of an ended pod is the second line.
 
 Exit codes: RunPod has no log API and reports no exit code. The bootstrap copies its output's tail
 and its exit record (`reconciler-bootstrap: exit {...}`) into the run folder (`logs/e<epoch>.log`);
@@ -29,6 +31,9 @@ and the detail says so.
 State table (RunPod's `desiredStatus` -> WorkerPhase):
 
     CREATED                                                        -> pending
+    RESTARTING with an exit record of a command that ended by
+        itself (the bootstrap's own podStop failed; RunPod restarts
+        a container whose command ends)                           -> as EXITED with that record, released
     RUNNING, RESTARTING                                            -> running (the word is kept; a
         restart of a spot pod is RunPod resuming it: the worker starts over from its checkpoint,
         fenced by its epoch; the heartbeat watch judges it)
@@ -109,6 +114,31 @@ M_SPOT = ("mutation Rent($input: PodRentInterruptableInput!) { podRentInterrupta
 M_ON_DEMAND = ("mutation Deploy($input: PodFindAndDeployOnDemandInput!) { podFindAndDeployOnDemand(input: $input) "
                "{ id name desiredStatus costPerHr } }")
 M_TERMINATE = "mutation Terminate($podId: String!) { podTerminate(input: {podId: $podId}) }"
+M_STOP = "mutation Stop($podId: String!) { podStop(input: {podId: $podId}) { id desiredStatus } }"
+# The bootstrap's last act on RunPod. RunPod restarts a container whose command ends (its own
+# templates end in `sleep infinity`), so a finished pod would run and bill on: the pod stops
+# itself with the key RunPod gives every pod (RUNPOD_API_KEY, pod-scoped; docs.runpod.io/runpodctl)
+# and its own id (RUNPOD_POD_ID). podStop, not podTerminate: a terminated pod leaves the list at
+# once, and the daemon reads how it ended from a listed EXITED pod (then releases it). With no
+# volume (volumeInGb 0) a stopped pod bills nothing: its container disk is only paid while running.
+# A failed call is said in the log; the daemon's own release stays the second line of defence.
+SELF_STOP = """
+def at_exit(record):
+    pod, key = os.environ.get("RUNPOD_POD_ID"), os.environ.get("RUNPOD_API_KEY")
+    if not pod or not key:
+        return say("not stopping this pod: RUNPOD_POD_ID or RUNPOD_API_KEY is unset; the reconciler will")
+    import urllib.request
+    body = json.dumps({"query": %(query)r, "variables": {"podId": pod}}).encode()
+    request = urllib.request.Request(%(url)r, body, {"Content-Type": "application/json",
+                                                     "Authorization": "Bearer " + key})
+    try:
+        with urllib.request.urlopen(request, timeout=15) as answer:
+            errors = json.loads(answer.read()).get("errors")
+    except Exception as exc:
+        errors = [{"message": type(exc).__name__ + ": " + str(exc)[:200]}]
+    if errors:
+        say("could not stop this pod (the reconciler will): " + str(errors)[:300])
+"""
 
 ENDED_STATES = ("EXITED", "PAUSED", "TERMINATED", "DEAD")
 SOON_STATES = {"CREATED": WorkerPhase.PENDING, "RUNNING": WorkerPhase.RUNNING, "RESTARTING": WorkerPhase.RUNNING}
@@ -246,7 +276,8 @@ class RunpodAdapter:
         spec = LaunchSpec(**{**spec.__dict__, "env": env})
         labels = {"owner": self.owner, "provider": self.name, "job": spec.job, "run_id": spec.run_id,
                   "epoch": spec.epoch}
-        script = bootstrap_script(spec, labels, Bootstrap("runpod", SECRETS_FROM_ENV, None),
+        stop = SELF_STOP % {"query": M_STOP, "url": self.settings.api_url.rstrip("/") + "/graphql"}
+        script = bootstrap_script(spec, labels, Bootstrap("runpod", SECRETS_FROM_ENV, None, at_exit_source=stop),
                                   code_git=spec.code_git, code_ref=spec.code_ref)
         pod_env = {k: env[k] for k in POD_ENV if k in env}
         pod_env[LABELS_VAR] = f"{self.owner}/{spec.job}/{spec.run_id}/e{spec.epoch}"
@@ -324,7 +355,8 @@ class RunpodAdapter:
             listed.add(ref.id)
             self._pods[ref.id] = pod
             out[ref] = self._final.get(ref.id) or self._state(pod)
-            if pod.get("desiredStatus") in ENDED_STATES and ref.id not in self._final:
+            if ref.id not in self._final and (pod.get("desiredStatus") in ENDED_STATES
+                                              or out[ref].phase not in (WorkerPhase.PENDING, WorkerPhase.RUNNING)):
                 self._settle(ref, pod, out[ref])
         for pod_id, ref in self._refs.items():
             if pod_id not in listed and pod_id in self._pods:
@@ -338,7 +370,7 @@ class RunpodAdapter:
         since = self._ended_since.setdefault(ref.id, time.monotonic())
         if time.monotonic() - since < self.release_after:
             return
-        if pod.get("desiredStatus") in ("EXITED", "PAUSED") and self.owner != ANY_OWNER:
+        if pod.get("desiredStatus") in ("EXITED", "PAUSED", "RESTARTING") and self.owner != ANY_OWNER:
             self._release(ref, state)
         else:
             self._final[ref.id] = state
@@ -363,11 +395,12 @@ class RunpodAdapter:
     def _state(self, pod: dict[str, Any]) -> WorkerState:
         word = str(pod.get("desiredStatus") or "")
         cost = self._cost(pod)
+        if word == "RESTARTING" and self._ended_by_itself(pod):  # its stop failed: RunPod would run it again
+            return self._ended(pod, word, cost)
         if word in SOON_STATES:
             return WorkerState(SOON_STATES[word], provider_state=word, cost_usd=cost)
         if word == "TERMINATED":
-            record, _ = self._exit_record(pod)
-            if record is not None and not record.get("received"):  # it had ended by itself, then was released
+            if self._ended_by_itself(pod):  # it had ended by itself, then was released
                 return self._ended(pod, "EXITED", cost)
             return WorkerState(WorkerPhase.PREEMPTED, provider_state=word, cost_usd=cost,
                                detail="terminated by the reconciler or by a person in RunPod's console (podTerminate)")
@@ -378,6 +411,11 @@ class RunpodAdapter:
             return self._ended(pod, word, cost)
         return WorkerState(WorkerPhase.LOST, provider_state=word or "unknown", cost_usd=cost,
                            detail=f"RunPod state {word!r} is not one this adapter knows")
+
+    def _ended_by_itself(self, pod: dict[str, Any]) -> bool:
+        """The run folder holds an exit record of a command that ended without RunPod's SIGTERM."""
+        record, _ = self._exit_record(pod)
+        return record is not None and not record.get("received")
 
     def _ended(self, pod: dict[str, Any], word: str, cost: float | None) -> WorkerState:
         record, why = self._exit_record(pod)

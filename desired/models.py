@@ -358,13 +358,27 @@ class HostedSettings(Strict):
         return v.rstrip("/")
 
 
+# The accelerators as Kaggle's editor names them -> the `machineShape` its API takes (the enum
+# spelling of kagglesdk's ApiSaveKernelRequest docs: NvidiaTeslaT4, NvidiaTeslaP100, Tpu1VmV38).
+KAGGLE_SHAPE_NAMES = {"gpu t4 x2": "NvidiaTeslaT4", "t4 x2": "NvidiaTeslaT4", "gpu p100": "NvidiaTeslaP100",
+                      "p100": "NvidiaTeslaP100", "gpu l4": "NvidiaL4", "tpu v5e-8": "TpuV5E8",
+                      "tpu vm v3-8": "Tpu1VmV38"}
+
+
 class KaggleSettings(HostedSettings):
     """Kaggle kernels: a weekly GPU quota, sessions cut at `session_hours`, no cancel."""
+
+    @field_validator("machine_shape")
+    @classmethod
+    def _api_shape(cls, value: str) -> str:
+        """`GPU T4 x2`, as Kaggle's editor shows it, is `NvidiaTeslaT4` on the wire."""
+        return KAGGLE_SHAPE_NAMES.get(" ".join(value.lower().split()), value)
 
     type: Literal["kaggle"] = Field(default="kaggle", description="kaggle: Kaggle kernels")
     api_url: str = Field(default="https://api.kaggle.com", description="Kaggle's API (the public one unless testing)")
     username: str | None = Field(default=None, description="kernel owner; unset = the credentials' user")
-    machine_shape: str = Field(default="NvidiaTeslaT4", description="accelerator for jobs that ask for GPUs")
+    machine_shape: str = Field(default="NvidiaTeslaT4", description="accelerator for jobs that ask for GPUs: "
+                               "the API's name (NvidiaTeslaT4) or the one Kaggle's editor shows (GPU T4 x2)")
     session_hours: float = Field(default=12.0, gt=0, description="Kaggle's session limit; the worker saves before it")
     save_margin_seconds: float = Field(default=600.0, ge=0, description="time kept before the session end to save")
     min_quota_hours: float = Field(
@@ -405,6 +419,9 @@ class VastSettings(HostedSettings):
         default=900.0, gt=0, description="an instance still loading after this is destroyed (capacity unavailable)")
 
 
+RUNPOD_DEFAULT_IMAGE = "runpod/pytorch:2.1.0-py3.10-cuda11.8.0-devel-ubuntu22.04"
+
+
 class RunpodSettings(HostedSettings):
     """RunPod pods through its GraphQL API: spot by bid, or on-demand."""
 
@@ -415,7 +432,9 @@ class RunpodSettings(HostedSettings):
         description="SECURE (data centres), COMMUNITY (hosts of the community) or ALL")
     interruptible: bool = Field(default=True, description="spot pods: SIGTERM then SIGKILL 5 s later when outbid")
     bid_per_gpu: float | None = Field(default=None, gt=0, description="spot bid, $/h per GPU; unset = the minimum bid")
-    image: str = Field(default="runpod/pytorch:latest", description="container image when the job names none")
+    # RunPod publishes versioned tags of runpod/pytorch only (no `latest`): this is the image of RunPod's
+    # "RunPod Pytorch 2.1" template, <torch>-py<python>-cuda<cuda>-devel-ubuntu<version>.
+    image: str = Field(default=RUNPOD_DEFAULT_IMAGE, description="container image when the job names none")
     container_disk_gb: int = Field(default=20, ge=1, description="container disk of the pod, GB")
 
 

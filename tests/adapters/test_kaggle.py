@@ -74,6 +74,14 @@ def test_launch_pushes_a_private_script_kernel_with_the_settings(fake: FakeKaggl
     assert "reconciler bootstrap for kaggle" in sent["text"]
 
 
+def test_a_first_launch_reads_kaggles_403_for_the_missing_kernel_as_none_and_pushes(
+        fake: FakeKaggle, tmp_path: Path) -> None:
+    kaggle = adapter(fake)
+    ref = kaggle.launch(probe(tmp_path, "first"))  # GetKernel of a kernel not there yet: Kaggle's 403
+    assert fake.calls.index("GetKernel") < fake.calls.index("SaveKernel")
+    assert fake.versions(slug(ref.id)) == 1
+
+
 def test_slugs_are_one_per_job_valid_short_deterministic_and_differ_by_owner_and_provider() -> None:
     one = kernel_slug("kaggle", "Repo_A", "Train.Big_Model-with-a-long-name-that-goes-on")
     assert one == kernel_slug("kaggle", "Repo_A", "Train.Big_Model-with-a-long-name-that-goes-on")
@@ -471,3 +479,11 @@ def test_kaggles_session_cut_wins_over_the_kill_it_caused() -> None:
     killed = 'reconciler-bootstrap: exit {"code": -9, "signal": "SIGKILL"}\n'
     state = kernel_state("ERROR", "Your notebook hit the maximum session time of 43200 seconds", killed, 600)
     assert (state.phase, state.exit_code) == (WorkerPhase.SESSION_LIMIT, -9)
+
+
+def test_kaggles_editor_names_for_accelerators_are_its_api_names_and_t4_x2_is_two_gpus(fake: FakeKaggle) -> None:
+    assert KaggleSettings(machine_shape="GPU T4 x2").machine_shape == "NvidiaTeslaT4"
+    assert KaggleSettings(machine_shape="GPU  P100").machine_shape == "NvidiaTeslaP100"
+    assert KaggleSettings(machine_shape="NvidiaL4").machine_shape == "NvidiaL4"
+    capacity = adapter(fake, machine_shape="GPU T4 x2").capacity()
+    assert capacity is not None and (capacity.gpus, capacity.gpu_models) == (2, ["T4"])

@@ -170,8 +170,9 @@ def test_introspection_names_the_tokens_user(fake: FakeKaggle) -> None:
 def test_wrong_credentials_and_unknown_kernels_raise_in_the_official_client(fake: FakeKaggle) -> None:
     with pytest.raises(requests.exceptions.HTTPError, match="Unauthenticated"):
         status(client_for(fake, token="kt-wrong"), "rc-any")
-    with pytest.raises(requests.exceptions.HTTPError, match="Notebook not found"):
+    with pytest.raises(requests.exceptions.HTTPError, match="Permission 'kernels.get' was denied") as missing:
         status(client_for(fake), "rc-missing")
+    assert missing.value.response.status_code == 403  # not 404: Kaggle does not say which names exist
 
 
 def test_a_push_to_an_existing_slug_is_a_new_version_that_runs_and_replaces_the_source(fake: FakeKaggle) -> None:

@@ -5,6 +5,7 @@ log and exit code that travel through the run folder (RunPod has no log API)."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -20,7 +21,7 @@ from adapters.compute import (
     WorkerRef,
     WorkerState,
 )
-from adapters.runpod import RunpodAdapter, pod_name, start_command
+from adapters.runpod import M_ON_DEMAND, RunpodAdapter, pod_name, start_command
 from adapters.storage import RunFolder
 from desired.models import RunpodSettings
 from tests.fakes import runpod as runpod_fake
@@ -426,3 +427,52 @@ def test_graphql_error_messages_are_mapped_by_what_they_say(fake: FakeRunpod, me
     with pytest.raises(kind) as err:
         adapter_on(fake).observe()
     assert "runpod provider 'runpod'" in str(err.value)
+
+
+def test_the_default_image_is_a_versioned_tag_runpod_publishes() -> None:
+    """RunPod publishes runpod/pytorch under versioned tags only; `latest` does not pull."""
+    repo, _, tag = RunpodSettings().image.partition(":")
+    assert repo == "runpod/pytorch" and tag != "latest"
+    assert re.fullmatch(r"\d+\.\d+\.\d+-py3\.\d+-cuda\d+\.\d+\.\d+-devel-ubuntu\d\d\.\d\d", tag)
+
+
+# ---- a pod whose command ends: RunPod restarts it; the bootstrap stops its own pod ---------------
+
+
+def test_the_fake_restarts_a_container_whose_command_ends_as_runpod_does(fake: FakeRunpod) -> None:
+    adapter = adapter_on(fake, interruptible=False)
+    created = adapter.graphql(M_ON_DEMAND, {"input": {
+        "name": "plain", "imageName": "img", "gpuTypeId": GPU, "dockerArgs": "true"}})["podFindAndDeployOnDemand"]
+    deadline = time.monotonic() + 15
+    while fake.pods[created["id"]].restarts < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pod = fake.pods[created["id"]]
+    assert pod.restarts >= 2 and pod.status in ("RUNNING", "RESTARTING") and pod.ended_at is None
+
+
+def test_a_finished_worker_stops_its_own_pod_with_the_pods_key_so_it_is_not_restarted(
+        fake: FakeRunpod, specs: Specs) -> None:
+    adapter = adapter_on(fake, interruptible=False)
+    ref = adapter.launch(specs(exit="4"))
+    state = wait(adapter, ref, ended)
+    pod = fake.pods[ref.id]
+    assert (state.phase, state.exit_code) == (WorkerPhase.EXITED, 4)
+    assert pod.restarts == 0 and pod.last_change == "Stopped by user"
+    stops = [r for r in fake.requests if "podStop" in r["query"]]
+    assert stops and stops[0]["pod_key"] == ref.id and stops[0]["variables"] == {"podId": ref.id}
+
+
+def test_a_refused_self_stop_is_said_in_the_pods_log_and_the_daemon_releases_the_restarting_pod(
+        fake: FakeRunpod, specs: Specs) -> None:
+    fake.fail_next(operation="podStop", message="Forbidden: key lacks permission")
+    adapter = adapter_on(fake, interruptible=False)
+    adapter.release_after = 0.0
+    spec = specs(exit="0")
+    ref = adapter.launch(spec)
+    records(spec)
+    fake.start_delay = 60.0  # the restart RunPod does stays visible as RESTARTING
+    state = wait(adapter, ref, ended)
+    pod = fake.pods[ref.id]
+    assert (state.phase, state.exit_code, state.provider_state) == (WorkerPhase.EXITED, 0, "RESTARTING")
+    assert pod.restarts == 1 and pod.stopping == "TERMINATED"  # released by the daemon, not run again
+    assert pod.machine is not None and "could not stop this pod (the reconciler will)" in pod.machine.log_text()

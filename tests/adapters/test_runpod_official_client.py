@@ -93,12 +93,16 @@ def test_sdk_sees_the_adapter_s_pod_with_its_labels_and_can_terminate_it(
     assert state.phase is WorkerPhase.PREEMPTED
 
 
-def test_sdk_create_pod_on_demand_runs_its_docker_args(fake: FakeRunpod, sdk: Any, tmp_path: Path) -> None:
+def test_sdk_create_pod_on_demand_runs_its_docker_args_restarts_them_and_stop_pod_ends_it(
+        fake: FakeRunpod, sdk: Any, tmp_path: Path) -> None:
     out = tmp_path / "hello"
     pod = sdk.create_pod("sdk-pod", "runpod/base", GPU, cloud_type="SECURE",
                          docker_args=f"sh -c 'echo $GREETING > {out}'", env={"GREETING": "hello there"})
     assert pod["id"] and pod["imageName"] == "runpod/base"
     assert wait_for(lambda: out.exists() and out.read_text()) == "hello there\n"
+    assert wait_for(lambda: fake.pods[pod["id"]].restarts >= 1)  # its command ended: RunPod restarts it
+    assert sdk.get_pod(pod["id"])["desiredStatus"] in ("RUNNING", "RESTARTING")
+    assert sdk.stop_pod(pod["id"])["id"] == pod["id"]  # only a stop ends it
     assert wait_for(lambda: sdk.get_pod(pod["id"])["desiredStatus"] == "EXITED")
     assert not fake.pods[pod["id"]].spot
 

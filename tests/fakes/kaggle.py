@@ -321,7 +321,10 @@ class FakeKaggle:
     def _kernel(self, body: dict[str, Any]) -> FakeKernel:
         kernel = self.kernels.get(str(body.get("kernelSlug", "")))
         if kernel is None or body.get("userName") != kernel.user:
-            raise RpcError(404, "Notebook not found")
+            # Kaggle answers 403, not 404, for a kernel the caller cannot see, one that does not
+            # exist among them, so that names cannot be probed (a Kaggle maintainer in
+            # github.com/Kaggle/kaggle-cli/issues/548; the message is the form quoted there).
+            raise RpcError(403, "Permission 'kernels.get' was denied")
         return kernel
 
     def rpc_SaveKernel(self, body: dict[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,9 @@ A pod runs its `dockerArgs` (the container's command, split into words as Docker
 string; ours is `sh -c '<script>'`, whose script execs the bootstrap so that it is the container's
 main process and receives RunPod's SIGTERM) as a `Machine` whose env is the pod's env with every
 `{{ RUNPOD_SECRET_<name> }}` resolved from the fake's secret store (plus RUNPOD_POD_ID, as RunPod
-sets it). A stop (outbid, podTerminate, a drained balance) sends SIGTERM, then SIGKILL after
+sets it). A container whose command ends is restarted (RESTARTING, then RUNNING again, billing on), as
+RunPod does; only podStop/podTerminate ends a pod. Each pod gets RUNPOD_API_KEY, a key of its own
+that may read and stop that pod only. A stop (outbid, podTerminate, a drained balance) sends SIGTERM, then SIGKILL after
 `kill_grace` seconds (RunPod: 5 s); `desiredStatus` becomes EXITED (TERMINATED for podTerminate)
 once the container has stopped [UNCONFIRMED at RunPod: when the word flips]. A terminated pod stays
 listed for `retention` seconds, then is gone. Balance is spent at each pod's costPerHr; at zero every
@@ -81,6 +83,8 @@ class FakePod:
     ended_at: float | None = None
     stopping: str | None = None  # EXITED or TERMINATED once the container has stopped
     last_change: str = "Created"
+    restarts: int = 0  # times the container was restarted because its command ended
+    restart_at: float | None = None
 
     def env_list(self) -> list[str]:
         return [f"{e['key']}={e['value']}" for e in self.input.get("env") or []]
@@ -178,6 +182,10 @@ class FakeRunpod:
         with self.lock:
             return next((p for p in self.pods.values() if p.input.get("name") == name), None)
 
+    def pod_key(self, pod_id: str) -> str:
+        """The key a pod is given: it may read and stop that pod only."""
+        return f"rp-pod-key-{pod_id}"
+
     def close(self) -> None:
         self._closed.set()
         self.server.shutdown()
@@ -211,11 +219,20 @@ class FakeRunpod:
     def _advance(self, pod: FakePod, now: float) -> None:
         if pod.status == "CREATED" and pod.stopping is None and now - pod.created >= self.start_delay:
             self._start(pod, now)
+        if pod.status == "RESTARTING" and pod.stopping is None and now - (pod.restart_at or now) >= self.start_delay:
+            self._start(pod, pod.started_at or now)
         machine = pod.machine
+        if machine is not None and pod.ended_at is None and machine.exit_code is not None and pod.stopping is None:
+            if pod.status == "RUNNING":
+                # RunPod restarts a container whose command ends, and the pod bills on: "the
+                # container will restart" unless it is kept busy (docs.runpod.io, Pods > "Start
+                # command": RunPod's own templates end theirs in `sleep infinity`). Only a stop or
+                # terminate through the API (the bootstrap's own podStop, or the daemon's) ends it.
+                pod.restarts += 1
+                pod.status, pod.restart_at, pod.last_change = "RESTARTING", now, "Restarting: the command ended"
+            return
         if machine is not None and pod.ended_at is None and machine.exit_code is not None:
             pod.ended_at = machine.ended_at or now
-            if pod.stopping is None:
-                pod.stopping, pod.last_change = "EXITED", "Exited: the container's command ended"
         if pod.stopping and (machine is None or pod.ended_at is not None) and pod.status != pod.stopping:
             pod.status = pod.stopping
             pod.ended_at = pod.ended_at or now
@@ -225,9 +242,12 @@ class FakeRunpod:
     def _start(self, pod: FakePod, now: float) -> None:
         env = {e["key"]: SECRET_REF.sub(lambda m: self.secrets.get(m.group(1), ""), str(e["value"]))
                for e in pod.input.get("env") or []}
-        env.update({"RUNPOD_POD_ID": pod.id, "RUNPOD_GPU_COUNT": str(pod.input.get("gpuCount", 1))})
+        # RunPod sets the pod's id, and gives every pod a key scoped to it (docs.runpod.io/runpodctl:
+        # "a Pod-scoped API key"; that it is RUNPOD_API_KEY is assumed: README, known limits).
+        env.update({"RUNPOD_POD_ID": pod.id, "RUNPOD_GPU_COUNT": str(pod.input.get("gpuCount", 1)),
+                    "RUNPOD_API_KEY": self.pod_key(pod.id)})
         argv = shlex.split(str(pod.input.get("dockerArgs") or "")) or ["true"]  # a CMD string, as Docker splits it
-        pod.machine = Machine(self.root / pod.id, argv, env)
+        pod.machine = Machine(self.root / (f"{pod.id}-r{pod.restarts}" if pod.restarts else pod.id), argv, env)
         pod.machine.start()
         pod.started_at, pod.status, pod.last_change = now, "RUNNING", "Rented by User"
 
@@ -237,6 +257,8 @@ class FakeRunpod:
                 if final == "TERMINATED":
                     pod.status = pod.stopping = final
                 return
+            if pod.stopping is not None and final != "TERMINATED":
+                return  # a stop under way (outbid, say) keeps its reason when the pod's own podStop follows
             pod.stopping, pod.last_change = final, why
             machine = pod.machine
         if machine is not None and machine.alive:
@@ -247,7 +269,9 @@ class FakeRunpod:
 
     # ---- GraphQL -------------------------------------------------------------------------------
     def handle(self, headers: dict[str, str], body: bytes) -> tuple[int, bytes, dict[str, str], float]:
-        if headers.get("authorization") != f"Bearer {self.api_key}":
+        auth = headers.get("authorization") or ""
+        scope = next((i for i in self.pods if auth == f"Bearer {self.pod_key(i)}"), None)
+        if auth != f"Bearer {self.api_key}" and scope is None:
             return 401, _errors("Unauthorized: invalid API key"), {}, 0.0
         try:
             request = json.loads(body)
@@ -256,9 +280,12 @@ class FakeRunpod:
         except (ValueError, KeyError, TypeError, GraphQLError) as exc:
             return 400, _errors(f"cannot parse the request: {' '.join(str(exc).split())[:200]}"), {}, 0.0
         with self.lock:
-            self.requests.append({"query": query, "variables": variables})
+            self.requests.append({"query": query, "variables": variables, "pod_key": scope})
         operation = next(d for d in document.definitions if isinstance(d, OperationDefinitionNode))
         fields = [s for s in operation.selection_set.selections if isinstance(s, FieldNode)]
+        if scope is not None and any(f.name.value not in ("pod", "podStop")
+                                     or _args(f, variables).get("input", {}).get("podId") != scope for f in fields):
+            return 403, _errors("Forbidden: a pod's key may read and stop that pod only"), {}, 0.0
         fault = self._take_fault({f.name.value for f in fields})
         if fault is not None and not fault.stall:
             return fault.status, fault.body, fault.headers, 0.0
