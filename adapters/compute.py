@@ -116,6 +116,13 @@ class ProviderUnavailable(Exception):
     """The provider cannot serve now: API down, no capacity, quota spent. Not the job's fault."""
 
 
+class LaunchRefused(ProviderUnavailable):
+    """The provider refused a launch before starting anything (no capacity, quota spent, its working
+    directory cannot be made): no worker exists, so the attempt's epoch may be taken again. A launch
+    that failed in any other way (a timeout, an answer cut off) may have started one: its epoch stays
+    used, so that two workers never write under the same epoch."""
+
+
 class ProviderConfigError(Exception):
     """The provider's settings or credentials are wrong; a person must fix them."""
 

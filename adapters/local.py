@@ -43,9 +43,9 @@ from pathlib import Path
 from adapters.compute import (
     ANY_OWNER,
     JobConfigError,
+    LaunchRefused,
     LaunchSpec,
     ProviderConfigError,
-    ProviderUnavailable,
     WorkerPhase,
     WorkerRef,
     WorkerState,
@@ -232,7 +232,7 @@ class LocalAdapter:
         except OSError as exc:
             (folder / "exit_code").write_text("127")
             os.write(log, f"cannot start the worker: {exc}\n".encode())
-            raise ProviderUnavailable(f"local provider {self.name!r}: cannot start the worker: {exc}") from exc
+            raise LaunchRefused(f"local provider {self.name!r}: cannot start the worker: {exc}") from exc
         finally:
             os.close(log)
         assert proc.stdin is not None
@@ -252,7 +252,7 @@ class LocalAdapter:
         folder = self.root / worker_folder_name(self.owner, spec.job, spec.run_id, spec.epoch)
         ref = WorkerRef(self.name, folder.name, spec.job, spec.run_id, spec.epoch)
         if self.root.exists() and not self.root.is_dir():  # mkdir would take the file for the folder
-            raise ProviderUnavailable(f"local provider {self.name!r}: its workdir {self.root} is a file, not a "
+            raise LaunchRefused(f"local provider {self.name!r}: its workdir {self.root} is a file, not a "
                                       "directory")
         try:
             self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -260,7 +260,7 @@ class LocalAdapter:
         except FileExistsError:
             return ref  # already launched with these labels: adopt
         except OSError as exc:
-            raise ProviderUnavailable(f"local provider {self.name!r}: cannot create {folder}: {exc}") from exc
+            raise LaunchRefused(f"local provider {self.name!r}: cannot create {folder}: {exc}") from exc
         folder.chmod(0o700)
         labels = {"provider": self.name, "owner": self.owner, "job": spec.job, "run_id": spec.run_id,
                   "epoch": spec.epoch}

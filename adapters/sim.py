@@ -41,6 +41,7 @@ from typing import Any, Protocol
 from adapters.compute import (
     ANY_OWNER,
     Allowance,
+    LaunchRefused,
     LaunchSpec,
     ProviderUnavailable,
     WorkerPhase,
@@ -599,11 +600,11 @@ class SimCloud:
             traced = p.trace.live_at(self.t - self.t0)
             cap = traced if cap is None else min(cap, traced)
         if cap is not None and live >= cap:
-            raise ProviderUnavailable(f"sim provider {provider}: no capacity ({live}/{cap} in use)")
+            raise LaunchRefused(f"sim provider {provider}: no capacity ({live}/{cap} in use)")
         if p.quota_seconds is not None and self.quota_used.get(provider, 0.0) >= p.quota_seconds:
-            raise ProviderUnavailable(f"sim provider {provider}: free quota spent")
+            raise LaunchRefused(f"sim provider {provider}: free quota spent")
         if p.credits_usd is not None and self.credits_left(provider) <= 0:
-            raise ProviderUnavailable(f"sim provider {provider}: credits spent")
+            raise LaunchRefused(f"sim provider {provider}: credits spent")
         model = self.job_model(spec.job)
         env = dict(spec.env)
         session_end = self.t + p.launch_delay_seconds + p.session_limit_seconds if p.session_limit_seconds else None

@@ -17,6 +17,7 @@ from adapters.compute import (
     SECRETS_AT_PROVIDER,
     ComputeAdapter,
     JobConfigError,
+    LaunchRefused,
     LaunchSpec,
     ProviderConfigError,
     ProviderUnavailable,
@@ -161,8 +162,10 @@ def _launch(action: Launch, job: Job, adapters: dict[str, ComputeAdapter], setti
     except JobConfigError as exc:
         _unstarted(folder, epoch)
         return LaunchResult(action, error=str(exc), unavailable=False, job_config_error=True)
-    except (ProviderUnavailable, ProviderConfigError) as exc:
+    except LaunchRefused as exc:
         _unstarted(folder, epoch)
+        return LaunchResult(action, error=str(exc))
+    except (ProviderUnavailable, ProviderConfigError) as exc:  # it may have started one: the epoch stays used
         return LaunchResult(action, error=str(exc))
     except Exception as exc:  # an adapter bug is the provider's failure, not the job's (it may have started one)
         return LaunchResult(action, error=f"{type(exc).__name__}: {exc}")
@@ -171,7 +174,8 @@ def _launch(action: Launch, job: Job, adapters: dict[str, ComputeAdapter], setti
 
 
 def _unstarted(folder: RunFolder, epoch: int) -> None:
-    """A refused launch started no worker: the next launch takes its epoch, so the attempt numbers
+    """A launch refused before anything started (LaunchRefused, or the job's own config error) left no
+    worker: the next launch takes its epoch, so the attempt numbers
     in logs and messages stay those `describe` shows. Best effort: a lost release wastes a number."""
     try:
         folder.release_unstarted(epoch)

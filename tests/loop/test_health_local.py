@@ -129,7 +129,9 @@ def test_a_provider_that_lost_two_workers_is_not_chosen_over_one_that_lost_one(
         tick_until(rec, lambda r: r.statuses[name].progress.step > cur.step_start)
         adapter = LocalAdapter(cur.provider)
         ref = next(r for r in adapter.observe() if r.job == name and r.epoch == cur.epoch)
-        assert adapter.kill_worker(ref, signal.SIGKILL)
+        # The provider's word that the machine is gone: a bare SIGKILL on a machine still there is an
+        # unconfirmed interruption, which says nothing of the provider (Attempt.provider_ended).
+        assert adapter.kill_worker(ref, signal.SIGKILL, preempt=True)
         return tick_until(rec, lambda r: r.statuses[name].attempts[0].outcome is not None)
 
     assert lose("x").statuses["x"].attempts[0].outcome == Outcome.INTERRUPTION
@@ -140,3 +142,38 @@ def test_a_provider_that_lost_two_workers_is_not_chosen_over_one_that_lost_one(
     z = report.statuses["z"]
     assert [(a.provider, a.outcome) for a in z.attempts] == [("dear", Outcome.INTERRUPTION), ("dear", None)]
     assert {n: report.statuses[n].attempts[-1].provider for n in "xy"} == {"x": "dear", "y": "dear"}
+
+
+def test_a_launch_that_may_have_started_a_worker_keeps_its_epoch(tmp_path: Path) -> None:
+    """A refusal before anything started gives its epoch back; a launch whose answer was lost (a
+    timeout after the provider acted) does not: the next launch must not write under the same epoch
+    as a worker that may be running (found by the simulator's chaos run)."""
+    import json
+    import sys
+
+    from adapters.compute import LaunchSpec, ProviderUnavailable, WorkerRef
+    from desired.models import LocalSettings, Settings
+    from reconciler.execute import execute
+    from reconciler.plan import Launch, Observed, plan
+    from tests.loop.test_plan import PROVIDERS, desired, job_yaml
+
+    class AnswerLost(LocalAdapter):
+        def launch(self, spec: LaunchSpec) -> WorkerRef:
+            super().launch(spec)
+            raise ProviderUnavailable("local provider 'free': launch timed out (it may have happened)")
+
+    command = json.dumps([sys.executable, "-c", "import time; time.sleep(30)"])
+    d = desired(job_yaml(command=command), providers=PROVIDERS.split("---")[0])
+    actions = [a for a in plan(d, Observed(), {}, time.time()).actions if isinstance(a, Launch)]
+    adapter = AnswerLost("free", LocalSettings(workdir=str(tmp_path / "wd")), owner="test-owner")
+    settings = Settings(storage=f"file://{tmp_path}/runs")
+    try:
+        for _ in range(2):
+            report = execute(actions, jobs=d.jobs, adapters={"free": adapter}, settings=settings)
+            assert [r.error for r in report.launches] == ["local provider 'free': launch timed out (it may have "
+                                                          "happened)"]
+        epochs = sorted(ref.epoch for ref in adapter.observe())
+        assert epochs == [1, 2]  # the second launch did not take the first one's epoch again
+    finally:
+        for ref in adapter.observe():
+            adapter.terminate(ref)
