@@ -45,6 +45,7 @@ SDK_FILES = (
     "reconciler/__init__.py",
     "reconciler/worker/__init__.py",
     "reconciler/worker/run.py",
+    "reconciler/worker/terms.py",
     "reconciler/worker/snapshot.py",
     "reconciler/worker/staging.py",
     "reconciler/worker/data.py",

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from reconciler.worker.terms import RunConfigError, env_int
+
 COORDINATION_TIMEOUT = timedelta(minutes=10)
 
 
@@ -148,14 +150,9 @@ def _expand(item: str) -> list[str]:
 
 def env_world() -> tuple[int, int]:
     """(rank, world size) from the launcher's environment; (0, 1) without one."""
-    from reconciler.worker.run import _env_int
-
-
-    world = _env_int("WORLD_SIZE", os.environ.get("WORLD_SIZE")) or 1
-    rank = _env_int("RANK", os.environ.get("RANK")) or 0
+    world = env_int("WORLD_SIZE", os.environ.get("WORLD_SIZE")) or 1
+    rank = env_int("RANK", os.environ.get("RANK")) or 0
     if world < 1 or not 0 <= rank < world:
-        from reconciler.worker.run import RunConfigError
-
         raise RunConfigError(f"RANK={rank} WORLD_SIZE={world} do not describe a rank: fix the launcher's environment")
     return rank, world
 

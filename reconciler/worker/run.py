@@ -33,54 +33,19 @@ from reconciler.worker import sharded as dcp_format
 from reconciler.worker.dist import Group
 from reconciler.worker.reported import Reported
 from reconciler.worker.storefault import StoreFaults
+from reconciler.worker.terms import (
+    EXIT_INTERRUPTED,
+    MAX_DEADLINE_MARGIN,
+    RunConfigError,
+    Superseded,
+    deadline_margin,
+    env_float,
+    env_int,
+)
 
 log = logging.getLogger("reconciler.worker")
 
-EXIT_INTERRUPTED = 75
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-MAX_DEADLINE_MARGIN = 1800.0
-
-
-def deadline_margin(save_seconds: float | None, floor: float, cap: float = MAX_DEADLINE_MARGIN) -> float:
-    """Seconds before the deadline at which to stop: twice the last save's duration (saves vary),
-    at least `floor`. The measured part is capped so that one pathological save cannot end every
-    later session early; the provider's kill then costs that one checkpoint, not the run.
-    """
-    measured = 0.0 if save_seconds is None else min(cap, 2.0 * save_seconds)
-    return max(floor, measured)
-
-
-class Superseded(SystemExit):
-    """This attempt's epoch is no longer the lease's: a newer attempt owns the run. Exits 75."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(EXIT_INTERRUPTED)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
-
-
-class RunConfigError(ValueError):
-    """The worker's environment does not describe a run."""
-
-
-def _env_int(name: str, value: Any) -> int | None:
-    if value is None or value == "":
-        return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise RunConfigError(f"{name}={value!r} is not an integer: fix the worker's environment") from None
-
-
-def _env_float(name: str, value: Any) -> float | None:
-    if value is None or value == "":
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise RunConfigError(f"{name}={value!r} is not a number: fix the worker's environment") from None
 
 
 class Run:
@@ -701,19 +666,19 @@ def open_run(
     folder = RunFolder(uri, storage_options)
     run_id = run_id or env.get("RECONCILER_RUN_ID") or folder.uri.rsplit("/", 1)[-1]
     if epoch is None:
-        epoch = _env_int("RECONCILER_EPOCH", env.get("RECONCILER_EPOCH"))
+        epoch = env_int("RECONCILER_EPOCH", env.get("RECONCILER_EPOCH"))
     if deadline is None:
-        deadline = _env_float("RECONCILER_DEADLINE", env.get("RECONCILER_DEADLINE"))
+        deadline = env_float("RECONCILER_DEADLINE", env.get("RECONCILER_DEADLINE"))
     if checkpoint_every is None:
-        checkpoint_every = _env_int("RECONCILER_CHECKPOINT_EVERY", env.get("RECONCILER_CHECKPOINT_EVERY"))
+        checkpoint_every = env_int("RECONCILER_CHECKPOINT_EVERY", env.get("RECONCILER_CHECKPOINT_EVERY"))
     if mtbf is None:
-        mtbf = _env_float("RECONCILER_MTBF_SECONDS", env.get("RECONCILER_MTBF_SECONDS"))
+        mtbf = env_float("RECONCILER_MTBF_SECONDS", env.get("RECONCILER_MTBF_SECONDS"))
     if target is None:
-        target = _env_int("RECONCILER_TARGET_STEPS", env.get("RECONCILER_TARGET_STEPS"))
+        target = env_int("RECONCILER_TARGET_STEPS", env.get("RECONCILER_TARGET_STEPS"))
     if grace is None:
-        grace = _env_float("RECONCILER_GRACE", env.get("RECONCILER_GRACE"))
+        grace = env_float("RECONCILER_GRACE", env.get("RECONCILER_GRACE"))
     if heartbeat_interval is None:
-        heartbeat_interval = _env_float("RECONCILER_HEARTBEAT_INTERVAL", env.get("RECONCILER_HEARTBEAT_INTERVAL"))
+        heartbeat_interval = env_float("RECONCILER_HEARTBEAT_INTERVAL", env.get("RECONCILER_HEARTBEAT_INTERVAL"))
     folder.store.check_conditional_writes()
     if sharded:
         dcp_format.check_folder(folder)
