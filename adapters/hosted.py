@@ -293,7 +293,11 @@ def fetch_code():
     if code["ref"]:
         steps.append(["git", "-C", dest, "checkout", "--quiet", code["ref"]])
     for step in steps:
-        if subprocess.run(step).returncode != 0:
+        try:
+            done = subprocess.run(step)
+        except FileNotFoundError:
+            fail("the image has no git, so the job's code (code.git) cannot be fetched: use an image with git")
+        if done.returncode != 0:
             fail("cannot fetch the job's code with: " + " ".join(step[:-1] if step[1] == "clone" else step))
     return os.path.join(dest, PLAN["workdir"]) if PLAN["workdir"] else dest
 

@@ -92,6 +92,11 @@ from adapters.wire import MONEY_MAX, Numbers, load_json
 from desired.models import Capacity, LightningSettings
 
 LABELS_ENV = "RECONCILER_LABELS"
+DEFAULT_IMAGE = "python:3.11"
+"""The image of a job that names none (nor a Studio): Docker's full `python` variant, built on
+`buildpack-deps` and so carrying git, which a job whose code is `code.git` needs to fetch it. The
+`-slim` variant (the former default) holds only what Python needs, no git (Docker Hub, the `python`
+image's "Image Variants")."""
 NAME_LIMIT = 63
 CREDENTIALS_HINT = ("credentials are read from LIGHTNING_API_KEY and LIGHTNING_USER_ID (or LIGHTNING_AUTH_TOKEN), "
                     "or from ~/.lightning/credentials.json (LIGHTNING_CREDENTIAL_PATH)")
@@ -278,7 +283,7 @@ class LightningAdapter:
         }
         image = spec.image or self.settings.image
         if image or not self.settings.cloudspace_id:
-            body["image"] = image or "python:3.11-slim"
+            body["image"] = image or DEFAULT_IMAGE
             body["entrypoint"] = "sh -c"
         else:
             body["cloudspaceId"] = self.settings.cloudspace_id

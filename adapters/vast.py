@@ -33,8 +33,14 @@ State table (Vast's `actual_status` / `intended_status` -> WorkerPhase):
     exited                                              -> exited, with the bootstrap's exit record
                                                            read from the instance's logs
     destroyed by this reconciler                        -> preempted ("destroyed by the reconciler")
+    rebooting frozen (transitional), or any state       -> running while it lasts; still in it after
+    Vast's docs do not list                                TRANSITION_TIMEOUT_SECONDS (15 min):
+                                                           destroyed, lost
     gone from the list, seen before by this process     -> lost ("gone from Vast's list")
-    anything else                                       -> lost (Vast's status_msg)
+
+The documented `actual_status` values are vastai's SKILL.md table (null created loading running
+stopped frozen exited rebooting unknown offline); `scheduling` is a `cur_state` (create-instance
+help: stuck in it means the machine's resources are unavailable).
 
 Money: `cost_usd` = the instance's `dph_total` x its time from `start_date` to `end_date` (or now).
 Finished instances still bill their disk, so an instance reported ended (exited, stopped, offline)
@@ -43,9 +49,17 @@ not at once, so a daemon restarted in between still reads how it ended; this pro
 last state for an hour. `terminate` destroys (not stops); a destroy that fails
 raises, and the planner repeats it every tick. `allowance()` is the account's credit balance.
 
+Bids: `price` is $/h for the whole instance (vastai's create-instance help: "per machine bid price"),
+compared with the offer's `min_bid` and the cap as they are, whatever the offer's GPU count.
+
+Launch mode (confirmed from the official client, not on a real host): in the `args` runtype Vast runs
+the image as is and the request's `onstart` is the entrypoint override (vastai's CLI sets
+`onstart_cmd = entrypoint` when no onstart script is given; docs.vast.ai's launch-modes page: the
+entrypoint is the main process), so `onstart: sh` + `args` makes our script the container's main process.
+
 Known limit: an outbid instance is destroyed and relaunched (a new epoch from the last checkpoint),
-never resumed by raising the bid; the exact field combination Vast shows for an outbid instance is
-not confirmed by its docs (intended running + actual stopped is assumed).
+never resumed by raising the bid. vastai's SKILL.md documents that an outbid instance moves to
+`stopped`; that `intended_status` stays `running` then is assumed.
 """
 
 from __future__ import annotations
@@ -81,6 +95,13 @@ KEY_PLACES = ("the VAST_API_KEY environment variable, $XDG_CONFIG_HOME/vastai/va
               "(or ~/.config/vastai/vast_api_key) or ~/.vast_api_key")
 PENDING = {None, "", "created", "loading", "scheduling"}
 OFFLINE = {"offline", "unknown"}
+# Documented `actual_status` values that pass (vastai's SKILL.md status table: `rebooting` "restarting
+# (transient)", `frozen` "paused with memory"): a live instance in one is waited for, not replaced.
+TRANSITIONAL = {"rebooting", "frozen"}
+TRANSITION_TIMEOUT_SECONDS = 900.0
+"""How long a live instance may stay in a transitional (or an undocumented) state before it is
+destroyed and counted lost: a reboot takes minutes, and a healthy instance that reboots must not be
+replaced (a new epoch from the last checkpoint) the moment Vast reports it."""
 FORGET_AFTER_SECONDS = 3600.0
 BID_MARGIN = 1.05  # bid 5% over the offer's minimum, so a small rise does not outbid us at once
 SEARCH_QUOTA = "search_quota_exceeded"
@@ -128,6 +149,7 @@ class VastAdapter:
     """Vast.ai instances (see the module docstring for the state table and the money rules)."""
 
     offline_grace_seconds = 60.0  # an offline host this long is an interruption, not a blip
+    transition_timeout_seconds = TRANSITION_TIMEOUT_SECONDS
 
     def __init__(self, name: str, settings: VastSettings, owner: str = ANY_OWNER) -> None:
         self.name = name
@@ -142,6 +164,7 @@ class VastAdapter:
         self._destroyed: dict[str, WorkerState] = {}  # destroyed by us: their last word
         self._offline_since: dict[str, float] = {}
         self._loading_since: dict[str, float] = {}
+        self._transition_since: dict[str, float] = {}
         self._gone_since: dict[str, float] = {}
 
     # ---- HTTP -------------------------------------------------------------------------------------
@@ -336,7 +359,7 @@ class VastAdapter:
     def _forget(self, iid: str) -> None:
         """A vanished instance's last word is kept an hour (the planner records it at once), then dropped."""
         for memory in (self._seen, self._ended, self._destroyed, self._gone_since, self._offline_since,
-                       self._loading_since):
+                       self._loading_since, self._transition_since):
             memory.pop(iid, None)
 
     def _state(self, ref: WorkerRef, row: dict[str, Any]) -> WorkerState:
@@ -361,6 +384,7 @@ class VastAdapter:
             return self._pending(ref, row, word)
         if actual == "running":
             self._offline_since.pop(ref.id, None)
+            self._transition_since.pop(ref.id, None)
             return WorkerState(WorkerPhase.RUNNING, provider_state=word, cost_usd=cost)
         if actual in OFFLINE:
             since = self._offline_since.setdefault(ref.id, time.time())
@@ -375,8 +399,23 @@ class VastAdapter:
             why = "outbid (stopped by Vast while intended running)" if intended == "running" else "stopped by Vast"
             return WorkerState(WorkerPhase.PREEMPTED, provider_state=word,
                                detail=why + where + (f": {msg}" if msg else ""), ended_at=ended_at, cost_usd=cost)
-        return WorkerState(WorkerPhase.LOST, provider_state=word, detail=msg or "unknown Vast state",
-                           ended_at=ended_at, cost_usd=cost)
+        return self._transition(ref, actual, word, msg, cost)
+
+    def _transition(self, ref: WorkerRef, actual: Any, word: str, msg: str, cost: float | None) -> WorkerState:
+        """A passing state (rebooting, frozen) or one Vast's docs do not list: running while it lasts
+        up to TRANSITION_TIMEOUT_SECONDS, then destroyed and lost."""
+        known = actual in TRANSITIONAL
+        since = self._transition_since.setdefault(ref.id, time.time())
+        waited = time.time() - since
+        what = f"{actual}" if known else f"undocumented Vast state {actual!r}"
+        if waited <= self.transition_timeout_seconds or self.owner == ANY_OWNER:
+            return WorkerState(WorkerPhase.RUNNING, provider_state=word, cost_usd=cost,
+                               detail=f"{what} for {waited:.0f} s" + (f": {msg}" if msg else ""))
+        state = WorkerState(WorkerPhase.LOST, provider_state=word, ended_at=time.time(), cost_usd=cost,
+                            detail=f"{what} for {waited:.0f} s, longer than {self.transition_timeout_seconds:.0f} s: "
+                                   f"destroyed" + (f" ({msg})" if msg else ""))
+        self._destroy_quietly(ref, state)  # a failed destroy is retried at the next observation
+        return state
 
     def _pending(self, ref: WorkerRef, row: dict[str, Any], word: str) -> WorkerState:
         started = self.numbers.number(row.get("start_date"), "instance start_date", high=DATE_MAX)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -113,6 +114,33 @@ def test_a_studio_job_runs_the_bootstrap_under_bash_set_e(fake: FakeLightning, t
     assert wait(adapter, ref, ended).exit_code == 0
     assert json.loads(out.read_text()) == hostile
     assert len(body["spec"]["command"]) < 100_000, "sh -c takes at most 128 KB in one argument"
+
+
+def _code_repo(tmp_path: Path) -> str:
+    repo = tmp_path / "code"
+    repo.mkdir()
+    (repo / "main.py").write_text("print('code fetched', flush=True)\n")
+    for step in (["init", "-q"], ["add", "main.py"],
+                 ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "code"]):
+        subprocess.run(["git", "-C", str(repo), *step], check=True)
+    return f"file://{repo}"
+
+
+def test_a_job_whose_code_is_a_git_url_fetches_it_on_the_default_image(fake: FakeLightning, tmp_path: Path) -> None:
+    adapter = make(fake)
+    launch = replace(spec(), command=[sys.executable, "main.py"], code_git=_code_repo(tmp_path))
+    ref = adapter.launch(launch)
+    state = wait(adapter, ref, ended)
+    assert (state.phase, state.exit_code) == (WorkerPhase.EXITED, 0), state
+    assert "code fetched" in adapter.logs(ref, 50)
+
+
+def test_an_image_without_git_ends_the_job_with_one_clear_reason(fake: FakeLightning, tmp_path: Path) -> None:
+    adapter = make(fake, image="python:3.11-slim")
+    launch = replace(spec(), command=[sys.executable, "main.py"], code_git=_code_repo(tmp_path))
+    state = wait(adapter, adapter.launch(launch), ended)
+    assert state.phase is WorkerPhase.EXITED and state.exit_code == 1
+    assert "the image has no git" in state.detail and "code.git" in state.detail
 
 
 def test_429_is_honoured_with_its_retry_after(fake: FakeLightning) -> None:

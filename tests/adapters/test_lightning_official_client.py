@@ -168,3 +168,66 @@ def test_the_secret_list_deserializes_into_the_sdks_models_with_names_only(sdk: 
     assert isinstance(listed, sdk.V1ListSecretsResponse)
     assert [(s.name, s.project_id) for s in listed.secrets] == [("HF_TOKEN", fake.project_id)]
     assert "hf-value" not in json.dumps(api_client.sanitize_for_serialization(listed))
+
+
+def strict(sdk: Any, kind: str, data: Any, where: str = "") -> None:
+    """`data` as the SDK's generated model `kind` reads it, strictly: a field the model does not
+    define, or a value of another type, fails (the generated deserializer would drop or coerce it)."""
+    where = where or kind
+    if kind.startswith("list["):
+        assert isinstance(data, list), f"{where}: {data!r} is not a list"
+        for i, item in enumerate(data):
+            strict(sdk, kind[5:-1], item, f"{where}[{i}]")
+        return
+    if kind.startswith("dict("):
+        assert isinstance(data, dict), f"{where}: {data!r} is not an object"
+        for key, item in data.items():
+            strict(sdk, kind[5:-1].split(", ", 1)[1], item, f"{where}.{key}")
+        return
+    plain = {"str": str, "bool": bool, "int": int, "float": (int, float), "datetime": str, "object": object}
+    if kind in plain:
+        assert isinstance(data, plain[kind]) and not (kind in ("int", "float") and isinstance(data, bool)), \
+            f"{where}: {data!r} is not {kind}"
+        return
+    model = getattr(sdk, kind)
+    if not getattr(model, "swagger_types", None):  # a generated enum: its allowed values are constants
+        allowed = {v for k, v in vars(model).items() if k.isupper() and isinstance(v, str)}
+        assert data in allowed, f"{where}: {data!r} is not one of {kind}'s values"
+        return
+    assert isinstance(data, dict), f"{where}: {data!r} is not a {kind}"
+    names = {json_name: attr for attr, json_name in model.attribute_map.items()}
+    unknown = set(data) - set(names)
+    assert not unknown, f"{where}: {sorted(unknown)} are not fields of {kind}"
+    for key, value in data.items():
+        if value is not None:
+            strict(sdk, model.swagger_types[names[key]], value, f"{where}.{key}")
+
+
+def test_what_the_adapter_sends_and_the_fake_answers_parse_strictly_as_the_sdk_s_models(
+        sdk: Any, fake: FakeLightning, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every request body our adapter sends (create with `fromSecret` env entries, stop) and every
+    answer of the fake (job, list, find, logs, balance, secrets) against lightning-sdk's models."""
+    with pytest.raises(AssertionError, match="not fields of V1EnvVar"):  # the check is strict
+        strict(sdk, "V1EnvVar", {"name": "HF_TOKEN", "secretRef": "HF_TOKEN"})
+    monkeypatch.setenv("LIGHTNING_USER_ID", USER_ID)
+    monkeypatch.setenv("LIGHTNING_API_KEY", API_KEY)
+    fake.set_secret("HF_TOKEN", "hf-value")
+    adapter = LightningAdapter("lightning", LightningSettings(api_url=fake.url, project_id=fake.project_id,
+                                                              machine="lit-l4-1"), owner="repo-a")
+    ref = adapter.launch(LaunchSpec(job="j", run_id="r", epoch=1, command=["sleep", "30"],
+                                    secret_env={"HF_TOKEN": "hf-value"}))
+    adapter.terminate(ref)
+    sent = {(m, p.split("?")[0]): json.loads(b) for m, p, b in fake.requests if b}
+    create = sent[("POST", f"/v1/projects/{fake.project_id}/jobs")]
+    strict(sdk, "JobsServiceCreateJobBody", create)
+    assert {"name": "HF_TOKEN", "fromSecret": "HF_TOKEN"} in create["spec"]["env"]
+    assert "hf-value" not in json.dumps(create)
+    strict(sdk, "JobsServiceUpdateJobBody", sent[("PUT", f"/v1/projects/{fake.project_id}/jobs/{ref.id}")])
+    base = f"{fake.url}/v1/projects/{fake.project_id}"
+    answers = {f"/jobs/{ref.id}": "V1Job", "/jobs": "V1ListJobsResponse", f"/jobs/find?name={create['name']}": "V1Job",
+               f"/jobs/{ref.id}/page-logs": "V1JobLogsResponse", "/billing/balance": "V1GetProjectBalanceResponse",
+               "/secrets": "V1ListSecretsResponse"}
+    for path, kind in answers.items():
+        asked = urllib.request.Request(base + path, headers={"Authorization": basic_header()})
+        with urllib.request.urlopen(asked) as answer:
+            strict(sdk, kind, json.loads(answer.read()), path)

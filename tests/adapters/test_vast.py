@@ -109,6 +109,26 @@ def test_host_offline_is_an_interruption_after_a_grace_and_lost_once_gone(fake: 
     assert "gone" in state2.detail
 
 
+@pytest.mark.parametrize("state", ["rebooting", "frozen", "maintenance"])
+def test_a_passing_state_is_waited_for_and_lost_only_past_its_bound(
+        fake: FakeVast, tmp_path: Path, state: str) -> None:
+    vast = adapter(fake)
+    vast.transition_timeout_seconds = 30
+    ref = vast.launch(spec(tmp_path, sleep="60"))
+    wait(vast, ref, phase(WorkerPhase.RUNNING))
+    fake.transition(int(ref.id), state, seconds=1.0)
+    during = vast.observe()[ref]
+    assert during.phase is WorkerPhase.RUNNING and during.provider_state.startswith(state)
+    wait(vast, ref, lambda s: s.provider_state.startswith("running"))
+    assert [i.id for i in fake.live()] == [int(ref.id)]  # the healthy instance was kept, not replaced
+
+    vast.transition_timeout_seconds = 0.5
+    fake.transition(int(ref.id), state, seconds=60)
+    lost = wait(vast, ref, phase(WorkerPhase.LOST))
+    assert state in lost.detail and "destroyed" in lost.detail
+    assert fake.live() == []
+
+
 def test_an_offer_gone_at_rent_is_skipped_for_the_next(fake: FakeVast, tmp_path: Path) -> None:
     fake.offers = [offer(1, 0.2), offer(2, 0.3)]
     fake.vanish(1)
@@ -252,6 +272,20 @@ def test_never_bids_above_the_cap_nor_below_the_market_minimum(fake: FakeVast, t
     adapter(fake, max_price_per_hour=0.4).launch(spec(tmp_path, job="two"))
     [created] = fake.creates
     assert 0.39 <= created["price"] <= 0.4 and created["cancel_unavail"] is True
+
+
+def test_a_multi_gpu_offer_is_bid_for_per_machine_as_the_official_client_documents(
+        fake: FakeVast, tmp_path: Path) -> None:
+    """vastai's `create instance --bid_price` is "per machine bid price in $/hour", and an offer's
+    `min_bid` is its whole price like `dph_total`: a 4-GPU offer's bid is not divided nor multiplied."""
+    fake.offers = [{**offer(1, 2.0, min_bid=0.8), "num_gpus": 4}]
+    ref = adapter(fake, max_price_per_hour=1.0).launch(spec(tmp_path, sleep="5"))
+    [created] = fake.creates
+    assert created["price"] == pytest.approx(0.8 * 1.05 + 0.001, abs=1e-4)
+    assert fake.instances[int(ref.id)].dph_total == created["price"]  # billed at the bid, for the machine
+    fake.offers = [{**offer(2, 2.0, min_bid=0.8), "num_gpus": 4}]
+    with pytest.raises(ProviderUnavailable):  # the cap binds the machine's price, not one GPU's share
+        adapter(fake, max_price_per_hour=0.5).launch(spec(tmp_path, job="capped"))
 
 
 def test_the_job_s_own_cap_binds_below_the_provider_s(fake: FakeVast, tmp_path: Path) -> None:

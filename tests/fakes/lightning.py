@@ -14,7 +14,8 @@ Every /v1 request must carry the Authorization header Lightning's login rules pr
 Each job's `command` runs as a real local process (`machine.Machine`): `sh -c <command>` for an
 image job, `bash -c "set -e; <command>"` for a Studio (cloudspaceId) job, with the machine's clean
 environment plus the spec's env entries, `fromSecret` ones resolved from the teamspace's secrets
-(`set_secret`). States: pending (`pending_seconds`) -> running -> complete/fail (a short transient
+(`set_secret`); an image job on a `-slim` or `-alpine` image finds no git on its PATH (see
+`_without_git`). States: pending (`pending_seconds`) -> running -> complete/fail (a short transient
 while "collecting logs") -> completed (exit 0) / failed (non-zero; `message` says the code). A PUT
 {"state": "stop"}: stopping -> SIGTERM to the machine's main process, `stop_grace` seconds, kill
 -> stopped.
@@ -45,7 +46,9 @@ import itertools
 import json
 import re
 import secrets as pysecrets
+import shutil
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -227,7 +230,10 @@ class FakeLightning:
         job.attempt += 1
         job.state, job.started_at = "running", job.started_at or now
         folder = self.root / f"{job.name}.{job.attempt}"
-        job.machine = Machine(folder, self._argv(job.spec), self._env(job.spec))
+        env = self._env(job.spec)
+        if _without_git(job.spec.get("image")):
+            env["PATH"] = str(_bare_bin(self.root))
+        job.machine = Machine(folder, self._argv(job.spec), env)
         job.machine.start()
 
     @staticmethod
@@ -499,3 +505,27 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _without_git(image: Any) -> bool:
+    """Images that have no git: Docker Hub's `python` image documents its `-slim` and `-alpine`
+    variants as holding only what Python needs (its "Image Variants"), while the full tag is built on
+    `buildpack-deps`, which carries git. A job's machine for such an image finds no git on its PATH."""
+    tag = str(image or "").rsplit(":", 1)[-1]
+    return "slim" in tag or "alpine" in tag
+
+
+def _bare_bin(root: Path) -> Path:
+    """A PATH folder with what a slim Debian image has (a shell, coreutils, python3), no git."""
+    folder = root / "bare-bin"
+    if not folder.is_dir():
+        folder.mkdir(parents=True)
+        for name in SLIM_TOOLS:
+            target = sys.executable if name.startswith("python") else shutil.which(name)
+            if target:
+                (folder / name).symlink_to(target)
+    return folder
+
+
+SLIM_TOOLS = ("sh", "bash", "python3", "python", "cat", "echo", "env", "false", "grep", "head", "id", "kill", "ls",
+              "mkdir", "mktemp", "printf", "rm", "sed", "sleep", "tail", "test", "true")

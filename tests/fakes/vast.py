@@ -75,6 +75,7 @@ class Instance:
     status_msg: str = ""
     end_date: float | None = None
     gone_at: float | None = None
+    back_at: float | None = None
     destroyed: bool = False
     runtype: str = "ssh"
     args: list[str] = field(default_factory=list)
@@ -185,6 +186,15 @@ class FakeVast:
             inst.end_date = time.time()
             inst.gone_at = time.time() + gone_after
 
+    def transition(self, iid: int, actual: str, seconds: float) -> None:
+        """The instance passes through `actual` (e.g. `rebooting`: "Restarting (transient)", vastai's
+        SKILL.md status table) for `seconds`, then shows `running` again; its processes are left as they
+        are (a model of the state only, not of a container restart)."""
+        with self.lock:
+            inst = self.instances[iid]
+            inst.actual, inst.status_msg = actual, f"{actual}"
+            inst.back_at = time.time() + seconds
+
     def live(self) -> list[Instance]:
         with self.lock:
             return [i for i in self.instances.values() if not i.destroyed]
@@ -212,6 +222,8 @@ class FakeVast:
             elif inst.actual == "running" and inst.machine.exit_code is not None:
                 inst.actual, inst.status_msg = "exited", f"exited with code {inst.machine.exit_code}"
                 inst.end_date = inst.machine.ended_at or now
+            elif inst.back_at is not None and now >= inst.back_at:
+                inst.actual, inst.status_msg, inst.back_at = "running", "", None
             elif inst.gone_at is not None and now >= inst.gone_at:
                 del self.instances[inst.id]
                 continue
@@ -242,7 +254,8 @@ class FakeVast:
             return 400, {"success": False, "error": "no_such_ask", "msg": "Instance type no longer available."}
         if offer_id in self.rising:
             offer["min_bid"] = self.rising.pop(offer_id)
-        price = body.get("price")
+        price = body.get("price")  # the bid, $/h for the whole instance: vastai's create-instance help
+        # says "--bid_price ... per machine bid price in $/hour"; the offer's min_bid is in the same unit
         if price is not None and float(price) < float(offer.get("min_bid") or 0):
             return 400, {"success": False, "error": "invalid_price", "msg": "Your bid is below the minimum bid."}
         if self.credit <= 0:
