@@ -180,7 +180,7 @@ def wait(predicate: Callable[[], bool], timeout: float, every: float = 0.02) -> 
 
 
 def worker_folder(world: World, job: str, epoch: int) -> Path | None:
-    found = sorted((world.workdir / "workers").glob(f"*.{job}.r-*.e{epoch}"))
+    found = sorted(world.workdir.glob(f"*.{job}.r-*.e{epoch}"))
     return found[0] if found else None
 
 
@@ -233,7 +233,7 @@ def measure_relaunches(world: World, jobs: list[str], timeout: float) -> list[fl
 
 def kill_workers(world: World) -> None:
     """Ends every local worker of this run (their supervisors' process groups)."""
-    for pid_file in (world.workdir / "workers").glob("*/supervisor.pid"):
+    for pid_file in world.workdir.glob("*/supervisor.pid"):
         try:
             os.killpg(int(pid_file.read_text().strip()), signal.SIGKILL)
         except (ProcessLookupError, ValueError, PermissionError):

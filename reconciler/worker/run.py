@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from adapters import series
 from adapters.storage import LEASE_LOG, CheckpointName, CorruptCheckpoint, Fenced, RunFolder, StorageError
 from reconciler.checkpoint_policy import IntervalPolicy
 from reconciler.worker import dist, loop, snapshot
@@ -718,7 +719,7 @@ def _tidy(folder: RunFolder, epoch: int) -> None:
     """What killed attempts left behind: temp files of interrupted atomic writes, and the step
     marks of attempts the reconciler has already judged (the previous epoch's is kept for it)."""
     try:
-        removed = folder.store.remove_stale_temp_files("", LEASE_LOG, "logs")
+        removed = folder.store.remove_stale_temp_files("", LEASE_LOG, "logs", series.FOLDER)
         folder.forget_reached(before_epoch=epoch - 1)
     except (StorageError, OSError) as exc:
         log.debug("could not tidy the run folder: %s", exc)

@@ -10,6 +10,7 @@ import os
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from adapters.storage import RunFolder
@@ -50,16 +51,19 @@ def test_the_same_state_saved_twice_gives_identical_files(tmp_path: Path) -> Non
     assert shard[-(64 - 70 % 64):] == bytes(64 - 70 % 64), "the file must not end in uninitialised bytes"
 
 
-def test_a_kill_inside_a_heartbeat_leaves_no_temp_file_after_the_next_start(tmp_path: Path) -> None:
+# Write points of a first heartbeat, in order: the metrics series' temporary file, its rename, then
+# progress.json's temporary file and its rename. A kill after either temporary file is complete
+# leaves it behind.
+@pytest.mark.parametrize("kill_at, left_behind", [(2, "metrics/e1.json.tmp-"), (4, "progress.json.tmp-")])
+def test_a_kill_inside_a_heartbeat_leaves_no_temp_file_after_the_next_start(
+        tmp_path: Path, kill_at: int, left_behind: str) -> None:
     store = Store("file", str(tmp_path))
     folder = store.folder()
-    # Write points before the first heartbeat's rename: the write's own, then the one after the
-    # temporary file is complete and just before it replaces progress.json.
-    env = store.env(folder, folder.bump_lease(), RECONCILER_FAULT_KILL_AT=2, RECONCILER_CHECKPOINT_EVERY=5)
+    env = store.env(folder, folder.bump_lease(), RECONCILER_FAULT_KILL_AT=kill_at, RECONCILER_CHECKPOINT_EVERY=5)
     assert attempt(env, {"steps": 10, "seed": 1}) == -9
     root = Path(folder.store.os_path())
-    left = [p.name for p in root.iterdir() if ".tmp-" in p.name]
-    assert left and left[0].startswith("progress.json.tmp-"), f"the kill should land mid-write: {left}"
+    left = [p.relative_to(root).as_posix() for p in root.rglob("*") if ".tmp-" in p.name]
+    assert len(left) == 1 and left[0].startswith(left_behind), f"the kill should land mid-write: {left}"
     env = store.env(folder, folder.bump_lease(), RECONCILER_CHECKPOINT_EVERY=5)
     assert attempt(env, {"steps": 10, "seed": 1}) == 0
     assert not [p.name for p in root.rglob("*") if ".tmp-" in p.name]
