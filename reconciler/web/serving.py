@@ -100,6 +100,12 @@ class Guarded(H11Protocol):
                 self.note("closed by the client without sending a request")
         super().connection_lost(exc)
 
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn answers a request it cannot parse with 400 and closes: its warning was this
+        connection's one line, so the close that follows is not a second one."""
+        self._cut = True
+        super().send_400_response(msg)
+
     def _arm(self) -> None:
         self._disarm()
         self._deadline = self.loop.call_later(READ_TIMEOUT, self._too_slow)

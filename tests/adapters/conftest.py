@@ -15,12 +15,15 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from desired.models import SlurmSettings, SshHost, SshSettings
 
@@ -35,9 +38,17 @@ def unavailable(reason: str) -> None:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports the kernel handed out and nobody held a moment ago, all different: the sockets stay
+    bound until every port is chosen, so two calls in a row cannot return the same one."""
+    with ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
 
 
 def wait_for(check: Callable[[], bool], timeout: float, interval: float = 0.2) -> bool:
@@ -215,9 +226,18 @@ def munge_works() -> bool:
 
 
 def start_munge() -> None:
-    """munged refuses to run as root and wants /run/munge owned by its user."""
+    """munged refuses to run as root and wants /run/munge owned by its user. One munged serves the
+    machine: a lock keeps pytest-xdist's workers (and a second test run) from starting two, the
+    second of which would fail on the first's socket."""
     if munge_works():
         return
+    with FileLock(Path(tempfile.gettempdir()) / "reconciler-tests-munge.lock"):
+        if not munge_works():
+            _start_munged()
+
+
+def _start_munged() -> None:
+    """Creates munge's folders (and key, where none exists) and starts munged as its user."""
     run_dir = Path("/run/munge")
     run_dir.mkdir(exist_ok=True)
     for folder in (run_dir, Path("/var/log/munge"), Path("/var/lib/munge")):
@@ -285,7 +305,8 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
         (root / sub).mkdir()
     host = socket.gethostname().split(".")[0]
     conf = root / "slurm.conf"
-    conf.write_text(SLURM_CONF.format(host=host, root=root, ctld_port=free_port(), slurmd_port=free_port()))
+    ctld_port, slurmd_port = free_ports(2)
+    conf.write_text(SLURM_CONF.format(host=host, root=root, ctld_port=ctld_port, slurmd_port=slurmd_port))
     cluster = Slurm(root=root, conf=conf, env={"SLURM_CONF": str(conf)})
     previous = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = str(conf)  # adapters and the reconciler's subprocesses find our cluster

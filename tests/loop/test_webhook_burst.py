@@ -98,6 +98,9 @@ def test_garbage_is_answered_400_with_one_line(quick_hook: Hook, caplog: pytest.
             socket.create_connection(quick_hook.address, timeout=5) as s:
         s.sendall(b"\x16\x03\x01 not http at all\r\n\r\n")  # e.g. a TLS hello sent to plain HTTP
         assert s.recv(4096).startswith(b"HTTP/1.1 400")
+        while s.recv(4096):  # the rest of the answer, then the server's close
+            pass
+        quick_hook.server.stop()  # its loop has handled every event of that connection, the close too
         lines = _lines(caplog, 1)
     assert lines == ["http: connection from 127.0.0.1: Invalid HTTP request received"], lines
     assert "Traceback" not in caplog.text + capfd.readouterr().err
