@@ -553,6 +553,9 @@ class KaggleAdapter:
         return state
 
     def _read_log(self, slug: str) -> str:
+        """The current version's log: the `log` field of ListKernelSessionOutput's first page. Its
+        page token pages the output files only (kaggle-cli's `kernels output` keeps the first page's
+        log, its `kernels logs` reads one page), so no further page is asked for."""
         answer = self._rpc("ListKernelSessionOutput", {"userName": self.username, "kernelSlug": slug},
                            allow=NO_SUCH_KERNEL)
         return log_text(answer.get("log"))

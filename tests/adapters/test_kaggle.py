@@ -295,6 +295,23 @@ def test_logs_come_from_the_kernels_output_and_are_read_once_when_finished(fake:
     assert fake.calls.count("ListKernelSessionOutput") == reads
 
 
+def test_a_log_of_a_kernel_whose_output_spans_pages_is_read_whole_from_the_first_page(
+        fake: FakeKaggle, tmp_path: Path) -> None:
+    """Kaggle pages a version's output files, not its log: the adapter reads the log field of the
+    first page (no page token), however many files follow, and the exit record at its end."""
+    kaggle = adapter(fake)
+    write = "for i in range(45): open(f'f{i:02}.txt', 'w').write('x')\nfor i in range(400): print('line', i)"
+    ref = kaggle.launch(LaunchSpec(job="paged", run_id="r-1", epoch=1, command=[sys.executable, "-c", write]))
+    state = wait_state(kaggle, ref, ended)
+    kernel = fake.kernels[slug(ref.id)]
+    assert len(fake.output_files(kernel)) == 45 and state.exit_code == 0
+    text = kaggle.logs(ref, 1000)
+    assert "line 0\n" in text and "line 399\n" in text
+    assert text.splitlines()[-1].startswith("reconciler-bootstrap: exit")
+    asked = [r for _, m, r, _ in fake.exchanges if m == "ListKernelSessionOutput"]
+    assert asked and not any("pageToken" in r for r in asked)
+
+
 # ---- secrets and storage ----------------------------------------------------------------------
 
 
