@@ -575,6 +575,9 @@ class KaggleAdapter:
             text = kernel.log
         elif self._current.get(kernel.slug) is kernel:
             text = self._read_log(kernel.slug)
+            ran = log_attempt(text)
+            if ran is not None and ran != kernel.attempt:
+                return ""  # still the previous version's output: this attempt has written nothing yet
         else:
             return ""
         return "\n".join(text.splitlines()[-tail:]) if tail > 0 else ""

@@ -418,6 +418,19 @@ def test_the_previous_versions_end_reported_late_is_read_as_pending(fake: FakeKa
     assert log_attempt("nothing here") is None
 
 
+def test_the_log_of_a_new_attempt_is_never_the_previous_versions_output(fake: FakeKaggle, tmp_path: Path) -> None:
+    kaggle = adapter(fake)
+    first = kaggle.launch(probe(tmp_path, lines="3"))
+    assert wait_state(kaggle, first, ended).exit_code == 0
+    fake.queue_delay = 60
+    fake.lag_versions(3)  # Kaggle still answers status and output from version 1
+    second = kaggle.launch(probe(tmp_path, epoch=2))
+    kaggle.observe()
+    assert "line 2" in fake.rpc_ListKernelSessionOutput({"userName": fake.username,
+                                                         "kernelSlug": slug(second.id)})["log"]
+    assert kaggle.logs(second) == ""
+
+
 def test_a_worker_that_cannot_reach_storage_ends_with_the_bootstraps_reason(fake: FakeKaggle, tmp_path: Path) -> None:
     fake.secrets.update({"AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b"})
     fake.attach(job_kernel("p"), "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
