@@ -244,7 +244,7 @@ def test_the_session_limit_kills_the_kernel_and_is_reported_as_session_limit(fak
     ref = kaggle.launch(probe(tmp_path, sleep="60"))
     state = wait_state(kaggle, ref, ended)
     assert state.phase is WorkerPhase.SESSION_LIMIT and state.provider_state == "ERROR", state
-    assert "maximum session time" in state.detail
+    assert "max allowed execution duration" in state.detail
 
 
 def test_an_exit_75_near_the_session_end_is_a_session_end_and_far_from_it_is_not(fake: FakeKaggle,
@@ -509,6 +509,17 @@ def test_kaggles_session_cut_wins_over_the_kill_it_caused() -> None:
     killed = 'reconciler-bootstrap: exit {"code": -9, "signal": "SIGKILL"}\n'
     state = kernel_state("ERROR", "Your notebook hit the maximum session time of 43200 seconds", killed, 600)
     assert (state.phase, state.exit_code) == (WorkerPhase.SESSION_LIMIT, -9)
+
+
+def test_kaggles_own_words_for_the_session_cut_and_for_memory_are_read_as_such() -> None:
+    """The failure messages a user's script compares Kaggle's answers with (xhluca/bm25-benchmarks)."""
+    killed = 'reconciler-bootstrap: exit {"code": -9, "signal": "SIGKILL"}\n'
+    cut = kernel_state("ERROR", "Your notebook was stopped because it exceeded the max allowed execution duration.",
+                       killed, 600)
+    assert (cut.phase, cut.exit_code) == (WorkerPhase.SESSION_LIMIT, -9)
+    memory = kernel_state("ERROR", "Your notebook tried to allocate more memory than is available.", killed, 600)
+    assert (memory.phase, memory.oom, memory.signal) == (WorkerPhase.EXITED, True, "SIGKILL")
+    assert kernel_state("ERROR", "Your notebook tried to allocate more memory than is available.", "", 600).oom
 
 
 def test_kaggles_editor_names_for_accelerators_are_its_api_names_and_t4_x2_is_two_gpus(fake: FakeKaggle) -> None:

@@ -48,7 +48,9 @@ from tests.fakes import read_body, serve_until_interrupted
 from tests.fakes.machine import Machine
 
 SERVICE = "kernels.KernelsApiService"
-SESSION_MESSAGE = "Your notebook hit the maximum session time of {seconds} seconds and was stopped"
+# Kaggle's failureMessage when a session reaches its limit, as a user's script that reads Kaggle's
+# answers compares it (github.com/xhluca/bm25-benchmarks, analysis/download_results.py).
+SESSION_MESSAGE = "Your notebook was stopped because it exceeded the max allowed execution duration."
 
 SHIM = '''"""kaggle_secrets as a Kaggle batch kernel has it (Kaggle/docker-python patches/kaggle_secrets.py),
 reduced to get_secret: POST {KAGGLE_URL_BASE}/requests/GetUserSecretByLabelRequest with the JWT."""
@@ -401,7 +403,7 @@ class FakeKaggle:
         if code is None:
             return {"status": "RUNNING"}
         if kernel.session_killed:
-            return {"status": "ERROR", "failureMessage": SESSION_MESSAGE.format(seconds=self._session_seconds(kernel))}
+            return {"status": "ERROR", "failureMessage": SESSION_MESSAGE}
         if code == 0:
             return {"status": "COMPLETE"}
         return {"status": "ERROR", "failureMessage": f"Kernel run failed: the process exited with code {code}"}
