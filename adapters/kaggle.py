@@ -43,6 +43,8 @@ State table (GetKernelSessionStatus `status` -> WorkerState; `provider_state` ke
 | ERROR whose failureMessage names    | session-limit  | Kaggle's cut (the record, if any, shows only  |
 |   the session or time limit         |                | the kill)                                     |
 | ERROR, record code 75 near the cut  | session-limit  | the SDK saved and left before Kaggle's cut    |
+| ERROR whose failureMessage says the | exited, oom    | Kaggle's memory kill                          |
+|   kernel ran out of memory          |                |                                               |
 | COMPLETE / ERROR with an exit record| exited(code)   | code, signal, reason of the bootstrap         |
 | COMPLETE without a record           | exited(0)      |                                               |
 | ERROR otherwise                     | exited(1)      | failureMessage in detail                      |
@@ -116,7 +118,13 @@ SDK_MAX_MARGIN = 1800.0
 # so they ended long ago, and an account's old kernels would otherwise be read after every restart.
 RECENT_DAYS = 7
 FINAL = frozenset({"COMPLETE", "ERROR", "CANCEL_ACKNOWLEDGED"})
-SESSION_WORDS = re.compile(r"session|time ?limit|timed? ?out|maximum.*(time|hours|runtime)", re.IGNORECASE)
+# Kaggle's failureMessage at its cut, as a user's script compares it: "Your notebook was stopped
+# because it exceeded the max allowed execution duration." (github.com/xhluca/bm25-benchmarks,
+# analysis/download_results.py); the other words are kept for wordings not seen yet.
+SESSION_WORDS = re.compile(r"session|time ?limit|timed? ?out|max(imum)? allowed execution duration|"
+                           r"maximum.*(time|hours|runtime)", re.IGNORECASE)
+# ...and for memory, from the same script: "Your notebook tried to allocate more memory than is available."
+OOM_WORDS = re.compile(r"allocate more memory than is available|out of memory", re.IGNORECASE)
 CREDENTIAL_PLACES = ("$KAGGLE_API_TOKEN (a token or a file holding one), ~/.kaggle/access_token, "
                      "$KAGGLE_USERNAME with $KAGGLE_KEY, or kaggle.json in $KAGGLE_CONFIG_DIR or ~/.kaggle")
 # GPUs one worker gets per machine shape. Kaggle's UI offers "T4 x2", but the API's shape name
@@ -274,9 +282,13 @@ def kernel_state(status: str, failure: str, log: str, session_margin: float) -> 
         return WorkerState(WorkerPhase.PREEMPTED, provider_state=word,
                            detail="cancelled on Kaggle, not by the reconciler")
     record = parse_exit_record(log)
+    code = record.get("code") if record is not None else None
     if word == "ERROR" and SESSION_WORDS.search(failure):  # Kaggle's cut: the record may show only its SIGKILL
-        code = record.get("code") if record is not None else None
         return WorkerState(WorkerPhase.SESSION_LIMIT, code if isinstance(code, int) else None, word, failure)
+    if word == "ERROR" and OOM_WORDS.search(failure):  # Kaggle's memory kill: a record, if any, shows only a kill
+        sig = record.get("signal") if record is not None and isinstance(record.get("signal"), str) else None
+        code = code if isinstance(code, int) else 1
+        return WorkerState(WorkerPhase.EXITED, code, word, failure, signal=sig, oom=True)
     if record is not None:
         return _from_record(word, record, failure, session_margin)
     if word == "COMPLETE":
@@ -553,6 +565,9 @@ class KaggleAdapter:
         return state
 
     def _read_log(self, slug: str) -> str:
+        """The current version's log: the `log` field of ListKernelSessionOutput's first page. Its
+        page token pages the output files only (kaggle-cli's `kernels output` keeps the first page's
+        log, its `kernels logs` reads one page), so no further page is asked for."""
         answer = self._rpc("ListKernelSessionOutput", {"userName": self.username, "kernelSlug": slug},
                            allow=NO_SUCH_KERNEL)
         return log_text(answer.get("log"))
@@ -572,6 +587,9 @@ class KaggleAdapter:
             text = kernel.log
         elif self._current.get(kernel.slug) is kernel:
             text = self._read_log(kernel.slug)
+            ran = log_attempt(text)
+            if ran is not None and ran != kernel.attempt:
+                return ""  # still the previous version's output: this attempt has written nothing yet
         else:
             return ""
         return "\n".join(text.splitlines()[-tail:]) if tail > 0 else ""

@@ -117,8 +117,12 @@ M_TERMINATE = "mutation Terminate($podId: String!) { podTerminate(input: {podId:
 M_STOP = "mutation Stop($podId: String!) { podStop(input: {podId: $podId}) { id desiredStatus } }"
 # The bootstrap's last act on RunPod. RunPod restarts a container whose command ends (its own
 # templates end in `sleep infinity`), so a finished pod would run and bill on: the pod stops
-# itself with the key RunPod gives every pod (RUNPOD_API_KEY, pod-scoped; docs.runpod.io/runpodctl)
-# and its own id (RUNPOD_POD_ID). podStop, not podTerminate: a terminated pod leaves the list at
+# itself with its own id (RUNPOD_POD_ID) and the key RunPod puts in every pod, not the user's:
+# RUNPOD_API_KEY, "Pod-scoped API key" (docs.runpod.io/pods/templates/environment-variables), the
+# key the runpodctl preinstalled in every pod uses (docs.runpod.io/runpodctl/overview), whose
+# `stop pod` sends this same podStop (runpodctl api/pod.go). The user grants nothing for it; that
+# this key may stop its own pod through GraphQL is [UNCONFIRMED] live (RunPod does not say what
+# "pod-scoped" allows). podStop, not podTerminate: a terminated pod leaves the list at
 # once, and the daemon reads how it ended from a listed EXITED pod (then releases it). With no
 # volume (volumeInGb 0) a stopped pod bills nothing: its container disk is only paid while running.
 # A failed call is said in the log; the daemon's own release stays the second line of defence.

@@ -244,7 +244,7 @@ def test_the_session_limit_kills_the_kernel_and_is_reported_as_session_limit(fak
     ref = kaggle.launch(probe(tmp_path, sleep="60"))
     state = wait_state(kaggle, ref, ended)
     assert state.phase is WorkerPhase.SESSION_LIMIT and state.provider_state == "ERROR", state
-    assert "maximum session time" in state.detail
+    assert "max allowed execution duration" in state.detail
 
 
 def test_an_exit_75_near_the_session_end_is_a_session_end_and_far_from_it_is_not(fake: FakeKaggle,
@@ -293,6 +293,23 @@ def test_logs_come_from_the_kernels_output_and_are_read_once_when_finished(fake:
     assert tail[-1].startswith("reconciler-bootstrap: exit") and tail[0] == "line 18"
     kaggle.observe()
     assert fake.calls.count("ListKernelSessionOutput") == reads
+
+
+def test_a_log_of_a_kernel_whose_output_spans_pages_is_read_whole_from_the_first_page(
+        fake: FakeKaggle, tmp_path: Path) -> None:
+    """Kaggle pages a version's output files, not its log: the adapter reads the log field of the
+    first page (no page token), however many files follow, and the exit record at its end."""
+    kaggle = adapter(fake)
+    write = "for i in range(45): open(f'f{i:02}.txt', 'w').write('x')\nfor i in range(400): print('line', i)"
+    ref = kaggle.launch(LaunchSpec(job="paged", run_id="r-1", epoch=1, command=[sys.executable, "-c", write]))
+    state = wait_state(kaggle, ref, ended)
+    kernel = fake.kernels[slug(ref.id)]
+    assert len(fake.output_files(kernel)) == 45 and state.exit_code == 0
+    text = kaggle.logs(ref, 1000)
+    assert "line 0\n" in text and "line 399\n" in text
+    assert text.splitlines()[-1].startswith("reconciler-bootstrap: exit")
+    asked = [r for _, m, r, _ in fake.exchanges if m == "ListKernelSessionOutput"]
+    assert asked and not any("pageToken" in r for r in asked)
 
 
 # ---- secrets and storage ----------------------------------------------------------------------
@@ -401,6 +418,19 @@ def test_the_previous_versions_end_reported_late_is_read_as_pending(fake: FakeKa
     assert log_attempt("nothing here") is None
 
 
+def test_the_log_of_a_new_attempt_is_never_the_previous_versions_output(fake: FakeKaggle, tmp_path: Path) -> None:
+    kaggle = adapter(fake)
+    first = kaggle.launch(probe(tmp_path, lines="3"))
+    assert wait_state(kaggle, first, ended).exit_code == 0
+    fake.queue_delay = 60
+    fake.lag_versions(3)  # Kaggle still answers status and output from version 1
+    second = kaggle.launch(probe(tmp_path, epoch=2))
+    kaggle.observe()
+    assert "line 2" in fake.rpc_ListKernelSessionOutput({"userName": fake.username,
+                                                         "kernelSlug": slug(second.id)})["log"]
+    assert kaggle.logs(second) == ""
+
+
 def test_a_worker_that_cannot_reach_storage_ends_with_the_bootstraps_reason(fake: FakeKaggle, tmp_path: Path) -> None:
     fake.secrets.update({"AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b"})
     fake.attach(job_kernel("p"), "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
@@ -479,6 +509,17 @@ def test_kaggles_session_cut_wins_over_the_kill_it_caused() -> None:
     killed = 'reconciler-bootstrap: exit {"code": -9, "signal": "SIGKILL"}\n'
     state = kernel_state("ERROR", "Your notebook hit the maximum session time of 43200 seconds", killed, 600)
     assert (state.phase, state.exit_code) == (WorkerPhase.SESSION_LIMIT, -9)
+
+
+def test_kaggles_own_words_for_the_session_cut_and_for_memory_are_read_as_such() -> None:
+    """The failure messages a user's script compares Kaggle's answers with (xhluca/bm25-benchmarks)."""
+    killed = 'reconciler-bootstrap: exit {"code": -9, "signal": "SIGKILL"}\n'
+    cut = kernel_state("ERROR", "Your notebook was stopped because it exceeded the max allowed execution duration.",
+                       killed, 600)
+    assert (cut.phase, cut.exit_code) == (WorkerPhase.SESSION_LIMIT, -9)
+    memory = kernel_state("ERROR", "Your notebook tried to allocate more memory than is available.", killed, 600)
+    assert (memory.phase, memory.oom, memory.signal) == (WorkerPhase.EXITED, True, "SIGKILL")
+    assert kernel_state("ERROR", "Your notebook tried to allocate more memory than is available.", "", 600).oom
 
 
 def test_kaggles_editor_names_for_accelerators_are_its_api_names_and_t4_x2_is_two_gpus(fake: FakeKaggle) -> None:

@@ -11,11 +11,16 @@ by its own request types (`to_dict`, defaults left out), answers parsed by its r
 
 from __future__ import annotations
 
+import enum
 import json
+import re
+import sys
 import time
+import typing
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -26,10 +31,19 @@ kagglesdk = official_client("kagglesdk", "kagglesdk")
 
 from kagglesdk import KaggleClient  # noqa: E402
 from kagglesdk.kaggle_env import KaggleEnv  # noqa: E402
+from kagglesdk.kaggle_object import (  # noqa: E402
+    DateTimeSerializer,
+    KaggleObject,
+    ListSerializer,
+    MapSerializer,
+)
+from kagglesdk.kernels.services.kernels_api_service import KernelsApiClient  # noqa: E402
 from kagglesdk.kernels.types.kernels_api_service import (  # noqa: E402
     ApiGetAcceleratorQuotaStatisticsRequest,
+    ApiGetAcceleratorQuotaStatisticsResponse,
     ApiGetKernelRequest,
     ApiGetKernelSessionStatusRequest,
+    ApiGetKernelSessionStatusResponse,
     ApiListKernelSessionOutputRequest,
     ApiListKernelsRequest,
     ApiSaveKernelRequest,
@@ -39,8 +53,13 @@ from kagglesdk.kernels.types.kernels_enums import (  # noqa: E402
     KernelsListViewType,
     KernelWorkerStatus,
 )
+from kagglesdk.security.services.oauth_service import OAuthClient  # noqa: E402
 from kagglesdk.security.types.oauth_service import IntrospectTokenRequest  # noqa: E402
 
+from adapters.compute import LaunchSpec  # noqa: E402
+from adapters.kaggle import KaggleAdapter  # noqa: E402
+from desired.models import KaggleSettings  # noqa: E402
+from tests.adapters.test_contract import ended, wait_state  # noqa: E402
 from tests.fakes.kaggle import FakeKaggle  # noqa: E402
 
 SCRIPT = "print('hello from a kernel')\n"
@@ -135,6 +154,33 @@ def test_session_output_carries_the_log_as_kaggles_json_lines(fake: FakeKaggle) 
     assert output.files == []
 
 
+def test_session_output_pages_the_files_and_carries_the_log_whole_on_the_first_page(fake: FakeKaggle) -> None:
+    """The page token of ListKernelSessionOutput pages the output files; the log is one field of the
+    first page (kaggle-cli's `kernels output` follows the token for files and keeps the first page's
+    log; its `kernels logs` reads one page)."""
+    client = client_for(fake)
+    push(client, "rc-paged-output", text="for i in range(5):\n    open(f'out-{i}.txt', 'w').write(str(i))\n"
+                                          "print('five files written')\n")
+    deadline = time.monotonic() + 30
+    while status(client, "rc-paged-output").status is not KernelWorkerStatus.COMPLETE:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    pages, token = [], None
+    while True:
+        request = ApiListKernelSessionOutputRequest()
+        request.user_name, request.kernel_slug, request.page_size = "fakeuser", "rc-paged-output", 2
+        if token:
+            request.page_token = token
+        pages.append(client.kernels.kernels_api_client.list_kernel_session_output(request))
+        token = pages[-1].next_page_token
+        if not token:
+            break
+    assert [[f.file_name for f in page.files] for page in pages] == [
+        ["out-0.txt", "out-1.txt"], ["out-2.txt", "out-3.txt"], ["out-4.txt"]]
+    assert json.loads(pages[0].log)[0]["data"] == "five files written\n"
+    assert [page.log for page in pages[1:]] == ["", ""]
+
+
 def test_quota_statistics_parse_into_durations_and_a_refresh_time(fake: FakeKaggle) -> None:
     fake.set_quota(30, 12.5)
     request = ApiGetAcceleratorQuotaStatisticsRequest()
@@ -204,3 +250,100 @@ def test_a_push_to_an_existing_slug_is_a_new_version_that_runs_and_replaces_the_
 def test_a_new_kernel_still_needs_a_title(fake: FakeKaggle) -> None:
     answer = push(client_for(fake), "rc-untitled-kernel", title=None)
     assert answer.error == "Notebook title must be at least 5 characters" and fake.kernels == {}
+
+
+# ---- conformance: what the adapter sends and what the fake answers, read strictly by kagglesdk's types ----
+
+SERVICES = {"kernels.KernelsApiService": KernelsApiClient, "security.OAuthService": OAuthClient}
+
+
+def rpc_types(service: str, method: str) -> tuple[type, type]:
+    """(request type, response type) of `service/method`, from the signature of kagglesdk's own
+    client method for it (`save_kernel(request: ApiSaveKernelRequest) -> ApiSaveKernelResponse`)."""
+    snake = re.sub(r"(?<!^)(?=[A-Z])", "_", method).lower()
+    hints = typing.get_type_hints(getattr(SERVICES[service], snake))
+    return hints["request"], hints["return"]
+
+
+def value_of(kind: Any, value: Any, where: str) -> None:
+    """One field's value as kagglesdk's serializer for `kind` reads it, strictly."""
+    if isinstance(kind, type) and issubclass(kind, KaggleObject):
+        strict(kind, value, where)
+    elif isinstance(kind, type) and issubclass(kind, enum.Enum):
+        assert value in kind.__members__, f"{where}: {value!r} is not a name of {kind.__name__}"
+    elif kind is datetime:
+        assert isinstance(value, str) and DateTimeSerializer._from_str(value), f"{where}: {value!r} is not a time"
+    elif kind is timedelta:
+        assert isinstance(value, str) and re.fullmatch(r"-?\d+(\.\d{1,9})?s", value), \
+            f"{where}: {value!r} is not a protobuf duration"
+    elif kind in (bool, str):
+        assert isinstance(value, kind), f"{where}: {value!r} is not {kind.__name__}"
+    elif kind in (int, float):
+        assert isinstance(value, (int, float) if kind is float else int) and not isinstance(value, bool), \
+            f"{where}: {value!r} is not {kind.__name__}"
+    else:
+        raise AssertionError(f"{where}: no strict reading for {kind!r}")
+
+
+def strict(kind: type, data: Any, where: str = "") -> None:
+    """`data` as kagglesdk's generated type `kind` reads it, strictly: a key that is not one of its
+    fields, or a value of another type, fails (kagglesdk's from_dict skips unknown keys and keeps any
+    value). Proto3 has no required fields: one left out reads as its default, as Kaggle sends it."""
+    where = where or kind.__name__
+    assert isinstance(data, dict), f"{where}: {data!r} is not an object"
+    fields = {f.json_name: f for f in kind._fields}
+    unknown = set(data) - set(fields)
+    assert not unknown, f"{where}: {sorted(unknown)} are not fields of {kind.__name__}"
+    for key, value in data.items():
+        field, at = fields[key], f"{where}.{key}"
+        if isinstance(field.serializer, ListSerializer):
+            assert isinstance(value, list), f"{at}: {value!r} is not a list"
+            for i, item in enumerate(value):
+                value_of(field.field_type, item, f"{at}[{i}]")
+        elif isinstance(field.serializer, MapSerializer):
+            assert isinstance(value, dict), f"{at}: {value!r} is not a map"
+            for name, item in value.items():
+                value_of(field.field_type, item, f"{at}.{name}")
+        else:
+            value_of(field.field_type, value, at)
+    kind.from_dict(data)  # and kagglesdk's own reader takes it
+
+
+def test_the_strict_reading_refuses_unknown_fields_wrong_types_and_enum_spellings() -> None:
+    for bad, match in (({"state": "RUNNING"}, "not fields of"), ({"status": "Complete"}, "not a name of"),
+                       ({"failureMessage": 3}, "is not str")):
+        with pytest.raises(AssertionError, match=match):
+            strict(ApiGetKernelSessionStatusResponse, bad)
+    with pytest.raises(AssertionError, match="not a protobuf duration"):
+        strict(ApiGetAcceleratorQuotaStatisticsResponse, {"gpuQuota": {"timeUsed": 3600}})
+
+
+def test_every_request_of_the_adapter_and_every_answer_of_the_fake_parse_strictly_as_kagglesdk_s_types(
+        fake: FakeKaggle, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job's whole life through the adapter (token introspection, first push on Kaggle's 403,
+    status, listing, source, log and output, quota, doctor's secrets check, a second attempt as a
+    new version): each request body against the request type kagglesdk's client method takes,
+    each answer against the type it returns."""
+    for name in ("KAGGLE_USERNAME", "KAGGLE_KEY", "KAGGLE_CONFIG_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("KAGGLE_API_TOKEN", fake.token)
+    fake.secrets["HF_TOKEN"] = "hf-value"
+    kaggle = KaggleAdapter("kaggle", KaggleSettings(api_url=fake.url, request_timeout_seconds=10), owner="repo-a")
+    command = [sys.executable, "-c", "print('attempt done')"]
+    spec = LaunchSpec(job="conform", run_id="r-1", epoch=1, command=command, gpus=1)
+    ref = kaggle.launch(spec)
+    wait_state(kaggle, ref, ended)
+    assert "attempt done" in kaggle.logs(ref)
+    kaggle.allowance()
+    kaggle.preflight([LaunchSpec(job="conform", run_id="r-1", epoch=1, command=command, secret_env={"HF_TOKEN": "x"})])
+    second = kaggle.launch(LaunchSpec(job="conform", run_id="r-1", epoch=2, command=command, gpus=1))
+    wait_state(kaggle, second, ended)
+    methods = {method for _, method, _, _ in fake.exchanges}
+    assert methods >= {"IntrospectToken", "SaveKernel", "GetKernel", "ListKernels", "GetKernelSessionStatus",
+                       "ListKernelSessionOutput", "GetAcceleratorQuotaStatistics"}
+    for service, method, request, answer in fake.exchanges:
+        asks, answers = rpc_types(service, method)
+        strict(asks, request, f"{method} request")
+        strict(answers, answer, f"{method} answer")
+    assert not any(m == "SaveKernel" and "hf-value" in json.dumps(r) for _, m, r, _ in fake.exchanges)

@@ -12,6 +12,7 @@ package `__init__` imports the serverless worker, paramiko, fastapi...): the tes
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from graphql import FieldNode, NamedTypeNode, OperationDefinitionNode, parse
+from graphql.utilities import value_from_ast_untyped
 
 from adapters.compute import LaunchSpec, WorkerPhase
 from adapters.runpod import LABELS_VAR, RunpodAdapter, env_map
@@ -133,3 +136,187 @@ def test_sdk_with_a_wrong_key_gets_runpod_s_401(fake: FakeRunpod, sdk: Any, monk
     monkeypatch.setattr(sys.modules["runpod"], "api_key", "wrong")
     with pytest.raises(AuthenticationError):
         sdk.get_pods()
+
+
+# ---- conformance: what the adapter sends and what the fake answers, against the SDK's own queries ----
+#
+# RunPod publishes no GraphQL schema file and the SDK has no models: its queries and mutations are the
+# definitions we hold our requests and the fake's answers to. Each type's fields are the union of what
+# the SDK selects on it anywhere (a Pod from `pod`, `myself { pods }` and the mutations that return
+# one); each argument's input fields are those the SDK sends. What the SDK does not send is added by
+# DOCUMENTED below, each with where RunPod says it.
+
+ROOT_TYPES = {"pod": "Pod", "myself": "User", "gpuTypes": "GpuType", "podFindAndDeployOnDemand": "Pod",
+              "podRentInterruptable": "Pod", "podStop": "Pod", "podResume": "Pod", "podTerminate": None}
+NESTED_TYPES = {("User", "pods"): "Pod"}
+SCALARS = {"String", "Int", "Float", "Boolean", "ID"}
+# Input type names the SDK never writes (it pastes values inline): PodFindAndDeployOnDemandInput is the
+# one RunPod's own CLI declares (runpodctl internal/api/graphql.go, CreatePod); PodRentInterruptableInput
+# is its spot twin in RunPod's GraphQL reference (graphql-spec.runpod.io) [UNCONFIRMED: no client sends it].
+INPUT_TYPES = {"PodFindAndDeployOnDemandInput", "PodRentInterruptableInput"}
+POD_STATUSES = {"CREATED", "RUNNING", "RESTARTING", "EXITED", "PAUSED", "DEAD", "TERMINATED"}
+
+
+@dataclasses.dataclass
+class Field:
+    kind: str | None  # the type of its value when it has fields of its own, else None (a scalar)
+    inputs: set[str] = dataclasses.field(default_factory=set)  # "input.podId": argument.input field
+
+
+Schema = dict[str, dict[str, Field]]
+
+
+def field_kind(parent: str, name: str) -> str:
+    if parent in ("Query", "Mutation"):
+        return ROOT_TYPES.get(name) or f"{parent}.{name}"
+    return NESTED_TYPES.get((parent, name), f"{parent}.{name}")
+
+
+def arguments(node: FieldNode, variables: dict[str, Any]) -> set[str]:
+    names = set()
+    for arg in node.arguments or ():
+        value = value_from_ast_untyped(arg.value, variables)
+        names |= {f"{arg.name.value}.{key}" for key in value} if isinstance(value, dict) else {arg.name.value}
+    return names
+
+
+def learn(schema: Schema, kind: str, selections: Any) -> None:
+    for node in (s for s in selections.selections if isinstance(s, FieldNode)):
+        child = field_kind(kind, node.name.value) if node.selection_set else None
+        known = schema.setdefault(kind, {}).setdefault(node.name.value, Field(child))
+        known.kind = known.kind or child
+        known.inputs |= arguments(node, {})
+        if node.selection_set is not None and child is not None:
+            learn(schema, child, node.selection_set)
+
+
+def sdk_schema() -> Schema:
+    """What runpod 1.12.0's queries and mutations select and send, every optional input filled in."""
+    pods, gpus, user, made = (importlib.import_module(f"runpod.api.{m}") for m in
+                              ("queries.pods", "queries.gpus", "queries.user", "mutations.pods"))
+    every = {"gpu_type_id": GPU, "data_center_id": "EU-RO-1", "country_code": "RO", "gpu_count": 1, "volume_in_gb": 1,
+             "container_disk_in_gb": 1, "min_vcpu_count": 1, "min_memory_in_gb": 1, "docker_args": "a", "ports": "p",
+             "volume_mount_path": "/w", "env": {"K": "V"}, "template_id": "t", "network_volume_id": "n",
+             "allowed_cuda_versions": ["12.4"], "min_download": 1, "min_upload": 1}
+    texts = [pods.QUERY_POD, pods.generate_pod_query("p"), gpus.QUERY_GPU_TYPES, gpus.generate_gpu_query(GPU, 2),
+             user.QUERY_USER, made.generate_pod_deployment_mutation("n", "i", **every),
+             made.generate_pod_stop_mutation("p"), made.generate_pod_resume_mutation("p", 1),
+             made.generate_pod_terminate_mutation("p")]
+    schema: Schema = {}
+    for text in texts:
+        for op in (d for d in parse(text).definitions if isinstance(d, OperationDefinitionNode)):
+            learn(schema, op.operation.value.title(), op.selection_set)
+    documented(schema)
+    return schema
+
+
+def documented(schema: Schema) -> None:
+    """What RunPod documents beyond the SDK's queries."""
+    # RunPod's own CLI reads the balance here (runpodctl internal/api/gpu.go, GetUser: myself { clientBalance }).
+    schema["User"]["clientBalance"] = Field(None)
+    # Spot pods: RunPod's GraphQL guide (docs.runpod.io sdks/graphql/manage-pods, "Create spot Pod") sends
+    # the on-demand input plus bidPerGpu and reads a Pod back. Its spot sections were removed from the
+    # docs on 2026-05-06 (runpod/docs 8e5aebdb, "API schema fields ... are retained").
+    on_demand = schema["Mutation"]["podFindAndDeployOnDemand"]
+    schema["Mutation"]["podRentInterruptable"] = Field("Pod", on_demand.inputs | {"input.bidPerGpu"})
+
+
+def check_request(schema: Schema, query: str, variables: dict[str, Any]) -> OperationDefinitionNode:
+    """Every field the request selects, every argument and input field it sends, and every variable
+    type it declares are the SDK's (or DOCUMENTED)."""
+    op = next(d for d in parse(query).definitions if isinstance(d, OperationDefinitionNode))
+    for var in op.variable_definitions or ():
+        named = var.type
+        while not isinstance(named, NamedTypeNode):
+            named = named.type
+        assert named.name.value in SCALARS | INPUT_TYPES, f"${var.variable.name.value}: {named.name.value} is unknown"
+
+    def walk(kind: str, selections: Any) -> None:
+        for node in (s for s in selections.selections if isinstance(s, FieldNode)):
+            known = schema.get(kind, {}).get(node.name.value)
+            assert known is not None, f"{kind}.{node.name.value} is not selected by the runpod SDK: {query}"
+            extra = arguments(node, variables) - known.inputs
+            assert not extra, f"{kind}.{node.name.value}: {sorted(extra)} are not sent by the runpod SDK"
+            assert (node.selection_set is None) == (known.kind is None), f"{kind}.{node.name.value}: wrong shape"
+            if node.selection_set is not None and known.kind is not None:
+                walk(known.kind, node.selection_set)
+
+    walk(op.operation.value.title(), op.selection_set)
+    return op
+
+
+def leaf(kind: str, name: str, value: Any) -> None:
+    """The types of the values the adapter reads; any other leaf is a scalar or a list of them."""
+    numbers = {("Pod", "costPerHr"), ("User", "clientBalance"), ("GpuType.lowestPrice", "minimumBidPrice"),
+               ("GpuType.lowestPrice", "uninterruptablePrice")}
+    where = f"{kind}.{name} = {value!r}"
+    if (kind, name) in numbers:
+        assert value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)), where
+    elif (kind, name) in {("Pod", "uptimeSeconds"), ("Pod", "gpuCount")}:
+        assert isinstance(value, int) and not isinstance(value, bool), where
+    elif (kind, name) == ("Pod", "env"):
+        assert isinstance(value, list) and all(isinstance(e, str) and "=" in e for e in value), where
+    elif (kind, name) == ("Pod", "desiredStatus"):
+        assert value in POD_STATUSES, where
+    else:
+        items = value if isinstance(value, list) else [value]
+        assert all(v is None or isinstance(v, (str, int, float, bool)) for v in items), where
+
+
+def check_answer(schema: Schema, kind: str, selections: Any, data: Any) -> None:
+    """The answer has every field the request selected and no other (a missing or an unknown one fails)."""
+    if data is None:
+        return
+    if isinstance(data, list):
+        for item in data:
+            check_answer(schema, kind, selections, item)
+        return
+    nodes = [s for s in selections.selections if isinstance(s, FieldNode)]
+    assert isinstance(data, dict), f"{kind}: {data!r} is not an object"
+    assert set(data) == {(n.alias or n.name).value for n in nodes}, f"{kind}: {sorted(data)} is not what was asked"
+    for node in nodes:
+        value, known = data[(node.alias or node.name).value], schema[kind][node.name.value]
+        if node.selection_set is None or known.kind is None:
+            leaf(kind, node.name.value, value)
+        else:
+            check_answer(schema, known.kind, node.selection_set, value)
+
+
+def test_the_check_is_strict(sdk: Any) -> None:
+    schema = sdk_schema()
+    with pytest.raises(AssertionError, match="not selected by the runpod SDK"):
+        check_request(schema, "query { myself { pods { id exitCode } } }", {})
+    with pytest.raises(AssertionError, match="not sent by the runpod SDK"):
+        check_request(schema, "mutation M($i: PodRentInterruptableInput!) { podRentInterruptable(input: $i) { id } }",
+                      {"i": {"name": "n", "bidPerGPU": 0.2}})
+    op = check_request(schema, "query { pod(input: {podId: \"p\"}) { id desiredStatus } }", {})
+    with pytest.raises(AssertionError, match="is not what was asked"):
+        check_answer(schema, "Pod", op.selection_set.selections[0].selection_set, {"id": "p"})
+    with pytest.raises(AssertionError, match="desiredStatus"):
+        check_answer(schema, "Pod", op.selection_set.selections[0].selection_set, {"id": "p", "desiredStatus": "Gone"})
+
+
+@pytest.mark.parametrize("interruptible", [True, False])
+def test_every_request_of_the_adapter_and_its_pods_and_every_answer_of_the_fake_keep_to_the_sdk(
+        fake: FakeRunpod, sdk: Any, interruptible: bool) -> None:
+    """A pod's life through the adapter (launch, observe, the bootstrap's own podStop with the pod's
+    key, release, terminate, balance, doctor's checks): each request against the SDK's queries, each
+    answer against what that request selected."""
+    schema = sdk_schema()
+    adapter = RunpodAdapter("runpod", RunpodSettings(api_url=fake.url, interruptible=interruptible), owner="repo-a")
+    done = adapter.launch(LaunchSpec(job="ends", run_id="r1", epoch=1, command=[sys.executable, "-c", "print(1)"]))
+    wait_for(lambda: fake.pods[done.id].status == "EXITED")  # stopped by its own bootstrap
+    wait_for(lambda: (s := adapter.observe().get(done)) and s.phase not in (WorkerPhase.PENDING, WorkerPhase.RUNNING))
+    sleeper = adapter.launch(LaunchSpec(job="sleeps", run_id="r1", epoch=1,
+                                        command=[sys.executable, "-c", "import time; time.sleep(30)"]))
+    wait_for(lambda: (s := adapter.observe().get(sleeper)) and s.phase is WorkerPhase.RUNNING)
+    adapter.terminate(sleeper)
+    adapter.allowance()
+    adapter.preflight([LaunchSpec(job="ends", run_id="r1", epoch=2, command=["true"])])
+    roots = set()
+    for query, variables, data in fake.exchanges:
+        op = check_request(schema, query, variables)
+        check_answer(schema, op.operation.value.title(), op.selection_set, data)
+        roots |= set(data)
+    assert roots >= {"myself", "podStop", "podTerminate", "gpuTypes",
+                     "podRentInterruptable" if interruptible else "podFindAndDeployOnDemand"}

@@ -48,7 +48,9 @@ from tests.fakes import read_body, serve_until_interrupted
 from tests.fakes.machine import Machine
 
 SERVICE = "kernels.KernelsApiService"
-SESSION_MESSAGE = "Your notebook hit the maximum session time of {seconds} seconds and was stopped"
+# Kaggle's failureMessage when a session reaches its limit, as a user's script that reads Kaggle's
+# answers compares it (github.com/xhluca/bm25-benchmarks, analysis/download_results.py).
+SESSION_MESSAGE = "Your notebook was stopped because it exceeded the max allowed execution duration."
 
 SHIM = '''"""kaggle_secrets as a Kaggle batch kernel has it (Kaggle/docker-python patches/kaggle_secrets.py),
 reduced to get_secret: POST {KAGGLE_URL_BASE}/requests/GetUserSecretByLabelRequest with the JWT."""
@@ -161,6 +163,9 @@ class FakeKaggle:
         self.secrets: dict[str, str] = {}  # the user's secrets (account level)
         self.attached: dict[str, set[str]] = {}  # kernel slug -> names of the secrets attached to it
         self.calls: list[str] = []  # RPC method names, in order
+        # every RPC answered 200: (service, method, request body, answer as sent), for the
+        # conformance test that reads both with kagglesdk's own types
+        self.exchanges: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = []
         self.pushes = 0
         self.queue_delay = 0.0
         self.session_limit: float | None = None  # seconds; the push's sessionTimeoutSeconds otherwise
@@ -398,22 +403,45 @@ class FakeKaggle:
         if code is None:
             return {"status": "RUNNING"}
         if kernel.session_killed:
-            return {"status": "ERROR", "failureMessage": SESSION_MESSAGE.format(seconds=self._session_seconds(kernel))}
+            return {"status": "ERROR", "failureMessage": SESSION_MESSAGE}
         if code == 0:
             return {"status": "COMPLETE"}
         return {"status": "ERROR", "failureMessage": f"Kernel run failed: the process exited with code {code}"}
 
     def rpc_ListKernelSessionOutput(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The version's output files, a page at a time (`pageSize`, default 20 as the CLI asks,
+        `pageToken` -> `nextPageToken`), and its log whole on the first page only: the page token
+        pages the files (kagglesdk ApiListKernelSessionOutputResponse; kaggle-cli's `kernels output`
+        follows it for files and writes the log of the first page, its `kernels logs` reads one page)."""
         kernel = self._kernel(body)
         if kernel.lagging and kernel.previous is not None:
             kernel = kernel.previous
         m = kernel.machine
         if m is None:
             return {}
-        start = m.started_at or time.time()
-        entries = [{"stream_name": "stdout", "time": round(time.time() - start, 3), "data": line}
-                   for line in m.log_text().splitlines(keepends=True)]
-        return {"log": json.dumps(entries), "files": []}
+        start, size = int(body.get("pageToken") or 0), int(body.get("pageSize") or 20)
+        names = self.output_files(kernel)
+        files = [{"url": f"{self.url}/kf/{kernel.slug}/v{kernel.version}/{name}", "fileName": name}
+                 for name in names[start:start + size]]
+        answer: dict[str, Any] = {"files": files}
+        if start + size < len(names):
+            answer["nextPageToken"] = str(start + size)
+        if not body.get("pageToken"):
+            began = m.started_at or time.time()
+            entries = [{"stream_name": "stdout", "time": round(time.time() - began, 3), "data": line}
+                       for line in m.log_text().splitlines(keepends=True)]
+            answer["log"] = json.dumps(entries)
+        return answer
+
+    @staticmethod
+    def output_files(kernel: FakeKernel) -> list[str]:
+        """What the version left in its working folder (Kaggle's /kaggle/working), as relative
+        paths; the machine's own log and temporary folder are not output."""
+        if kernel.machine is None or not kernel.machine.folder.is_dir():
+            return []
+        root = kernel.machine.folder
+        return sorted(str(f.relative_to(root)) for f in root.rglob("*")
+                      if f.is_file() and f != kernel.machine.log_path and root / "tmp" not in f.parents)
 
     def rpc_GetAcceleratorQuotaStatistics(self, body: dict[str, Any]) -> dict[str, Any]:
         used = min(self.quota_used(), max(self.quota_total, self.quota_used_base))
@@ -459,10 +487,12 @@ def _handler(fake: FakeKaggle) -> type[BaseHTTPRequestHandler]:
                 return self._send(401, {"code": 401, "message": "Unauthenticated: invalid credentials"})
             if self._fault(parts[2]):
                 return None
+            body = body if isinstance(body, dict) else {}
             try:
-                answer = fake.rpc(parts[1], parts[2], body if isinstance(body, dict) else {})
+                answer = fake.rpc(parts[1], parts[2], body)
             except RpcError as exc:
                 return self._send(exc.status, {"code": exc.status, "message": str(exc)})
+            fake.exchanges.append((parts[1], parts[2], body, compact(answer)))
             if parts[2] == "SaveKernel" and fake._push_delay:
                 delay, fake._push_delay = fake._push_delay, 0.0
                 time.sleep(delay)  # acted already; the client has given up by now

@@ -13,7 +13,9 @@ main process and receives RunPod's SIGTERM) as a `Machine` whose env is the pod'
 `{{ RUNPOD_SECRET_<name> }}` resolved from the fake's secret store (plus RUNPOD_POD_ID, as RunPod
 sets it). A container whose command ends is restarted (RESTARTING, then RUNNING again, billing on), as
 RunPod does; only podStop/podTerminate ends a pod. Each pod gets RUNPOD_API_KEY, a key of its own
-that may read and stop that pod only. A stop (outbid, podTerminate, a drained balance) sends SIGTERM, then SIGKILL after
+that may read and stop that pod only (RunPod: "Pod-scoped API key", docs.runpod.io/pods/templates/
+environment-variables; what it allows beyond stopping its own pod is not documented, so nothing more).
+A stop (outbid, podTerminate, a drained balance) sends SIGTERM, then SIGKILL after
 `kill_grace` seconds (RunPod: 5 s); `desiredStatus` becomes EXITED (TERMINATED for podTerminate)
 once the container has stopped [UNCONFIRMED at RunPod: when the word flips]. A terminated pod stays
 listed for `retention` seconds, then is gone. Balance is spent at each pod's costPerHr; at zero every
@@ -128,6 +130,8 @@ class FakeRunpod:
         self.capacity: dict[str, int | None] = {gpu: None for gpu in GPU_TYPES}  # None: plenty
         self.faults: list[Fault] = []
         self.requests: list[dict[str, Any]] = []  # every request body received (query and variables)
+        # every request answered with data: (query, variables, data), for the conformance test
+        self.exchanges: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
         self.lock = threading.RLock()
         self._ids = itertools.count(1)
         self._closed = threading.Event()
@@ -293,6 +297,8 @@ class FakeRunpod:
             data = {(f.alias or f.name).value: self._resolve_top(f, variables) for f in fields}
         except GqlError as exc:
             return 200, _errors(str(exc)), {}, 0.0
+        with self.lock:
+            self.exchanges.append((query, variables, data))
         return 200, json.dumps({"data": data}).encode(), {}, fault.stall if fault else 0.0
 
     def _take_fault(self, names: set[str]) -> Fault | None:

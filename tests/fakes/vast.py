@@ -50,11 +50,11 @@ from tests.fakes.machine import Machine
 DEFAULT_OFFERS = (
     {"id": 1001, "machine_id": 501, "host_id": 41, "gpu_name": "RTX 4090", "num_gpus": 1, "gpu_ram": 24564,
      "cpu_ram": 64000, "disk_space": 200.0, "dph_total": 0.40, "min_bid": 0.20, "reliability": 0.995,
-     "reliability2": 0.995, "verified": True, "rentable": True, "rented": False, "external": False,
+     "verified": True, "rentable": True, "rented": False, "external": False,
      "cuda_max_good": 12.4, "geolocation": "Nowhere, ZZ"},
     {"id": 1002, "machine_id": 502, "host_id": 42, "gpu_name": "RTX 3090", "num_gpus": 1, "gpu_ram": 24576,
      "cpu_ram": 32000, "disk_space": 100.0, "dph_total": 0.30, "min_bid": 0.15, "reliability": 0.99,
-     "reliability2": 0.99, "verified": True, "rentable": True, "rented": False, "external": False,
+     "verified": True, "rentable": True, "rented": False, "external": False,
      "cuda_max_good": 12.2, "geolocation": "Nowhere, ZZ"},
 )
 
@@ -123,6 +123,9 @@ class FakeVast:
         self.vanishing: set[int] = set()
         self.rising: dict[int, float] = {}
         self.requests: list[tuple[str, str]] = []  # (route, method): what was asked, for the tests
+        # every JSON request answered: (route, method, query params, body, status, answer), for the
+        # conformance test that holds both to the official client's definitions
+        self.exchanges: list[tuple[str, str, dict[str, str], Any, int, Any]] = []
         self.creates: list[dict[str, Any]] = []  # create bodies without env (never the secrets)
         self.logs: dict[str, str] = {}
         self.lock = threading.RLock()
@@ -388,6 +391,7 @@ class VastHandler(BaseHTTPRequestHandler):
             self._fault(fault)
         with self.service.lock:
             status, answer = handler()
+            self.service.exchanges.append((route, method, params, body, status, answer))
         if fault is not None and fault.kind == "late":
             time.sleep(fault.seconds)  # acted, and answers too late for the client
         self._json(status, answer)
