@@ -159,6 +159,17 @@ class HostedApi:
                 continue
             return self._decode(method, path, response, body, allow)
 
+    def get_signed(self, url: str, what: str) -> Any:
+        """The JSON at a signed URL on another host (`what`: a log page in a bucket): fetched without this
+        API's headers, whose credentials must not leave for another host; ProviderUnavailable when
+        it cannot be read."""
+        try:
+            response = httpx.get(url, timeout=self.timeout)
+            response.raise_for_status()
+            return load_json(response.content) if response.content else None
+        except (httpx.HTTPError, ValueError) as exc:
+            raise ProviderUnavailable(f"{self.who}: a {what} cannot be read ({type(exc).__name__})") from None
+
     def _send(self, method: str, path: str, json_body: Any, params: Mapping[str, Any] | None
               ) -> tuple[httpx.Response, bytes]:
         """The response and its body, read no further than `max_bytes` (a provider that sends

@@ -71,8 +71,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-import httpx
-
 from adapters.compute import (
     ANY_OWNER,
     Allowance,
@@ -448,12 +446,7 @@ class LightningAdapter(HostedAdapter):
         if not urlparse(url).netloc:
             body = self.api.call("GET", "/" + url.lstrip("/"))
         else:  # a signed URL: fetched without our credentials, which must not leave for another host
-            try:
-                response = httpx.get(url, timeout=self.settings.request_timeout_seconds)
-                response.raise_for_status()
-                body = load_json(response.content) if response.content else []
-            except (httpx.HTTPError, ValueError) as exc:
-                raise ProviderUnavailable(f"{self.who}: a log page cannot be read ({type(exc).__name__})") from None
+            body = self.api.get_signed(url, "log page") or []
         entries = body if isinstance(body, list) else [body]
         return [str(e.get("message") or "") if isinstance(e, dict) else str(e) for e in entries if e is not None]
 

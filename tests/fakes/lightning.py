@@ -53,13 +53,13 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from tests.fakes import HostedKit, read_body, serve_until_interrupted
+from tests.fakes import HostedKit, serve_until_interrupted
 from tests.fakes.machine import Machine
+from tests.fakes.server import FakeServer, Reply, Request
 
 USER_ID, API_KEY = "fake-user-0001", "fake-api-key-5e1f"
 
@@ -118,8 +118,10 @@ class FakeJob:
         return {k: v for k, v in data.items() if v is not None}
 
 
-class FakeLightning:
+class FakeLightning(FakeServer):
     """The server; `url` is its base URL (settings.api_url). Thread-safe through one lock."""
+
+    tick_seconds = 0.05
 
     def __init__(self, root: Path, project_id: str = "proj-fake-01", *, auth: str | None = None,
                  pending_seconds: float = 0.2, stop_grace: float = 5.0, collect_seconds: float = 0.2,
@@ -140,15 +142,8 @@ class FakeLightning:
         self._faults: list[Fault] = []
         self._stall: float = 0.0
         self._ids = itertools.count(1)
-        self._closed = threading.Event()
         self._sign_key = pysecrets.token_hex(8)
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), _handler(self))
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._threads = [threading.Thread(target=self.server.serve_forever, daemon=True),
-                         threading.Thread(target=self._tick_forever, daemon=True)]
-        for thread in self._threads:
-            thread.start()
+        self.start_serving(port)
 
     # ---- test controls ------------------------------------------------------------------------
 
@@ -186,19 +181,13 @@ class FakeLightning:
             return next((j for j in self.jobs.values() if j.name == name), None)
 
     def close(self) -> None:
-        self._closed.set()
-        self.server.shutdown()
-        self.server.server_close()
+        self.stop_serving()
         with self.lock:
             machines = [j.machine for j in self.jobs.values() if j.machine is not None]
         for machine in machines:
             machine.kill_all()
 
     # ---- the jobs' lives ----------------------------------------------------------------------
-
-    def _tick_forever(self) -> None:
-        while not self._closed.wait(0.05):
-            self.tick()
 
     def tick(self) -> None:
         with self.lock:
@@ -299,6 +288,9 @@ class FakeLightning:
                     self._stop(job, "Job stopped: insufficient credits, the teamspace's balance reached 0")
 
     # ---- the API ------------------------------------------------------------------------------
+
+    def respond(self, request: Request) -> Reply:
+        return Reply(*self.handle(request.method, request.target, request.lower_headers(), request.body))
 
     def handle(self, method: str, raw_path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes, dict]:
         parsed = urlparse(raw_path)
@@ -433,32 +425,6 @@ def _ok(data: Any) -> tuple[int, bytes, dict]:
 def _error(status: int, code: int, message: str) -> tuple[int, bytes, dict]:
     return status, json.dumps({"code": code, "message": message, "details": []}).encode(), \
         {"Content-Type": "application/json"}
-
-
-def _handler(fake: FakeLightning) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def _serve(self) -> None:
-            body = read_body(self)
-            if body is None:
-                return
-            headers = {k.lower(): v for k, v in self.headers.items()}
-            status, payload, extra = fake.handle(self.command, self.path, headers, body)
-            try:
-                self.send_response(status)
-                for key, value in extra.items():
-                    self.send_header(key, value)
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-            except (BrokenPipeError, ConnectionResetError):
-                pass
-
-        do_GET = do_POST = do_PUT = do_DELETE = _serve
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
-            pass
-
-    return Handler
 
 
 # ---- the adapter contract suite's kit ---------------------------------------------------------
