@@ -88,15 +88,17 @@ def probe_records(spec: LaunchSpec, timeout: float = 30) -> list[dict]:
 
 
 def wait_state(
-    adapter: ComputeAdapter, ref: WorkerRef, accept: Callable[[WorkerState], bool], timeout: float = 30
+    adapter: ComputeAdapter, ref: WorkerRef, accept: Callable[[WorkerState], bool], timeout: float = 30,
+    every: float = 0.2,
 ) -> WorkerState:
+    """The worker's state once `accept` takes it, observing every `every` seconds."""
     deadline = time.monotonic() + timeout
     last: WorkerState | None = None
     while time.monotonic() < deadline:
         last = adapter.observe().get(ref)
         if last is not None and accept(last):
             return last
-        time.sleep(0.2)
+        time.sleep(every)
     raise AssertionError(f"{ref.id}: last state {last}")
 
 

@@ -27,6 +27,7 @@ from adapters.compute import (
 from adapters.hosted import STORAGE_UNREACHABLE
 from adapters.lightning import LightningAdapter, auth_header, job_name, machine_capacity
 from desired.models import Capacity, LightningSettings
+from tests.adapters.test_contract import ended, running, wait_state
 from tests.fakes.lightning import API_KEY, USER_ID, FakeLightning, basic_header
 
 SLEEP = "import sys, time; print('started', flush=True); time.sleep(float(sys.argv[1]))"
@@ -56,22 +57,7 @@ def spec(*args: str, code: str = SLEEP, job: str = "train", epoch: int = 1, env:
 
 def wait(adapter: LightningAdapter, ref: WorkerRef, accept: Callable[[WorkerState], bool],
          timeout: float = 30) -> WorkerState:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = adapter.observe().get(ref)
-        if last is not None and accept(last):
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"last state {last}")
-
-
-def running(state: WorkerState) -> bool:
-    return state.phase is WorkerPhase.RUNNING
-
-
-def ended(state: WorkerState) -> bool:
-    return state.phase not in (WorkerPhase.PENDING, WorkerPhase.RUNNING)
+    return wait_state(adapter, ref, accept, timeout, every=0.1)
 
 
 def started(adapter: LightningAdapter, ref: WorkerRef) -> None:

@@ -18,12 +18,12 @@ from adapters.ssh import SshAdapter
 from desired.models import Capacity
 from tests.adapters.conftest import Sshd, free_port
 from tests.adapters.e2e import (
+    daemon_running,
     finish,
     job_manifest,
     progress_step,
     provider_manifest,
-    start_daemon,
-    status,
+    succeeded,
     wait_for,
 )
 from tests.adapters.test_contract import OWNER, PROBE, ended, pid_alive, probe_records, running, wait_state
@@ -212,19 +212,14 @@ def test_end_to_end_worker_killed_on_the_host_is_relaunched_and_completes(
     state_repo.write("desired/count.yaml", job_manifest("count", "box", step_seconds=0.1, target=60))
     state_repo.commit("count on an ssh box")
     log = tmp_path / "daemon.log"
-    daemon = start_daemon(state_repo, log)
-    try:
+    with daemon_running(state_repo, log) as daemon:
         first = "workers/*.count.*.e1/child.pid"
         pid_file = wait_for(lambda: next(iter(workdir.glob(first)), None), 60, "the first worker", daemon, log)
         assert isinstance(pid_file, Path)
         wait_for(lambda: progress_step(state_repo, "count") >= 12, 60, "checkpoints", daemon, log)
         os.kill(json.loads(pid_file.read_text())["pid"], signal.SIGKILL)
         finish(daemon, log, timeout=120)
-    finally:
-        if daemon.poll() is None:
-            daemon.kill()
-    st = status(state_repo, "count")
-    assert st["phase"] == "Succeeded", st.get("message")
+    st = succeeded(state_repo, "count")
     outcomes = [a["outcome"] for a in st["attempts"]]
     assert outcomes == ["interruption", "succeeded"], st["attempts"]
     assert st["interruptions"] == 1 and st["failures"] == 0

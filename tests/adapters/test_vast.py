@@ -19,11 +19,11 @@ from adapters.compute import (
     ProviderConfigError,
     ProviderUnavailable,
     WorkerPhase,
-    WorkerRef,
     WorkerState,
 )
 from adapters.vast import VastAdapter, onstart_script
 from desired.models import VastSettings
+from tests.adapters.test_contract import wait_state
 from tests.fakes.vast import DEFAULT_OFFERS, FakeVast
 
 PROBE = str(Path(__file__).with_name("probe.py"))
@@ -50,15 +50,7 @@ def spec(tmp_path: Path, *args: str, job: str = "train", secret: str | None = No
                       secret_env={"PROBE_SECRET": secret} if secret is not None else {})
 
 
-def wait(vast: VastAdapter, ref: WorkerRef, accept: Callable[[WorkerState], bool], timeout: float = 30) -> WorkerState:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = vast.observe().get(ref)
-        if last is not None and accept(last):
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"last state {last}")
+wait = wait_state
 
 
 def phase(*phases: WorkerPhase) -> Callable[[WorkerState], bool]:
