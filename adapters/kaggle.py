@@ -78,15 +78,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from adapters.compute import (
-    Allowance,
-    LaunchSpec,
-    ProviderConfigError,
-    ProviderUnavailable,
-    WorkerPhase,
-    WorkerRef,
-    WorkerState,
-)
+from adapters import compute
+from adapters.compute import LaunchSpec, ProviderConfigError, ProviderUnavailable, WorkerPhase, WorkerRef, WorkerState
 from adapters.hosted import SECRET_NOT_ATTACHED, Bootstrap, bootstrap_script, parse_exit_record, script_plan
 from adapters.hosted_base import HostedAdapter
 from adapters.http import HostedApi
@@ -326,7 +319,7 @@ class KaggleAdapter(HostedAdapter):
     kind = "kaggle"
     settings: KaggleSettings
 
-    def __init__(self, name: str, settings: KaggleSettings, *, owner: str = "*") -> None:
+    def __init__(self, name: str, settings: KaggleSettings, *, owner: str = compute.ANY_OWNER) -> None:
         super().__init__(name, settings, owner)
         self._username: str | None = settings.username
         self._current: dict[str, Kernel] = {}  # slug -> its current version, as we know it
@@ -579,7 +572,7 @@ class KaggleAdapter(HostedAdapter):
                                f"attach {names} at {url} (editor: Add-ons -> Secrets)"))
         return checks
 
-    def allowance(self) -> Allowance:
+    def allowance(self) -> compute.Allowance:
         """The weekly GPU quota, from Kaggle's own answer (GetAcceleratorQuotaStatistics)."""
         answer = self._rpc("GetAcceleratorQuotaStatistics", {})
         gpu = answer.get("gpuQuota")
@@ -587,6 +580,6 @@ class KaggleAdapter(HostedAdapter):
         total = seconds(gpu.get("totalTimeAllowed"), "gpuQuota totalTimeAllowed", self.numbers)
         used = seconds(gpu.get("timeUsed"), "gpuQuota timeUsed", self.numbers)
         reserved = seconds(gpu.get("timeReserved"), "gpuQuota timeReserved", self.numbers)
-        return Allowance(unit="gpu-hours", remaining=max(0.0, total - used - reserved) / 3600,
+        return compute.Allowance(unit="gpu-hours", remaining=max(0.0, total - used - reserved) / 3600,
                          minimum=self.settings.min_quota_hours, total=total / 3600, used=used / 3600,
                          resets_at=timestamp(answer.get("quotaRefreshTime")), applies_to_cpu=False)

@@ -71,16 +71,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from adapters.compute import (
-    ANY_OWNER,
-    Allowance,
-    LaunchSpec,
-    ProviderConfigError,
-    ProviderUnavailable,
-    WorkerPhase,
-    WorkerRef,
-    WorkerState,
-)
+from adapters import compute
+from adapters.compute import LaunchSpec, ProviderConfigError, ProviderUnavailable, WorkerPhase, WorkerRef, WorkerState
 from adapters.hosted import SECRETS_FROM_ENV, UNPACK_PY, Bootstrap, bootstrap_script, packed, parse_exit_record
 from adapters.hosted_base import HostedAdapter
 from adapters.http import HostedApi, HttpRefused
@@ -182,7 +174,7 @@ class LightningAdapter(HostedAdapter):
     kind = "lightning"
     settings: LightningSettings
 
-    def __init__(self, name: str, settings: LightningSettings, *, owner: str = ANY_OWNER) -> None:
+    def __init__(self, name: str, settings: LightningSettings, *, owner: str = compute.ANY_OWNER) -> None:
         super().__init__(name, settings, owner)
         self._stopped: set[str] = set()  # job ids this process asked to stop
         self._ended: dict[str, tuple[str, dict[str, Any] | None]] = {}  # job id -> (log text, exit record)
@@ -454,14 +446,14 @@ class LightningAdapter(HostedAdapter):
         """The job's `totalCost` in credits, as of the last observe; None when not known."""
         return self._costs.get(ref.id)
 
-    def allowance(self) -> Allowance:
+    def allowance(self) -> compute.Allowance:
         """The teamspace's credit balance: `GET /v1/projects/{projectId}/billing/balance`."""
         answer = self.api.call("GET", f"/v1/projects/{self.settings.project_id}/billing/balance")
         balance = self.numbers.number(answer.get("balance") if isinstance(answer, dict) else None,
                                       "balance", low=-MONEY_MAX, high=MONEY_MAX)
         if balance is None:
             raise ProviderUnavailable(f"{self.who}: the balance answer carries no balance")
-        return Allowance(unit="credits", remaining=balance, minimum=self.settings.min_credits,
+        return compute.Allowance(unit="credits", remaining=balance, minimum=self.settings.min_credits,
                          applies_to_cpu=True)
 
     def capacity(self) -> Capacity | None:

@@ -68,18 +68,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from adapters.compute import (
-    ANY_OWNER,
-    Allowance,
-    LaunchSpec,
-    ProviderConfigError,
-    ProviderUnavailable,
-    WorkerPhase,
-    WorkerRef,
-    WorkerState,
-    with_deadline,
-    worker_deadline,
-)
+from adapters import compute
+from adapters.compute import LaunchSpec, ProviderConfigError, ProviderUnavailable, WorkerPhase, WorkerRef, WorkerState
 from adapters.hosted import SECRETS_FROM_ENV, UNPACK_PY, Bootstrap, bootstrap_script, packed, parse_exit_record
 from adapters.hosted_base import HostedAdapter
 from adapters.http import HostedApi
@@ -202,7 +192,7 @@ class RunpodAdapter(HostedAdapter):
     # still be running its final save (desiredStatus may flip before the container is gone).
     release_after = 30.0
 
-    def __init__(self, name: str, settings: RunpodSettings, *, owner: str = ANY_OWNER,
+    def __init__(self, name: str, settings: RunpodSettings, *, owner: str = compute.ANY_OWNER,
                  environ: Mapping[str, str] | None = None, home: Path | None = None) -> None:
         super().__init__(name, settings, owner)
         self.environ = os.environ if environ is None else environ
@@ -267,7 +257,7 @@ class RunpodAdapter(HostedAdapter):
         return ref
 
     def _pod_input(self, spec: LaunchSpec, name: str) -> dict[str, Any]:
-        env = with_deadline(spec.env, worker_deadline(spec))
+        env = compute.with_deadline(spec.env, compute.worker_deadline(spec))
         env.setdefault("RECONCILER_GRACE", str(GRACE_SECONDS))
         spec = LaunchSpec(**{**spec.__dict__, "env": env})
         labels = {"owner": self.owner, "provider": self.name, "job": spec.job, "run_id": spec.run_id,
@@ -501,13 +491,13 @@ class RunpodAdapter(HostedAdapter):
         text, _ = self._stored_log(pod)
         return "\n".join(text.splitlines()[-tail:])
 
-    def allowance(self) -> Allowance:
+    def allowance(self) -> compute.Allowance:
         """The account's prepaid balance (USD) as credits."""
         me = self.graphql(Q_BALANCE).get("myself") or {}
         balance = self.numbers.number(me.get("clientBalance"), "clientBalance", low=-MONEY_MAX, high=MONEY_MAX)
         if balance is None:
             raise ProviderUnavailable(f"{self.who} did not say the account's balance")
-        return Allowance(unit="credits", remaining=balance, minimum=0.0)
+        return compute.Allowance(unit="credits", remaining=balance, minimum=0.0)
 
     def capacity(self) -> Capacity | None:
         return Capacity(gpu_models=[self.settings.gpu_type_id])

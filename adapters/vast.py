@@ -72,17 +72,8 @@ from typing import Any
 
 import httpx
 
-from adapters.compute import (
-    ANY_OWNER,
-    Allowance,
-    LaunchSpec,
-    ProviderConfigError,
-    ProviderUnavailable,
-    WorkerPhase,
-    WorkerRef,
-    WorkerState,
-    check_label,
-)
+from adapters import compute
+from adapters.compute import LaunchSpec, ProviderConfigError, ProviderUnavailable, WorkerPhase, WorkerRef, WorkerState
 from adapters.hosted import SECRETS_FROM_ENV, UNPACK_PY, Bootstrap, bootstrap_script, packed, parse_exit_record
 from adapters.hosted_base import HostedAdapter
 from adapters.http import HostedApi, HttpRefused
@@ -134,7 +125,8 @@ def onstart_script(bootstrap: str) -> str:
 
 
 def instance_label(owner: str, job: str, run_id: str, epoch: int) -> str:
-    return f"{LABEL_PREFIX}:{owner}:{check_label(job, 'job name')}:{check_label(run_id, 'run id')}:{epoch}"
+    job, run_id = compute.check_label(job, "job name"), compute.check_label(run_id, "run id")
+    return f"{LABEL_PREFIX}:{owner}:{job}:{run_id}:{epoch}"
 
 
 def parse_label(label: Any) -> tuple[str, str, str, int] | None:
@@ -154,7 +146,7 @@ class VastAdapter(HostedAdapter):
     offline_grace_seconds = 60.0  # an offline host this long is an interruption, not a blip
     transition_timeout_seconds = TRANSITION_TIMEOUT_SECONDS
 
-    def __init__(self, name: str, settings: VastSettings, owner: str = ANY_OWNER) -> None:
+    def __init__(self, name: str, settings: VastSettings, owner: str = compute.ANY_OWNER) -> None:
         super().__init__(name, settings, owner)
         self._seen: dict[str, WorkerRef] = {}  # instance id -> ref, for instances that vanish
         self._ended: dict[str, WorkerState] = {}  # reported ended; destroyed on the next look
@@ -496,14 +488,14 @@ class VastAdapter(HostedAdapter):
         text = _fetch_result(url) if isinstance(url, str) else ""
         return "\n".join(text.splitlines()[-tail:]) + ("\n" if text else "")
 
-    def allowance(self) -> Allowance:
+    def allowance(self) -> compute.Allowance:
         """The account's credit balance (1 credit = 1 USD)."""
         user = self.api.call("GET", "/api/v0/users/current")
         credit = self.numbers.number(user.get("credit") if isinstance(user, dict) else None, "account credit",
                                      low=-MONEY_MAX, high=MONEY_MAX)
         if credit is None:
             raise ProviderUnavailable(f"{self.who} did not say its credit balance")
-        return Allowance(unit="credits", remaining=credit, minimum=0.0)
+        return compute.Allowance(unit="credits", remaining=credit, minimum=0.0)
 
     def capacity(self) -> Capacity | None:
         return None  # offers vary from one search to the next

@@ -15,15 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from adapters.compute import (
-    Allowance,
-    LaunchSpec,
-    ProviderConfigError,
-    ProviderUnavailable,
-    WorkerPhase,
-    WorkerRef,
-    WorkerState,
-)
+from adapters import compute
+from adapters.compute import LaunchSpec, ProviderConfigError, ProviderUnavailable, WorkerPhase, WorkerRef, WorkerState
 from adapters.hosted import STORAGE_UNREACHABLE
 from adapters.lightning import LightningAdapter, auth_header, job_name, machine_capacity
 from desired.models import Capacity, LightningSettings
@@ -229,7 +222,7 @@ def test_a_credentials_file_is_enough(fake: FakeLightning, monkeypatch: pytest.M
 def test_the_balance_is_read_as_an_allowance_in_credits(fake: FakeLightning) -> None:
     fake.set_balance(12.5)
     allowance = make(fake, min_credits=2).allowance()
-    assert allowance == Allowance(unit="credits", remaining=12.5, minimum=2.0, applies_to_cpu=True)
+    assert allowance == compute.Allowance(unit="credits", remaining=12.5, minimum=2.0, applies_to_cpu=True)
 
 
 def test_credits_running_out_mid_job_end_the_worker_with_the_reason(fake: FakeLightning) -> None:

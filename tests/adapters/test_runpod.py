@@ -13,12 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from adapters.compute import (
-    LaunchSpec,
-    ProviderConfigError,
-    ProviderUnavailable,
-    WorkerPhase,
-)
+from adapters.compute import LaunchSpec, ProviderConfigError, ProviderUnavailable, WorkerPhase
 from adapters.runpod import M_ON_DEMAND, RunpodAdapter, pod_name, start_command
 from adapters.storage import RunFolder
 from desired.models import RunpodSettings

@@ -13,14 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from adapters.compute import (
-    LaunchSpec,
-    ProviderConfigError,
-    ProviderUnavailable,
-    WorkerPhase,
-    WorkerRef,
-    WorkerState,
-)
+from adapters.compute import LaunchSpec, ProviderConfigError, ProviderUnavailable, WorkerPhase, WorkerRef, WorkerState
 from adapters.slurm import SlurmAdapter, map_state, parse_scontrol, time_limit_seconds
 from desired.models import SlurmSettings
 from tests.adapters.conftest import Slurm

@@ -14,13 +14,7 @@ from typing import Any
 
 import pytest
 
-from adapters.compute import (
-    LaunchSpec,
-    ProviderConfigError,
-    ProviderUnavailable,
-    WorkerPhase,
-    WorkerState,
-)
+from adapters.compute import LaunchSpec, ProviderConfigError, ProviderUnavailable, WorkerPhase, WorkerState
 from adapters.vast import VastAdapter, onstart_script
 from desired.models import VastSettings
 from tests.adapters.test_contract import wait_state
