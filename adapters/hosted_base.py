@@ -12,11 +12,23 @@ job and run id must be safe labels before anything is sent.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, ClassVar
 
 from adapters.compute import ANY_OWNER, LaunchSpec, ProviderConfigError, check_label, check_owner
 from adapters.http import HostedApi
 from adapters.wire import Numbers
+
+
+def worker_name(owner: str, job: str, run_id: str, epoch: int, limit: int, *, keep_epoch: bool = False) -> str:
+    """`rc-<owner>-<job>-<run_id>-e<epoch>`, one name per worker; past `limit` characters it is cut
+    and suffixed with a hash of the whole name (then `-e<epoch>` again, with `keep_epoch`)."""
+    name = f"rc-{owner}-{job}-{run_id}-e{epoch}"
+    if len(name) <= limit:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
+    tail = f"-e{epoch}" if keep_epoch else ""
+    return f"{name[:limit - 11 - len(tail)]}-{digest}{tail}"
 
 
 class HostedAdapter:

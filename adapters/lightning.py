@@ -60,7 +60,6 @@ asked). `cost(ref)` offers each job's `totalCost` (credits) from the last observ
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 import re
@@ -74,7 +73,7 @@ from urllib.parse import urlparse
 from adapters import compute
 from adapters.compute import LaunchSpec, ProviderConfigError, ProviderUnavailable, WorkerPhase, WorkerRef, WorkerState
 from adapters.hosted import SECRETS_FROM_ENV, UNPACK_PY, Bootstrap, bootstrap_script, packed, parse_exit_record
-from adapters.hosted_base import HostedAdapter
+from adapters.hosted_base import HostedAdapter, worker_name
 from adapters.http import HostedApi, HttpRefused
 from adapters.preflight import Check, fail, ok
 from adapters.wire import MONEY_MAX, load_json
@@ -132,11 +131,7 @@ def _credentials_file(env: Mapping[str, str]) -> dict[str, Any]:
 
 def job_name(owner: str, job: str, run_id: str, epoch: int) -> str:
     """One name per worker, unique in the teamspace; cut with a short hash past NAME_LIMIT."""
-    name = f"rc-{owner}-{job}-{run_id}-e{epoch}"
-    if len(name) <= NAME_LIMIT:
-        return name
-    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
-    return f"{name[:NAME_LIMIT - 11]}-{digest}"
+    return worker_name(owner, job, run_id, epoch, NAME_LIMIT)
 
 
 def shell_command(script: str) -> str:

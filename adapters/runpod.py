@@ -58,7 +58,6 @@ without our labels are not ours and not counted.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import os
@@ -71,7 +70,7 @@ from typing import Any
 from adapters import compute
 from adapters.compute import LaunchSpec, ProviderConfigError, ProviderUnavailable, WorkerPhase, WorkerRef, WorkerState
 from adapters.hosted import SECRETS_FROM_ENV, UNPACK_PY, Bootstrap, bootstrap_script, packed, parse_exit_record
-from adapters.hosted_base import HostedAdapter
+from adapters.hosted_base import HostedAdapter, worker_name
 from adapters.http import HostedApi
 from adapters.preflight import Check, fail, ok, warn
 from adapters.wire import DATE_MAX, MONEY_MAX, PRICE_MAX, is_decimal
@@ -148,11 +147,7 @@ def read_api_key(environ: Mapping[str, str], home: Path) -> str | None:
 
 def pod_name(owner: str, job: str, run_id: str, epoch: int) -> str:
     """`rc-<owner>-<job>-<run_id>-e<epoch>`, cut and suffixed with a hash when too long for a name."""
-    name = f"rc-{owner}-{job}-{run_id}-e{epoch}"
-    if len(name) <= NAME_LIMIT:
-        return name
-    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
-    return f"{name[:NAME_LIMIT - 11 - len(str(epoch)) - 2]}-{digest}-e{epoch}"
+    return worker_name(owner, job, run_id, epoch, NAME_LIMIT, keep_epoch=True)
 
 
 def start_command(script: str) -> str:

@@ -18,18 +18,14 @@ from adapters.compute import LaunchSpec, ProviderConfigError, ProviderUnavailabl
 from adapters.vast import VastAdapter, onstart_script
 from desired.models import VastSettings
 from tests.adapters.test_contract import wait_state
-from tests.fakes.vast import DEFAULT_OFFERS, FakeVast
+from tests.fakes.vast import DEFAULT_OFFERS, FakeVast, served
 
 PROBE = str(Path(__file__).with_name("probe.py"))
 
 
 @pytest.fixture
 def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeVast]:
-    service = FakeVast(tmp_path / "vast")
-    service.serve()
-    monkeypatch.setenv("VAST_API_KEY", service.key)
-    yield service
-    service.close()
+    yield from served(tmp_path / "vast", monkeypatch)
 
 
 def adapter(fake: FakeVast, **settings: Any) -> VastAdapter:

@@ -15,7 +15,7 @@ from adapters.vast import VastAdapter, parse_label
 from desired.models import LocalSettings, VastSettings
 from tests.adapters import e2e
 from tests.conftest import StateRepoFixture
-from tests.fakes.vast import DEFAULT_OFFERS, FakeVast
+from tests.fakes.vast import DEFAULT_OFFERS, FakeVast, served
 from tests.worker.conftest import s3_endpoint  # noqa: F401 - a fixture
 from tests.worker.harness import S3_CREDENTIALS
 
@@ -25,11 +25,7 @@ DPH = 36.0  # $/h: one cent a second, so a short attempt costs something visible
 @pytest.fixture
 def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeVast]:
     offers = [{**DEFAULT_OFFERS[0], "dph_total": DPH, "min_bid": DPH}]
-    service = FakeVast(tmp_path / "vast", offers=offers)
-    service.serve()
-    monkeypatch.setenv("VAST_API_KEY", service.key)
-    yield service
-    service.close()
+    yield from served(tmp_path / "vast", monkeypatch, offers=offers)
 
 
 

@@ -39,7 +39,6 @@ Faults, on demand (the parts of Lightning's behaviour its docs leave open are as
 
 from __future__ import annotations
 
-import argparse
 import base64
 import hashlib
 import itertools
@@ -57,7 +56,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from tests.fakes import HostedKit, serve_until_interrupted
+from tests.fakes import HostedKit, machine_kit, standalone
 from tests.fakes.machine import Machine
 from tests.fakes.server import FakeServer, Reply, Request
 
@@ -447,26 +446,12 @@ def contract_kit(request: Any, workdir: Path) -> HostedKit:
     def make(owner: str = "repo-a") -> LightningAdapter:
         return LightningAdapter("lightning", settings, owner=owner)
 
-    def interrupt(adapter: Any, ref: Any) -> None:
-        machine = fake.jobs[ref.id].machine
-        assert machine is not None and machine.kill_command(signal.SIGKILL)
-
-    def prepare(spec: Any) -> None:
-        for name, value in spec.secret_env.items():
-            fake.set_secret(name, value)
-
-    return HostedKit(make=make, interrupt=interrupt, prepare=prepare, cancels=True)
+    return machine_kit(make, lambda job_id: fake.jobs[job_id].machine, fake.set_secret, cancels=True)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--root", default="/tmp/fake-lightning")
-    args = parser.parse_args()
-    fake = FakeLightning(Path(args.root), port=args.port)
-    print(fake.url, flush=True)
-    print(f"project_id={fake.project_id} LIGHTNING_USER_ID={USER_ID} LIGHTNING_API_KEY={API_KEY}", flush=True)
-    serve_until_interrupted(fake.close)
+    standalone(__doc__ or "", "/tmp/fake-lightning", lambda root, port: FakeLightning(root, port=port),
+               lambda fake: f"project_id={fake.project_id} LIGHTNING_USER_ID={USER_ID} LIGHTNING_API_KEY={API_KEY}")
 
 
 if __name__ == "__main__":

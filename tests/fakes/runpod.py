@@ -27,7 +27,6 @@ Standalone: `python -m tests.fakes.runpod --port N` prints its base URL and serv
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import re
@@ -43,7 +42,7 @@ from typing import Any
 from graphql import FieldNode, GraphQLError, OperationDefinitionNode, parse
 from graphql.utilities import value_from_ast_untyped
 
-from tests.fakes import HostedKit, serve_until_interrupted
+from tests.fakes import HostedKit, machine_kit, standalone
 from tests.fakes.machine import Machine
 from tests.fakes.server import FakeServer, Reply, Request
 
@@ -435,27 +434,13 @@ def contract_kit(request: Any, workdir: Path) -> HostedKit:
     def make(owner: str = "repo-a") -> RunpodAdapter:
         return RunpodAdapter("runpod", settings, owner=owner)
 
-    def interrupt(adapter: Any, ref: Any) -> None:
-        machine = fake.pods[ref.id].machine
-        assert machine is not None and machine.kill_command(signal.SIGKILL)
-
-    def prepare(spec: Any) -> None:
-        for name, value in spec.secret_env.items():
-            fake.set_secret(name, value)
-
-    return HostedKit(make=make, interrupt=interrupt, prepare=prepare, cancels=True, run_folder=True,
-                     own_env=("RECONCILER_GRACE",))
+    return machine_kit(make, lambda pod_id: fake.pods[pod_id].machine, fake.set_secret, cancels=True,
+                       run_folder=True, own_env=("RECONCILER_GRACE",))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--root", default="/tmp/fake-runpod")
-    args = parser.parse_args()
-    fake = FakeRunpod(Path(args.root), port=args.port)
-    print(fake.url, flush=True)
-    print(f"RUNPOD_API_KEY={API_KEY} RUNPOD_API_BASE_URL={fake.url}", flush=True)
-    serve_until_interrupted(fake.close)
+    standalone(__doc__ or "", "/tmp/fake-runpod", lambda root, port: FakeRunpod(root, port=port),
+               lambda fake: f"RUNPOD_API_KEY={API_KEY} RUNPOD_API_BASE_URL={fake.url}")
 
 
 if __name__ == "__main__":

@@ -38,11 +38,12 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.fakes import serve_until_interrupted
+from tests.fakes import machine_kit, serve_until_interrupted
 from tests.fakes.machine import Machine
 from tests.fakes.server import FakeServer, Reply, Request, json_reply, raw_reply
 
@@ -425,7 +426,6 @@ def contract_kit(request: Any, workdir: Path) -> Any:
     """A fake Vast for tests/adapters/test_contract.py (a fresh one per test)."""
     from adapters.vast import VastAdapter
     from desired.models import VastSettings
-    from tests.fakes import HostedKit
 
     fake = FakeVast(workdir / "vast")
     fake.serve()
@@ -436,10 +436,16 @@ def contract_kit(request: Any, workdir: Path) -> Any:
     def make(owner: str = "repo-a") -> Any:
         return VastAdapter("vast", settings, owner=owner)
 
-    def interrupt(adapter: Any, ref: Any) -> None:
-        assert fake.instances[int(ref.id)].machine.kill_command(signal.SIGKILL)
+    return machine_kit(make, lambda iid: fake.instances[int(iid)].machine, cancels=True)
 
-    return HostedKit(make=make, interrupt=interrupt, prepare=lambda spec: None, cancels=True)
+
+def served(workdir: Path, monkeypatch: Any, **options: Any) -> Iterator[FakeVast]:
+    """A fixture's body: a FakeVast serving for one test, VAST_API_KEY set to its key."""
+    service = FakeVast(workdir, **options)
+    service.serve()
+    monkeypatch.setenv("VAST_API_KEY", service.key)
+    yield service
+    service.close()
 
 
 def main(argv: list[str] | None = None) -> int:
