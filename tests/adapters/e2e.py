@@ -154,6 +154,19 @@ def priced(name: str, settings: BaseModel, price: float) -> str:
     return yaml.safe_dump(manifest)
 
 
+def interrupted_count(repo: StateRepoFixture, log: Path, endpoint: str, bucket: str, job: dict, message: str,
+                      interrupt: Callable[[], None], timeout: float) -> dict:
+    """Commits `job` (the counter `count`), runs the daemon until done and calls `interrupt()` once
+    the count has checkpointed past step 12 in the bucket; returns the Succeeded status of `count`."""
+    repo.write("desired/count.yaml", yaml.safe_dump(job))
+    repo.commit(message)
+    with daemon_running(repo, log) as daemon:
+        wait_for(lambda: s3_step(endpoint, bucket, "count") >= 12, 60, "checkpoints", daemon, log)
+        interrupt()
+        finish(daemon, log, timeout=timeout)
+    return succeeded(repo, "count")
+
+
 def succeeded(repo: StateRepoFixture, job: str) -> dict:
     """The job's status, once it says Succeeded (else its message fails the test)."""
     st = status(repo, job)

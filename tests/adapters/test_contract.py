@@ -78,7 +78,11 @@ class Kit:
 
 def probe_records(spec: LaunchSpec, timeout: float = 30) -> list[dict]:
     """What the probe recorded, once it has started (one line per start)."""
-    path = Path(spec.env["PROBE_OUT"])
+    return records_at(Path(spec.env["PROBE_OUT"]), timeout)
+
+
+def records_at(path: Path, timeout: float = 30) -> list[dict]:
+    """The probe's records in `path` (one JSON line per start), once there is a whole line."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if path.exists() and path.read_text().endswith("\n"):

@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from desired.models import LightningSettings
 from tests.adapters import e2e
@@ -38,15 +37,14 @@ def test_a_spot_reclaim_on_lightning_is_relaunched_and_resumes_to_the_exact_targ
         settings = LightningSettings(api_url=fake.url, project_id=fake.project_id, machine="lit-t4-1",
                                      interruptible=True, request_timeout_seconds=10)
         state_repo.write("desired/lit.yaml", e2e.provider_manifest("lit", settings))
-        state_repo.write("desired/count.yaml", yaml.safe_dump(e2e.s3_job("count", "lit", 0.1, TARGET)))
-        state_repo.commit("count on lightning, storage on s3")
-        log = tmp_path / "daemon.log"
-        with e2e.daemon_running(state_repo, log) as daemon:
-            e2e.wait_for(lambda: e2e.s3_step(s3_endpoint, bucket, "count") >= 12, 60, "checkpoints", daemon, log)
+        job = e2e.s3_job("count", "lit", 0.1, TARGET)
+
+        def reclaim() -> None:
             first = next(j for j in fake.jobs.values() if "-count-" in j.name and j.state == "running")
             fake.interrupt(first.id, notice_seconds=0.5)
-            e2e.finish(daemon, log, timeout=90)
-        st = e2e.succeeded(state_repo, "count")
+
+        st = e2e.interrupted_count(state_repo, tmp_path / "daemon.log", s3_endpoint, bucket, job,
+                                   "count on lightning, storage on s3", reclaim, timeout=90)
         assert [a["outcome"] for a in st["attempts"]] == ["interruption", "succeeded"], st["attempts"]
         assert st["interruptions"] == 1 and st["failures"] == 0
         assert st["attempts"][1]["step_start"] > 0, "the relaunch must resume from a checkpoint"

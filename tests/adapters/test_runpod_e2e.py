@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from desired.models import RunpodSettings
 from tests.adapters import e2e
@@ -38,15 +37,14 @@ def test_an_outbid_runpod_pod_is_relaunched_and_resumes_at_its_exact_step(
         bucket = e2e.s3_storage(state_repo, s3_endpoint, tick_seconds=0.5)
         settings = RunpodSettings(api_url=fake.url, interruptible=True, request_timeout_seconds=10)
         state_repo.write("desired/pods.yaml", e2e.provider_manifest("pods", settings))
-        state_repo.write("desired/count.yaml", yaml.safe_dump(e2e.s3_job("count", "pods", 0.1, TARGET)))
-        state_repo.commit("count on runpod, storage on s3")
-        log = tmp_path / "daemon.log"
-        with e2e.daemon_running(state_repo, log) as daemon:
-            e2e.wait_for(lambda: e2e.s3_step(s3_endpoint, bucket, "count") >= 12, 60, "checkpoints", daemon, log)
+        job = e2e.s3_job("count", "pods", 0.1, TARGET)
+
+        def outbid() -> None:
             first = next(p for p in fake.pods.values() if "-count-" in p.input["name"] and p.status == "RUNNING")
             fake.outbid(first.id)
-            e2e.finish(daemon, log, timeout=90)
-        st = e2e.succeeded(state_repo, "count")
+
+        st = e2e.interrupted_count(state_repo, tmp_path / "daemon.log", s3_endpoint, bucket, job,
+                                   "count on runpod, storage on s3", outbid, timeout=90)
         attempts = st["attempts"]
         assert [a["outcome"] for a in attempts] == ["interruption", "succeeded"], attempts
         assert st["interruptions"] == 1 and st["failures"] == 0

@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from desired.models import RunpodSettings, VastSettings
 from tests.adapters import e2e
@@ -50,15 +49,13 @@ def test_a_run_outbid_on_vast_finishes_on_runpod_at_the_exact_step_with_each_pro
         "pods", RunpodSettings(api_url=pods.url, interruptible=True, request_timeout_seconds=10), 0.7))
     job = e2e.s3_job("count", "vast", 0.1, TARGET)
     job["spec"]["placement"]["providers"] = ["vast", "pods"]
-    state_repo.write("desired/count.yaml", yaml.safe_dump(job))
-    state_repo.commit("count on the spot markets, storage on s3")
-    log = tmp_path / "daemon.log"
-    with e2e.daemon_running(state_repo, log) as daemon:
-        e2e.wait_for(lambda: e2e.s3_step(s3_endpoint, bucket, "count") >= 12, 60, "checkpoints on vast", daemon, log)
+
+    def outbid() -> None:
         [first] = vast.live()
         vast.outbid(first.id)
-        e2e.finish(daemon, log, timeout=120)
-    st = e2e.succeeded(state_repo, "count")
+
+    st = e2e.interrupted_count(state_repo, tmp_path / "daemon.log", s3_endpoint, bucket, job,
+                               "count on the spot markets, storage on s3", outbid, timeout=120)
     attempts = st["attempts"]
     assert [(a["provider"], a["outcome"]) for a in attempts] == [("vast", "interruption"), ("pods", "succeeded")]
     assert attempts[1]["step_start"] == attempts[0]["step_end"] >= 10, "the move resumes at the exact durable step"

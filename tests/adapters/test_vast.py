@@ -17,7 +17,7 @@ import pytest
 from adapters.compute import LaunchSpec, ProviderConfigError, ProviderUnavailable, WorkerPhase, WorkerState
 from adapters.vast import VastAdapter, onstart_script
 from desired.models import VastSettings
-from tests.adapters.test_contract import wait_state
+from tests.adapters.test_contract import records_at, wait_state
 from tests.fakes.vast import DEFAULT_OFFERS, FakeVast, served
 
 PROBE = str(Path(__file__).with_name("probe.py"))
@@ -47,13 +47,7 @@ def phase(*phases: WorkerPhase) -> Callable[[WorkerState], bool]:
     return lambda state: state.phase in phases
 
 
-def records(path: Path, timeout: float = 30) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text().endswith("\n"):
-            return [json.loads(line) for line in path.read_text().splitlines()]
-        time.sleep(0.1)
-    raise AssertionError(f"the worker never started ({path})")
+records = records_at
 
 
 def offer(oid: int, dph: float, reliability: float = 0.99, min_bid: float | None = None) -> dict[str, Any]:

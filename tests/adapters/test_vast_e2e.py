@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from adapters.vast import VastAdapter, parse_label
 from desired.models import LocalSettings, VastSettings
@@ -51,15 +50,13 @@ def test_end_to_end_outbid_on_vast_continues_at_its_durable_step_and_finishes(
     if then == "local":  # dearer: Vast is chosen first
         state_repo.write("desired/local.yaml", e2e.priced("local", LocalSettings(workdir=str(tmp_path / "local")), 1.0))
         job["spec"]["placement"]["providers"] = ["vast", "local"]
-    state_repo.write("desired/count.yaml", yaml.safe_dump(job))
-    state_repo.commit("count on vast, runs in s3")
-    log = tmp_path / "daemon.log"
-    with e2e.daemon_running(state_repo, log) as daemon:
-        e2e.wait_for(lambda: e2e.s3_step(s3_endpoint, bucket, "count") >= 12, 60, "checkpoints", daemon, log)
+
+    def outbid() -> None:
         [first] = fake.live()
         fake.outbid(first.id)
-        e2e.finish(daemon, log, timeout=120)
-    st = e2e.succeeded(state_repo, "count")
+
+    st = e2e.interrupted_count(state_repo, tmp_path / "daemon.log", s3_endpoint, bucket, job,
+                               "count on vast, runs in s3", outbid, timeout=120)
     attempts = st["attempts"]
     assert [a["outcome"] for a in attempts] == ["interruption", "succeeded"], attempts
     assert [a["provider"] for a in attempts] == ["vast", then] and "outbid" in attempts[0]["detail"]
