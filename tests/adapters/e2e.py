@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import BaseModel
@@ -134,6 +135,34 @@ def s3_storage(repo: StateRepoFixture, endpoint: str, **extra: object) -> str:
     repo.write("reconciler.yaml", yaml.safe_dump({"storage": f"s3://{bucket}/runs", "storage_options": options,
                                                   **extra}))
     return bucket
+
+
+def storage_secrets(set_secret: Callable[[str, str], None]) -> None:
+    """The storage credentials put in a provider's own secret store: a job names them, and they never
+    travel in a launch."""
+    from tests.worker.harness import S3_CREDENTIALS
+
+    for name in STORAGE_KEYS:
+        set_secret(name, S3_CREDENTIALS[name])
+
+
+def daemon_env(monkeypatch: Any, **more: str) -> None:
+    """The daemon's environment: the S3 credentials (for its own run storage) and `more` (a
+    provider's key)."""
+    from tests.worker.harness import S3_CREDENTIALS
+
+    for name, value in {**S3_CREDENTIALS, **more}.items():
+        monkeypatch.setenv(name, value)
+
+
+def outbid_only_instance(vast: Any) -> Callable[[], None]:
+    """An interruption for `interrupted_count`: the fake Vast's one live instance is outbid."""
+
+    def outbid() -> None:
+        [first] = vast.live()
+        vast.outbid(first.id)
+
+    return outbid
 
 
 def s3_job(name: str, provider: str, step_seconds: float, target: int) -> dict:

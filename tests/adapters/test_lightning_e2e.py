@@ -15,7 +15,6 @@ from tests.adapters import e2e
 from tests.conftest import StateRepoFixture
 from tests.fakes.lightning import API_KEY, USER_ID, FakeLightning
 from tests.worker.conftest import make_bucket, s3_endpoint  # noqa: F401 - a fixture
-from tests.worker.harness import S3_CREDENTIALS
 
 TARGET = 60
 
@@ -28,10 +27,8 @@ def test_a_spot_reclaim_on_lightning_is_relaunched_and_resumes_to_the_exact_targ
     fake = FakeLightning(tmp_path / "machines", stop_grace=3.0)
     try:
         bucket = make_bucket(s3_endpoint)
-        for name in e2e.STORAGE_KEYS:
-            fake.set_secret(name, S3_CREDENTIALS[name])
-        for name, value in {**S3_CREDENTIALS, "LIGHTNING_USER_ID": USER_ID, "LIGHTNING_API_KEY": API_KEY}.items():
-            monkeypatch.setenv(name, value)  # the daemon's own: S3 for itself, Lightning's API key
+        e2e.storage_secrets(fake.set_secret)
+        e2e.daemon_env(monkeypatch, LIGHTNING_USER_ID=USER_ID, LIGHTNING_API_KEY=API_KEY)
         state_repo.write("reconciler.yaml", f"storage: s3://{bucket}/runs\ntick_seconds: 0.5\n"
                                             f"storage_options: {{endpoint_url: '{s3_endpoint}'}}\n")
         settings = LightningSettings(api_url=fake.url, project_id=fake.project_id, machine="lit-t4-1",

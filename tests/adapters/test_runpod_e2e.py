@@ -30,10 +30,8 @@ def test_an_outbid_runpod_pod_is_relaunched_and_resumes_at_its_exact_step(
         s3_endpoint: str) -> None:  # noqa: F811 - a fixture
     fake = FakeRunpod(tmp_path / "machines", kill_grace=5.0)
     try:
-        for name in e2e.STORAGE_KEYS:
-            fake.set_secret(name, S3_CREDENTIALS[name])
-        for name, value in {**S3_CREDENTIALS, "RUNPOD_API_KEY": API_KEY}.items():
-            monkeypatch.setenv(name, value)
+        e2e.storage_secrets(fake.set_secret)
+        e2e.daemon_env(monkeypatch, RUNPOD_API_KEY=API_KEY)
         bucket = e2e.s3_storage(state_repo, s3_endpoint, tick_seconds=0.5)
         settings = RunpodSettings(api_url=fake.url, interruptible=True, request_timeout_seconds=10)
         state_repo.write("desired/pods.yaml", e2e.provider_manifest("pods", settings))

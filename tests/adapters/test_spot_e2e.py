@@ -16,7 +16,6 @@ from tests.conftest import StateRepoFixture
 from tests.fakes.runpod import API_KEY, FakeRunpod
 from tests.fakes.vast import DEFAULT_OFFERS, FakeVast
 from tests.worker.conftest import s3_endpoint  # noqa: F401 - a fixture
-from tests.worker.harness import S3_CREDENTIALS
 
 TARGET = 60
 
@@ -26,12 +25,8 @@ def markets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[F
     vast = FakeVast(tmp_path / "vast", offers=[{**DEFAULT_OFFERS[0], "dph_total": 36.0, "min_bid": 36.0}])
     vast.serve()
     pods = FakeRunpod(tmp_path / "runpod", kill_grace=5.0)
-    for name in e2e.STORAGE_KEYS:
-        pods.set_secret(name, S3_CREDENTIALS[name])
-    monkeypatch.setenv("VAST_API_KEY", vast.key)
-    monkeypatch.setenv("RUNPOD_API_KEY", API_KEY)
-    for name, value in S3_CREDENTIALS.items():
-        monkeypatch.setenv(name, value)
+    e2e.storage_secrets(pods.set_secret)
+    e2e.daemon_env(monkeypatch, VAST_API_KEY=vast.key, RUNPOD_API_KEY=API_KEY)
     yield vast, pods
     vast.close()
     pods.close()
@@ -49,13 +44,8 @@ def test_a_run_outbid_on_vast_finishes_on_runpod_at_the_exact_step_with_each_pro
         "pods", RunpodSettings(api_url=pods.url, interruptible=True, request_timeout_seconds=10), 0.7))
     job = e2e.s3_job("count", "vast", 0.1, TARGET)
     job["spec"]["placement"]["providers"] = ["vast", "pods"]
-
-    def outbid() -> None:
-        [first] = vast.live()
-        vast.outbid(first.id)
-
     st = e2e.interrupted_count(state_repo, tmp_path / "daemon.log", s3_endpoint, bucket, job,
-                               "count on the spot markets, storage on s3", outbid, timeout=120)
+                               "count on the spot markets, storage on s3", e2e.outbid_only_instance(vast), timeout=120)
     attempts = st["attempts"]
     assert [(a["provider"], a["outcome"]) for a in attempts] == [("vast", "interruption"), ("pods", "succeeded")]
     assert attempts[1]["step_start"] == attempts[0]["step_end"] >= 10, "the move resumes at the exact durable step"

@@ -16,7 +16,6 @@ from tests.adapters import e2e
 from tests.conftest import StateRepoFixture
 from tests.fakes.vast import DEFAULT_OFFERS, FakeVast, served
 from tests.worker.conftest import s3_endpoint  # noqa: F401 - a fixture
-from tests.worker.harness import S3_CREDENTIALS
 
 DPH = 36.0  # $/h: one cent a second, so a short attempt costs something visible
 
@@ -41,8 +40,7 @@ def test_end_to_end_outbid_on_vast_continues_at_its_durable_step_and_finishes(
         s3_endpoint: str) -> None:  # noqa: F811 - a fixture
     """Outbid once, then continued on Vast again (a new instance) or on another provider, `local`
     (Vast is cooling down after its interruption, so the placement prefers the other)."""
-    for name, value in S3_CREDENTIALS.items():
-        monkeypatch.setenv(name, value)  # the daemon's own environment holds the job's secrets
+    e2e.daemon_env(monkeypatch)  # the daemon's own environment holds the job's secrets
     bucket = e2e.s3_storage(state_repo, s3_endpoint, tick_seconds=0.5)
     settings = VastSettings(api_url=fake.url, request_timeout_seconds=5, max_price_per_hour=40)
     state_repo.write("desired/vast.yaml", e2e.priced("vast", settings, 0.4))
@@ -50,13 +48,8 @@ def test_end_to_end_outbid_on_vast_continues_at_its_durable_step_and_finishes(
     if then == "local":  # dearer: Vast is chosen first
         state_repo.write("desired/local.yaml", e2e.priced("local", LocalSettings(workdir=str(tmp_path / "local")), 1.0))
         job["spec"]["placement"]["providers"] = ["vast", "local"]
-
-    def outbid() -> None:
-        [first] = fake.live()
-        fake.outbid(first.id)
-
     st = e2e.interrupted_count(state_repo, tmp_path / "daemon.log", s3_endpoint, bucket, job,
-                               "count on vast, runs in s3", outbid, timeout=120)
+                               "count on vast, runs in s3", e2e.outbid_only_instance(fake), timeout=120)
     attempts = st["attempts"]
     assert [a["outcome"] for a in attempts] == ["interruption", "succeeded"], attempts
     assert [a["provider"] for a in attempts] == ["vast", then] and "outbid" in attempts[0]["detail"]

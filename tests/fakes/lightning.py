@@ -50,7 +50,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -117,22 +117,26 @@ class FakeJob:
         return {k: v for k, v in data.items() if v is not None}
 
 
+@dataclass(eq=False)
 class FakeLightning(FakeServer):
-    """The server; `url` is its base URL (settings.api_url). Thread-safe through one lock."""
+    """The server; `url` is its base URL (settings.api_url). Thread-safe through one lock. It serves
+    from its creation; `auth` is the Authorization header it accepts (default: `basic_header()`)."""
 
     tick_seconds = 0.05
 
-    def __init__(self, root: Path, project_id: str = "proj-fake-01", *, auth: str | None = None,
-                 pending_seconds: float = 0.2, stop_grace: float = 5.0, collect_seconds: float = 0.2,
-                 balance: float = 100.0, price_per_hour: float = 0.36, port: int = 0) -> None:
-        self.root = root
-        self.project_id = project_id
-        self.auth = auth or basic_header()
-        self.pending_seconds = pending_seconds
-        self.stop_grace = stop_grace
-        self.collect_seconds = collect_seconds
-        self.balance = balance
-        self.price_per_hour = price_per_hour
+    root: Path
+    project_id: str = "proj-fake-01"
+    _: KW_ONLY
+    auth: str | None = None
+    pending_seconds: float = 0.2
+    stop_grace: float = 5.0
+    collect_seconds: float = 0.2
+    balance: float = 100.0
+    price_per_hour: float = 0.36
+    port: int = 0
+
+    def __post_init__(self) -> None:
+        self.auth = self.auth or basic_header()
         self.out_of_capacity = False
         self.secrets: dict[str, str] = {}
         self.jobs: dict[str, FakeJob] = {}
@@ -142,7 +146,7 @@ class FakeLightning(FakeServer):
         self._stall: float = 0.0
         self._ids = itertools.count(1)
         self._sign_key = pysecrets.token_hex(8)
-        self.start_serving(port)
+        self.start_serving(self.port)
 
     # ---- test controls ------------------------------------------------------------------------
 

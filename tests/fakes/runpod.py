@@ -35,7 +35,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -111,19 +111,23 @@ class FakePod:
         }
 
 
+@dataclass(eq=False)
 class FakeRunpod(FakeServer):
-    """The server and its state. `url` is the API base (GraphQL at `url + '/graphql'`)."""
+    """The server and its state, serving from its creation. `url` is the API base (GraphQL at
+    `url + '/graphql'`)."""
 
     methods = ("POST",)
 
-    def __init__(self, root: Path, *, api_key: str = API_KEY, port: int = 0, start_delay: float = 0.2,
-                 kill_grace: float = 5.0, retention: float = 600.0, balance: float = 100.0) -> None:
-        self.root = root
-        self.api_key = api_key
-        self.start_delay = start_delay
-        self.kill_grace = kill_grace
-        self.retention = retention
-        self.balance = balance
+    root: Path
+    _: KW_ONLY
+    api_key: str = API_KEY
+    port: int = 0
+    start_delay: float = 0.2
+    kill_grace: float = 5.0
+    retention: float = 600.0
+    balance: float = 100.0
+
+    def __post_init__(self) -> None:
         self.secrets: dict[str, str] = {}
         self.pods: dict[str, FakePod] = {}
         self.capacity: dict[str, int | None] = {gpu: None for gpu in GPU_TYPES}  # None: plenty
@@ -132,7 +136,7 @@ class FakeRunpod(FakeServer):
         self.lock = threading.RLock()
         self._ids = itertools.count(1)
         self._last_spend = time.time()
-        self.start_serving(port)
+        self.start_serving(self.port)
 
     # ---- test controls -------------------------------------------------------------------------
     def set_secret(self, name: str, value: str) -> None:
