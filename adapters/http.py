@@ -20,7 +20,12 @@ the same words. The rules, applied by `HostedApi.call`:
   (`adapters.wire.load_json`: no NaN, no duplicate keys, bounded depth) is `ProviderUnavailable`
   ("try later"), never an empty answer that could read as "no workers";
 - every error is one sentence that names the provider; no header, credential or request body is
-  ever put in a message or a log line (only method, path and status are logged, at debug).
+  ever put in a message or a log line (only method, path and status are logged, at debug);
+- a signed URL on another host (a log page in a bucket) is read with `get_signed`, without the
+  API's headers: the credentials never leave for another host.
+
+Each hosted adapter builds its client through `adapters.hosted_base.HostedAdapter` (its name in
+every message, the settings' request timeout, its own credentials' header and places).
 
 httpx is the client (timeouts, HTTP/1.1 keep-alive, `MockTransport` for unit tests). The providers'
 official SDKs are not used at run time: kaggle's authenticates (and may exit) at import, and they
