@@ -3,6 +3,8 @@
 Each runs launched workers as real local processes (`machine.Machine`), so the real bootstrap,
 SDK, storage and fencing are exercised, and injects its provider's characteristic failures on
 demand. Each also runs standalone: `python -m tests.fakes.<provider> --port N` prints its base URL.
+The HTTP side (body reading, replies, late answers, the clock thread) is `tests/fakes/server.py`'s
+`FakeServer`; each fake keeps only its provider's routes, faults and world.
 """
 
 from __future__ import annotations
