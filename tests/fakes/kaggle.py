@@ -150,7 +150,7 @@ class RpcError(Exception):
 class FakeKaggle(FakeServer):
     """The fake service; `start()` serves on 127.0.0.1, `url` is its base, `stop()` ends every kernel."""
 
-    methods = ("POST",)
+    http_methods = ("POST",)
     protocol_version = "HTTP/1.1"
 
     def __init__(self, workdir: Path, *, username: str = "fakeuser", token: str | None = None,

@@ -116,7 +116,7 @@ class FakeRunpod(FakeServer):
     """The server and its state, serving from its creation. `url` is the API base (GraphQL at
     `url + '/graphql'`)."""
 
-    methods = ("POST",)
+    http_methods = ("POST",)
 
     root: Path
     _: KW_ONLY

@@ -4,7 +4,7 @@
 (`read_body`: a bad Content-Length is answered 400), hands the request to the fake's `respond`,
 and writes the `Reply` back (a client that gave up is not an error). A second thread calls the
 fake's `tick` every `tick_seconds`, which moves its world on (machines start, bills grow).
-Only the methods a fake names in `methods` are served (others get the stdlib's 501), with the
+Only the methods a fake names in `http_methods` are served (others get the stdlib's 501), with the
 HTTP version its provider's server speaks.
 """
 
@@ -63,7 +63,7 @@ def raw_reply(status: int, data: bytes, content_type: str, headers: Mapping[str,
 class FakeServer:
     """A fake provider's server and clock; subclasses answer `respond` and move on in `tick`."""
 
-    methods: ClassVar[tuple[str, ...]] = ("GET", "POST", "PUT", "DELETE")
+    http_methods: ClassVar[tuple[str, ...]] = ("GET", "POST", "PUT", "DELETE")
     protocol_version: ClassVar[str] = "HTTP/1.0"
     tick_seconds: ClassVar[float] = 0.1
     server: ThreadingHTTPServer | None = None
@@ -115,13 +115,14 @@ def _handler(fake: FakeServer) -> type[BaseHTTPRequestHandler]:
                     self.send_header(key, value)
                 self.send_header("Content-Length", str(len(reply.body)))
                 self.end_headers()
-                self.wfile.write(reply.body)
+                if self.command != "HEAD":  # a HEAD answer has the GET's headers and no body
+                    self.wfile.write(reply.body)
             except (BrokenPipeError, ConnectionResetError):
                 pass
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
             pass  # quiet: the tests read each fake's own record of requests
 
-    for method in fake.methods:
+    for method in fake.http_methods:
         setattr(Handler, f"do_{method}", Handler.serve)
     return Handler
