@@ -20,7 +20,12 @@ the same words. The rules, applied by `HostedApi.call`:
   (`adapters.wire.load_json`: no NaN, no duplicate keys, bounded depth) is `ProviderUnavailable`
   ("try later"), never an empty answer that could read as "no workers";
 - every error is one sentence that names the provider; no header, credential or request body is
-  ever put in a message or a log line (only method, path and status are logged, at debug).
+  ever put in a message or a log line (only method, path and status are logged, at debug);
+- a signed URL on another host (a log page in a bucket) is read with `get_signed`, without the
+  API's headers: the credentials never leave for another host.
+
+Each hosted adapter builds its client through `adapters.hosted_base.HostedAdapter` (its name in
+every message, the settings' request timeout, its own credentials' header and places).
 
 httpx is the client (timeouts, HTTP/1.1 keep-alive, `MockTransport` for unit tests). The providers'
 official SDKs are not used at run time: kaggle's authenticates (and may exit) at import, and they
@@ -158,6 +163,17 @@ class HostedApi:
                 self._wait_or_give_up(attempt, wait, self._status_words(response.status_code, body))
                 continue
             return self._decode(method, path, response, body, allow)
+
+    def get_signed(self, url: str, what: str) -> Any:
+        """The JSON at a signed URL on another host (`what`: a log page in a bucket): fetched without this
+        API's headers, whose credentials must not leave for another host; ProviderUnavailable when
+        it cannot be read."""
+        try:
+            response = httpx.get(url, timeout=self.timeout)
+            response.raise_for_status()
+            return load_json(response.content) if response.content else None
+        except (httpx.HTTPError, ValueError) as exc:
+            raise ProviderUnavailable(f"{self.who}: a {what} cannot be read ({type(exc).__name__})") from None
 
     def _send(self, method: str, path: str, json_body: Any, params: Mapping[str, Any] | None
               ) -> tuple[httpx.Response, bytes]:

@@ -80,19 +80,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from adapters.compute import (
-    ANY_OWNER,
-    Allowance,
-    LaunchSpec,
-    ProviderConfigError,
-    ProviderUnavailable,
-    WorkerPhase,
-    WorkerRef,
-    WorkerState,
-    check_label,
-    check_owner,
-)
+from adapters import compute
+from adapters.compute import LaunchSpec, ProviderConfigError, ProviderUnavailable, WorkerPhase, WorkerRef, WorkerState
 from adapters.hosted import SECRET_NOT_ATTACHED, Bootstrap, bootstrap_script, parse_exit_record, script_plan
+from adapters.hosted_base import HostedAdapter
 from adapters.http import HostedApi
 from adapters.preflight import Check, warn
 from adapters.wire import YEAR_SECONDS, Numbers, load_json
@@ -336,34 +327,24 @@ def same_attempt(labels: dict[str, Any] | None, wanted: dict[str, Any]) -> bool:
     return labels is not None and all(labels.get(k) == wanted[k] for k in LABEL_KEYS)
 
 
-class KaggleAdapter:
-    secrets_at_provider = True
+class KaggleAdapter(HostedAdapter):
+    kind = "kaggle"
+    settings: KaggleSettings
 
-    def __init__(self, name: str, settings: KaggleSettings, *, owner: str = ANY_OWNER) -> None:
-        self.name = name
-        self.owner = check_owner(owner)
-        self.foreign_workers = 0
-        self.settings = settings
-        self.who = f"kaggle provider {name!r}"
-        self._api: HostedApi | None = None
-        self.numbers = Numbers(self.who)
+    def __init__(self, name: str, settings: KaggleSettings, *, owner: str = compute.ANY_OWNER) -> None:
+        super().__init__(name, settings, owner)
         self._username: str | None = settings.username
         self._current: dict[str, Kernel] = {}  # slug -> its current version, as we know it
         self._attempts: dict[tuple[str, str, int], Kernel] = {}  # (slug, run id, epoch) -> that version
         self._launched: set[str] = set()  # slugs this process pushed or adopted (a listing may lag)
 
     # ---- the API ----------------------------------------------------------------------------
-    @property
-    def api(self) -> HostedApi:
-        if self._api is None:
-            creds = read_credentials()
-            if creds is None:
-                raise ProviderConfigError(f"{self.who}: no Kaggle credentials found; set {CREDENTIAL_PLACES}")
-            self._username = self._username or creds.username
-            self._api = HostedApi(self.who, self.settings.api_url, headers={"Authorization": creds.header},
-                                  credentials_hint=f"credentials are read from {CREDENTIAL_PLACES}",
-                                  timeout=self.settings.request_timeout_seconds)
-        return self._api
+    def connect(self) -> HostedApi:
+        creds = read_credentials()
+        if creds is None:
+            raise ProviderConfigError(f"{self.who}: no Kaggle credentials found; set {CREDENTIAL_PLACES}")
+        self._username = self._username or creds.username
+        return self.client(self.settings.api_url, creds.header, f"credentials are read from {CREDENTIAL_PLACES}")
 
     def _rpc(self, method: str, body: dict[str, Any], **kw: Any) -> dict[str, Any]:
         answer = self.api.call("POST", KERNELS + method, json_body=body, **kw)
@@ -399,9 +380,7 @@ class KaggleAdapter:
         return kernel
 
     def _ours(self, labels: dict[str, Any] | None) -> bool:
-        if not labels or labels.get("provider") != self.name:
-            return False
-        return self.owner == ANY_OWNER or labels.get("owner") == self.owner
+        return labels is not None and labels.get("provider") == self.name and self.owns(labels.get("owner"))
 
     def _remember(self, kernel: Kernel) -> Kernel:
         """Makes `kernel` its slug's current version, keeping what we knew of that attempt (its
@@ -416,12 +395,7 @@ class KaggleAdapter:
 
     # ---- launch -----------------------------------------------------------------------------
     def launch(self, spec: LaunchSpec) -> WorkerRef:
-        if self.owner == ANY_OWNER:
-            raise ProviderConfigError(f"{self.who}: an operator's view (owner '*') launches nothing")
-        check_label(spec.job, "job name")
-        check_label(spec.run_id, "run id")
-        labels = {"provider": self.name, "owner": self.owner, "job": spec.job, "run_id": spec.run_id,
-                  "epoch": spec.epoch}
+        labels = self.launch_labels(spec)
         slug = kernel_slug(self.name, self.owner, spec.job)
         current = self._current.get(slug)
         if current is None or not same_attempt(current.labels, labels):
@@ -594,9 +568,6 @@ class KaggleAdapter:
             return ""
         return "\n".join(text.splitlines()[-tail:]) if tail > 0 else ""
 
-    def free_slots(self) -> int | None:
-        return None
-
     def capacity(self) -> Capacity | None:
         shape = SHAPE_GPUS.get(self.settings.machine_shape)
         if shape is None:
@@ -619,7 +590,7 @@ class KaggleAdapter:
                                f"attach {names} at {url} (editor: Add-ons -> Secrets)"))
         return checks
 
-    def allowance(self) -> Allowance:
+    def allowance(self) -> compute.Allowance:
         """The weekly GPU quota, from Kaggle's own answer (GetAcceleratorQuotaStatistics)."""
         answer = self._rpc("GetAcceleratorQuotaStatistics", {})
         gpu = answer.get("gpuQuota")
@@ -627,6 +598,6 @@ class KaggleAdapter:
         total = seconds(gpu.get("totalTimeAllowed"), "gpuQuota totalTimeAllowed", self.numbers)
         used = seconds(gpu.get("timeUsed"), "gpuQuota timeUsed", self.numbers)
         reserved = seconds(gpu.get("timeReserved"), "gpuQuota timeReserved", self.numbers)
-        return Allowance(unit="gpu-hours", remaining=max(0.0, total - used - reserved) / 3600,
+        return compute.Allowance(unit="gpu-hours", remaining=max(0.0, total - used - reserved) / 3600,
                          minimum=self.settings.min_quota_hours, total=total / 3600, used=used / 3600,
                          resets_at=timestamp(answer.get("quotaRefreshTime")), applies_to_cpu=False)

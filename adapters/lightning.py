@@ -60,7 +60,6 @@ asked). `cost(ref)` offers each job's `totalCost` (credits) from the last observ
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 import re
@@ -71,24 +70,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-import httpx
-
-from adapters.compute import (
-    ANY_OWNER,
-    Allowance,
-    LaunchSpec,
-    ProviderConfigError,
-    ProviderUnavailable,
-    WorkerPhase,
-    WorkerRef,
-    WorkerState,
-    check_label,
-    check_owner,
-)
+from adapters import compute
+from adapters.compute import LaunchSpec, ProviderConfigError, ProviderUnavailable, WorkerPhase, WorkerRef, WorkerState
 from adapters.hosted import SECRETS_FROM_ENV, UNPACK_PY, Bootstrap, bootstrap_script, packed, parse_exit_record
+from adapters.hosted_base import HostedAdapter, worker_name
 from adapters.http import HostedApi, HttpRefused
 from adapters.preflight import Check, fail, ok
-from adapters.wire import MONEY_MAX, Numbers, load_json
+from adapters.wire import MONEY_MAX, load_json
 from desired.models import Capacity, LightningSettings
 
 LABELS_ENV = "RECONCILER_LABELS"
@@ -143,11 +131,7 @@ def _credentials_file(env: Mapping[str, str]) -> dict[str, Any]:
 
 def job_name(owner: str, job: str, run_id: str, epoch: int) -> str:
     """One name per worker, unique in the teamspace; cut with a short hash past NAME_LIMIT."""
-    name = f"rc-{owner}-{job}-{run_id}-e{epoch}"
-    if len(name) <= NAME_LIMIT:
-        return name
-    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
-    return f"{name[:NAME_LIMIT - 11]}-{digest}"
+    return worker_name(owner, job, run_id, epoch, NAME_LIMIT)
 
 
 def shell_command(script: str) -> str:
@@ -179,34 +163,21 @@ def _timestamp(value: Any) -> float | None:
         return None
 
 
-class LightningAdapter:
+class LightningAdapter(HostedAdapter):
     """Jobs in one Lightning teamspace (`settings.project_id`); see the module docstring."""
 
-    secrets_at_provider = True
+    kind = "lightning"
+    settings: LightningSettings
 
-    def __init__(self, name: str, settings: LightningSettings, *, owner: str = ANY_OWNER) -> None:
-        self.name = name
-        self.settings = settings
-        self.owner = check_owner(owner)
-        self.foreign_workers = 0
-        self._api: HostedApi | None = None
-        self.numbers = Numbers(f"lightning provider {name!r}")
+    def __init__(self, name: str, settings: LightningSettings, *, owner: str = compute.ANY_OWNER) -> None:
+        super().__init__(name, settings, owner)
         self._stopped: set[str] = set()  # job ids this process asked to stop
         self._ended: dict[str, tuple[str, dict[str, Any] | None]] = {}  # job id -> (log text, exit record)
         self._costs: dict[str, float] = {}
         self._ours: dict[str, WorkerRef] = {}
 
-    @property
-    def who(self) -> str:
-        return f"lightning provider {self.name!r}"
-
-    @property
-    def api(self) -> HostedApi:
-        if self._api is None:
-            self._api = HostedApi(
-                self.who, self.base_url, headers={"Authorization": auth_header()},
-                credentials_hint=CREDENTIALS_HINT, timeout=self.settings.request_timeout_seconds)
-        return self._api
+    def connect(self) -> HostedApi:
+        return self.client(self.base_url, auth_header(), CREDENTIALS_HINT)
 
     @property
     def base_url(self) -> str:
@@ -221,10 +192,7 @@ class LightningAdapter:
     # ---- launch -------------------------------------------------------------------------------
 
     def launch(self, spec: LaunchSpec) -> WorkerRef:
-        if self.owner == ANY_OWNER:
-            raise ProviderConfigError(f"{self.who}: the operator's view launches nothing")
-        check_label(spec.job, "job name")
-        check_label(spec.run_id, "run id")
+        self.launch_labels(spec)
         name = job_name(self.owner, spec.job, spec.run_id, spec.epoch)
         found = self._find(name, spec)
         if found is not None:
@@ -244,7 +212,7 @@ class LightningAdapter:
     def _find(self, name: str, spec: LaunchSpec) -> WorkerRef | None:
         """The job already launched with these labels (`GET .../jobs/find?name=`), if any."""
         found = self.api.call("GET", self._path("/find"), params={"name": name}, allow=(404,))
-        if isinstance(found, dict) and found.get("id") and self._labels(found) == self._my_labels(spec):
+        if isinstance(found, dict) and found.get("id") and self._labels(found) == self.launch_labels(spec):
             return self._ref(found["id"], spec)
         return None
 
@@ -264,12 +232,8 @@ class LightningAdapter:
         self._ours[job_id] = ref
         return ref
 
-    def _my_labels(self, spec: LaunchSpec) -> dict[str, Any]:
-        return {"owner": self.owner, "provider": self.name, "job": spec.job, "run_id": spec.run_id,
-                "epoch": spec.epoch}
-
     def _create_body(self, name: str, spec: LaunchSpec) -> dict[str, Any]:
-        labels = self._my_labels(spec)
+        labels = self.launch_labels(spec)
         boot = Bootstrap(provider="lightning", secrets_source=SECRETS_FROM_ENV)
         script = bootstrap_script(spec, labels, boot, code_git=spec.code_git, code_ref=spec.code_ref)
         env = [{"name": LABELS_ENV, "value": json.dumps(labels, sort_keys=True)}]
@@ -341,7 +305,7 @@ class LightningAdapter:
 
     def _ref_of(self, job: Mapping[str, Any], labels: Mapping[str, Any]) -> WorkerRef | None:
         """Our ref for a listed job, or None when another owner (or another provider) launched it."""
-        if labels.get("provider") != self.name or (self.owner != ANY_OWNER and labels.get("owner") != self.owner):
+        if labels.get("provider") != self.name or not self.owns(labels.get("owner")):
             return None
         try:
             return WorkerRef(self.name, str(job["id"]), str(labels["job"]), str(labels["run_id"]), int(labels["epoch"]))
@@ -440,7 +404,7 @@ class LightningAdapter:
     def _is_ours(self, ref: WorkerRef) -> bool:
         if ref.provider != self.name:
             return False
-        if self.owner == ANY_OWNER or self._ours.get(ref.id) == ref:
+        if self.operator or self._ours.get(ref.id) == ref:
             return True
         job = self.api.call("GET", self._path(f"/{ref.id}"), allow=(404,))
         labels = self._labels(job) if isinstance(job, dict) else None
@@ -469,12 +433,7 @@ class LightningAdapter:
         if not urlparse(url).netloc:
             body = self.api.call("GET", "/" + url.lstrip("/"))
         else:  # a signed URL: fetched without our credentials, which must not leave for another host
-            try:
-                response = httpx.get(url, timeout=self.settings.request_timeout_seconds)
-                response.raise_for_status()
-                body = load_json(response.content) if response.content else []
-            except (httpx.HTTPError, ValueError) as exc:
-                raise ProviderUnavailable(f"{self.who}: a log page cannot be read ({type(exc).__name__})") from None
+            body = self.api.get_signed(url, "log page") or []
         entries = body if isinstance(body, list) else [body]
         return [str(e.get("message") or "") if isinstance(e, dict) else str(e) for e in entries if e is not None]
 
@@ -482,18 +441,15 @@ class LightningAdapter:
         """The job's `totalCost` in credits, as of the last observe; None when not known."""
         return self._costs.get(ref.id)
 
-    def allowance(self) -> Allowance:
+    def allowance(self) -> compute.Allowance:
         """The teamspace's credit balance: `GET /v1/projects/{projectId}/billing/balance`."""
         answer = self.api.call("GET", f"/v1/projects/{self.settings.project_id}/billing/balance")
         balance = self.numbers.number(answer.get("balance") if isinstance(answer, dict) else None,
                                       "balance", low=-MONEY_MAX, high=MONEY_MAX)
         if balance is None:
             raise ProviderUnavailable(f"{self.who}: the balance answer carries no balance")
-        return Allowance(unit="credits", remaining=balance, minimum=self.settings.min_credits,
+        return compute.Allowance(unit="credits", remaining=balance, minimum=self.settings.min_credits,
                          applies_to_cpu=True)
-
-    def free_slots(self) -> int | None:
-        return None
 
     def capacity(self) -> Capacity | None:
         return machine_capacity(self.settings.machine)
@@ -518,8 +474,4 @@ class LightningAdapter:
             else:
                 checks.append(ok(self.name, what, f"{', '.join(sorted(spec.secret_env))} are teamspace secrets"))
         return checks
-
-    def close(self) -> None:
-        if self._api is not None:
-            self._api.close()
 

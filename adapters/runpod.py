@@ -58,7 +58,6 @@ without our labels are not ours and not counted.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import os
@@ -68,24 +67,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from adapters.compute import (
-    ANY_OWNER,
-    Allowance,
-    LaunchSpec,
-    ProviderConfigError,
-    ProviderUnavailable,
-    WorkerPhase,
-    WorkerRef,
-    WorkerState,
-    check_label,
-    check_owner,
-    with_deadline,
-    worker_deadline,
-)
+from adapters import compute
+from adapters.compute import LaunchSpec, ProviderConfigError, ProviderUnavailable, WorkerPhase, WorkerRef, WorkerState
 from adapters.hosted import SECRETS_FROM_ENV, UNPACK_PY, Bootstrap, bootstrap_script, packed, parse_exit_record
+from adapters.hosted_base import HostedAdapter, worker_name
 from adapters.http import HostedApi
 from adapters.preflight import Check, fail, ok, warn
-from adapters.wire import DATE_MAX, MONEY_MAX, PRICE_MAX, Numbers, is_decimal
+from adapters.wire import DATE_MAX, MONEY_MAX, PRICE_MAX, is_decimal
 from desired.models import Capacity, RunpodSettings
 
 log = logging.getLogger("reconciler.runpod")
@@ -163,11 +151,7 @@ def read_api_key(environ: Mapping[str, str], home: Path) -> str | None:
 
 def pod_name(owner: str, job: str, run_id: str, epoch: int) -> str:
     """`rc-<owner>-<job>-<run_id>-e<epoch>`, cut and suffixed with a hash when too long for a name."""
-    name = f"rc-{owner}-{job}-{run_id}-e{epoch}"
-    if len(name) <= NAME_LIMIT:
-        return name
-    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
-    return f"{name[:NAME_LIMIT - 11 - len(str(epoch)) - 2]}-{digest}-e{epoch}"
+    return worker_name(owner, job, run_id, epoch, NAME_LIMIT, keep_epoch=True)
 
 
 def start_command(script: str) -> str:
@@ -198,28 +182,21 @@ def parse_labels(value: str | None) -> tuple[str, str, str, int] | None:
     return parts[0], parts[1], parts[2], int(parts[3][1:])
 
 
-class RunpodAdapter:
+class RunpodAdapter(HostedAdapter):
     """RunPod pods through the GraphQL API (see the module docstring for the state table)."""
 
-    secrets_at_provider = True
+    kind = "runpod"
+    settings: RunpodSettings
     # An ended pod is terminated once seen ended this long: never while RunPod's 5 s stop may
     # still be running its final save (desiredStatus may flip before the container is gone).
     release_after = 30.0
 
-    def __init__(self, name: str, settings: RunpodSettings, *, owner: str = ANY_OWNER,
+    def __init__(self, name: str, settings: RunpodSettings, *, owner: str = compute.ANY_OWNER,
                  environ: Mapping[str, str] | None = None, home: Path | None = None) -> None:
-        self.name = name
-        self.owner = check_owner(owner)
-        self.foreign_workers = 0
-        self.settings = settings
+        super().__init__(name, settings, owner)
         self.environ = os.environ if environ is None else environ
-        key = read_api_key(self.environ, home or Path.home())
-        self.who = f"runpod provider {name!r}"
-        if not key:
-            raise ProviderConfigError(f"{self.who} has no API key: {KEY_HINT}")
-        self.api = HostedApi(who=self.who, base_url=settings.api_url, headers={"Authorization": f"Bearer {key}"},
-                             credentials_hint=KEY_HINT, timeout=settings.request_timeout_seconds)
-        self.numbers = Numbers(self.who)
+        self._home = home or Path.home()
+        self._api = self.connect()  # now: a missing key is said when the adapter is made, not at its first call
         self._pods: dict[str, dict[str, Any]] = {}  # pod id -> last seen pod (ours)
         self._refs: dict[str, WorkerRef] = {}  # pod id -> ref, for pods that later vanish
         self._terminated: set[str] = set()
@@ -228,6 +205,12 @@ class RunpodAdapter:
         self._ended_since: dict[str, float] = {}  # pod id -> when this process first saw it ended
 
     # ---- GraphQL -----------------------------------------------------------------------------
+    def connect(self) -> HostedApi:
+        key = read_api_key(self.environ, self._home)
+        if not key:
+            raise ProviderConfigError(f"{self.who} has no API key: {KEY_HINT}")
+        return self.client(self.settings.api_url, f"Bearer {key}", KEY_HINT)
+
     def graphql(self, query: str, variables: dict[str, Any] | None = None, *, acts: bool = False) -> dict[str, Any]:
         """One GraphQL request; its `errors` (sent with HTTP 200) mapped to our exceptions."""
         body = self.api.call("POST", "/graphql", json_body={"query": query, "variables": variables or {}}, acts=acts)
@@ -257,10 +240,8 @@ class RunpodAdapter:
 
     # ---- launch ------------------------------------------------------------------------------
     def launch(self, spec: LaunchSpec) -> WorkerRef:
-        if self.owner == ANY_OWNER:
-            raise ProviderConfigError(f"{self.who}: an operator's view (any owner) launches nothing")
-        labels = (check_label(spec.job, "job name"), check_label(spec.run_id, "run id"), spec.epoch)
-        name = pod_name(self.owner, *labels)
+        self.launch_labels(spec)
+        name = pod_name(self.owner, spec.job, spec.run_id, spec.epoch)
         for pod in self._list_pods():
             if pod.get("name") == name and self._owner_of(pod) == self.owner:
                 return self._ref(pod)  # adopt: launched before, maybe by a create that timed out
@@ -275,7 +256,7 @@ class RunpodAdapter:
         return ref
 
     def _pod_input(self, spec: LaunchSpec, name: str) -> dict[str, Any]:
-        env = with_deadline(spec.env, worker_deadline(spec))
+        env = compute.with_deadline(spec.env, compute.worker_deadline(spec))
         env.setdefault("RECONCILER_GRACE", str(GRACE_SECONDS))
         spec = LaunchSpec(**{**spec.__dict__, "env": env})
         labels = {"owner": self.owner, "provider": self.name, "job": spec.job, "run_id": spec.run_id,
@@ -352,7 +333,7 @@ class RunpodAdapter:
             owner = self._owner_of(pod)
             if owner is None:
                 continue
-            if self.owner not in (ANY_OWNER, owner):
+            if not self.owns(owner):
                 foreign += 1
                 continue
             ref = self._ref(pod)
@@ -374,7 +355,7 @@ class RunpodAdapter:
         since = self._ended_since.setdefault(ref.id, time.monotonic())
         if time.monotonic() - since < self.release_after:
             return
-        if pod.get("desiredStatus") in ("EXITED", "PAUSED", "RESTARTING") and self.owner != ANY_OWNER:
+        if pod.get("desiredStatus") in ("EXITED", "PAUSED", "RESTARTING") and not self.operator:
             self._release(ref, state)
         else:
             self._final[ref.id] = state
@@ -483,7 +464,7 @@ class RunpodAdapter:
         if ref.provider != self.name:
             return
         pod = self._find(ref.id)
-        if pod is None or (self.owner != ANY_OWNER and self._owner_of(pod) != self.owner):
+        if pod is None or not self.owns(self._owner_of(pod)):
             return  # gone already, or not ours: never touched
         try:
             self.graphql(M_TERMINATE, {"podId": ref.id})
@@ -504,21 +485,18 @@ class RunpodAdapter:
     def logs(self, ref: WorkerRef, tail: int = 50) -> str:
         """RunPod has no log API: the tail the bootstrap copied into the run folder, if ours."""
         pod = self._pods.get(ref.id) or self._find(ref.id)
-        if pod is None or (self.owner != ANY_OWNER and self._owner_of(pod) != self.owner):
+        if pod is None or not self.owns(self._owner_of(pod)):
             return ""
         text, _ = self._stored_log(pod)
         return "\n".join(text.splitlines()[-tail:])
 
-    def allowance(self) -> Allowance:
+    def allowance(self) -> compute.Allowance:
         """The account's prepaid balance (USD) as credits."""
         me = self.graphql(Q_BALANCE).get("myself") or {}
         balance = self.numbers.number(me.get("clientBalance"), "clientBalance", low=-MONEY_MAX, high=MONEY_MAX)
         if balance is None:
             raise ProviderUnavailable(f"{self.who} did not say the account's balance")
-        return Allowance(unit="credits", remaining=balance, minimum=0.0)
-
-    def free_slots(self) -> int | None:
-        return None
+        return compute.Allowance(unit="credits", remaining=balance, minimum=0.0)
 
     def capacity(self) -> Capacity | None:
         return Capacity(gpu_models=[self.settings.gpu_type_id])
@@ -552,9 +530,6 @@ class RunpodAdapter:
             return fail(self.name, what, f"{detail} is above the job's cap of ${cap:g}/h",
                         "raise the job's max_price_per_hour or choose a cheaper gpu_type_id")
         return ok(self.name, what, detail)
-
-    def close(self) -> None:
-        self.api.close()
 
 
 __all__ = ["RunpodAdapter", "read_api_key", "pod_name", "start_command", "KEY_HINT"]

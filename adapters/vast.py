@@ -72,22 +72,13 @@ from typing import Any
 
 import httpx
 
-from adapters.compute import (
-    ANY_OWNER,
-    Allowance,
-    LaunchSpec,
-    ProviderConfigError,
-    ProviderUnavailable,
-    WorkerPhase,
-    WorkerRef,
-    WorkerState,
-    check_label,
-    check_owner,
-)
+from adapters import compute
+from adapters.compute import LaunchSpec, ProviderConfigError, ProviderUnavailable, WorkerPhase, WorkerRef, WorkerState
 from adapters.hosted import SECRETS_FROM_ENV, UNPACK_PY, Bootstrap, bootstrap_script, packed, parse_exit_record
+from adapters.hosted_base import HostedAdapter
 from adapters.http import HostedApi, HttpRefused
 from adapters.preflight import Check, fail, ok
-from adapters.wire import DATE_MAX, MONEY_MAX, PRICE_MAX, Numbers, is_decimal
+from adapters.wire import DATE_MAX, MONEY_MAX, PRICE_MAX, is_decimal
 from desired.models import Capacity, VastSettings
 
 LABEL_PREFIX = "reconciler"
@@ -134,7 +125,8 @@ def onstart_script(bootstrap: str) -> str:
 
 
 def instance_label(owner: str, job: str, run_id: str, epoch: int) -> str:
-    return f"{LABEL_PREFIX}:{owner}:{check_label(job, 'job name')}:{check_label(run_id, 'run id')}:{epoch}"
+    job, run_id = compute.check_label(job, "job name"), compute.check_label(run_id, "run id")
+    return f"{LABEL_PREFIX}:{owner}:{job}:{run_id}:{epoch}"
 
 
 def parse_label(label: Any) -> tuple[str, str, str, int] | None:
@@ -145,20 +137,17 @@ def parse_label(label: Any) -> tuple[str, str, str, int] | None:
     return parts[1], parts[2], parts[3], int(parts[4])
 
 
-class VastAdapter:
+class VastAdapter(HostedAdapter):
     """Vast.ai instances (see the module docstring for the state table and the money rules)."""
 
+    kind = "vast"
+    settings: VastSettings
+    secrets_at_provider = False
     offline_grace_seconds = 60.0  # an offline host this long is an interruption, not a blip
     transition_timeout_seconds = TRANSITION_TIMEOUT_SECONDS
 
-    def __init__(self, name: str, settings: VastSettings, owner: str = ANY_OWNER) -> None:
-        self.name = name
-        self.settings = settings
-        self.owner = check_owner(owner)
-        self.foreign_workers = 0
-        self.secrets_at_provider = False
-        self._api: HostedApi | None = None
-        self.numbers = Numbers(f"vast provider '{name}'")
+    def __init__(self, name: str, settings: VastSettings, owner: str = compute.ANY_OWNER) -> None:
+        super().__init__(name, settings, owner)
         self._seen: dict[str, WorkerRef] = {}  # instance id -> ref, for instances that vanish
         self._ended: dict[str, WorkerState] = {}  # reported ended; destroyed on the next look
         self._destroyed: dict[str, WorkerState] = {}  # destroyed by us: their last word
@@ -169,18 +158,12 @@ class VastAdapter:
 
     # ---- HTTP -------------------------------------------------------------------------------------
 
-    @property
-    def api(self) -> HostedApi:
-        if self._api is None:
-            key = read_api_key()
-            if not key:
-                raise ProviderConfigError(f"vast provider '{self.name}' has no API key; it is read from {KEY_PLACES}")
-            self._api = HostedApi(
-                who=f"vast provider '{self.name}'", base_url=self.settings.api_url,
-                headers={"Authorization": f"Bearer {key}", "Accept": "application/json"},
-                credentials_hint=f"the API key is read from {KEY_PLACES}",
-                timeout=self.settings.request_timeout_seconds, final_errors=frozenset({SEARCH_QUOTA}))
-        return self._api
+    def connect(self) -> HostedApi:
+        key = read_api_key()
+        if not key:
+            raise ProviderConfigError(f"{self.who} has no API key; it is read from {KEY_PLACES}")
+        return self.client(self.settings.api_url, f"Bearer {key}", f"the API key is read from {KEY_PLACES}",
+                           headers={"Accept": "application/json"}, final_errors=frozenset({SEARCH_QUOTA}))
 
     def _search(self, query: dict[str, Any]) -> list[dict[str, Any]]:
         """Offers; the daily search quota's 429 is not retried (it lasts until UTC midnight)."""
@@ -189,7 +172,7 @@ class VastAdapter:
         except HttpRefused as exc:
             if exc.status == 429:
                 raise ProviderUnavailable(
-                    f"vast provider '{self.name}': the search quota is spent until UTC midnight") from None
+                    f"{self.who}: the search quota is spent until UTC midnight") from None
             raise
         offers = answer.get("offers") if isinstance(answer, dict) else None
         return [o for o in offers or [] if isinstance(o, dict)]
@@ -201,18 +184,17 @@ class VastAdapter:
         for _ in range(200):
             page = self.api.call("GET", "/api/v1/instances/", params=params)
             if not isinstance(page, dict):
-                raise ProviderUnavailable(f"vast provider '{self.name}' answered the instance list with no list")
+                raise ProviderUnavailable(f"{self.who} answered the instance list with no list")
             rows += [r for r in page.get("instances") or [] if isinstance(r, dict)]
             if not page.get("next_token"):
                 return rows
             params["after_token"] = page["next_token"]
-        raise ProviderUnavailable(f"vast provider '{self.name}' pages its instance list without end")
+        raise ProviderUnavailable(f"{self.who} pages its instance list without end")
 
     # ---- launch -----------------------------------------------------------------------------------
 
     def launch(self, spec: LaunchSpec) -> WorkerRef:
-        if self.owner == ANY_OWNER:
-            raise ProviderConfigError("the operator's view (owner '*') launches nothing")
+        self.launch_labels(spec)
         label = instance_label(self.owner, spec.job, spec.run_id, spec.epoch)
         for row in self._instances():
             if row.get("label") == label and str(row.get("id")) not in self._destroyed:
@@ -222,7 +204,7 @@ class VastAdapter:
             instance_id = self._rent(offer, body)
             if instance_id is not None:
                 return self._ref({"id": instance_id}, spec)
-        raise ProviderUnavailable(f"vast provider '{self.name}' has no offer left for job {spec.job} "
+        raise ProviderUnavailable(f"{self.who} has no offer left for job {spec.job} "
                                   "within its resources and price cap")
 
     def _ref(self, row: dict[str, Any], spec: LaunchSpec) -> WorkerRef:
@@ -317,7 +299,7 @@ class VastAdapter:
         except HttpRefused as exc:
             if _offer_gone(exc.detail) or exc.status in (404, 410):
                 return None
-            raise ProviderUnavailable(f"vast provider '{self.name}' refused to rent offer {offer['id']}: "
+            raise ProviderUnavailable(f"{self.who} refused to rent offer {offer['id']}: "
                                       f"{exc.detail or exc.status}") from None
         if isinstance(answer, dict) and answer.get("success") and answer.get("new_contract") is not None:
             return str(answer["new_contract"])
@@ -325,7 +307,7 @@ class VastAdapter:
         if _offer_gone(why):
             return None
         raise ProviderUnavailable(
-            f"vast provider '{self.name}' could not rent offer {offer['id']}: {why or 'no reason given'}")
+            f"{self.who} could not rent offer {offer['id']}: {why or 'no reason given'}")
 
     # ---- observe ----------------------------------------------------------------------------------
 
@@ -335,7 +317,7 @@ class VastAdapter:
         foreign, listed = 0, set()
         for row in rows:
             labels = parse_label(row.get("label"))
-            if labels is None or (self.owner != ANY_OWNER and labels[0] != self.owner):
+            if labels is None or not self.owns(labels[0]):
                 foreign += 1
                 continue
             iid = str(row.get("id"))
@@ -370,7 +352,7 @@ class VastAdapter:
         state = self._classify(ref, row)
         if row.get("machine_id") is not None:  # the planner's per-host cool-down keys on it
             state = replace(state, host=str(row["machine_id"]))
-        if state.phase not in (WorkerPhase.PENDING, WorkerPhase.RUNNING) and self.owner != ANY_OWNER:
+        if state.phase not in (WorkerPhase.PENDING, WorkerPhase.RUNNING) and not self.operator:
             self._ended[ref.id] = state
         return state
 
@@ -408,7 +390,7 @@ class VastAdapter:
         since = self._transition_since.setdefault(ref.id, time.time())
         waited = time.time() - since
         what = f"{actual}" if known else f"undocumented Vast state {actual!r}"
-        if waited <= self.transition_timeout_seconds or self.owner == ANY_OWNER:
+        if waited <= self.transition_timeout_seconds or self.operator:
             return WorkerState(WorkerPhase.RUNNING, provider_state=word, cost_usd=cost,
                                detail=f"{what} for {waited:.0f} s" + (f": {msg}" if msg else ""))
         state = WorkerState(WorkerPhase.LOST, provider_state=word, ended_at=time.time(), cost_usd=cost,
@@ -421,7 +403,7 @@ class VastAdapter:
         started = self.numbers.number(row.get("start_date"), "instance start_date", high=DATE_MAX)
         since = self._loading_since.setdefault(ref.id, started or time.time())
         waited = time.time() - since
-        if waited <= self.settings.loading_timeout_seconds or self.owner == ANY_OWNER:
+        if waited <= self.settings.loading_timeout_seconds or self.operator:
             return WorkerState(WorkerPhase.PENDING, provider_state=word)
         state = WorkerState(WorkerPhase.LOST, provider_state=word, ended_at=time.time(),
                             detail=f"still loading after {waited:.0f} s: capacity unavailable, destroyed")
@@ -472,7 +454,7 @@ class VastAdapter:
         """The instance, if it carries our owner's label (another owner's is never touched)."""
         row = self._instance(ref.id)
         labels = parse_label(row.get("label")) if row else None
-        return row if labels is not None and (self.owner == ANY_OWNER or labels[0] == self.owner) else None
+        return row if labels is not None and self.owns(labels[0]) else None
 
     def _instance(self, iid: str) -> dict[str, Any] | None:
         if not is_decimal(iid):
@@ -506,17 +488,14 @@ class VastAdapter:
         text = _fetch_result(url) if isinstance(url, str) else ""
         return "\n".join(text.splitlines()[-tail:]) + ("\n" if text else "")
 
-    def allowance(self) -> Allowance:
+    def allowance(self) -> compute.Allowance:
         """The account's credit balance (1 credit = 1 USD)."""
         user = self.api.call("GET", "/api/v0/users/current")
         credit = self.numbers.number(user.get("credit") if isinstance(user, dict) else None, "account credit",
                                      low=-MONEY_MAX, high=MONEY_MAX)
         if credit is None:
-            raise ProviderUnavailable(f"vast provider '{self.name}' did not say its credit balance")
-        return Allowance(unit="credits", remaining=credit, minimum=0.0)
-
-    def free_slots(self) -> int | None:
-        return None
+            raise ProviderUnavailable(f"{self.who} did not say its credit balance")
+        return compute.Allowance(unit="credits", remaining=credit, minimum=0.0)
 
     def capacity(self) -> Capacity | None:
         return None  # offers vary from one search to the next

@@ -12,6 +12,7 @@ Nothing here knows what a run, a lease or a checkpoint is: `adapters/storage.py`
 from __future__ import annotations
 
 import builtins
+import hashlib
 import importlib
 import logging
 import os
@@ -294,6 +295,14 @@ class Store(ABC):
 
     @abstractmethod
     def _delete(self, name: str) -> None: ...
+
+    def _compare_then_write(self, name: str, data: bytes, tag: str | None) -> str | None:
+        """`_swap` for a backend whose tag is the sha256 of the content: `data` written when the
+        file's tag is still `tag` (the new tag returned), else None. Atomic only under the caller's lock."""
+        if self.read_tagged(name)[1] != tag:
+            return None
+        self._write(name, data)
+        return hashlib.sha256(data).hexdigest()
 
     @abstractmethod
     def _delete_tree(self, name: str) -> None: ...

@@ -63,10 +63,7 @@ class FsspecStore(Store):
             return False
 
     def _swap(self, name: str, data: bytes, tag: str | None) -> str | None:
-        if self.read_tagged(name)[1] != tag:
-            return None
-        self._write(name, data)
-        return hashlib.sha256(data).hexdigest()
+        return self._compare_then_write(name, data, tag)
 
     def _delete(self, name: str) -> None:
         try:

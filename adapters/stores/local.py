@@ -85,10 +85,7 @@ class LocalStore(Store):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(f"{path}.lock", "a+") as fh:
             fcntl.flock(fh, fcntl.LOCK_EX)  # released on close, and by the kernel if we die
-            if self.read_tagged(name)[1] != tag:
-                return None
-            self._write(name, data)
-            return hashlib.sha256(data).hexdigest()
+            return self._compare_then_write(name, data, tag)
 
     def _delete(self, name: str) -> None:
         try:

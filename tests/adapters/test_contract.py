@@ -78,7 +78,11 @@ class Kit:
 
 def probe_records(spec: LaunchSpec, timeout: float = 30) -> list[dict]:
     """What the probe recorded, once it has started (one line per start)."""
-    path = Path(spec.env["PROBE_OUT"])
+    return records_at(Path(spec.env["PROBE_OUT"]), timeout)
+
+
+def records_at(path: Path, timeout: float = 30) -> list[dict]:
+    """The probe's records in `path` (one JSON line per start), once there is a whole line."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if path.exists() and path.read_text().endswith("\n"):
@@ -88,15 +92,17 @@ def probe_records(spec: LaunchSpec, timeout: float = 30) -> list[dict]:
 
 
 def wait_state(
-    adapter: ComputeAdapter, ref: WorkerRef, accept: Callable[[WorkerState], bool], timeout: float = 30
+    adapter: ComputeAdapter, ref: WorkerRef, accept: Callable[[WorkerState], bool], timeout: float = 30,
+    every: float = 0.2,
 ) -> WorkerState:
+    """The worker's state once `accept` takes it, observing every `every` seconds."""
     deadline = time.monotonic() + timeout
     last: WorkerState | None = None
     while time.monotonic() < deadline:
         last = adapter.observe().get(ref)
         if last is not None and accept(last):
             return last
-        time.sleep(0.2)
+        time.sleep(every)
     raise AssertionError(f"{ref.id}: last state {last}")
 
 

@@ -24,18 +24,25 @@ from tests.worker.harness import S3_CREDENTIALS
 WRONG_KEY = "wrong-key-9f2c81d0"
 
 
+def lightning_provider(state_repo: StateRepoFixture, endpoint: str, monkeypatch: pytest.MonkeyPatch,
+                       fake: FakeLightning, api_key: str, **settings: object) -> None:
+    """Runs kept in a new bucket (the daemon's own S3 credentials in its environment) and provider
+    `lit` on the fake, whose key the daemon reads from LIGHTNING_API_KEY."""
+    bucket = make_bucket(endpoint)
+    for name, value in {**S3_CREDENTIALS, "LIGHTNING_USER_ID": USER_ID, "LIGHTNING_API_KEY": api_key}.items():
+        monkeypatch.setenv(name, value)
+    state_repo.write("reconciler.yaml", f"storage: s3://{bucket}/runs\n"
+                                        f"storage_options: {{endpoint_url: '{endpoint}'}}\n")
+    values: dict = {"api_url": fake.url, "project_id": fake.project_id, **settings}
+    state_repo.write("desired/lit.yaml", provider_manifest("lit", LightningSettings(**values)))
+
+
 def test_refused_credentials_name_the_provider_once_and_the_job_finishes_elsewhere(
         state_repo: StateRepoFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         s3_endpoint: str) -> None:  # noqa: F811 - a fixture
     fake = FakeLightning(tmp_path / "machines")
     try:
-        bucket = make_bucket(s3_endpoint)
-        for name, value in {**S3_CREDENTIALS, "LIGHTNING_USER_ID": USER_ID, "LIGHTNING_API_KEY": WRONG_KEY}.items():
-            monkeypatch.setenv(name, value)
-        state_repo.write("reconciler.yaml", f"storage: s3://{bucket}/runs\n"
-                                            f"storage_options: {{endpoint_url: '{s3_endpoint}'}}\n")
-        settings = LightningSettings(api_url=fake.url, project_id=fake.project_id, request_timeout_seconds=5)
-        state_repo.write("desired/lit.yaml", provider_manifest("lit", settings))
+        lightning_provider(state_repo, s3_endpoint, monkeypatch, fake, WRONG_KEY, request_timeout_seconds=5)
         state_repo.write("desired/local.yaml", yaml.safe_dump({
             "apiVersion": "reconciler.dev/v1", "kind": "Provider", "metadata": {"name": "box"},
             "spec": {"settings": {"type": "local"}, "concurrency": 1}}))
@@ -70,13 +77,7 @@ def test_the_status_ledger_holds_the_providers_balance(
     fake = FakeLightning(tmp_path / "machines")
     try:
         fake.set_balance(12.5)
-        bucket = make_bucket(s3_endpoint)
-        for name, value in {**S3_CREDENTIALS, "LIGHTNING_USER_ID": USER_ID, "LIGHTNING_API_KEY": API_KEY}.items():
-            monkeypatch.setenv(name, value)
-        state_repo.write("reconciler.yaml", f"storage: s3://{bucket}/runs\n"
-                                            f"storage_options: {{endpoint_url: '{s3_endpoint}'}}\n")
-        settings = LightningSettings(api_url=fake.url, project_id=fake.project_id, min_credits=20)
-        state_repo.write("desired/lit.yaml", provider_manifest("lit", settings))
+        lightning_provider(state_repo, s3_endpoint, monkeypatch, fake, API_KEY, min_credits=20)
         state_repo.write("desired/job.yaml", yaml.safe_dump({
             "apiVersion": "reconciler.dev/v1", "kind": "Job", "metadata": {"name": "job"},
             "spec": {"command": [sys.executable, "-c", "pass"], "placement": {"providers": ["lit"]}}}))

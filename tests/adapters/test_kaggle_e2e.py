@@ -24,11 +24,20 @@ from adapters.kaggle import kernel_slug
 from desired.models import KaggleSettings, LocalSettings
 from reconciler.loop import Reconciler
 from status.models import Outcome, Phase
-from tests.adapters.e2e import COUNTER, finish, provider_manifest, start_daemon, status, wait_for
+from tests.adapters.e2e import (
+    COUNTER,
+    daemon_running,
+    finish,
+    provider_manifest,
+    s3_storage,
+    start_daemon,
+    status,
+    wait_for,
+)
 from tests.conftest import StateRepoFixture
 from tests.fakes.kaggle import FakeKaggle
 from tests.loop.test_loop_local import tick_until
-from tests.worker.conftest import make_bucket, s3_endpoint  # noqa: F401 - a fixture
+from tests.worker.conftest import s3_endpoint  # noqa: F401 - a fixture
 from tests.worker.harness import S3_CREDENTIALS
 
 TARGET = 50
@@ -62,11 +71,7 @@ def kaggle_with_storage_secrets(tmp_path: Path, attach: bool = True) -> FakeKagg
 
 
 def write_settings(state_repo: StateRepoFixture, s3_endpoint: str, **extra: object) -> None:  # noqa: F811
-    bucket = make_bucket(s3_endpoint)
-    options = {"endpoint_url": s3_endpoint, "key": S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
-               "secret": S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"]}
-    state_repo.write("reconciler.yaml", yaml.safe_dump({"storage": f"s3://{bucket}/runs", "storage_options": options,
-                                                        "identity": IDENTITY, **extra}))
+    s3_storage(state_repo, s3_endpoint, identity=IDENTITY, **extra)
 
 
 def run_on_fake_kaggle(state_repo: StateRepoFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -91,15 +96,13 @@ def run_on_fake_kaggle(state_repo: StateRepoFixture, tmp_path: Path, monkeypatch
     for key, value in S3_CREDENTIALS.items():
         monkeypatch.setenv(key, value)  # the daemon's own (storage) and the local worker's secrets
     log = tmp_path / "daemon.log"
-    daemon = start_daemon(state_repo, log)
     try:
-        wait_for(lambda: fake.kernels, 60, "the first kernel", daemon, log)
-        if during is not None:
-            during(fake)
-        finish(daemon, log, timeout=90)
+        with daemon_running(state_repo, log) as daemon:
+            wait_for(lambda: fake.kernels, 60, "the first kernel", daemon, log)
+            if during is not None:
+                during(fake)
+            finish(daemon, log, timeout=90)
     finally:
-        if daemon.poll() is None:
-            daemon.kill()
         fake.stop()
     st: dict = status(state_repo, "count")
     assert st["phase"] == "Succeeded", (st.get("message"), log.read_text()[-3000:])

@@ -15,18 +15,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from adapters.compute import (
-    Allowance,
-    LaunchSpec,
-    ProviderConfigError,
-    ProviderUnavailable,
-    WorkerPhase,
-    WorkerRef,
-    WorkerState,
-)
+from adapters import compute
+from adapters.compute import LaunchSpec, ProviderConfigError, ProviderUnavailable, WorkerPhase, WorkerRef, WorkerState
 from adapters.hosted import STORAGE_UNREACHABLE
 from adapters.lightning import LightningAdapter, auth_header, job_name, machine_capacity
 from desired.models import Capacity, LightningSettings
+from tests.adapters.test_contract import ended, running, wait_state
 from tests.fakes.lightning import API_KEY, USER_ID, FakeLightning, basic_header
 
 SLEEP = "import sys, time; print('started', flush=True); time.sleep(float(sys.argv[1]))"
@@ -56,22 +50,7 @@ def spec(*args: str, code: str = SLEEP, job: str = "train", epoch: int = 1, env:
 
 def wait(adapter: LightningAdapter, ref: WorkerRef, accept: Callable[[WorkerState], bool],
          timeout: float = 30) -> WorkerState:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = adapter.observe().get(ref)
-        if last is not None and accept(last):
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"last state {last}")
-
-
-def running(state: WorkerState) -> bool:
-    return state.phase is WorkerPhase.RUNNING
-
-
-def ended(state: WorkerState) -> bool:
-    return state.phase not in (WorkerPhase.PENDING, WorkerPhase.RUNNING)
+    return wait_state(adapter, ref, accept, timeout, every=0.1)
 
 
 def started(adapter: LightningAdapter, ref: WorkerRef) -> None:
@@ -243,7 +222,7 @@ def test_a_credentials_file_is_enough(fake: FakeLightning, monkeypatch: pytest.M
 def test_the_balance_is_read_as_an_allowance_in_credits(fake: FakeLightning) -> None:
     fake.set_balance(12.5)
     allowance = make(fake, min_credits=2).allowance()
-    assert allowance == Allowance(unit="credits", remaining=12.5, minimum=2.0, applies_to_cpu=True)
+    assert allowance == compute.Allowance(unit="credits", remaining=12.5, minimum=2.0, applies_to_cpu=True)
 
 
 def test_credits_running_out_mid_job_end_the_worker_with_the_reason(fake: FakeLightning) -> None:

@@ -8,22 +8,16 @@ import json
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from adapters.compute import (
-    LaunchSpec,
-    ProviderConfigError,
-    ProviderUnavailable,
-    WorkerPhase,
-    WorkerRef,
-    WorkerState,
-)
+from adapters.compute import LaunchSpec, ProviderConfigError, ProviderUnavailable, WorkerPhase
 from adapters.runpod import M_ON_DEMAND, RunpodAdapter, pod_name, start_command
 from adapters.storage import RunFolder
 from desired.models import RunpodSettings
+from tests.adapters.test_contract import ended, probe_records, running, wait_state
 from tests.fakes import runpod as runpod_fake
 from tests.fakes.runpod import API_KEY, NO_INSTANCES, FakeRunpod
 
@@ -67,34 +61,8 @@ def specs(tmp_path: Path, fake: FakeRunpod) -> Specs:
     return Specs(tmp_path, fake)
 
 
-def records(spec: LaunchSpec, timeout: float = 20) -> list[dict]:
-    path = Path(spec.env["PROBE_OUT"])
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text().endswith("\n"):
-            return [json.loads(line) for line in path.read_text().splitlines()]
-        time.sleep(0.1)
-    raise AssertionError(f"the worker never started (no {path})")
-
-
-def wait(adapter: RunpodAdapter, ref: WorkerRef, accept: Callable[[WorkerState], bool],
-         timeout: float = 20) -> WorkerState:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = adapter.observe().get(ref)
-        if last is not None and accept(last):
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"last state {last}")
-
-
-def ended(state: WorkerState) -> bool:
-    return state.phase not in (WorkerPhase.PENDING, WorkerPhase.RUNNING)
-
-
-def running(state: WorkerState) -> bool:
-    return state.phase is WorkerPhase.RUNNING
+records = probe_records
+wait = wait_state
 
 
 # ---- the key ----------------------------------------------------------------------------------

@@ -13,18 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from adapters.compute import (
-    LaunchSpec,
-    ProviderConfigError,
-    ProviderUnavailable,
-    WorkerPhase,
-    WorkerRef,
-    WorkerState,
-)
+from adapters.compute import LaunchSpec, ProviderConfigError, ProviderUnavailable, WorkerPhase, WorkerRef, WorkerState
 from adapters.slurm import SlurmAdapter, map_state, parse_scontrol, time_limit_seconds
 from desired.models import SlurmSettings
 from tests.adapters.conftest import Slurm
-from tests.adapters.e2e import finish, job_manifest, progress_step, provider_manifest, start_daemon, status, wait_for
+from tests.adapters.e2e import (
+    daemon_running,
+    finish,
+    job_manifest,
+    progress_step,
+    provider_manifest,
+    succeeded,
+    wait_for,
+)
 from tests.adapters.test_contract import PROBE, ended, probe_records, running, wait_state
 from tests.conftest import StateRepoFixture
 
@@ -239,24 +240,18 @@ def test_end_to_end_outsider_scancel_and_time_limit_are_relaunched_and_complete(
     state_repo.write("desired/overtime.yaml", job_manifest("overtime", "short", step_seconds=0.1, target=400, every=20))
     state_repo.commit("two jobs on slurm")
     log = tmp_path / "daemon.log"
-    daemon = start_daemon(state_repo, log)
-    try:
+    with daemon_running(state_repo, log) as daemon:
         first = "workers/*.victim.*.e1/slurm_job_id"
         job_id = wait_for(lambda: read(next(iter(workdir.glob(first)), None)), 60, "victim", daemon, log)
         wait_for(lambda: progress_step(state_repo, "victim") >= 12, 60, "victim checkpoints", daemon, log)
         slurm.run("scancel", str(job_id))  # an admin, not the reconciler
         finish(daemon, log, timeout=150)
-    finally:
-        if daemon.poll() is None:
-            daemon.kill()
-    victim = status(state_repo, "victim")
-    assert victim["phase"] == "Succeeded", victim.get("message")
+    victim = succeeded(state_repo, "victim")
     assert [a["outcome"] for a in victim["attempts"]] == ["interruption", "succeeded"], victim["attempts"]
     # the worker caught scancel's SIGTERM, checkpointed and left with 75 (else: the outsider is named)
     assert any(w in victim["attempts"][0]["detail"] for w in ("outside the reconciler", "exit 75"))
     assert victim["attempts"][1]["step_start"] > 0 and victim["failures"] == 0
-    overtime = status(state_repo, "overtime")
-    assert overtime["phase"] == "Succeeded", overtime.get("message")
+    overtime = succeeded(state_repo, "overtime")
     outcomes = [a["outcome"] for a in overtime["attempts"]]
     assert outcomes[0] == "session-end" and outcomes[-1] == "succeeded", overtime["attempts"]
     assert set(outcomes[1:-1]) <= {"session-end"} and overtime["failures"] == 0

@@ -9,15 +9,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from desired.models import RunpodSettings, VastSettings
-from tests.adapters.e2e import finish, job_manifest, provider_manifest, s3_step, start_daemon, status, wait_for
+from tests.adapters import e2e
 from tests.conftest import StateRepoFixture
 from tests.fakes.runpod import API_KEY, FakeRunpod
 from tests.fakes.vast import DEFAULT_OFFERS, FakeVast
-from tests.worker.conftest import make_bucket, s3_endpoint  # noqa: F401 - a fixture
-from tests.worker.harness import S3_CREDENTIALS
+from tests.worker.conftest import s3_endpoint  # noqa: F401 - a fixture
 
 TARGET = 60
 
@@ -27,21 +25,11 @@ def markets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[F
     vast = FakeVast(tmp_path / "vast", offers=[{**DEFAULT_OFFERS[0], "dph_total": 36.0, "min_bid": 36.0}])
     vast.serve()
     pods = FakeRunpod(tmp_path / "runpod", kill_grace=5.0)
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        pods.set_secret(name, S3_CREDENTIALS[name])
-    monkeypatch.setenv("VAST_API_KEY", vast.key)
-    monkeypatch.setenv("RUNPOD_API_KEY", API_KEY)
-    for name, value in S3_CREDENTIALS.items():
-        monkeypatch.setenv(name, value)
+    e2e.storage_secrets(pods.set_secret)
+    e2e.daemon_env(monkeypatch, VAST_API_KEY=vast.key, RUNPOD_API_KEY=API_KEY)
     yield vast, pods
     vast.close()
     pods.close()
-
-
-def priced(name: str, settings: object, price: float) -> str:
-    manifest = yaml.safe_load(provider_manifest(name, settings))  # type: ignore[arg-type]
-    manifest["spec"]["price_per_hour"] = price
-    return yaml.safe_dump(manifest)
 
 
 @pytest.mark.slow
@@ -49,33 +37,15 @@ def test_a_run_outbid_on_vast_finishes_on_runpod_at_the_exact_step_with_each_pro
         markets: tuple[FakeVast, FakeRunpod], state_repo: StateRepoFixture, tmp_path: Path,
         s3_endpoint: str) -> None:  # noqa: F811 - a fixture
     vast, pods = markets
-    bucket = make_bucket(s3_endpoint)
-    options = {"endpoint_url": s3_endpoint, "key": S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
-               "secret": S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"]}
-    state_repo.write("reconciler.yaml", yaml.safe_dump(
-        {"storage": f"s3://{bucket}/runs", "storage_options": options, "tick_seconds": 0.5}))
-    state_repo.write("desired/vast.yaml", priced(
+    bucket = e2e.s3_storage(state_repo, s3_endpoint, tick_seconds=0.5)
+    state_repo.write("desired/vast.yaml", e2e.priced(
         "vast", VastSettings(api_url=vast.url, request_timeout_seconds=5, max_price_per_hour=40), 0.4))
-    state_repo.write("desired/pods.yaml", priced(
+    state_repo.write("desired/pods.yaml", e2e.priced(
         "pods", RunpodSettings(api_url=pods.url, interruptible=True, request_timeout_seconds=10), 0.7))
-    job = yaml.safe_load(job_manifest("count", "vast", step_seconds=0.1, target=TARGET))
+    job = e2e.s3_job("count", "vast", 0.1, TARGET)
     job["spec"]["placement"]["providers"] = ["vast", "pods"]
-    job["spec"]["secrets"] = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
-    job["spec"]["env"] = {"AWS_DEFAULT_REGION": S3_CREDENTIALS["AWS_DEFAULT_REGION"]}
-    state_repo.write("desired/count.yaml", yaml.safe_dump(job))
-    state_repo.commit("count on the spot markets, storage on s3")
-    log = tmp_path / "daemon.log"
-    daemon = start_daemon(state_repo, log)
-    try:
-        wait_for(lambda: s3_step(s3_endpoint, bucket, "count") >= 12, 60, "checkpoints on vast", daemon, log)
-        [first] = vast.live()
-        vast.outbid(first.id)
-        finish(daemon, log, timeout=120)
-    finally:
-        if daemon.poll() is None:
-            daemon.kill()
-    st = status(state_repo, "count")
-    assert st["phase"] == "Succeeded", st.get("message")
+    st = e2e.interrupted_count(state_repo, tmp_path / "daemon.log", s3_endpoint, bucket, job,
+                               "count on the spot markets, storage on s3", e2e.outbid_only_instance(vast), timeout=120)
     attempts = st["attempts"]
     assert [(a["provider"], a["outcome"]) for a in attempts] == [("vast", "interruption"), ("pods", "succeeded")]
     assert attempts[1]["step_start"] == attempts[0]["step_end"] >= 10, "the move resumes at the exact durable step"

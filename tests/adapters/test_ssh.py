@@ -16,16 +16,8 @@ import pytest
 from adapters.compute import LaunchSpec, ProviderConfigError, ProviderUnavailable, WorkerPhase
 from adapters.ssh import SshAdapter
 from desired.models import Capacity
+from tests.adapters import e2e
 from tests.adapters.conftest import Sshd, free_port
-from tests.adapters.e2e import (
-    finish,
-    job_manifest,
-    progress_step,
-    provider_manifest,
-    start_daemon,
-    status,
-    wait_for,
-)
 from tests.adapters.test_contract import OWNER, PROBE, ended, pid_alive, probe_records, running, wait_state
 from tests.conftest import StateRepoFixture
 
@@ -208,23 +200,18 @@ def test_end_to_end_worker_killed_on_the_host_is_relaunched_and_completes(
 ) -> None:
     """`reconciler run --until-done` with an ssh provider; someone kills the worker process on the host."""
     workdir = tmp_path / "ssh-workdir"
-    state_repo.write("desired/box.yaml", provider_manifest("box", sshd.settings(workdir)))
-    state_repo.write("desired/count.yaml", job_manifest("count", "box", step_seconds=0.1, target=60))
+    state_repo.write("desired/box.yaml", e2e.provider_manifest("box", sshd.settings(workdir)))
+    state_repo.write("desired/count.yaml", e2e.job_manifest("count", "box", step_seconds=0.1, target=60))
     state_repo.commit("count on an ssh box")
     log = tmp_path / "daemon.log"
-    daemon = start_daemon(state_repo, log)
-    try:
+    with e2e.daemon_running(state_repo, log) as daemon:
         first = "workers/*.count.*.e1/child.pid"
-        pid_file = wait_for(lambda: next(iter(workdir.glob(first)), None), 60, "the first worker", daemon, log)
+        pid_file = e2e.wait_for(lambda: next(iter(workdir.glob(first)), None), 60, "the first worker", daemon, log)
         assert isinstance(pid_file, Path)
-        wait_for(lambda: progress_step(state_repo, "count") >= 12, 60, "checkpoints", daemon, log)
+        e2e.wait_for(lambda: e2e.progress_step(state_repo, "count") >= 12, 60, "checkpoints", daemon, log)
         os.kill(json.loads(pid_file.read_text())["pid"], signal.SIGKILL)
-        finish(daemon, log, timeout=120)
-    finally:
-        if daemon.poll() is None:
-            daemon.kill()
-    st = status(state_repo, "count")
-    assert st["phase"] == "Succeeded", st.get("message")
+        e2e.finish(daemon, log, timeout=120)
+    st = e2e.succeeded(state_repo, "count")
     outcomes = [a["outcome"] for a in st["attempts"]]
     assert outcomes == ["interruption", "succeeded"], st["attempts"]
     assert st["interruptions"] == 1 and st["failures"] == 0

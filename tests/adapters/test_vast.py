@@ -14,28 +14,18 @@ from typing import Any
 
 import pytest
 
-from adapters.compute import (
-    LaunchSpec,
-    ProviderConfigError,
-    ProviderUnavailable,
-    WorkerPhase,
-    WorkerRef,
-    WorkerState,
-)
+from adapters.compute import LaunchSpec, ProviderConfigError, ProviderUnavailable, WorkerPhase, WorkerState
 from adapters.vast import VastAdapter, onstart_script
 from desired.models import VastSettings
-from tests.fakes.vast import DEFAULT_OFFERS, FakeVast
+from tests.adapters.test_contract import records_at, wait_state
+from tests.fakes.vast import DEFAULT_OFFERS, FakeVast, served
 
 PROBE = str(Path(__file__).with_name("probe.py"))
 
 
 @pytest.fixture
 def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeVast]:
-    service = FakeVast(tmp_path / "vast")
-    service.serve()
-    monkeypatch.setenv("VAST_API_KEY", service.key)
-    yield service
-    service.close()
+    yield from served(tmp_path / "vast", monkeypatch)
 
 
 def adapter(fake: FakeVast, **settings: Any) -> VastAdapter:
@@ -50,28 +40,14 @@ def spec(tmp_path: Path, *args: str, job: str = "train", secret: str | None = No
                       secret_env={"PROBE_SECRET": secret} if secret is not None else {})
 
 
-def wait(vast: VastAdapter, ref: WorkerRef, accept: Callable[[WorkerState], bool], timeout: float = 30) -> WorkerState:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = vast.observe().get(ref)
-        if last is not None and accept(last):
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"last state {last}")
+wait = wait_state
 
 
 def phase(*phases: WorkerPhase) -> Callable[[WorkerState], bool]:
     return lambda state: state.phase in phases
 
 
-def records(path: Path, timeout: float = 30) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text().endswith("\n"):
-            return [json.loads(line) for line in path.read_text().splitlines()]
-        time.sleep(0.1)
-    raise AssertionError(f"the worker never started ({path})")
+records = records_at
 
 
 def offer(oid: int, dph: float, reliability: float = 0.99, min_bid: float | None = None) -> dict[str, Any]:

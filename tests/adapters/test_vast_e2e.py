@@ -9,15 +9,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from adapters.vast import VastAdapter, parse_label
 from desired.models import LocalSettings, VastSettings
-from tests.adapters.e2e import finish, job_manifest, provider_manifest, s3_step, start_daemon, status, wait_for
+from tests.adapters import e2e
 from tests.conftest import StateRepoFixture
-from tests.fakes.vast import DEFAULT_OFFERS, FakeVast
-from tests.worker.conftest import make_bucket, s3_endpoint  # noqa: F401 - a fixture
-from tests.worker.harness import S3_CREDENTIALS
+from tests.fakes.vast import DEFAULT_OFFERS, FakeVast, served
+from tests.worker.conftest import s3_endpoint  # noqa: F401 - a fixture
 
 DPH = 36.0  # $/h: one cent a second, so a short attempt costs something visible
 
@@ -25,11 +23,7 @@ DPH = 36.0  # $/h: one cent a second, so a short attempt costs something visible
 @pytest.fixture
 def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeVast]:
     offers = [{**DEFAULT_OFFERS[0], "dph_total": DPH, "min_bid": DPH}]
-    service = FakeVast(tmp_path / "vast", offers=offers)
-    service.serve()
-    monkeypatch.setenv("VAST_API_KEY", service.key)
-    yield service
-    service.close()
+    yield from served(tmp_path / "vast", monkeypatch, offers=offers)
 
 
 
@@ -46,39 +40,16 @@ def test_end_to_end_outbid_on_vast_continues_at_its_durable_step_and_finishes(
         s3_endpoint: str) -> None:  # noqa: F811 - a fixture
     """Outbid once, then continued on Vast again (a new instance) or on another provider, `local`
     (Vast is cooling down after its interruption, so the placement prefers the other)."""
-    bucket = make_bucket(s3_endpoint)
-    for name, value in S3_CREDENTIALS.items():
-        monkeypatch.setenv(name, value)  # the daemon's own environment holds the job's secrets
-    options = {"endpoint_url": s3_endpoint, "key": S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
-               "secret": S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"]}
-    state_repo.write("reconciler.yaml", yaml.safe_dump(
-        {"storage": f"s3://{bucket}/runs", "storage_options": options, "tick_seconds": 0.5}))
+    e2e.daemon_env(monkeypatch)  # the daemon's own environment holds the job's secrets
+    bucket = e2e.s3_storage(state_repo, s3_endpoint, tick_seconds=0.5)
     settings = VastSettings(api_url=fake.url, request_timeout_seconds=5, max_price_per_hour=40)
-    vast_manifest = yaml.safe_load(provider_manifest("vast", settings))
-    vast_manifest["spec"]["price_per_hour"] = 0.4
-    state_repo.write("desired/vast.yaml", yaml.safe_dump(vast_manifest))
-    job = yaml.safe_load(job_manifest("count", "vast", step_seconds=0.2, target=60))
-    if then == "local":
-        local = yaml.safe_load(provider_manifest("local", LocalSettings(workdir=str(tmp_path / "local"))))
-        local["spec"]["price_per_hour"] = 1.0  # dearer: Vast is chosen first
-        state_repo.write("desired/local.yaml", yaml.safe_dump(local))
+    state_repo.write("desired/vast.yaml", e2e.priced("vast", settings, 0.4))
+    job = e2e.s3_job("count", "vast", 0.2, 60)
+    if then == "local":  # dearer: Vast is chosen first
+        state_repo.write("desired/local.yaml", e2e.priced("local", LocalSettings(workdir=str(tmp_path / "local")), 1.0))
         job["spec"]["placement"]["providers"] = ["vast", "local"]
-    job["spec"]["secrets"] = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
-    job["spec"]["env"] = {"AWS_DEFAULT_REGION": "us-east-1"}
-    state_repo.write("desired/count.yaml", yaml.safe_dump(job))
-    state_repo.commit("count on vast, runs in s3")
-    log = tmp_path / "daemon.log"
-    daemon = start_daemon(state_repo, log)
-    try:
-        wait_for(lambda: s3_step(s3_endpoint, bucket, "count") >= 12, 60, "checkpoints", daemon, log)
-        [first] = fake.live()
-        fake.outbid(first.id)
-        finish(daemon, log, timeout=120)
-    finally:
-        if daemon.poll() is None:
-            daemon.kill()
-    st = status(state_repo, "count")
-    assert st["phase"] == "Succeeded", st.get("message")
+    st = e2e.interrupted_count(state_repo, tmp_path / "daemon.log", s3_endpoint, bucket, job,
+                               "count on vast, runs in s3", e2e.outbid_only_instance(fake), timeout=120)
     attempts = st["attempts"]
     assert [a["outcome"] for a in attempts] == ["interruption", "succeeded"], attempts
     assert [a["provider"] for a in attempts] == ["vast", then] and "outbid" in attempts[0]["detail"]

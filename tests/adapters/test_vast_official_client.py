@@ -23,7 +23,7 @@ from adapters.compute import LaunchSpec, WorkerPhase
 from adapters.vast import VastAdapter, instance_label
 from desired.models import VastSettings
 from tests.fakes import official_client
-from tests.fakes.vast import FakeVast
+from tests.fakes.vast import FakeVast, served
 
 vastai = official_client("vastai", "vastai==1.9.1 (pip install --no-deps)")
 display = official_client("vastai.cli.display", "vastai==1.9.1 (pip install --no-deps)")
@@ -32,11 +32,7 @@ query = official_client("vastai.api.query", "vastai==1.9.1 (pip install --no-dep
 
 @pytest.fixture
 def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeVast]:
-    service = FakeVast(tmp_path / "vast")
-    service.serve()
-    monkeypatch.setenv("VAST_API_KEY", service.key)
-    yield service
-    service.close()
+    yield from served(tmp_path / "vast", monkeypatch)
 
 
 def client(fake: FakeVast) -> Any:

@@ -3,6 +3,8 @@
 Each runs launched workers as real local processes (`machine.Machine`), so the real bootstrap,
 SDK, storage and fencing are exercised, and injects its provider's characteristic failures on
 demand. Each also runs standalone: `python -m tests.fakes.<provider> --port N` prints its base URL.
+The HTTP side (body reading, replies, late answers, the clock thread) is `tests/fakes/server.py`'s
+`FakeServer`; each fake keeps only its provider's routes, faults and world.
 """
 
 from __future__ import annotations
@@ -10,10 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from adapters.compute import ComputeAdapter, LaunchSpec, WorkerRef
 from adapters.wire import WireError, decimal_int
+
+if TYPE_CHECKING:
+    from tests.fakes.machine import Machine
 
 
 @dataclass
@@ -28,6 +34,38 @@ class HostedKit:
     cancels: bool = True  # False: the provider has no cancel API (Kaggle)
     own_env: tuple[str, ...] = ()  # variables the adapter sets for every worker (RunPod: RECONCILER_GRACE=5)
     run_folder: bool = False  # True: no log API (RunPod); exits and logs are read from each probe's run folder
+
+
+def machine_kit(make: Callable[..., ComputeAdapter], machine_of: Callable[[str], Machine | None],
+                set_secret: Callable[[str, str], None] | None = None, **options: Any) -> HostedKit:
+    """The kit of a fake whose workers run on `Machine`s: an interruption kills the worker's command
+    on its machine (`machine_of(worker id)`); a launch's secrets go to `set_secret` first, when the
+    provider keeps them."""
+
+    def interrupt(adapter: ComputeAdapter, ref: WorkerRef) -> None:
+        machine = machine_of(ref.id)
+        assert machine is not None and machine.kill_command(), f"no command to kill for {ref.id}"
+
+    def prepare(spec: LaunchSpec) -> None:
+        for name, value in spec.secret_env.items() if set_secret is not None else ():
+            set_secret(name, value)
+
+    return HostedKit(make=make, interrupt=interrupt, prepare=prepare, **options)
+
+
+def standalone(doc: str, root: str, start: Callable[[Path, int], Any], says: Callable[[Any], str]) -> None:
+    """`python -m tests.fakes.<provider> [--port N] [--root DIR]`: starts the fake, prints its base
+    URL and what a client must set (`says`), and serves until Ctrl-C."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--root", default=root)
+    args = parser.parse_args()
+    fake = start(Path(args.root), args.port)
+    print(fake.url, flush=True)
+    print(says(fake), flush=True)
+    serve_until_interrupted(fake.close)
 
 
 def official_client(module: str, requirement: str) -> Any:

@@ -40,12 +40,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from tests.fakes import read_body, serve_until_interrupted
+from tests.fakes import serve_until_interrupted
 from tests.fakes.machine import Machine
+from tests.fakes.server import FakeServer, Reply, Request, json_reply, raw_reply
 
 SERVICE = "kernels.KernelsApiService"
 # Kaggle's failureMessage when a session reaches its limit, as a user's script that reads Kaggle's
@@ -149,8 +149,11 @@ class RpcError(Exception):
         self.status = status
 
 
-class FakeKaggle:
+class FakeKaggle(FakeServer):
     """The fake service; `start()` serves on 127.0.0.1, `url` is its base, `stop()` ends every kernel."""
+
+    http_methods = ("POST",)
+    protocol_version = "HTTP/1.1"
 
     def __init__(self, workdir: Path, *, username: str = "fakeuser", token: str | None = None,
                  key: str | None = None, port: int = 0) -> None:
@@ -180,37 +183,23 @@ class FakeKaggle:
         self._push_delay = 0.0
         self._faults: list[Fault] = []
         self._lock = threading.RLock()
-        self._server: ThreadingHTTPServer | None = None
-        self._stop = threading.Event()
         self._shim = self.workdir / "kaggle-shim"
 
     # ---- life -----------------------------------------------------------------------------------
-    @property
-    def url(self) -> str:
-        assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
     def start(self) -> FakeKaggle:
         self._shim.mkdir(parents=True, exist_ok=True)
         (self._shim / "kaggle_secrets.py").write_text(SHIM)
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), _handler(self))
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-        threading.Thread(target=self._ticker, daemon=True).start()
+        self.start_serving(self.port)
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+        self.stop_serving()
         for kernel in list(self.kernels.values()):
             if kernel.machine is not None:
                 kernel.machine.kill_all()
 
-    def _ticker(self) -> None:
-        while not self._stop.wait(0.1):
-            self.advance()
+    def tick(self) -> None:
+        self.advance()
 
     def advance(self) -> None:
         """Start kernels whose queue time is over; end sessions that ran past their limit."""
@@ -461,72 +450,43 @@ class FakeKaggle:
         return {"wasSuccessful": True, "result": {"secret": self.secrets[label]}}
 
 
-def _handler(fake: FakeKaggle) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    # ---- HTTP -------------------------------------------------------------------------------
+    def respond(self, request: Request) -> Reply:
+        try:
+            body = json.loads(request.body or b"{}")
+        except ValueError:
+            return json_reply(400, {"code": 400, "message": "Request body is not JSON"})
+        path = request.path.removeprefix("/api")
+        if path == "/requests/GetUserSecretByLabelRequest":
+            token = str(request.headers.get("X-Kaggle-Authorization", "")).removeprefix("Bearer ")
+            return json_reply(200, self.user_secret(token, str(body.get("Label", ""))))
+        parts = path.strip("/").split("/")
+        if len(parts) != 3 or parts[0] != "v1":
+            return json_reply(404, {"code": 404, "message": f"No route {path}"})
+        if not self.authorized(str(request.headers.get("Authorization", ""))):
+            return json_reply(401, {"code": 401, "message": "Unauthenticated: invalid credentials"})
+        fault = self.take_fault(parts[2])
+        if fault is not None:
+            return _fault_reply(fault)
+        body = body if isinstance(body, dict) else {}
+        try:
+            answer = self.rpc(parts[1], parts[2], body)
+        except RpcError as exc:
+            return json_reply(exc.status, {"code": exc.status, "message": str(exc)})
+        self.exchanges.append((parts[1], parts[2], body, compact(answer)))
+        reply = json_reply(200, compact(answer))
+        if parts[2] == "SaveKernel" and self._push_delay:
+            reply.delay, self._push_delay = self._push_delay, 0.0  # acted already; the client gives up meanwhile
+        return reply
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
-            pass
 
-        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
-            raw = read_body(self)
-            if raw is None:
-                return None
-            try:
-                body = json.loads(raw or b"{}")
-            except ValueError:
-                return self._send(400, {"code": 400, "message": "Request body is not JSON"})
-            path = self.path.split("?", 1)[0].removeprefix("/api")
-            if path == "/requests/GetUserSecretByLabelRequest":
-                token = str(self.headers.get("X-Kaggle-Authorization", "")).removeprefix("Bearer ")
-                return self._send(200, fake.user_secret(token, str(body.get("Label", ""))))
-            parts = path.strip("/").split("/")
-            if len(parts) != 3 or parts[0] != "v1":
-                return self._send(404, {"code": 404, "message": f"No route {path}"})
-            if not fake.authorized(str(self.headers.get("Authorization", ""))):
-                return self._send(401, {"code": 401, "message": "Unauthenticated: invalid credentials"})
-            if self._fault(parts[2]):
-                return None
-            body = body if isinstance(body, dict) else {}
-            try:
-                answer = fake.rpc(parts[1], parts[2], body)
-            except RpcError as exc:
-                return self._send(exc.status, {"code": exc.status, "message": str(exc)})
-            fake.exchanges.append((parts[1], parts[2], body, compact(answer)))
-            if parts[2] == "SaveKernel" and fake._push_delay:
-                delay, fake._push_delay = fake._push_delay, 0.0
-                time.sleep(delay)  # acted already; the client has given up by now
-            return self._send(200, compact(answer))
-
-        def _fault(self, method: str) -> bool:
-            fault = fake.take_fault(method)
-            if fault is None:
-                return False
-            if fault.garbage:
-                self._send_raw(200, b"<html><body>502 Bad Gateway</body></html>", "text/html")
-            elif 300 <= fault.status < 400:  # a login wall or proxy in front of the API (RFC 9110 §15.4)
-                self._send_raw(fault.status, b"", "text/html", {"Location": "https://www.kaggle.com/account/login"})
-            else:
-                headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
-                self._send(fault.status, {"code": fault.status, "message": "injected failure"}, headers)
-            return True
-
-        def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
-            self._send_raw(status, json.dumps(payload).encode(), "application/json", headers)
-
-        def _send_raw(self, status: int, data: bytes, kind: str, headers: dict[str, str] | None = None) -> None:
-            try:
-                self.send_response(status)
-                self.send_header("Content-Type", kind)
-                self.send_header("Content-Length", str(len(data)))
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(data)
-            except (BrokenPipeError, ConnectionResetError):
-                pass
-
-    return Handler
+def _fault_reply(fault: Fault) -> Reply:
+    if fault.garbage:
+        return raw_reply(200, b"<html><body>502 Bad Gateway</body></html>", "text/html")
+    if 300 <= fault.status < 400:  # a login wall or proxy in front of the API (RFC 9110 §15.4)
+        return raw_reply(fault.status, b"", "text/html", {"Location": "https://www.kaggle.com/account/login"})
+    headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
+    return json_reply(fault.status, {"code": fault.status, "message": "injected failure"}, headers)
 
 
 def contract_kit(request: Any, workdir: Path) -> Any:

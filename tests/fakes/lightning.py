@@ -39,7 +39,6 @@ Faults, on demand (the parts of Lightning's behaviour its docs leave open are as
 
 from __future__ import annotations
 
-import argparse
 import base64
 import hashlib
 import itertools
@@ -51,15 +50,15 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from tests.fakes import HostedKit, read_body, serve_until_interrupted
+from tests.fakes import HostedKit, machine_kit, standalone
 from tests.fakes.machine import Machine
+from tests.fakes.server import FakeServer, Reply, Request
 
 USER_ID, API_KEY = "fake-user-0001", "fake-api-key-5e1f"
 
@@ -118,20 +117,26 @@ class FakeJob:
         return {k: v for k, v in data.items() if v is not None}
 
 
-class FakeLightning:
-    """The server; `url` is its base URL (settings.api_url). Thread-safe through one lock."""
+@dataclass(eq=False)
+class FakeLightning(FakeServer):
+    """The server; `url` is its base URL (settings.api_url). Thread-safe through one lock. It serves
+    from its creation; `auth` is the Authorization header it accepts (default: `basic_header()`)."""
 
-    def __init__(self, root: Path, project_id: str = "proj-fake-01", *, auth: str | None = None,
-                 pending_seconds: float = 0.2, stop_grace: float = 5.0, collect_seconds: float = 0.2,
-                 balance: float = 100.0, price_per_hour: float = 0.36, port: int = 0) -> None:
-        self.root = root
-        self.project_id = project_id
-        self.auth = auth or basic_header()
-        self.pending_seconds = pending_seconds
-        self.stop_grace = stop_grace
-        self.collect_seconds = collect_seconds
-        self.balance = balance
-        self.price_per_hour = price_per_hour
+    tick_seconds = 0.05
+
+    root: Path
+    project_id: str = "proj-fake-01"
+    _: KW_ONLY
+    auth: str | None = None
+    pending_seconds: float = 0.2
+    stop_grace: float = 5.0
+    collect_seconds: float = 0.2
+    balance: float = 100.0
+    price_per_hour: float = 0.36
+    port: int = 0
+
+    def __post_init__(self) -> None:
+        self.auth = self.auth or basic_header()
         self.out_of_capacity = False
         self.secrets: dict[str, str] = {}
         self.jobs: dict[str, FakeJob] = {}
@@ -140,15 +145,8 @@ class FakeLightning:
         self._faults: list[Fault] = []
         self._stall: float = 0.0
         self._ids = itertools.count(1)
-        self._closed = threading.Event()
         self._sign_key = pysecrets.token_hex(8)
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), _handler(self))
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._threads = [threading.Thread(target=self.server.serve_forever, daemon=True),
-                         threading.Thread(target=self._tick_forever, daemon=True)]
-        for thread in self._threads:
-            thread.start()
+        self.start_serving(self.port)
 
     # ---- test controls ------------------------------------------------------------------------
 
@@ -186,19 +184,13 @@ class FakeLightning:
             return next((j for j in self.jobs.values() if j.name == name), None)
 
     def close(self) -> None:
-        self._closed.set()
-        self.server.shutdown()
-        self.server.server_close()
+        self.stop_serving()
         with self.lock:
             machines = [j.machine for j in self.jobs.values() if j.machine is not None]
         for machine in machines:
             machine.kill_all()
 
     # ---- the jobs' lives ----------------------------------------------------------------------
-
-    def _tick_forever(self) -> None:
-        while not self._closed.wait(0.05):
-            self.tick()
 
     def tick(self) -> None:
         with self.lock:
@@ -299,6 +291,9 @@ class FakeLightning:
                     self._stop(job, "Job stopped: insufficient credits, the teamspace's balance reached 0")
 
     # ---- the API ------------------------------------------------------------------------------
+
+    def respond(self, request: Request) -> Reply:
+        return Reply(*self.handle(request.method, request.target, request.lower_headers(), request.body))
 
     def handle(self, method: str, raw_path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes, dict]:
         parsed = urlparse(raw_path)
@@ -435,32 +430,6 @@ def _error(status: int, code: int, message: str) -> tuple[int, bytes, dict]:
         {"Content-Type": "application/json"}
 
 
-def _handler(fake: FakeLightning) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def _serve(self) -> None:
-            body = read_body(self)
-            if body is None:
-                return
-            headers = {k.lower(): v for k, v in self.headers.items()}
-            status, payload, extra = fake.handle(self.command, self.path, headers, body)
-            try:
-                self.send_response(status)
-                for key, value in extra.items():
-                    self.send_header(key, value)
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-            except (BrokenPipeError, ConnectionResetError):
-                pass
-
-        do_GET = do_POST = do_PUT = do_DELETE = _serve
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
-            pass
-
-    return Handler
-
-
 # ---- the adapter contract suite's kit ---------------------------------------------------------
 
 
@@ -481,26 +450,12 @@ def contract_kit(request: Any, workdir: Path) -> HostedKit:
     def make(owner: str = "repo-a") -> LightningAdapter:
         return LightningAdapter("lightning", settings, owner=owner)
 
-    def interrupt(adapter: Any, ref: Any) -> None:
-        machine = fake.jobs[ref.id].machine
-        assert machine is not None and machine.kill_command(signal.SIGKILL)
-
-    def prepare(spec: Any) -> None:
-        for name, value in spec.secret_env.items():
-            fake.set_secret(name, value)
-
-    return HostedKit(make=make, interrupt=interrupt, prepare=prepare, cancels=True)
+    return machine_kit(make, lambda job_id: fake.jobs[job_id].machine, fake.set_secret, cancels=True)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--root", default="/tmp/fake-lightning")
-    args = parser.parse_args()
-    fake = FakeLightning(Path(args.root), port=args.port)
-    print(fake.url, flush=True)
-    print(f"project_id={fake.project_id} LIGHTNING_USER_ID={USER_ID} LIGHTNING_API_KEY={API_KEY}", flush=True)
-    serve_until_interrupted(fake.close)
+    standalone(__doc__ or "", "/tmp/fake-lightning", lambda root, port: FakeLightning(root, port=port),
+               lambda fake: f"project_id={fake.project_id} LIGHTNING_USER_ID={USER_ID} LIGHTNING_API_KEY={API_KEY}")
 
 
 if __name__ == "__main__":

@@ -17,14 +17,14 @@ import hashlib
 import json
 import shutil
 import subprocess
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
+
+from tests.fakes.server import FakeServer, Reply, Request
 
 REGISTRY_BIN = "/usr/bin/docker-registry"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -102,63 +102,40 @@ class Registry:
         return {"digest": digest, "size": len(data)}
 
 
-class TokenFront:
+class TokenFront(FakeServer):
     """A Bearer-token realm in front of `registry`, as Docker Hub and ghcr.io answer anonymous pulls."""
 
     token = "anonymous-pull-token"
     service = "registry.test"
+    http_methods = ("GET", "HEAD")
 
     def __init__(self, registry: Registry) -> None:
         self.registry = registry
         self.token_requests: list[dict[str, list[str]]] = []
         self.methods: list[str] = []  # every request to /v2/ (method), for "nothing was pushed"
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _front_handler(self))
-        self.host = f"127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def host(self) -> str:
+        return self.url.removeprefix("http://")
 
     def start(self) -> TokenFront:
-        self.thread.start()
+        self.start_serving()
         return self
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.stop_serving()
 
-
-def _front_handler(front: TokenFront) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
-            pass
-
-        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-            self._serve()
-
-        def do_HEAD(self) -> None:  # noqa: N802 - the stdlib's name
-            self._serve()
-
-        def _serve(self) -> None:
-            parts = urlsplit(self.path)
-            if parts.path == "/token":
-                front.token_requests.append(parse_qs(parts.query))
-                return self._send(200, json.dumps({"token": front.token}).encode(), {})
-            front.methods.append(self.command)
-            if self.headers.get("Authorization") != f"Bearer {front.token}":
-                name = parts.path.split("/manifests/")[0].removeprefix("/v2/")
-                challenge = (f'Bearer realm="http://{front.host}/token",service="{front.service}",'
-                             f'scope="repository:{name}:pull"')
-                return self._send(401, b'{"errors":[{"code":"UNAUTHORIZED"}]}', {"WWW-Authenticate": challenge})
-            answer = httpx.request(self.command, front.registry.url + self.path,
-                                   headers={"Accept": self.headers.get("Accept", "*/*")})
-            keep = {k: v for k, v in answer.headers.items() if k.lower() in ("docker-content-digest", "content-type")}
-            self._send(answer.status_code, answer.content, keep)
-
-        def _send(self, status: int, body: bytes, headers: dict[str, str]) -> None:
-            self.send_response(status)
-            for key, value in headers.items():
-                self.send_header(key, value)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
-
-    return Handler
+    def respond(self, request: Request) -> Reply:
+        if request.path == "/token":
+            self.token_requests.append(parse_qs(urlsplit(request.target).query))
+            return Reply(200, json.dumps({"token": self.token}).encode())
+        self.methods.append(request.method)
+        if request.headers.get("Authorization") != f"Bearer {self.token}":
+            name = request.path.split("/manifests/")[0].removeprefix("/v2/")
+            challenge = (f'Bearer realm="http://{self.host}/token",service="{self.service}",'
+                         f'scope="repository:{name}:pull"')
+            return Reply(401, b'{"errors":[{"code":"UNAUTHORIZED"}]}', {"WWW-Authenticate": challenge})
+        answer = httpx.request(request.method, self.registry.url + request.target,
+                               headers={"Accept": request.headers.get("Accept", "*/*")})
+        keep = {k: v for k, v in answer.headers.items() if k.lower() in ("docker-content-digest", "content-type")}
+        return Reply(answer.status_code, answer.content, keep)

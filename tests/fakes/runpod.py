@@ -29,7 +29,6 @@ Standalone: `python -m tests.fakes.runpod --port N` prints its base URL and serv
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import re
@@ -38,16 +37,16 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from graphql import FieldNode, GraphQLError, OperationDefinitionNode, parse
 from graphql.utilities import value_from_ast_untyped
 
-from tests.fakes import HostedKit, read_body, serve_until_interrupted
+from tests.fakes import HostedKit, machine_kit, standalone
 from tests.fakes.machine import Machine
+from tests.fakes.server import FakeServer, Reply, Request
 
 API_KEY = "rp-fake-key-4f2a9c"
 SECRET_REF = re.compile(r"\{\{\s*RUNPOD_SECRET_([A-Za-z0-9_]+)\s*\}\}")
@@ -114,17 +113,23 @@ class FakePod:
         }
 
 
-class FakeRunpod:
-    """The server and its state. `url` is the API base (GraphQL at `url + '/graphql'`)."""
+@dataclass(eq=False)
+class FakeRunpod(FakeServer):
+    """The server and its state, serving from its creation. `url` is the API base (GraphQL at
+    `url + '/graphql'`)."""
 
-    def __init__(self, root: Path, *, api_key: str = API_KEY, port: int = 0, start_delay: float = 0.2,
-                 kill_grace: float = 5.0, retention: float = 600.0, balance: float = 100.0) -> None:
-        self.root = root
-        self.api_key = api_key
-        self.start_delay = start_delay
-        self.kill_grace = kill_grace
-        self.retention = retention
-        self.balance = balance
+    http_methods = ("POST",)
+
+    root: Path
+    _: KW_ONLY
+    api_key: str = API_KEY
+    port: int = 0
+    start_delay: float = 0.2
+    kill_grace: float = 5.0
+    retention: float = 600.0
+    balance: float = 100.0
+
+    def __post_init__(self) -> None:
         self.secrets: dict[str, str] = {}
         self.pods: dict[str, FakePod] = {}
         self.capacity: dict[str, int | None] = {gpu: None for gpu in GPU_TYPES}  # None: plenty
@@ -134,18 +139,8 @@ class FakeRunpod:
         self.exchanges: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
         self.lock = threading.RLock()
         self._ids = itertools.count(1)
-        self._closed = threading.Event()
         self._last_spend = time.time()
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), _handler(self))
-        self.server.daemon_threads = True
-        self._threads = [threading.Thread(target=self.server.serve_forever, daemon=True),
-                         threading.Thread(target=self._tick_forever, daemon=True)]
-        for thread in self._threads:
-            thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.start_serving(self.port)
 
     # ---- test controls -------------------------------------------------------------------------
     def set_secret(self, name: str, value: str) -> None:
@@ -191,19 +186,13 @@ class FakeRunpod:
         return f"rp-pod-key-{pod_id}"
 
     def close(self) -> None:
-        self._closed.set()
-        self.server.shutdown()
-        self.server.server_close()
+        self.stop_serving()
         with self.lock:
             for pod in self.pods.values():
                 if pod.machine is not None:
                     pod.machine.kill_all()
 
     # ---- the pods' lives -----------------------------------------------------------------------
-    def _tick_forever(self) -> None:
-        while not self._closed.wait(0.1):
-            self.tick()
-
     def tick(self) -> None:
         now = time.time()
         with self.lock:
@@ -272,6 +261,12 @@ class FakeRunpod:
             timer.start()
 
     # ---- GraphQL -------------------------------------------------------------------------------
+    def respond(self, request: Request) -> Reply:
+        if request.path != "/graphql":
+            return Reply(404, _errors("not found"), {"Content-Type": "application/json"})
+        status, payload, headers, stall = self.handle(request.lower_headers(), request.body)
+        return Reply(status, payload, {"Content-Type": "application/json", **headers}, delay=stall)
+
     def handle(self, headers: dict[str, str], body: bytes) -> tuple[int, bytes, dict[str, str], float]:
         auth = headers.get("authorization") or ""
         scope = next((i for i in self.pods if auth == f"Bearer {self.pod_key(i)}"), None)
@@ -433,38 +428,6 @@ def _errors(message: str) -> bytes:
     return json.dumps({"errors": [{"message": message}]}).encode()
 
 
-def _handler(fake: FakeRunpod) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
-            body = read_body(self)
-            if body is None:
-                return
-            if self.path.split("?")[0] != "/graphql":
-                self._send(404, _errors("not found"), {})
-                return
-            status, payload, headers, stall = fake.handle({k.lower(): v for k, v in self.headers.items()}, body)
-            if stall:
-                time.sleep(stall)
-            self._send(status, payload, headers)
-
-        def _send(self, status: int, payload: bytes, headers: dict[str, str]) -> None:
-            try:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                for key, value in headers.items():
-                    self.send_header(key, value)
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-            except (BrokenPipeError, ConnectionResetError):
-                pass
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
-            pass
-
-    return Handler
-
-
 # ---- the adapter contract suite's kit ---------------------------------------------------------
 
 
@@ -481,27 +444,13 @@ def contract_kit(request: Any, workdir: Path) -> HostedKit:
     def make(owner: str = "repo-a") -> RunpodAdapter:
         return RunpodAdapter("runpod", settings, owner=owner)
 
-    def interrupt(adapter: Any, ref: Any) -> None:
-        machine = fake.pods[ref.id].machine
-        assert machine is not None and machine.kill_command(signal.SIGKILL)
-
-    def prepare(spec: Any) -> None:
-        for name, value in spec.secret_env.items():
-            fake.set_secret(name, value)
-
-    return HostedKit(make=make, interrupt=interrupt, prepare=prepare, cancels=True, run_folder=True,
-                     own_env=("RECONCILER_GRACE",))
+    return machine_kit(make, lambda pod_id: fake.pods[pod_id].machine, fake.set_secret, cancels=True,
+                       run_folder=True, own_env=("RECONCILER_GRACE",))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--root", default="/tmp/fake-runpod")
-    args = parser.parse_args()
-    fake = FakeRunpod(Path(args.root), port=args.port)
-    print(fake.url, flush=True)
-    print(f"RUNPOD_API_KEY={API_KEY} RUNPOD_API_BASE_URL={fake.url}", flush=True)
-    serve_until_interrupted(fake.close)
+    standalone(__doc__ or "", "/tmp/fake-runpod", lambda root, port: FakeRunpod(root, port=port),
+               lambda fake: f"RUNPOD_API_KEY={API_KEY} RUNPOD_API_BASE_URL={fake.url}")
 
 
 if __name__ == "__main__":

@@ -38,14 +38,14 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
-from tests.fakes import read_body, serve_until_interrupted
+from tests.fakes import machine_kit, serve_until_interrupted
 from tests.fakes.machine import Machine
+from tests.fakes.server import FakeServer, Reply, Request, json_reply, raw_reply
 
 DEFAULT_OFFERS = (
     {"id": 1001, "machine_id": 501, "host_id": 41, "gpu_name": "RTX 4090", "num_gpus": 1, "gpu_ram": 24564,
@@ -107,8 +107,10 @@ class Fault:
     seconds: float = 0.0
 
 
-class FakeVast:
+class FakeVast(FakeServer):
     """The fake service's state; `serve()` starts it on 127.0.0.1 in a thread."""
+
+    protocol_version = "HTTP/1.1"
 
     def __init__(self, workdir: Path, key: str = "vast-test-key", offers: list[dict[str, Any]] | None = None,
                  credit: float = 100.0, loading_seconds: float = 0.0, stop_grace: float = 10.0) -> None:
@@ -130,32 +132,18 @@ class FakeVast:
         self.logs: dict[str, str] = {}
         self.lock = threading.RLock()
         self._ids = itertools.count(7001)
-        self._stop = threading.Event()
         self.released = threading.Event()  # ends every "hang" fault at once
-        self.server: ThreadingHTTPServer | None = None
-        self.url = ""
+        self._last_tick = time.time()
 
     # ---- control ----------------------------------------------------------------------------------
 
     def serve(self, port: int = 0) -> str:
-        fake = self
-
-        class Handler(VastHandler):
-            service = fake
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        threading.Thread(target=self._tick_forever, daemon=True).start()
-        return self.url
+        self._last_tick = time.time()  # the clock starts with the service
+        return self.start_serving(port)
 
     def close(self) -> None:
-        self._stop.set()
         self.released.set()
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
+        self.stop_serving()
         for inst in list(self.instances.values()):
             inst.machine.kill_all()
 
@@ -207,13 +195,11 @@ class FakeVast:
 
     # ---- time -------------------------------------------------------------------------------------
 
-    def _tick_forever(self) -> None:
-        last = time.time()
-        while not self._stop.wait(0.1):
-            now = time.time()
-            with self.lock:
-                self._tick(now, now - last)
-            last = now
+    def tick(self) -> None:
+        now = time.time()
+        with self.lock:
+            self._tick(now, now - self._last_tick)
+        self._last_tick = now
 
     def _tick(self, now: float, dt: float) -> None:
         for inst in list(self.instances.values()):
@@ -316,6 +302,36 @@ class FakeVast:
         return {"instances": page, "next_token": str(page[-1]["id"]) if more else None,
                 "total_instances": len(self.live()), "label_counts": {}}
 
+    # ---- HTTP -------------------------------------------------------------------------------------
+
+    def respond(self, request: Request) -> Reply:
+        if request.method == "GET" and request.path.startswith("/logs/"):
+            text = self.logs.get(request.path[6:].removesuffix(".log"))
+            return raw_reply(404, b"not ready", "text/plain") if text is None else \
+                raw_reply(200, text.encode(), "text/plain")
+        if request.headers.get("Authorization") != f"Bearer {self.key}":
+            return json_reply(401, {"success": False, "error": "invalid_user_key", "msg": "Invalid user key."})
+        try:
+            body = json.loads(request.body) if request.body else {}
+        except ValueError:
+            return json_reply(400, {"success": False, "error": "invalid_json", "msg": "Bad JSON."})
+        route, handler = _route(self, request.method, request.path, request.query, body)
+        with self.lock:
+            self.requests.append((route, request.method))
+            faults = self.faults.get(route) or []
+            fault = faults.pop(0) if faults else None
+        if fault is not None and fault.kind not in ("late", "hang"):
+            return _fault_reply(fault)
+        if fault is not None and fault.kind == "hang":  # answers, but only after `seconds` (or `release()`)
+            self.released.wait(fault.seconds)
+        with self.lock:
+            status, answer = handler()
+            self.exchanges.append((route, request.method, request.query, body, status, answer))
+        reply = json_reply(status, answer)
+        if fault is not None and fault.kind == "late":
+            reply.delay = fault.seconds  # acted, and answers too late for the client
+        return reply
+
 
 def _container_argv(body: dict[str, Any]) -> list[str]:
     """What the container runs: the entrypoint and its args ("args" launch), else the onstart script
@@ -347,108 +363,36 @@ def _matches(offer: dict[str, Any], query: dict[str, Any]) -> bool:
     return True
 
 
-class VastHandler(BaseHTTPRequestHandler):
-    service: FakeVast
-    protocol_version = "HTTP/1.1"
+def _route(s: FakeVast, method: str, path: str, params: dict[str, str], body: Any) -> tuple[str, Any]:
+    found = re.fullmatch(r"/api/v0/(asks|instances|instances/request_logs)/(\d+)/?", path)
+    num = int(found.group(2)) if found else 0
+    kind = found.group(1) if found else ""
+    table: dict[tuple[str, str], tuple[str, Any]] = {
+        ("POST", "/api/v0/bundles/"): ("search", lambda: (200, s.search(body))),
+        ("GET", "/api/v1/instances/"): ("list", lambda: (200, s.list_page(_json_params(params)))),
+        ("GET", "/api/v0/instances"): ("list", lambda: (200, {"instances": [i.row() for i in s.live()]})),
+        ("GET", "/api/v0/instances/"): ("list", lambda: (200, {"instances": [i.row() for i in s.live()]})),
+        ("GET", "/api/v0/users/current"): ("user", lambda: (200, _user(s))),
+        ("GET", "/api/v0/users/current/"): ("user", lambda: (200, _user(s))),
+        ("PUT", "asks"): ("create", lambda: s.create(num, body)),
+        ("GET", "instances"): ("show", lambda: (200, {"instances": s.instances[num].row()
+                                                      if num in s.instances else None})),
+        ("PUT", "instances"): ("update", lambda: _update(s, num, body)),
+        ("DELETE", "instances"): ("destroy", lambda: s.destroy(num)),
+        ("PUT", "instances/request_logs"): ("logs", lambda: s.request_logs(num, body)),
+    }
+    return table.get((method, path)) or table.get((method, kind)) or (
+        "unknown", lambda: (404, {"success": False, "error": "not_found", "msg": f"no route {method} {path}"}))
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
-        pass  # quiet: the tests read `service.requests`
 
-    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-        self._handle("GET")
-
-    def do_POST(self) -> None:  # noqa: N802
-        self._handle("POST")
-
-    def do_PUT(self) -> None:  # noqa: N802
-        self._handle("PUT")
-
-    def do_DELETE(self) -> None:  # noqa: N802
-        self._handle("DELETE")
-
-    def _handle(self, method: str) -> None:
-        url = urlsplit(self.path)
-        params = {k: v[-1] for k, v in parse_qs(url.query).items()}
-        raw = read_body(self)
-        if raw is None:
-            return
-        if method == "GET" and url.path.startswith("/logs/"):
-            return self._text(self.service.logs.get(url.path[6:].removesuffix(".log")))
-        if self.headers.get("Authorization") != f"Bearer {self.service.key}":
-            return self._json(401, {"success": False, "error": "invalid_user_key", "msg": "Invalid user key."})
-        try:
-            body = json.loads(raw) if raw else {}
-        except ValueError:
-            return self._json(400, {"success": False, "error": "invalid_json", "msg": "Bad JSON."})
-        route, handler = self._route(method, url.path, params, body)
-        with self.service.lock:
-            self.service.requests.append((route, method))
-            faults = self.service.faults.get(route) or []
-            fault = faults.pop(0) if faults else None
-        if fault is not None and fault.kind not in ("late", "hang"):
-            return self._fault(fault)
-        if fault is not None and fault.kind == "hang":
-            self._fault(fault)
-        with self.service.lock:
-            status, answer = handler()
-            self.service.exchanges.append((route, method, params, body, status, answer))
-        if fault is not None and fault.kind == "late":
-            time.sleep(fault.seconds)  # acted, and answers too late for the client
-        self._json(status, answer)
-
-    def _route(self, method: str, path: str, params: dict[str, str], body: Any) -> tuple[str, Any]:
-        s = self.service
-        found = re.fullmatch(r"/api/v0/(asks|instances|instances/request_logs)/(\d+)/?", path)
-        num = int(found.group(2)) if found else 0
-        kind = found.group(1) if found else ""
-        table: dict[tuple[str, str], tuple[str, Any]] = {
-            ("POST", "/api/v0/bundles/"): ("search", lambda: (200, s.search(body))),
-            ("GET", "/api/v1/instances/"): ("list", lambda: (200, s.list_page(_json_params(params)))),
-            ("GET", "/api/v0/instances"): ("list", lambda: (200, {"instances": [i.row() for i in s.live()]})),
-            ("GET", "/api/v0/instances/"): ("list", lambda: (200, {"instances": [i.row() for i in s.live()]})),
-            ("GET", "/api/v0/users/current"): ("user", lambda: (200, _user(s))),
-            ("GET", "/api/v0/users/current/"): ("user", lambda: (200, _user(s))),
-            ("PUT", "asks"): ("create", lambda: s.create(num, body)),
-            ("GET", "instances"): ("show", lambda: (200, {"instances": s.instances[num].row()
-                                                          if num in s.instances else None})),
-            ("PUT", "instances"): ("update", lambda: _update(s, num, body)),
-            ("DELETE", "instances"): ("destroy", lambda: s.destroy(num)),
-            ("PUT", "instances/request_logs"): ("logs", lambda: s.request_logs(num, body)),
-        }
-        return table.get((method, path)) or table.get((method, kind)) or (
-            "unknown", lambda: (404, {"success": False, "error": "not_found", "msg": f"no route {method} {path}"}))
-
-    def _fault(self, fault: Fault) -> None:
-        if fault.kind == "garbage":
-            return self._raw(200, b"<html>502 Bad Gateway</html>", "text/html")
-        if fault.kind == "redirect":  # a proxy or login wall in front of the API (RFC 9110 §15.4: Location)
-            data = json.dumps(fault.body).encode() if fault.body else b""
-            return self._raw(fault.status, data, "application/json", {"Location": "https://cloud.vast.ai/"})
-        if fault.kind == "hang":  # a provider that answers, but only after `seconds` (or `release()`)
-            self.service.released.wait(fault.seconds)
-            return None
-        headers = {"Retry-After": fault.retry_after} if fault.retry_after is not None else {}
-        self._json(fault.status, fault.body or {"success": False, "error": "server_error", "msg": "Oops."}, headers)
-
-    def _json(self, status: int, data: Any, headers: dict[str, str] | None = None) -> None:
-        self._raw(status, json.dumps(data).encode(), "application/json", headers)
-
-    def _text(self, text: str | None) -> None:
-        if text is None:
-            return self._raw(404, b"not ready", "text/plain")
-        self._raw(200, text.encode(), "text/plain")
-
-    def _raw(self, status: int, data: bytes, kind: str, headers: dict[str, str] | None = None) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(data)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        try:
-            self.wfile.write(data)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the client gave up (a "late" fault)
+def _fault_reply(fault: Fault) -> Reply:
+    if fault.kind == "garbage":
+        return raw_reply(200, b"<html>502 Bad Gateway</html>", "text/html")
+    if fault.kind == "redirect":  # a proxy or login wall in front of the API (RFC 9110 §15.4: Location)
+        data = json.dumps(fault.body).encode() if fault.body else b""
+        return raw_reply(fault.status, data, "application/json", {"Location": "https://cloud.vast.ai/"})
+    headers = {"Retry-After": fault.retry_after} if fault.retry_after is not None else {}
+    return json_reply(fault.status, fault.body or {"success": False, "error": "server_error", "msg": "Oops."}, headers)
 
 
 def _json_params(params: dict[str, str]) -> dict[str, Any]:
@@ -486,7 +430,6 @@ def contract_kit(request: Any, workdir: Path) -> Any:
     """A fake Vast for tests/adapters/test_contract.py (a fresh one per test)."""
     from adapters.vast import VastAdapter
     from desired.models import VastSettings
-    from tests.fakes import HostedKit
 
     fake = FakeVast(workdir / "vast")
     fake.serve()
@@ -497,10 +440,16 @@ def contract_kit(request: Any, workdir: Path) -> Any:
     def make(owner: str = "repo-a") -> Any:
         return VastAdapter("vast", settings, owner=owner)
 
-    def interrupt(adapter: Any, ref: Any) -> None:
-        assert fake.instances[int(ref.id)].machine.kill_command(signal.SIGKILL)
+    return machine_kit(make, lambda iid: fake.instances[int(iid)].machine, cancels=True)
 
-    return HostedKit(make=make, interrupt=interrupt, prepare=lambda spec: None, cancels=True)
+
+def served(workdir: Path, monkeypatch: Any, **options: Any) -> Iterator[FakeVast]:
+    """A fixture's body: a FakeVast serving for one test, VAST_API_KEY set to its key."""
+    service = FakeVast(workdir, **options)
+    service.serve()
+    monkeypatch.setenv("VAST_API_KEY", service.key)
+    yield service
+    service.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,16 +10,7 @@ from adapters.compute import WorkerPhase, WorkerRef, WorkerState
 from desired.models import Capacity
 from desired.parse import parse_desired
 from reconciler import plan as planner
-from reconciler.plan import (
-    FINISHED_GRACE_SECONDS,
-    Launch,
-    LaunchResult,
-    Observed,
-    RunObservation,
-    Terminate,
-    apply_results,
-    plan,
-)
+from reconciler.plan import Launch, LaunchResult, Observed, RunObservation, Terminate, apply_results, plan
 from status.models import Outcome, Phase
 from tests.loop.test_plan import NOW, PROVIDERS, desired, job_yaml, running, with_attempt
 
@@ -224,7 +215,7 @@ def test_cost_stops_at_completion_and_a_worker_that_never_exits_is_stopped_after
     assert st.phase == Phase.SUCCEEDED and not first.actions
     assert st.attempts[0].cost_usd == pytest.approx(0.5 * 72 / 3600, abs=1e-4)
     later = plan(d, Observed(workers={ref: state}, runs={("train", run_id): run}), {"train": st},
-                 done_at + FINISHED_GRACE_SECONDS + 1)
+                 done_at + planner.FINISHED_GRACE_SECONDS + 1)
     assert [a.ref for a in later.actions if isinstance(a, Terminate)] == [ref]
     assert later.statuses["train"].cost_usd == st.cost_usd
 

@@ -21,6 +21,16 @@ def launched(p) -> list[str]:  # type: ignore[no-untyped-def]
     return [a.provider for a in p.actions if isinstance(a, Launch)]
 
 
+def avoided_for_a_while(d, st: JobStatus, run_id: str):  # type: ignore[no-untyped-def]
+    """After a failure charged to `free`: ten minutes later the job launches on `paid`, not on free
+    again; a job placed on free alone waits. Returns that plan and the waiting status."""
+    later = plan(d, Observed(runs={("train", run_id): RunObservation(lease_epoch=1)}), {"train": st}, NOW + 600)
+    assert launched(later) == ["paid"]  # not free again, and not a loop of the same failure
+    only_free = desired(job_yaml(extra="  placement: {providers: [free]}"))
+    st.run_id = only_free.jobs["train"].run_id()
+    return later, plan(only_free, Observed(), {"train": st}, NOW + 600).statuses["train"]
+
+
 def test_a_gpu_session_is_not_started_when_the_weekly_quota_cannot_carry_it() -> None:
     d = desired(job_yaml(extra=GPU))
     quota = Allowance("gpu-hours", remaining=0.5, minimum=1.0, total=30, used=29.5, resets_at=NOW + 86400,
@@ -78,11 +88,7 @@ def test_a_worker_that_cannot_reach_storage_is_charged_once_and_its_provider_avo
     st = p.statuses["train"]
     assert st.failures == 1 and "cannot reach run storage from free" in st.attempts[0].detail
     assert st.provider_backoff["free"] >= NOW + 3000
-    later = plan(d, Observed(runs={("train", run_id): RunObservation(lease_epoch=1)}), {"train": st}, NOW + 600)
-    assert launched(later) == ["paid"]  # not free again, and not a loop of the same failure
-    only_free = desired(job_yaml(extra="  placement: {providers: [free]}"))
-    st.run_id = only_free.jobs["train"].run_id()
-    waiting = plan(only_free, Observed(), {"train": st}, NOW + 600).statuses["train"]
+    _, waiting = avoided_for_a_while(d, st, run_id)
     assert waiting.message.startswith("waiting: free avoided until ") and "cannot reach run storage" in waiting.message
 
 
@@ -100,11 +106,7 @@ def test_a_worker_missing_a_secret_is_charged_once_with_what_to_do_and_its_provi
     assert st.failures == 1 and st.attempts[0].outcome == Outcome.JOB_ERROR
     assert st.attempts[0].detail == f"a secret is missing on free: {what}"
     assert st.provider_backoff["free"] >= NOW + 3000
-    later = plan(d, Observed(runs={("train", run_id): RunObservation(lease_epoch=1)}), {"train": st}, NOW + 600)
-    assert launched(later) == ["paid"]  # not free again, and not a loop of the same failure
-    only_free = desired(job_yaml(extra="  placement: {providers: [free]}"))
-    st.run_id = only_free.jobs["train"].run_id()
-    waiting = plan(only_free, Observed(), {"train": st}, NOW + 600).statuses["train"]
+    later, waiting = avoided_for_a_while(d, st, run_id)
     assert waiting.message.startswith("waiting: free avoided until ")
     assert "https://www.kaggle.com/code/u/rc-x-train-1a2b3c4d" in waiting.message  # what to do, in the job's message
     reasons = [a.reason for a in later.actions if isinstance(a, Launch)]
