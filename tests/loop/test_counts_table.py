@@ -449,7 +449,7 @@ def test_each_row_is_what_the_code_decides(case: Case) -> None:
     for cls, scenario, nxt in case.scenarios:
         got = scenario()
         assert CLASSES[cls](got), f"{case.key!r}: {scenario.__name__} is not {cls!r}: {got}"
-        assert nxt(got), f"{case.key!r}: {scenario.__name__} does not go on as the docs' table says ({nxt.__name__}): {got}"
+        assert nxt(got), f"{case.key!r}: {scenario.__name__} does not go on as the table says ({nxt.__name__}): {got}"
 
 
 def test_an_exit_code_rule_comes_before_the_oom_signal() -> None:
