@@ -64,7 +64,9 @@ def _default(field: FieldInfo) -> str:
     if field.default is PydanticUndefined or field.default is None:
         return "unset"
     value = field.default
-    return f"`{value}`" if not isinstance(value, str) else f"`{value!r}`" if value == "" else f"`{value}`"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"  # as YAML spells it
+    return f"`{value!r}`" if value == "" else f"`{value}`"
 
 
 def _nested(annotation: Any) -> list[type[BaseModel]]:
@@ -77,7 +79,7 @@ def _nested(annotation: Any) -> list[type[BaseModel]]:
     return found
 
 
-def model_tables(*roots: type[BaseModel]) -> str:
+def model_tables(*roots: type[BaseModel], level: int = 3) -> str:
     """One table per model reachable from `roots`, each field with its type, default and description."""
     out: list[str] = []
     seen: list[type[BaseModel]] = []
@@ -87,7 +89,7 @@ def model_tables(*roots: type[BaseModel]) -> str:
         if model in seen:
             continue
         seen.append(model)
-        out.append(f"### {model.__name__}\n")
+        out.append(f"{'#' * level} {model.__name__}\n")
         doc = model.__doc__ if model.__doc__ and model.__doc__ != BaseModel.__doc__ else ""
         if doc and "Usage docs" not in doc:
             out.append(" ".join(doc.split()) + "\n")
@@ -117,7 +119,7 @@ def settings_page() -> str:
         "# reconciler.yaml\n\n"
         "The settings file at the root of the state repository (or of the `--path` folder), from the "
         "model the daemon reads (`desired.models.Settings`). Every field has a safe default; unknown "
-        "fields are errors. The daemon reads it again every tick.\n\n" + model_tables(models.Settings))
+        "fields are errors. The daemon reads it again every tick.\n\n" + model_tables(models.Settings, level=2))
 
 
 def _param_row(param: Any, ctx: Any) -> str:
