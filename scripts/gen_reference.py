@@ -131,6 +131,8 @@ def _param_row(param: Any, ctx: Any) -> str:
         name = ", ".join(f"`{o}`" for o in [*param.opts, *param.secondary_opts])
         kind = "flag" if param.is_flag else param.display_type(ctx).strip("<>").replace("|", " \\| ")
     default = param.default
+    if getattr(param, "is_flag", False):
+        default = "on" if default is True else None  # a flag is off unless said
     shown = "" if default in (None, False, (), "") or callable(default) or param.required else f"`{default}`"
     help_text = getattr(param, "help", None) or ""
     env = getattr(param, "envvar", None)
