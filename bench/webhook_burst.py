@@ -8,7 +8,7 @@ and wait for the answer. A connection is answered when an HTTP status line comes
 refused or timed out otherwise. Beside the burst, `--half-open` connections open and send nothing,
 or half a request, then close: each must cost one line in the log and no traceback.
 
-    python bench/webhook_burst.py                      # a burst of 500 (the README's figure)
+    python bench/webhook_burst.py                      # a burst of 500 (the figure in docs/performance.md)
     python bench/webhook_burst.py --connections 200    # a smaller one (tests/)
 
 The last line: connections=N answered=A accepted=P reset=R refused=F timed_out=T half_open_logged=H

@@ -564,7 +564,7 @@ class Settings(Strict):
     )
     notifications: Notifications = Field(
         default_factory=Notifications,
-        description="where to send notifications of job events (see the README's Notifications)")
+        description="where to send notifications of job events (see docs/operations/notifications.md)")
 
     @field_validator("storage", "commit_name", "commit_email", "remote")
     @classmethod

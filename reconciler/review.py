@@ -401,7 +401,7 @@ def _details(c: JobChange) -> list[str]:
 
 
 def render_json(r: Review, fail_on: set[str]) -> dict[str, Any]:
-    """The documented shape (README, "Review changes in pull requests"); keys are only ever added."""
+    """The documented shape (docs/guides/pull-requests.md); keys are only ever added."""
     return {
         "base": r.base, "head": r.head, "judged_from": r.judged_from, "not_checked": list(NOT_CHECKED),
         "jobs": [{

@@ -26,7 +26,7 @@ plain values changed at every step held in a `Carry` (see reconciler/worker/loop
 Training with PyTorch Lightning or Hugging Face's Trainer: one callback does all of the above
 (`reconciler.worker.integrations.lightning` / `.huggingface`, optional extras).
 
-See "The worker SDK" in README.md for the contract (DESIGN.md §3).
+See docs/guides/worker-sdk.md for the contract (docs/design.md §3).
 """
 
 from adapters.storage import CheckpointName, StorageError

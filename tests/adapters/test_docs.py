@@ -1,4 +1,4 @@
-"""The README section on SSH hosts and Slurm clusters shows manifests that really parse."""
+"""The docs' page on SSH hosts and Slurm clusters shows manifests that really parse."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from adapters.ssh import SshAdapter
 from desired.models import SlurmSettings, SshSettings
 from desired.parse import parse_desired
 
-DOC = Path(__file__).parents[2] / "README.md"
+DOC = Path(__file__).parents[2] / "docs" / "guides" / "ssh-slurm.md"
 
 
 def test_example_manifests_in_the_docs_parse_and_build_adapters() -> None:

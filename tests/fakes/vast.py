@@ -1,5 +1,5 @@
 """A local server speaking Vast.ai's documented REST API (routes and JSON as the `vastai` 1.9.1 client
-sends and reads them; see ../shared/reference/provider-apis.md §2), running each rented instance's
+sends and reads them; see docs/providers/vast.md), running each rented instance's
 container as a real local process (`machine.Machine`): an "args" launch runs `<onstart> <args...>`
 (the entrypoint and its arguments), any other runtype runs `sh -c <onstart>`.
 

@@ -1,6 +1,7 @@
-"""README's "What counts against a job" table, row by row, against the planner (issue 30).
+"""The "What counts against a job" table (docs/concepts/what-counts.md), row by row, against the planner
+(issue 30).
 
-Each README row has one case here, in the same order, with scenarios that build the smallest real
+Each row of the table has one case here, in the same order, with scenarios that build the smallest real
 input (a desired/observed/recorded triple for `plan`) and report what the code decided. A row
 added, removed, reordered or reclassed in either place fails `test_readme_rows_are_the_cases`.
 """
@@ -25,21 +26,21 @@ from reconciler.plan import Launch, LaunchResult, Observed, Plan, RunObservation
 from status.models import STORAGE_FAULT_DETAIL, Attempt, JobStatus, Outcome, Phase
 from tests.loop.test_plan import NOW, desired, job_yaml, running, with_attempt
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-HEADING = "### What counts against a job"
+TABLE_DOC = Path(__file__).resolve().parents[2] / "docs" / "concepts" / "what-counts.md"
+HEADING = "# What counts against a job"
 LOOSE = "  retry: {max_retries: 50, max_unproductive_attempts: 50, backoff_seconds: 10}"
 
 
 def readme_rows() -> list[tuple[str, str, str]]:
     """(what happened, class, next) of each row, from the header to the first blank line after it."""
-    lines = README.read_text().split(HEADING, 1)[1].splitlines()
+    lines = TABLE_DOC.read_text().split(HEADING, 1)[1].splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("| what happened |"))
     rows = []
     for line in lines[start + 2:]:
         if not line.strip():
             break
         cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
-        assert len(cells) == 3, f"README row not of 3 cells: {line}"
+        assert len(cells) == 3, f"table row not of 3 cells: {line}"
         rows.append((cells[0], cells[1], cells[2]))
     return rows
 
@@ -101,7 +102,7 @@ def beat(stopping: str | None, at: float = NOW - 5, step: int = 7) -> RunObserva
 UNCONFIRMED_BEFORE = Attempt(epoch=1, provider="free", worker="w1", started=NOW - 900, ended=NOW - 800,
                              outcome=Outcome.INTERRUPTION, unconfirmed=True, step_start=0, step_end=5)
 
-# Scenarios, in README order ------------------------------------------------------------------
+# Scenarios, in the table's order---------------------------------------------------------------
 
 
 def preempted() -> Decision:
@@ -293,7 +294,7 @@ def deadline_comes() -> Decision:
     return decided(plan(d, obs, {"train": with_attempt(d)}, NOW))
 
 
-# What each class word of the README means in the code ------------------------------------------
+# What each class word of the table means in the code---------------------------------------
 
 def _free_end(o: Outcome) -> Callable[[Decision], bool]:
     return lambda x: x.outcome == o and not x.unconfirmed and x.failures == 0
@@ -375,7 +376,7 @@ Scenario = tuple[str, Callable[[], Decision], Callable[[Decision], bool]]
 
 @dataclass(frozen=True)
 class Case:
-    key: str  # a stable prefix of the README row's "what happened"
+    key: str  # a stable prefix of the table row's "what happened"
     readme_class: str  # its "class" cell, verbatim
     scenarios: tuple[Scenario, ...]  # (class word of CLASSES, scenario, a fact of "next")
 
@@ -434,13 +435,13 @@ def test_readme_rows_are_the_cases() -> None:
     for i in range(max(len(got), len(CASES))):
         row = got[i] if i < len(got) else None
         case = CASES[i] if i < len(CASES) else None
-        assert row is not None, f"row {i + 1}: the test has {case.key!r} but the README's table ends"  # type: ignore[union-attr]
-        assert case is not None, f"row {i + 1}: the README has {row[0]!r}, which the test has no case for"
+        assert row is not None, f"row {i + 1}: the test has {case.key!r} but the docs' table ends"  # type: ignore[union-attr]
+        assert case is not None, f"row {i + 1}: the docs' table has {row[0]!r}, which the test has no case for"
         assert row[0].startswith(case.key), (
-            f"row {i + 1}: the README has {row[0]!r} where the test expects {case.key!r} "
+            f"row {i + 1}: the docs' table has {row[0]!r} where the test expects {case.key!r} "
             "(a row added, removed or moved in one place and not the other)")
         assert row[1] == case.readme_class, (
-            f"row {i + 1} ({case.key!r}): the README's class is {row[1]!r}, the test's {case.readme_class!r}")
+            f"row {i + 1} ({case.key!r}): the docs' class is {row[1]!r}, the test's {case.readme_class!r}")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.key for c in CASES])
@@ -448,7 +449,7 @@ def test_each_row_is_what_the_code_decides(case: Case) -> None:
     for cls, scenario, nxt in case.scenarios:
         got = scenario()
         assert CLASSES[cls](got), f"{case.key!r}: {scenario.__name__} is not {cls!r}: {got}"
-        assert nxt(got), f"{case.key!r}: {scenario.__name__} does not go on as the README says ({nxt.__name__}): {got}"
+        assert nxt(got), f"{case.key!r}: {scenario.__name__} does not go on as the table says ({nxt.__name__}): {got}"
 
 
 def test_an_exit_code_rule_comes_before_the_oom_signal() -> None:

@@ -104,8 +104,8 @@ def test_notification_settings_name_a_variable_and_known_events_or_say_which_fie
     assert errors and errors[0].field == "notifications.budget_fraction"
 
 
-def test_the_readmes_notification_settings_are_valid() -> None:
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+def test_the_docs_notification_settings_are_valid() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "operations" / "notifications.md").read_text()
     block = re.search(r"```\n# reconciler.yaml\n(notifications:.*?)```", text, re.S)
     assert block is not None
     settings, errors = parse_settings(block.group(1).encode())

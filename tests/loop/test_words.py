@@ -98,11 +98,11 @@ def test_a_running_subject_says_which_attempt_runs_where() -> None:
     assert subject == "train-demo: Launching -> Running (attempt 5 on local)"
 
 
-def test_the_readme_shows_subjects_as_they_are_written() -> None:
+def test_the_docs_show_subjects_as_they_are_written() -> None:
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    shown = readme.split("git log -- status/:\n", 1)[1].split("\nelapsed:", 1)[0].splitlines()
+    page = (Path(__file__).resolve().parents[2] / "docs" / "getting-started.md").read_text()
+    shown = page.split("git log -- status/:\n", 1)[1].split("\nelapsed:", 1)[0].splitlines()
     subjects = [line.split(" reconciler: ", 1)[1] for line in shown if " reconciler: " in line]
     assert subjects and all(len(s) <= SUBJECT_LIMIT for s in subjects)
     old, new = relaunched(2, "interrupted: killed by SIGKILL, not by the reconciler, after a new checkpoint")

@@ -1,4 +1,4 @@
-"""Saves the README's screenshots of the status page: `python -m tests.web.screenshots [docs/img]`.
+"""Saves the docs' screenshots of the status page: `python -m tests.web.screenshots [docs/img]`.
 
 The same repository as the browser tests (without the hostile job), served by `reconciler serve` on
 127.0.0.1 and photographed by headless Chromium."""
