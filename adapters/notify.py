@@ -39,7 +39,7 @@ class Notifier:
         self._thread: threading.Thread | None = None
         self._failing: set[str] = set()  # targets whose last send failed (reported once)
         self._dropped = False
-        self.sent = 0  # messages a target accepted (exported by reconciler.metrics)
+        self.sent = 0  # messages a target accepted (exported by reconciler.daemon.metrics)
         self.failed = 0  # messages not delivered
 
     def submit(self, url_env: str, title: str, body: str, level: str = "info") -> None:

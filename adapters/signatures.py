@@ -2,7 +2,7 @@
 view (an allowed-signers file for SSH, a private keyring for OpenPGP), never the daemon user's own
 keyring or git configuration of who is trusted.
 
-It reports what git found; which commit to act on is decided by reconciler.trust.
+It reports what git found; which commit to act on is decided by reconciler.trust.policy.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Meeting a deadline cheaply: the project's deadline-aware placement (reconciler.deadline.choose)
+"""Meeting a deadline cheaply: the project's deadline-aware placement (reconciler.planner.outlook.deadline.choose)
 against published baselines and the offline optimum, on the same spot-availability traces.
 
 One job of W hours of compute must finish by D = 1.1, 1.5 and 2 x W after the start. Providers:
@@ -11,7 +11,7 @@ an interruption loses the work since its last checkpoint.
 Each run is the real `Reconciler.tick()` in simulated time (reconciler/sim), one tick every
 300 s, the invariant checker on; only the placement policy changes (`SimConfig.placement_policy`):
 
-- ours: the product's policy, reconciler.deadline.choose;
+- ours: the product's policy, reconciler.planner.outlook.deadline.choose;
 - greedy: spot (or free) whenever there is some; on-demand only once the time left is down to the
   work left plus a changeover, and then to the end;
 - uniform-progress: the Uniform Progress policy of Wu et al., "Can't Be Late" (NSDI'24), written
@@ -65,8 +65,8 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from adapters.sim import JobModel, PreemptionTrace, ProviderModel  # noqa: E402
-from reconciler.deadline import RISK_INFEASIBLE, Choice, Option, PlacementPolicy, Situation  # noqa: E402
-from reconciler.plan import MOVING  # noqa: E402
+from reconciler.planner.outlook.deadline import RISK_INFEASIBLE, Choice, Option, PlacementPolicy, Situation  # noqa: E402
+from reconciler.planner.plan import MOVING  # noqa: E402
 from reconciler.sim.driver import START, JobPlan, ProviderPlan, SimConfig, Simulation  # noqa: E402
 
 TICK = 300.0  # s between ticks (and the synthetic traces' gap)
@@ -218,7 +218,7 @@ BASELINES: dict[str, type[OnDemandOnly] | type[Greedy] | type[UniformProgress]] 
 
 
 def policy_for(name: str, known: Known) -> PlacementPolicy | None:
-    """None: the product's own (reconciler.deadline.choose)."""
+    """None: the product's own (reconciler.planner.outlook.deadline.choose)."""
     return None if name == "ours" else BASELINES[name](known)
 
 
@@ -485,7 +485,8 @@ def main() -> None:
     if missed:
         held = sum(1 for x in missed if x["held_infeasible"])
         print(f"ours missed {len(missed)} deadlines (the means above include what those runs spent); in {held} of "
-              "them its policy had said at some tick that the deadline was infeasible (reconciler.deadline, rule 1)")
+              "them its policy had said at some tick that the deadline was infeasible "
+              "(reconciler.planner.outlook.deadline, rule 1)")
     per = {p: [x for x in sims if x["policy"] == p] for p in POLICIES}
     print("moves (a running worker stopped so that the run goes elsewhere), and how many of them relaunched "
           "elsewhere than the move announced: " + "; ".join(

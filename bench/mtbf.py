@@ -1,6 +1,6 @@
 """The failure rate, learned: how much of the billed machine time is useful when workers checkpoint
 at the SDK's interval for the MTBF the planner learns and hands them (RECONCILER_MTBF_SECONDS,
-reconciler.reliability), against the same SDK policy told the provider's true MTBF (Daly's
+reconciler.planner.outlook.reliability), against the same SDK policy told the provider's true MTBF (Daly's
 interval with the true rate), on one interruptible provider that fails every minute, then every
 hour.
 

@@ -103,7 +103,7 @@ def build(root: Path, jobs: int) -> Path:
 def baseline_ms(repo: Path, repeat: int) -> tuple[float, float]:
     """Reading every status at HEAD the loop's way (`read_recorded`): in a fresh Reconciler (what the
     page's first read must do), and again in the same one (blobs read again, parses reused)."""
-    code = ("import sys, time; sys.path.insert(0, sys.argv[2]); from reconciler.loop import Reconciler; "
+    code = ("import sys, time; sys.path.insert(0, sys.argv[2]); from reconciler.daemon.loop import Reconciler; "
             "r = Reconciler(sys.argv[1]); h = r.repo.head(); t = time.perf_counter(); r.read_recorded(h); "
             "t1 = time.perf_counter(); r.read_recorded(h); print((t1 - t) * 1000, (time.perf_counter() - t1) * 1000)")
     cold, warm = [], []

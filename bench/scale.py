@@ -74,9 +74,9 @@ def measure(n: int, steady: int, profile: bool) -> dict[str, Any]:
             "parse status YAML": ("status/models.py", "parse_status"),
             "render status YAML": ("status/models.py", "render_status"),
             "parse manifests": ("desired/parse.py", "parse_desired"),
-            "read run folders": ("reconciler/loop.py", "read_run"),
-            "plan (mostly deep copies of every status)": ("reconciler/plan.py", "plan"),
-            "compare and commit statuses": ("reconciler/loop.py", "_commit"),
+            "read run folders": ("reconciler/daemon/loop.py", "read_run"),
+            "plan (mostly deep copies of every status)": ("reconciler/planner/plan.py", "plan"),
+            "compare and commit statuses": ("reconciler/daemon/loop.py", "_commit"),
             "observe providers": ("adapters/sim.py", "observe"),
         }.items():
             share[label] = sum(v[3] for k, v in stats.stats.items()  # type: ignore[attr-defined]

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from desired.models import VastSettings  # noqa: E402
-from reconciler.loop import Reconciler  # noqa: E402
+from reconciler.daemon.loop import Reconciler  # noqa: E402
 from tests.fakes.vast import FakeVast  # noqa: E402
 from tests.worker.harness import S3_CREDENTIALS  # noqa: E402
 

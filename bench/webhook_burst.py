@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reconciler.webhook import WebhookServer  # noqa: E402 - after the path above
+from reconciler.daemon.webhook_server import WebhookServer  # noqa: E402 - after the path above
 
 TIMEOUT = 30.0  # seconds a connection may wait for its answer before it counts as timed out
 

@@ -81,7 +81,7 @@ def estimate_mtbf(exposure_seconds: float, failures: float, prior_mtbf: float = 
     (exposure / failures). Without failures it is one pseudo-failure over `prior_mtbf` (quiet time
     lengthens the estimate); failures overturn it within a few. A prior worth its own length of
     exposure (30 days) outweighed twelve interruptions in ten minutes. `failures` may be fractional
-    (reconciler.reliability weighs old ones less)."""
+    (reconciler.planner.outlook.reliability weighs old ones less)."""
     if failures <= 0:
         return exposure_seconds + prior_mtbf
     weight = min(prior_mtbf, exposure_seconds / failures)  # the prior's pseudo-exposure

@@ -142,11 +142,11 @@ def _param_row(param: Any, ctx: Any) -> str:
 
 
 def cli_page() -> str:
-    from reconciler.cli import app
+    from reconciler.cli.main import app
 
     group = typer.main.get_command(app)
     ctx = group.context_class(group, info_name="reconciler")
-    out = [GENERATED, "# Command line\n", "From the typer app itself (`reconciler/cli.py`); "
+    out = [GENERATED, "# Command line\n", "From the typer app itself (`reconciler/cli/main.py`); "
            "`reconciler COMMAND --help` says the same.\n", "```text", (group.help or "").strip(), "```\n"]
     for name in group.list_commands(ctx):
         command = group.get_command(ctx, name)

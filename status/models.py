@@ -56,7 +56,7 @@ class Model(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-STORAGE_FAULT_DETAIL = "storage fault:"  # how an end the run store's fault caused is recorded (reconciler.judge)
+STORAGE_FAULT_DETAIL = "storage fault:"  # how an end the store's fault caused is recorded (planner.judge)
 FREE_BY_RULE_DETAIL = "(free by the job's exit_codes rule)"  # an exit the job's own `ignore` rule made free
 
 
@@ -101,7 +101,7 @@ class Attempt(Model):
 
 class Refusal(Model):
     """A launch the provider refused (no capacity, its working directory could not be made): a
-    durable fact every job's planner reads for the provider's health (reconciler.health)."""
+    durable fact every job's planner reads for the provider's health (reconciler.planner.health)."""
 
     provider: str
     refused: float
@@ -127,7 +127,7 @@ class ProviderForecast(Model):
 
 
 class Forecast(Model):
-    """Time and money for the rest of the run, from its measured progress (reconciler.forecast)."""
+    """Time and money for the rest of the run, from its measured progress (reconciler.planner.outlook.forecast)."""
 
     rate_steps_per_hour: float | None = None  # on the provider the run is on, or will go to
     eta: float | None = None  # when it will finish there
@@ -431,7 +431,7 @@ class ProviderLedger(Model):
     gpu_hours: float = 0.0  # this period, workers of jobs that asked for GPUs (times their GPU count)
     cost_usd: float = 0.0  # this period, billed or priced
     running: int = 0
-    answers: str | None = None  # set while the provider is slow or does not answer (reconciler.asking)
+    answers: str | None = None  # set while the provider is slow or does not answer (reconciler.daemon.asking)
 
 
 def render_ledger(ledger: list[ProviderLedger]) -> str:

@@ -49,7 +49,7 @@ def test_the_generated_reference_covers_every_field_and_command() -> None:
     from typer.main import get_command
 
     from desired import models
-    from reconciler.cli import app
+    from reconciler.cli.main import app
 
     settings, manifests, cli = gen_reference.settings_page(), gen_reference.manifests_page(), gen_reference.cli_page()
     assert all(f"| `{name}` |" in settings for name in models.Settings.model_fields)

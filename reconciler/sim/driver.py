@@ -27,12 +27,12 @@ from adapters.compute import ComputeAdapter
 from adapters.sim import JobModel, ProviderModel, SimAdapter, SimCloud, SimWorker
 from adapters.storage import RunFolder
 from desired.models import Provider
-from reconciler.asking import ProviderCalls
 from reconciler.checkpoint_policy import IntervalPolicy
 from reconciler.clock import ManualClock
-from reconciler.deadline import PlacementPolicy
-from reconciler.loop import Reconciler, TickReport
-from reconciler.plan import CONFIRM_CANCEL_TRAILER
+from reconciler.daemon.asking import ProviderCalls
+from reconciler.daemon.loop import Reconciler, TickReport
+from reconciler.planner.outlook.deadline import PlacementPolicy
+from reconciler.planner.plan import CONFIRM_CANCEL_TRAILER
 from reconciler.sim.invariants import InvariantChecker
 from reconciler.sim.repo import RepoFaults, SimRepo
 from reconciler.sim.storage import PROTOCOL, drop_world, world_store
@@ -94,7 +94,7 @@ class SimConfig:
     # RECONCILER_MTBF_SECONDS; "true-rate": the same policy told the provider's true MTBF; "fixed-30m"
     policy: str = "hint"
     check: bool = True  # run the invariant checker after every step (off only to time the tick alone)
-    placement_policy: PlacementPolicy | None = None  # None: the product's (reconciler.deadline.choose)
+    placement_policy: PlacementPolicy | None = None  # None: the product's (reconciler.planner.outlook.deadline.choose)
 
 
 def job_manifest(job: JobPlan) -> str:

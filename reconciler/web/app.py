@@ -28,8 +28,8 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from adapters.gitrepo import GitError
-from reconciler.forecast import provider_reliabilities
-from reconciler.health import provider_health
+from reconciler.planner.health import provider_health
+from reconciler.planner.outlook.forecast import provider_reliabilities
 from reconciler.web import views
 from reconciler.web.data import PageData, Snapshot
 from status.models import Attempt, JobStatus
@@ -193,7 +193,7 @@ def _run_view(data: PageData, snap: Snapshot, name: str, run: str, current: bool
 
 def check_bind(host: str, token: str | None) -> None:
     """Refuses, in one sentence, to serve beyond this machine without a token."""
-    from reconciler.webhook import is_loopback
+    from reconciler.daemon.webhook import is_loopback
 
     if not is_loopback(host) and not token:
         raise ValueError(f"serving on {host} makes the page reachable from other machines: set {TOKEN_ENV} "
@@ -203,7 +203,7 @@ def check_bind(host: str, token: str | None) -> None:
 def serve_in_background(repo: str | Path, host: str, port: int, *, token: str | None) -> threading.Thread:
     """The page beside the daemon (`reconciler run --serve`): a thread that ends with the process.
     ValueError, in a sentence, when it may not or cannot listen there."""
-    from reconciler.web.serving import Served, bound
+    from reconciler.daemon.serving import Served, bound
 
     check_bind(host, token)
     app = create_app(repo, token=token)
@@ -213,7 +213,7 @@ def serve_in_background(repo: str | Path, host: str, port: int, *, token: str | 
 def serve(repo: str | Path, host: str, port: int, *, token: str | None, refresh_seconds: int = 10,
           commit_url: str | None = None, on_ready: Callable[[], None] | None = None) -> None:
     """Runs the page until interrupted (uvicorn); `on_ready` once the repository has been opened."""
-    from reconciler.web.serving import bound, server
+    from reconciler.daemon.serving import bound, server
 
     check_bind(host, token)
     app = create_app(repo, token=token, refresh_seconds=refresh_seconds, commit_url=commit_url)

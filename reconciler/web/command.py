@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from reconciler.shown import escape
+from reconciler.trust.shown import escape
 
 err = Console(stderr=True)
 
@@ -24,7 +24,7 @@ def start_beside_daemon(repo: Path, listen: str, webhook_at: tuple[str, int] | N
     when the address is the webhook's (`--listen`), the page's application for the webhook's server
     to serve beside it (one server, one port)."""
     from adapters.gitrepo import GitError
-    from reconciler.webhook import parse_listen
+    from reconciler.daemon.webhook import parse_listen
 
     try:
         host, port = parse_listen(listen)
@@ -61,7 +61,7 @@ def serve(
 ) -> None:
     """Serve a read-only status page: every job's phase, progress, ETA and cost; per job its attempt
     timeline, progress over time, status commits and log tail. It reloads itself."""
-    from reconciler.webhook import parse_listen
+    from reconciler.daemon.webhook import parse_listen
 
     try:
         host, port = parse_listen(listen)

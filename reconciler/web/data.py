@@ -20,8 +20,8 @@ from adapters import series
 from adapters.gitrepo import STATUS_DIR
 from adapters.storage import Progress, RunFolder, StorageError
 from desired.parse import DesiredState
-from reconciler.loop import Reconciler
-from reconciler.redaction import secret_values
+from reconciler.daemon.loop import Reconciler
+from reconciler.trust.redaction import secret_values
 from status.models import JobStatus, parse_status
 from status.redact import Redactor, redact_data
 

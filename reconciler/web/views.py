@@ -12,9 +12,9 @@ from datetime import UTC, datetime
 
 from markupsafe import Markup
 
-from reconciler.forecast import Reliability
-from reconciler.health import ProviderHealth, clock
-from reconciler.reliability import HALF_LIFE_SECONDS
+from reconciler.planner.health import ProviderHealth, clock
+from reconciler.planner.outlook.forecast import Reliability
+from reconciler.planner.outlook.reliability import HALF_LIFE_SECONDS
 from status.models import Attempt, JobStatus, Outcome, Phase, cost_text, eta_text, risk_text, when
 from status.text import lines
 
@@ -74,8 +74,8 @@ def overview_row(name: str, st: JobStatus | None, target: int | None, live_step:
 
 @dataclass(frozen=True)
 class ProviderRow:
-    """One provider on the overview: its health (reconciler.health) and its learned failure rate
-    (reconciler.reliability)."""
+    """One provider on the overview: its health (reconciler.planner.health) and its learned failure rate
+    (reconciler.planner.outlook.reliability)."""
 
     provider: str
     state: str  # healthy, tried last, cooling down

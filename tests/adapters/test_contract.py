@@ -219,7 +219,7 @@ def test_worker_gets_exact_argv_env_and_secrets_and_no_file_holds_the_secret(kit
 def test_a_secret_the_worker_prints_is_masked_where_its_output_is_captured(kit: Kit) -> None:
     """As-is, encoded, or split across two writes: the log the provider keeps (read directly where it
     is a file of ours) and what `logs` returns hold no form of it, whatever the reader's environment."""
-    from tests.loop.test_redaction import ENCODINGS, HARD
+    from tests.trust.test_redaction import ENCODINGS, HARD
 
     adapter = kit.make()
     spec = kit.spec(secret=HARD, leak="1")

@@ -12,12 +12,12 @@ import pytest
 import yaml
 
 from desired.models import LightningSettings
-from reconciler.loop import Reconciler
+from reconciler.daemon.loop import Reconciler
 from status.models import Phase
 from tests.adapters.e2e import provider_manifest
 from tests.conftest import StateRepoFixture
+from tests.daemon.test_loop_local import counter, tick_until
 from tests.fakes.lightning import USER_ID, FakeLightning
-from tests.loop.test_loop_local import counter, tick_until
 from tests.worker.conftest import make_bucket, s3_endpoint  # noqa: F401 - a fixture
 from tests.worker.harness import S3_CREDENTIALS
 

@@ -10,8 +10,8 @@ from adapters.gitrepo import StateRepo
 from adapters.registry import make_adapter
 from desired.models import Settings, default_local_provider
 from desired.parse import parse_settings
-from reconciler.cli import app
-from reconciler.loop import Reconciler, repository_identity
+from reconciler.cli.main import app
+from reconciler.daemon.loop import Reconciler, repository_identity
 from tests.conftest import StateRepoFixture
 
 

@@ -22,7 +22,7 @@ import yaml
 from adapters.hosted import SECRET_NOT_ATTACHED
 from adapters.kaggle import kernel_slug
 from desired.models import KaggleSettings, LocalSettings
-from reconciler.loop import Reconciler
+from reconciler.daemon.loop import Reconciler
 from status.models import Outcome, Phase
 from tests.adapters.e2e import (
     COUNTER,
@@ -35,8 +35,8 @@ from tests.adapters.e2e import (
     wait_for,
 )
 from tests.conftest import StateRepoFixture
+from tests.daemon.test_loop_local import tick_until
 from tests.fakes.kaggle import FakeKaggle
-from tests.loop.test_loop_local import tick_until
 from tests.worker.conftest import s3_endpoint  # noqa: F401 - a fixture
 from tests.worker.harness import S3_CREDENTIALS
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from adapters.compute import ComputeAdapter, LaunchSpec, WorkerRef
 from adapters.storage import RunFolder
-from reconciler.logs import LogSource, follow
+from reconciler.daemon.logs import LogSource, follow
 from status.models import Attempt
 from status.redact import Redactor
 from tests.adapters.test_contract import Kit, ended, kit, wait_state  # noqa: F401 - `kit` is a fixture

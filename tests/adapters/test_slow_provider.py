@@ -14,13 +14,13 @@ import pytest
 import yaml
 
 from desired.models import VastSettings
-from reconciler.loop import Reconciler, TickReport
-from reconciler.metrics import Metrics
+from reconciler.daemon.loop import Reconciler, TickReport
+from reconciler.daemon.metrics import Metrics
 from status.models import Phase
 from tests.adapters.e2e import provider_manifest
 from tests.conftest import StateRepoFixture
+from tests.daemon.test_loop_local import counter, job, phase
 from tests.fakes.vast import FakeVast
-from tests.loop.test_loop_local import counter, job, phase
 from tests.web.conftest import start_server, stop_server
 from tests.worker.conftest import make_bucket, s3_endpoint  # noqa: F401 - a fixture
 from tests.worker.harness import S3_CREDENTIALS

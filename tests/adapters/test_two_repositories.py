@@ -21,7 +21,7 @@ import yaml
 
 from adapters.compute import ComputeAdapter, WorkerPhase
 from adapters.local import LocalAdapter
-from reconciler.loop import Reconciler, TickReport
+from reconciler.daemon.loop import Reconciler, TickReport
 from tests.adapters.e2e import provider_manifest
 from tests.conftest import StateRepoFixture
 

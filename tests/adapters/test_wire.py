@@ -10,7 +10,7 @@ import pytest
 
 from adapters.storage import LEASE_LOG, RunFolder
 from adapters.wire import MAX_DEPTH, Numbers, WireError, decimal_int, depth, load_json
-from reconciler.loop import read_run
+from reconciler.daemon.loop import read_run
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
 

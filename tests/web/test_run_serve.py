@@ -55,8 +55,8 @@ def test_serve_and_metrics_on_the_listen_address_are_served_by_one_server(
         state_repo: StateRepoFixture, tmp_path: Path) -> None:
     """`--serve` and `--metrics` naming `--listen`'s address: one port, GET / the page, GET /metrics
     the metrics, POST /webhook the webhook."""
-    from reconciler.webhook import SECRET_ENV
-    from tests.loop.test_webhook import SECRET, github, push
+    from reconciler.daemon.webhook import SECRET_ENV
+    from tests.daemon.test_webhook import SECRET, github, push
 
     port = free_port()
     log = tmp_path / "daemon.log"
@@ -84,7 +84,7 @@ def test_serve_and_metrics_on_the_listen_address_are_served_by_one_server(
 
 def test_listen_without_the_web_extra_is_one_sentence(state_repo: StateRepoFixture, tmp_path: Path) -> None:
     (tmp_path / "uvicorn.py").write_text("raise ImportError('not installed', name='uvicorn')\n")
-    from reconciler.webhook import SECRET_ENV
+    from reconciler.daemon.webhook import SECRET_ENV
 
     res = subprocess.run([sys.executable, "-m", "reconciler", "run", "--repo", str(state_repo.path), "--listen", ":0"],
                          capture_output=True, text=True, timeout=60,

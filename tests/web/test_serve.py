@@ -175,8 +175,8 @@ def test_a_finished_job_s_timeline_ends_with_its_last_attempt() -> None:
 
 def test_the_overview_shows_each_provider_s_learned_mtbf(tmp_path: Path) -> None:
     from status.models import render_status
-    from tests.loop.test_plan import PROVIDERS
-    from tests.loop.test_plan_interval import SPOT, history
+    from tests.planner.test_plan import PROVIDERS
+    from tests.planner.test_plan_interval import SPOT, history
 
     repo = tmp_path / "state"
     (repo / "desired").mkdir(parents=True)

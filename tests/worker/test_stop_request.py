@@ -17,8 +17,8 @@ import pytest
 from adapters.compute import WorkerRef
 from adapters.storage import RunFolder, StorageError
 from desired.models import Settings
-from reconciler.execute import execute
-from reconciler.plan import Terminate
+from reconciler.daemon.execute import execute
+from reconciler.planner.plan import Terminate
 from reconciler.worker import Run
 from tests.worker.harness import Store, attempt, join, start
 

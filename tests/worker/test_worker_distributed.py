@@ -21,8 +21,8 @@ import pytest
 
 from adapters.compute import WorkerPhase, WorkerState
 from adapters.storage import COMMIT_FILE, RunFolder
-from reconciler.judge import classify
-from reconciler.loop import read_run
+from reconciler.daemon.loop import read_run
+from reconciler.planner.judge import classify
 from status.models import Attempt, Outcome
 from tests.worker.harness import Store, assert_same, join_ranks, load, run_ranks, start_ranks
 

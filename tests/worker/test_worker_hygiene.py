@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from adapters.storage import RunFolder
-from reconciler.judge import close
-from reconciler.loop import read_run
+from reconciler.daemon.loop import read_run
+from reconciler.planner.judge import close
 from reconciler.worker import open_run
 from status.models import Attempt, Outcome
 from tests.worker.conftest import s3_store

@@ -1,0 +1,1 @@
+"""The acting side: the loop that observes, plans, executes and commits, and what serves it."""

@@ -1,0 +1,1 @@
+"""What is trusted (signed commits) and what never is (secrets, untrusted text shown)."""

@@ -1,0 +1,113 @@
+"""Which notification events a tick brought about, decided from the statuses before and after it
+(reconciler.daemon.notices, pure): tables of statuses in, events out."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from desired.models import Notifications, NotifyTarget
+from desired.parse import parse_settings
+from reconciler.daemon.notices import events, messages
+from status.models import Attempt, Forecast, JobStatus, Outcome, Phase, Progress
+
+RULES = Notifications(targets=[NotifyTarget(url_env="HOOK")])
+
+
+def status(phase: Phase = Phase.RUNNING, *, cost: float = 0.0, risk: str = "", outcomes: tuple[str, ...] = (),
+           message: str = "") -> JobStatus:
+    attempts = [Attempt(epoch=i + 1, provider="spot", worker=f"w{i}", started=float(i), ended=float(i) + 0.5,
+                        outcome=Outcome(o)) for i, o in enumerate(outcomes)]
+    return JobStatus(job="train", phase=phase, run_id="r1", message=message, cost_usd=cost,
+                     progress=Progress(step=60, target=60), total_attempts=len(attempts), attempts=attempts,
+                     forecast=Forecast(risk=risk) if risk else None)
+
+
+def kinds(old: JobStatus | None, new: JobStatus, budget: float | None = None,
+          rules: Notifications = RULES) -> list[str]:
+    return [e.kind for e in events({"train": old} if old else {}, {"train": new}, {"train": budget}, rules)]
+
+
+def test_a_job_that_becomes_succeeded_or_failed_is_one_event() -> None:
+    assert kinds(status(), status(Phase.SUCCEEDED)) == ["succeeded"]
+    assert kinds(status(), status(Phase.FAILED, message="retry budget spent")) == ["failed"]
+    found = events({}, {"train": status(Phase.FAILED, message="retry budget spent")}, {}, RULES)
+    assert "retry budget spent" in found[0].text and found[0].title == "reconciler: train failed"
+
+
+def test_a_status_that_stays_terminal_brings_no_event_again() -> None:
+    """A restarted daemon reads the committed status as `before`: the same transition is not found twice."""
+    assert kinds(status(Phase.SUCCEEDED), status(Phase.SUCCEEDED)) == []
+    assert kinds(status(Phase.FAILED), status(Phase.FAILED)) == []
+    assert kinds(status(), status()) == []
+
+
+def test_deadline_at_risk_fires_when_the_forecast_turns_at_risk_not_while_it_stays() -> None:
+    assert kinds(status(risk="on track"), status(risk="at risk")) == ["deadline-at-risk"]
+    assert kinds(status(risk="on track"), status(risk="infeasible")) == ["deadline-at-risk"]
+    assert kinds(status(risk="at risk"), status(risk="infeasible")) == []
+    assert kinds(status(risk="at risk"), status(risk="at risk")) == []
+    assert kinds(status(risk="at risk"), status(risk="on track")) == []
+
+
+def test_budget_nearly_spent_fires_once_when_spending_crosses_the_configured_share() -> None:
+    assert kinds(status(cost=7.0), status(cost=8.0), budget=10.0) == ["budget-nearly-spent"]
+    assert kinds(status(cost=8.0), status(cost=9.0), budget=10.0) == []  # already past it
+    assert kinds(status(cost=5.0), status(cost=7.9), budget=10.0) == []
+    assert kinds(status(cost=5.0), status(cost=9.0), budget=None) == []  # no budget, no event
+    half = Notifications(targets=RULES.targets, budget_fraction=0.5)
+    assert kinds(status(cost=4.0), status(cost=5.0), budget=10.0, rules=half) == ["budget-nearly-spent"]
+
+
+def test_repeated_preemptions_fire_at_the_configured_streak_and_again_only_after_it_breaks() -> None:
+    two = ("interruption", "interruption")
+    three = ("job-error", *two, "interruption")
+    assert kinds(status(outcomes=two), status(outcomes=(*two, "interruption"))) == ["repeated-preemptions"]
+    assert kinds(status(outcomes=(*two, "interruption")), status(outcomes=(*two, "interruption", "interruption"))) == []
+    assert kinds(status(outcomes=two), status(outcomes=(*two, "job-error"))) == []
+    assert kinds(status(outcomes=("job-error", *two)), status(outcomes=three)) == ["repeated-preemptions"]
+    five = Notifications(targets=RULES.targets, preemptions=5)
+    assert kinds(status(outcomes=two), status(outcomes=(*two, "interruption")), rules=five) == []
+    text = events({}, {"train": status(outcomes=three)}, {}, RULES)[0].text
+    assert "3 times in a row" in text and "spot" in text
+
+
+def test_an_interruption_the_provider_did_not_confirm_is_no_preemption() -> None:
+    before = status(outcomes=("interruption", "interruption"))
+    after = status(outcomes=("interruption", "interruption", "interruption"))
+    after.attempts[-1].unconfirmed = True  # killed by a signal on a machine that is still there
+    assert kinds(before, after) == []
+
+
+def test_each_target_gets_the_events_and_jobs_it_asked_for() -> None:
+    rules = Notifications(targets=[NotifyTarget(url_env="ALL"),
+                                   NotifyTarget(url_env="FAILURES", events=["failed"]),
+                                   NotifyTarget(url_env="OTHER_JOB", jobs=["other"])])
+    found = events({}, {"train": status(Phase.FAILED)}, {}, rules)
+    assert [m.url_env for m in messages(found, rules)] == ["ALL", "FAILURES"]
+    found = events({}, {"train": status(Phase.SUCCEEDED)}, {}, rules)
+    assert [m.url_env for m in messages(found, rules)] == ["ALL"]
+
+
+def test_notification_settings_name_a_variable_and_known_events_or_say_which_field_is_wrong() -> None:
+    settings, errors = parse_settings(b"notifications:\n  budget_fraction: 0.9\n  targets:\n"
+                                      b"    - url_env: SLACK_WEBHOOK_URL\n      events: [failed, succeeded]\n")
+    assert not errors
+    assert settings.notifications.targets[0].url_env == "SLACK_WEBHOOK_URL"
+    assert settings.notifications.budget_fraction == 0.9 and settings.notifications.preemptions == 3
+    _, errors = parse_settings(b"notifications:\n  targets:\n    - url_env: https://hooks.slack.com/x\n")
+    assert errors and errors[0].field == "notifications.targets.0.url_env"
+    assert "not a valid environment variable name" in errors[0].message
+    _, errors = parse_settings(b"notifications:\n  targets:\n    - url_env: HOOK\n      events: [done]\n")
+    assert errors and errors[0].field == "notifications.targets.0.events.0"
+    _, errors = parse_settings(b"notifications:\n  budget_fraction: 1.5\n")
+    assert errors and errors[0].field == "notifications.budget_fraction"
+
+
+def test_the_docs_notification_settings_are_valid() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "operations" / "notifications.md").read_text()
+    block = re.search(r"```\n# reconciler.yaml\n(notifications:.*?)```", text, re.S)
+    assert block is not None
+    settings, errors = parse_settings(block.group(1).encode())
+    assert not errors
+    assert [t.url_env for t in settings.notifications.targets] == ["SLACK_WEBHOOK_URL", "ONCALL_WEBHOOK_URL"]
