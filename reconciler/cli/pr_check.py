@@ -46,7 +46,7 @@ def render_workflow(package: str | None = None, fail_on: str = "") -> str:
     if not _PACKAGE_TEXT.fullmatch(package):
         raise WorkflowError(f"--package {package!r} is not a pip requirement or URL (no spaces, quotes, "
                             "`$`, `#` or newlines)")
-    template = resources.files("reconciler").joinpath("templates/reconciler-plan.yml").read_text()
+    template = resources.files("reconciler.cli").joinpath("templates/reconciler-plan.yml").read_text()
     return template.replace("__PACKAGE__", package).replace("__FAIL_ON__", ",".join(parse_fail_on(fail_on)))
 
 

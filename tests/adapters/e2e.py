@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from tests.conftest import StateRepoFixture
 
-COUNTER = str(Path(__file__).parents[1] / "loop" / "workloads" / "counter.py")
+COUNTER = str(Path(__file__).parents[1] / "daemon" / "workloads" / "counter.py")
 
 
 def provider_manifest(name: str, settings: BaseModel, concurrency: int = 2) -> str:

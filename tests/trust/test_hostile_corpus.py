@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from reconciler.loop import Reconciler
+from reconciler.daemon.loop import Reconciler
 
 from desired.parse import parse_desired
 from status.models import Phase
