@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from reconciler.daemon.loop import Reconciler
 
 from desired.parse import parse_desired
+from reconciler.daemon.loop import Reconciler
 from status.models import Phase
 from tests.conftest import StateRepoFixture
 
