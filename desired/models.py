@@ -543,10 +543,18 @@ class SignaturePolicy(Strict):
 BRANCH_NAME = re.compile(r"(?!/|-|.*//|.*/$|.*\.\.|.*\.lock$|.*@\{)[A-Za-z0-9._/-]{1,200}")
 
 
+# Run data of a repository that sets no `storage:`: a folder of its own, named by its identity, so
+# that two repositories on one machine whose jobs have the same name and command never share a run.
+REPOSITORY_STORAGE = "file://~/.reconciler/repos/{key}/runs"
+
+
 class Settings(Strict):
     """Reconciler settings, from `reconciler.yaml` at the repository root; all have safe defaults."""
 
-    storage: str = Field(default="file://~/.reconciler/runs", description="fsspec URL of run data")
+    storage: str = Field(
+        default="", description="fsspec URL of run data (checkpoints, progress, leases); unset: "
+                                f"{REPOSITORY_STORAGE.format(key='<identity>')}, a folder of this repository's own "
+                                "on the daemon's machine")
     tick_seconds: float = Field(default=30.0, gt=0, description="seconds between ticks of the daemon")
     provider_deadline_seconds: float = Field(
         default=20.0, gt=0, le=600,
@@ -573,6 +581,10 @@ class Settings(Strict):
         if v is not None and any(ord(c) < 32 or ord(c) == 127 for c in v):
             raise ValueError(f"{v!r} contains a control character")
         return v
+
+    def for_repository(self, key: str) -> Settings:
+        """These settings with `storage` resolved for the repository `key` names (its identity)."""
+        return self if self.storage else self.model_copy(update={"storage": REPOSITORY_STORAGE.format(key=key)})
 
     @field_validator("identity")
     @classmethod

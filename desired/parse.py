@@ -277,6 +277,10 @@ def on_this_machine(url: str) -> bool:
     return not sep or protocol.lower() in _THIS_MACHINE
 
 
+def _storage_named(url: str) -> str:
+    return f"storage {url!r}" if url else "the default storage (a folder on the daemon's machine)"
+
+
 def _check_hosted_storage(state: DesiredState, origins: dict[tuple[str, str], str]) -> set[str]:
     """A hosted worker cannot see the daemon's disk: a hosted provider with run storage on this
     machine is refused (named with the storage), so nothing launches there that could never save."""
@@ -287,7 +291,7 @@ def _check_hosted_storage(state: DesiredState, origins: dict[tuple[str, str], st
         kind = state.providers.pop(name).spec.type
         state.errors.append(ManifestError(
             origins.get(("Provider", name), "reconciler.yaml"),
-            f"{kind} provider {name!r} cannot use storage {state.settings.storage!r}: its workers cannot see "
+            f"{kind} provider {name!r} cannot use {_storage_named(state.settings.storage)}: its workers cannot see "
             "this machine's disk; set `storage:` in reconciler.yaml to an S3 URL they can reach",
             None, "spec.settings.type"))
     return refused

@@ -86,7 +86,7 @@ def where_data_goes(rec: Reconciler, desired: DesiredState) -> str:
     from desired.parse import on_this_machine
     from status.redact import without_credentials
 
-    storage = rec.storage_override or desired.settings.storage
+    storage = desired.settings.storage
     url = without_credentials(storage)
     if on_this_machine(storage) and url.startswith("file://"):
         folder = Path(url[len("file://"):]).expanduser().absolute()

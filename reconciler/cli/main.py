@@ -43,7 +43,8 @@ spec:
 
 EXAMPLE_SETTINGS = """\
 # Reconciler settings; every field has a safe default.
-storage: file://~/.reconciler/runs   # where run data (leases, checkpoints) lives; s3://bucket/prefix for real use
+# storage: s3://bucket/prefix        # where run data (checkpoints, leases) lives; unset: a folder of this
+#                                    # repository's own on this machine, ~/.reconciler/repos/<identity>/runs
 tick_seconds: 30
 # remote: origin                     # a shared remote: fetch it every tick; status then goes to its own branch
 # status_branch: reconciler/status   # (the default with a remote; "" = commit status onto the reconciled branch)
@@ -428,10 +429,9 @@ def _run_once(rec: Reconciler, show: Callable[[TickReport], None]) -> None:
 def _check_storage(rec: Reconciler) -> None:
     """A storage backend that cannot be imported is one error at start-up, not a job stuck Pending."""
     from adapters.gitrepo import GitError
-    from desired.parse import parse_settings
 
     try:
-        settings, _ = parse_settings(rec.repo.read_settings(rec.repo.head()))
+        settings = rec.settings_at(rec.repo.head())
     except GitError:
         return  # no commit yet: the daemon says so at its first tick
     _check_backend(settings.storage)

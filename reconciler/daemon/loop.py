@@ -144,10 +144,20 @@ class Reconciler:
         """Take or renew the leader lease; None when no election is set (tests, the simulator)."""
         if self.election is None:
             return None
-        settings, _ = parse_settings(self.repo.read_settings(self.repo.head()))
-        storage = self.storage_override or settings.storage
-        return self.election.hold(storage, dict(settings.storage_options), self.repository_key(settings.identity),
-                                  settings.tick_seconds, self.clock.now())
+        settings = self.settings_at(self.repo.head())
+        return self.election.hold(settings.storage, dict(settings.storage_options),
+                                  self.repository_key(settings.identity), settings.tick_seconds, self.clock.now())
+
+    def settings_at(self, commit: str) -> Settings:
+        """reconciler.yaml at `commit`, its storage resolved as every tick resolves it."""
+        return self.resolved(parse_settings(self.repo.read_settings(commit))[0])
+
+    def resolved(self, settings: Settings) -> Settings:
+        """`storage` as this daemon uses it: the override it was started with, else the setting, else
+        a folder of this repository's own (desired.models.REPOSITORY_STORAGE)."""
+        if self.storage_override:
+            return settings.model_copy(update={"storage": self.storage_override})
+        return settings.for_repository(self.repository_key(settings.identity))
 
     def repository_key(self, identity: str | None) -> str:
         """The same for every clone: the identity setting, else derived from the first commit."""
@@ -188,8 +198,7 @@ class Reconciler:
             desired = parse_desired(self.repo.read_files(commit, DESIRED_DIR), settings_text)
             if cache:
                 self._desired_cache = (key, desired)
-        if self.storage_override:
-            desired.settings = desired.settings.model_copy(update={"storage": self.storage_override})
+        desired.settings = self.resolved(desired.settings)
         return desired
 
     def read_recorded(self, commit: str) -> dict[str, JobStatus]:

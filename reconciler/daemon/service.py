@@ -39,7 +39,7 @@ from adapters.compute import ComputeAdapter, WatchesEndings
 from adapters.gitrepo import StateRepo
 from adapters.local import worker_roots
 from desired.models import LocalSettings, Settings
-from desired.parse import SETTINGS_FILE, parse_settings
+from desired.parse import SETTINGS_FILE
 from reconciler.daemon.loop import Reconciler, TickReport
 from reconciler.daemon.nudge import NudgeError, NudgeServer, told
 from reconciler.daemon.webhook_server import WebhookServer
@@ -194,7 +194,7 @@ class Daemon:
     def _settings(self, report: TickReport | None) -> Settings:
         if report is not None and report.desired is not None:
             return report.desired.settings
-        return parse_settings(self.rec.repo.read_settings(self.rec.repo.head()))[0]  # a standby's or failed tick
+        return self.rec.settings_at(self.rec.repo.head())  # a standby's or failed tick
 
     def _follow_settings(self, report: TickReport | None) -> None:
         """A changed interval or storage folder applies from this tick on, without a restart."""
@@ -207,7 +207,7 @@ class Daemon:
             if not self.stop_event.is_set():
                 self._scheduler.reschedule_job("tick", trigger="interval", seconds=interval)
         if self.watch:
-            storage = self.rec.storage_override or settings.storage
+            storage = settings.storage
             root = Path(storage[len("file://"):]).expanduser() if storage.startswith("file://") else None
             roots = tuple(r for r in (root, *self._local_worker_roots(report)) if r is not None and r.exists())
             if roots != self._watch_roots or self._watch_stop is None:

@@ -209,11 +209,13 @@ spec: {command: [python, train.py], placement: {providers: [kag]}}
 
 
 def test_a_hosted_provider_with_local_disk_storage_is_refused_naming_both() -> None:
-    state = parse_desired({"desired/p.yaml": HOSTED_PROVIDER, "desired/j.yaml": JOB_ON_KAG})
-    messages = [str(e) for e in state.errors]
-    assert any("kaggle provider 'kag' cannot use storage 'file://~/.reconciler/runs'" in m for m in messages)
-    assert any("provider kag is refused (see its error)" in m for m in messages)
-    assert "kag" not in state.providers
+    for settings, named in (("", "the default storage (a folder on the daemon's machine)"),
+                            ("storage: file://~/.reconciler/runs\n", "storage 'file://~/.reconciler/runs'")):
+        state = parse_desired({"desired/p.yaml": HOSTED_PROVIDER, "desired/j.yaml": JOB_ON_KAG}, settings)
+        messages = [str(e) for e in state.errors]
+        assert any(f"kaggle provider 'kag' cannot use {named}" in m for m in messages), messages
+        assert any("provider kag is refused (see its error)" in m for m in messages)
+        assert "kag" not in state.providers
     ok = parse_desired({"desired/p.yaml": HOSTED_PROVIDER, "desired/j.yaml": JOB_ON_KAG}, "storage: s3://b/runs\n")
     assert not ok.errors and ok.providers["kag"].spec.type == "kaggle"
 
