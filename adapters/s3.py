@@ -52,14 +52,21 @@ def s3_client(endpoint: str | None, region: str, key: str | None, secret: str | 
             import botocore.session
             from botocore.config import Config
 
-            _clients[cache_key] = botocore.session.get_session().create_client(
+            session = botocore.session.get_session()
+            retries: dict[str, Any] = {"mode": "standard"}
+            if session.get_config_variable("max_attempts") is None:
+                # Unless AWS_MAX_ATTEMPTS or `max_attempts` in ~/.aws/config says otherwise, as for any
+                # AWS tool (botocore's args.py reads them only when the client's config names none),
+                # a call is retried 5 times.
+                retries["max_attempts"] = 5
+            _clients[cache_key] = session.create_client(
                 "s3",
                 endpoint_url=endpoint,
                 region_name=region,
                 aws_access_key_id=key,
                 aws_secret_access_key=secret,
                 aws_session_token=token,
-                config=Config(max_pool_connections=32, retries={"max_attempts": 5, "mode": "standard"}),
+                config=Config(max_pool_connections=32, retries=retries),
             )
         return _clients[cache_key]
 

@@ -238,6 +238,9 @@ def test_an_s3_store_answering_503_charges_no_job_and_the_job_completes_after(
         monkeypatch: pytest.MonkeyPatch) -> None:
     for k, v in S3_CREDENTIALS.items():
         monkeypatch.setenv(k, v)
+    # Each S3 call tries twice, not six times: the fault and what it costs are the same, and the two
+    # ticks under it do not wait out botocore's backoff (up to 15 s a call) on every store call.
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
     proxy = Failing503(s3_endpoint)
     bucket = make_bucket(s3_endpoint)
     state_repo = StateRepoFixture(tmp_path / "state", tmp_path / "unused")
