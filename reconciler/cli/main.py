@@ -656,6 +656,9 @@ app.command(name="serve")(_serve)
 
 # Commands kept in modules of their own register themselves on `app` when imported.
 from reconciler.cli import jobs, logs, reconcile  # noqa: E402,F401
+from reconciler.cli.helptext import flow_command_help  # noqa: E402
+
+flow_command_help(app)
 
 
 def main() -> None:

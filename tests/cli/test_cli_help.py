@@ -67,3 +67,12 @@ def test_the_daemon_says_where_run_data_and_workers_go_in_one_line(state_repo: S
     line = next(x for x in res.stderr.splitlines() if "run data" in x)
     assert f"is stored in {state_repo.storage} on this machine, outside the repository" in line
     assert f"local workers' folders in {local_workdir / 'workers'}" in line
+
+
+def test_a_command_s_help_flows_as_paragraphs_not_as_its_source_lines() -> None:
+    """Typer kept the docstring's line breaks: `plan`'s line ended after "ETA" at every width."""
+    for name, cmd in commands().items():
+        for paragraph in (cmd.help or "").split("\n\n"):
+            assert "\n" not in paragraph.strip() or paragraph.lstrip().startswith("-"), (name, paragraph)
+    row = next(line for line in helped().splitlines() if "projected cost" in line)
+    assert "projected cost and ETA (or why they are unknown)" in row, row
