@@ -22,7 +22,7 @@ from reconciler.trust.shown import block, escape
 if TYPE_CHECKING:
     from desired.parse import DesiredState
     from reconciler.daemon.loop import Reconciler
-    from status.models import JobStatus
+    from status.models import Attempt, JobStatus
 
 BAR_WIDTH = 12  # characters: narrow enough that a 200-column table keeps its other cells on one line
 EVENTS_SHOWN = 15
@@ -154,8 +154,8 @@ def _attempt_tables(st: JobStatus, show: Callable[[str], str]) -> None:
     """The kept attempts, one table per run: this run first, then the earlier runs (a changed
     command starts a new run; its status keeps their last attempts). `#` is the number
     `reconciler logs --attempt` takes."""
+    from reconciler.cli.status import natural_width
     from reconciler.daemon.logs import attempt_numbers
-    from status.models import money, when
 
     number = {id(a): n for n, a in zip(attempt_numbers(st), st.attempts, strict=True)}
     for run, attempts in st.runs():
@@ -163,15 +163,29 @@ def _attempt_tables(st: JobStatus, show: Callable[[str], str]) -> None:
         title = f"attempts of run {name} (this run)" if run == st.run_id else f"attempts of earlier run {name}"
         table = Table("#", "provider", "worker", "started (UTC)", "ended (UTC)", "outcome", "steps",
                       "gained", "lost", "cost", "detail", title=title)
-        for a in attempts:
-            end = a.step_end if a.step_end is not None else (st.progress.step if a.open else None)
-            gained = "" if end is None else str(max(0, end - a.step_start))
-            table.add_row(str(number[id(a)]), escape(a.provider), escape(a.worker), when(a.started),
-                          when(a.ended) if a.ended else "running", a.outcome.value if a.outcome else "open",
-                          f"{a.step_start}→{end if end is not None else '?'}", gained, str(a.steps_lost),
-                          money(a.cost_usd), show(a.detail))
-        if attempts:
+        rows = [_attempt_cells(st, a, number[id(a)], show) for a in attempts]
+        for cells in rows:
+            table.add_row(*cells)
+        if rows and natural_width(console, table) <= console.width:
             console.print(table)
+        elif rows:  # a narrow terminal: a table would cut every cell to a few letters
+            console.print(f"[italic]{title}[/italic]")
+            for n, provider, worker, started, ended, outcome, steps, gained, lost, cost, detail in rows:
+                console.print(f"  {n}. {outcome} on {provider}, steps {steps} (gained {gained or '?'}, lost {lost}), "
+                              f"{cost}; {started} to {ended}; worker {worker}")
+                if detail:
+                    console.print(f"     {detail}")
+
+
+def _attempt_cells(st: JobStatus, a: Attempt, number: int, show: Callable[[str], str]) -> tuple[str, ...]:
+    from status.models import money, when
+
+    end = a.step_end if a.step_end is not None else (st.progress.step if a.open else None)
+    gained = "" if end is None else str(max(0, end - a.step_start))
+    return (str(number), escape(a.provider), escape(a.worker), when(a.started),
+            when(a.ended) if a.ended else "running", a.outcome.value if a.outcome else "open",
+            f"{a.step_start}→{end if end is not None else '?'}", gained, str(a.steps_lost), money(a.cost_usd),
+            show(a.detail))
 
 
 def _reported_metrics(st: JobStatus, desired: DesiredState) -> None:

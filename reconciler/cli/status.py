@@ -100,7 +100,7 @@ def _table(rows: list[dict[str, Any]], optional: tuple[tuple[str, str, str], ...
     return table
 
 
-def _width(console: Console, table: Table) -> int:
+def natural_width(console: Console, table: Table) -> int:
     """The width the table needs to keep every cell on one line (not clamped to the terminal's)."""
     return Measurement.get(console, console.options.update_width(1_000_000), table).maximum
 
@@ -110,7 +110,7 @@ def _fitted(console: Console, rows: list[dict[str, Any]]) -> None:
     optional = tuple(o for o in OPTIONAL if any(r[o[1]] for r in rows))  # an empty column is left out
     while True:
         table = _table(rows, optional)
-        if not optional or _width(console, table) <= console.width:
+        if not optional or natural_width(console, table) <= console.width:
             break
         optional = optional[:-1]
     console.print(table)

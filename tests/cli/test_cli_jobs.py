@@ -220,3 +220,16 @@ def test_run_once_prints_the_start_up_line(state_repo: StateRepoFixture) -> None
     said = " ".join(res.stderr.split())
     assert f"reconciling {state_repo.path}, branch main; providers: local (local); 0 job(s); tick every 0.5s" in said
     assert f"is stored in {state_repo.storage} on this machine, outside the repository" in said, said
+
+
+def test_describe_at_80_columns_lists_attempts_as_lines_without_cut_cells(state_repo: StateRepoFixture) -> None:
+    """A table of eleven columns at 80 cut every cell to a few letters (`sta…`, `prov…`)."""
+    state_repo.write("desired/count.yaml", job("count", counter(0.01)))
+    state_repo.commit("add count")
+    st = tick_until(Reconciler(state_repo.path), lambda r: r.statuses["count"].phase.terminal).statuses["count"]
+    out = subprocess.run([sys.executable, "-m", "reconciler", "describe", "count", "--repo", str(state_repo.path)],
+                         capture_output=True, text=True, env={**os.environ, "COLUMNS": "80"}, check=True).stdout
+    attempts = out.split(f"attempts of run {st.run_id} (this run)")[1].split("events (")[0]
+    assert "…" not in attempts, out
+    assert "1. succeeded on local, steps 0→60 (gained 60, lost 0)" in " ".join(attempts.split()), out
+    assert st.attempts[0].worker in "".join(attempts.split()), out
