@@ -26,6 +26,11 @@ from adapters.compute import BASE_ENV, ComputeAdapter, LaunchSpec, WorkerPhase, 
 PROBE = str(Path(__file__).with_name("probe.py"))
 HOSTED = {kind: f"tests.fakes.{kind}" for kind in ("kaggle", "lightning", "vast", "runpod")}
 KINDS = ["local", "ssh", "slurm", *HOSTED]
+# Kaggle's API cannot cancel a run (a stop is a request in the run folder, tested in
+# tests/adapters/test_kaggle.py), and hosted workers run on the provider's machines, in no folder of
+# ours: the tests of those behaviours run over the kinds that have them (the kit checks the lists).
+CANCELLING = [kind for kind in KINDS if kind != "kaggle"]
+IN_OUR_FOLDERS = [kind for kind in KINDS if kind not in HOSTED]
 OWNER = "repo-a"
 
 
@@ -41,14 +46,8 @@ class Kit:
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:8])  # jobs of earlier tests linger in Slurm
     prepare: Callable[[LaunchSpec], None] | None = None  # hosted: put the secrets in the provider's store
     own_env: tuple[str, ...] = ()  # variables the provider's machine or bootstrap sets, not the daemon
-    worker_folders: bool = True  # False: the worker runs on the provider's machine, in no folder of ours
     cancels: bool = True  # False: the provider has no cancel (Kaggle); stops go through the run folder
     run_folder: bool = False  # True: no log API (RunPod); each probe gets a run folder for its log and exit
-
-    def needs_cancel(self) -> None:
-        if not self.cancels:
-            pytest.skip(f"{self.kind} has no cancel API: a stop is a request in the run folder, "
-                        f"tested in tests/adapters/test_{self.kind}.py")
 
     def spec(self, *args: str, epoch: int = 1, **env: str) -> LaunchSpec:
         """A probe launch; `env` keys are PROBE_* settings (SLEEP, EXIT, LINES, ON_TERM, ...)."""
@@ -146,8 +145,9 @@ def kit(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Kit]:
 
     elif kind in HOSTED:
         hosted = importlib.import_module(HOSTED[kind]).contract_kit(request, workdir)
+        assert hosted.cancels == (kind in CANCELLING), f"{kind}: CANCELLING disagrees with its fake"
         the_kit = Kit(kind=kind, workdir=workdir, tmp=probes, make=hosted.make, interrupt=hosted.interrupt,
-                      prepare=hosted.prepare, worker_folders=False,
+                      prepare=hosted.prepare,
                       # the bootstrap's own: the SDK's path, and the session's end (Kaggle's limit)
                       own_env=("PYTHONPATH", "RECONCILER_DEADLINE", *hosted.own_env),
                       cancels=hosted.cancels, run_folder=hosted.run_folder)
@@ -256,8 +256,8 @@ def test_launch_twice_with_the_same_labels_starts_one_worker(kit: Kit) -> None:
     assert [r for r in adapter.observe() if r.job == spec.job] == [first]
 
 
+@pytest.mark.parametrize("kit", CANCELLING, indirect=True)
 def test_fresh_adapter_adopts_a_running_worker_and_can_stop_it(kit: Kit) -> None:
-    kit.needs_cancel()
     old = kit.make()
     spec = kit.spec(sleep="60")
     ref = kit.launch(old, spec)
@@ -271,8 +271,8 @@ def test_fresh_adapter_adopts_a_running_worker_and_can_stop_it(kit: Kit) -> None
     assert state.phase is WorkerPhase.PREEMPTED and "by the reconciler" in state.detail, state  # not a crash
 
 
+@pytest.mark.parametrize("kit", CANCELLING, indirect=True)
 def test_terminate_stops_the_worker_and_a_second_terminate_is_quiet(kit: Kit) -> None:
-    kit.needs_cancel()
     adapter = kit.make()
     spec = kit.spec(sleep="60")
     ref = kit.launch(adapter, spec)
@@ -287,8 +287,8 @@ def test_terminate_stops_the_worker_and_a_second_terminate_is_quiet(kit: Kit) ->
     adapter.terminate(ref)  # already gone: not an error
 
 
+@pytest.mark.parametrize("kit", CANCELLING, indirect=True)
 def test_terminate_lets_the_worker_checkpoint_and_exit_75(kit: Kit) -> None:
-    kit.needs_cancel()
     adapter = kit.make()
     spec = kit.spec(sleep="60", on_term="75")
     ref = kit.launch(adapter, spec)
@@ -362,9 +362,8 @@ def test_worker_gets_the_job_s_deadline(kit: Kit) -> None:
     assert probe_records(spec)[0]["env"]["RECONCILER_DEADLINE"] == str(int(deadline))
 
 
+@pytest.mark.parametrize("kit", IN_OUR_FOLDERS, indirect=True)
 def test_worker_folder_is_private_and_its_log_too(kit: Kit) -> None:
-    if not kit.worker_folders:
-        pytest.skip(f"{kit.kind} workers run on the provider's machines, in no folder of ours")
     adapter = kit.make()
     spec = kit.spec(lines="3", secret="x")
     ref = kit.launch(adapter, spec)

@@ -45,9 +45,8 @@ def test_failure_passes_the_exit_code_through_and_writes_no_done(store: Store) -
     assert folder.done() is None
 
 
+@pytest.mark.parametrize("store", ["file"], indirect=True)  # signal handling does not depend on the store
 def test_sigterm_is_forwarded_and_the_attempt_exits_75(store: Store, tmp_path: Path) -> None:
-    if store.kind == "s3":
-        pytest.skip("signal handling does not depend on the store")
     folder = store.folder()
     marker = tmp_path / "got-term"
     script = f'trap "echo term > {marker}; exit 0" TERM; echo ready > {tmp_path}/ready; while true; do sleep 0.05; done'
@@ -76,9 +75,8 @@ def test_a_replaced_attempt_stops_its_command_and_exits_75(store: Store, tmp_pat
     assert folder.done() is None
 
 
+@pytest.mark.parametrize("store", ["file"], indirect=True)  # does not depend on the store
 def test_a_missing_command_is_reported_as_127(store: Store) -> None:
-    if store.kind == "s3":
-        pytest.skip("does not depend on the store")
     folder = store.folder()
     full = dict(os.environ)
     full.update(store.env(folder, folder.bump_lease()))
