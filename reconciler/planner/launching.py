@@ -141,7 +141,8 @@ def _sweep_full(t: JobTick) -> str:
     live = t.out.sweep_live.get(sweep.name, set()) - {t.job.name}
     if len(live) < sweep.max_parallel:
         return ""
-    return (f"waiting: sweep {sweep.name} has {len(live)} members live, its max_parallel of {sweep.max_parallel}; "
+    members = f"{len(live)} member{'' if len(live) == 1 else 's'}"
+    return (f"waiting: sweep {sweep.name} has {members} live, its max_parallel of {sweep.max_parallel}; "
             "this one starts when one of them ends")
 
 
