@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import posixpath
 import re
 from datetime import datetime
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from desired.suggest import did_you_mean
 
 API_VERSION = "reconciler.dev/v1"
 
@@ -170,6 +173,75 @@ class Code(Strict):
         return v
 
 
+# A matrix key: it is spelled in `${{ matrix.KEY }}`, in member names and in RECONCILER_MATRIX_<KEY>.
+MATRIX_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,39}")
+MATRIX_FIELDS = frozenset({"include", "exclude", "max_parallel"})
+
+
+def _plain_value(value: Any) -> Any:
+    """One clear sentence for a value that is not a string, number or boolean (pydantic would give
+    one error per type it tried)."""
+    if value is None or isinstance(value, dict | list):
+        raise ValueError(f"{value!r} is not a plain value: use a string, number or boolean")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{value!r} is not a finite number")
+    return value
+
+
+def _some_values(values: list[Any]) -> list[Any]:
+    if not values:
+        raise ValueError("an empty list makes no members: give it at least one value, or remove the key")
+    return values
+
+
+MatrixValue = Annotated[str | int | float | bool, BeforeValidator(_plain_value)]
+
+
+class Matrix(BaseModel):
+    """A sweep, as GitHub Actions' `strategy.matrix`: every key other than `include`, `exclude` and
+    `max_parallel` names a non-empty list of values (strings, numbers or booleans), and the job runs
+    once for each combination of them, each member its own run. Key names: a letter, then letters,
+    digits, `_` or `-` (at most 40)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
+    __pydantic_extra__: dict[str, Annotated[list[MatrixValue], AfterValidator(_some_values)]] = Field(init=False)
+
+    include: list[dict[str, MatrixValue]] = Field(
+        default_factory=list,
+        description="extra members, or extra keys for members: each entry's keys are added to every "
+                    "combination whose matrix values it does not change; an entry that fits none is a member "
+                    "of its own (as in GitHub Actions)")
+    exclude: list[dict[str, MatrixValue]] = Field(
+        default_factory=list,
+        description="combinations to leave out: a combination matching every key of an entry is removed "
+                    "(before `include` is applied)")
+    max_parallel: int | None = Field(
+        default=None, ge=1, description="most members with a live attempt at once; unset = no limit")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _keys(cls, data: Any) -> Any:
+        """Key names that can be spelled everywhere a key goes; a non-list value (`max-parallel: 2`)
+        named with the field it is closest to."""
+        if not isinstance(data, dict):
+            return data
+        for key, value in data.items():
+            if key in MATRIX_FIELDS:
+                continue
+            if not isinstance(key, str) or not MATRIX_KEY.fullmatch(key):
+                raise ValueError(f"matrix key {key!r} is not a valid key: use a letter, then letters, digits, "
+                                 "'_' or '-' (at most 40)")
+            if not isinstance(value, list):
+                hint = did_you_mean(key, set(MATRIX_FIELDS))
+                raise ValueError(f"matrix key `{key}` must name a list of values{hint or ', e.g. [1, 2]'}")
+        return data
+
+    @property
+    def axes(self) -> dict[str, list[str | int | float | bool]]:
+        """The keys and their values, in the order written."""
+        return dict(self.model_extra or {})
+
+
 class JobSpec(Strict):
     command: list[str] = Field(min_length=1, description="argv of the worker; no shell is involved")
     code: Code = Field(default_factory=Code, description="where the job's code comes from (part of the run identity)")
@@ -198,6 +270,11 @@ class JobSpec(Strict):
     )
     suspend: bool = Field(default=False,
         description="true: stop the worker after a final checkpoint and start none until false again")
+    matrix: Matrix | None = Field(
+        default=None,
+        description="run the job once per combination of values (a sweep, as in GitHub Actions): each "
+                    "member is a job of its own, named from the job's name and its values; "
+                    "`${{ matrix.KEY }}` in `command` and `env` values is replaced by the member's value")
 
     @field_validator("env")
     @classmethod

@@ -1,7 +1,8 @@
 """Turns the files of `desired/` at one commit into a DesiredState plus per-file errors.
 
 Pure: it takes file contents, not paths to open. A broken file yields errors that name the
-file, the document and the field; it never stops the other files from being read.
+file, the document and the field; it never stops the other files from being read. A Job with
+`spec.matrix` becomes one job per member (desired.matrix), all of them or, with an error, none.
 
 A file is refused, with a reason naming its line, when it is larger than MAX_FILE_BYTES, holds
 more than MAX_DOCUMENTS documents, is not UTF-8 text (binary, NUL bytes, UTF-16, control
@@ -21,6 +22,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from desired.matrix import Problem, Sweep, expand, stray_references
 from desired.models import HOSTED_PROVIDER_TYPES, Job, Provider, Settings, default_local_provider
 from desired.suggest import did_you_mean, fields_at
 
@@ -54,6 +56,8 @@ class DesiredState:
     settings: Settings = field(default_factory=Settings)
     errors: list[ManifestError] = field(default_factory=list)
     job_files: dict[str, str] = field(default_factory=dict)  # job name -> file it came from
+    sweeps: dict[str, Sweep] = field(default_factory=dict)  # jobs with a matrix, by name (desired.matrix)
+    sweep_of: dict[str, str] = field(default_factory=dict)  # member job name -> its sweep's name
 
     @property
     def files_with_errors(self) -> set[str]:
@@ -322,15 +326,36 @@ def _parse_file(state: DesiredState, path: str, content: str | bytes, origins: d
         if obj is None:
             continue
         first = origins.setdefault((kind, obj.name), path)
-        if obj.name in (state.jobs if isinstance(obj, Job) else state.providers):
-            state.errors.append(ManifestError(path, f"{kind.lower()} {obj.name!r} is already defined in {first}",
+        if obj.name in (state.jobs if isinstance(obj, Job) else state.providers) or \
+                (isinstance(obj, Job) and obj.name in state.sweeps):
+            where = state.job_files.get(obj.name, first) if isinstance(obj, Job) else first
+            state.errors.append(ManifestError(path, f"{kind.lower()} {obj.name!r} is already defined in {where}",
                                               index, "metadata.name"))
             continue
         if isinstance(obj, Job):
-            state.jobs[obj.name] = obj
-            state.job_files[obj.name] = path
+            _add_job(state, obj, path, index)
         else:
             state.providers[obj.name] = obj
+
+
+def _add_job(state: DesiredState, job: Job, path: str, index: int) -> None:
+    """A plain job, or a sweep's members (desired.matrix): all of them, or none with the reason."""
+    sweep, members, problems = (expand(job, path) if job.spec.matrix is not None
+                                else (None, [job], stray_references(job)))
+    taken = next((m.name for m in members if m.name in state.jobs or m.name in state.sweeps), None)
+    if taken is not None and not problems:
+        problems = [Problem(f"member {taken} of this sweep is already defined in "
+                            f"{state.job_files.get(taken) or state.sweeps[taken].file}; rename one of the jobs",
+                            "metadata.name")]
+    if problems:
+        state.errors.extend(ManifestError(path, p.message, index, p.field) for p in problems)
+        return
+    for member in members:
+        state.jobs[member.name] = member
+        state.job_files[member.name] = path
+    if sweep is not None:
+        state.sweeps[sweep.name] = sweep
+        state.sweep_of.update((m.name, sweep.name) for m in members)
 
 
 KINDS: dict[str, type[Job] | type[Provider]] = {"Job": Job, "Provider": Provider}
@@ -346,12 +371,13 @@ def _check_placements(state: DesiredState, refused: Collection[str] = ()) -> Non
     """A job naming only providers that do not exist is a config error of that job alone."""
     if not state.providers and not refused:
         state.providers["local"] = default_local_provider()
+    said: set[ManifestError] = set()  # once for a sweep, not once for each of its members
     for name, job in list(state.jobs.items()):
         missing = [p for p in job.spec.placement.providers if p not in state.providers]
         if missing and len(missing) == len(job.spec.placement.providers):
             what = (f"provider {', '.join(missing)} is refused (see its error)" if set(missing) <= set(refused)
                     else f"no provider named {', '.join(missing)} is defined")
-            state.errors.append(
-                ManifestError(state.job_files[name], what,
-                              None, "spec.placement.providers")
-            )
+            error = ManifestError(state.job_files[name], what, None, "spec.placement.providers")
+            if error not in said:
+                said.add(error)
+                state.errors.append(error)

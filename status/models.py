@@ -146,6 +146,7 @@ class JobStatus(Model):
     phase: Phase = Phase.PENDING
     run_id: str = ""
     manifest: str = ""  # file under desired/ that defines the job
+    sweep: str | None = None  # the job with a matrix this one is a member of (desired.matrix), for roll-ups
     storage: str = ""  # the store the run's folder is in (a changed `storage:` moves it between attempts)
     desired_commit: str = ""
     message: str = ""

@@ -168,7 +168,8 @@ def plan(
     repo_url: UrlOption = None, branch: BranchOption = None, path: PathOption = "",
 ) -> None:
     """Show what the next tick would do, without doing it, and each job's projected cost and ETA
-    (or why they are unknown). Exit 1 when a manifest has errors (a pull-request check built on it
+    (or why they are unknown); for each sweep (a job with a matrix), which members start, stop and
+    keep going, and its projected cost. Exit 1 when a manifest has errors (a pull-request check built on it
     fails on a broken change); provider trouble is only a warning.
 
     With --base REF: review a change instead. Each job whose manifest differs between REF and --head
@@ -182,6 +183,7 @@ def plan(
         return
     if head != "HEAD" or output is not PlanFormat.TEXT or fail_on:
         raise _fail("--head, --format and --fail-on review a change: pass --base REF too", 2)
+    from reconciler.cli.sweeps import plan_lines as sweep_plan_lines
     from reconciler.planner.health import plan_lines
     from reconciler.trust.redaction import secret_values
     from status.redact import Redactor
@@ -214,6 +216,8 @@ def plan(
         console.print(show(line))
     for a in report.actions:
         console.print(f"- {show(a)}")
+    for line in sweep_plan_lines(the_plan.sweeps, the_plan.statuses):
+        console.print(show(line))
     for name, st in sorted(the_plan.statuses.items()):
         console.print(f"  {name}: {st.phase.value} — {show(st.message)}")
         outlook = _plan_outlook(st)
@@ -457,8 +461,10 @@ def status(repo: RepoOption = Path("."),
                                                          "each provider and the placement decision")] = None,
            repo_url: UrlOption = None, branch: BranchOption = None, path: PathOption = "") -> None:
     """A table of every job with its phase and progress (live progress from storage), its ETA, cost
-    spent and projected, and deadline risk (the forecast of the last status commit), then the provider
-    ledger of the last status commit (quota or credits left, hours and cost this period)."""
+    spent and projected, and deadline risk (the forecast of the last status commit), then each sweep's
+    members rolled up (counts by phase, cost spent), then the provider ledger of the last status commit
+    (quota or credits left, hours and cost this period)."""
+    from reconciler.cli.sweeps import rollup_rows, rollup_table
     from reconciler.daemon.loop import read_run
 
     as_json = as_json or output is StatusOutput.JSON
@@ -482,7 +488,8 @@ def status(repo: RepoOption = Path("."),
         step = live.heartbeat_step if live.heartbeat_step is not None else (st.progress.step if st else 0)
         deadline = job.spec.deadline.timestamp() if job and job.spec.deadline else None
         rows.append({
-            "job": name, "phase": st.phase.value if st else "New", "run": run_id,
+            "job": name, "sweep": desired.sweep_of.get(name) or (st.sweep if st else None),
+            "phase": st.phase.value if st else "New", "run": run_id,
             "step": step, "durable": live.durable_step, "target": target,
             "attempts": st.total_attempts if st else 0, "interruptions": st.interruptions if st else 0,
             "failures": st.failures if st else 0, "message": st.message if st else "not reconciled yet",
@@ -500,6 +507,9 @@ def status(repo: RepoOption = Path("."),
         r["eta_cell"], r["cost_cell"], r["risk_cell"] = _forecast_cells(recorded.get(str(r["job"])), r["deadline"])
     show_status(console, rows, output,
                 lambda r: jobs.progress_cell(int(r["step"]), r["target"], r["durable"]))
+    rollups = rollup_rows(rows)
+    if rollups and output is not StatusOutput.PLAIN:  # plain is one line a job, for scripts
+        console.print(rollup_table(rollups))
     ledger = ledger_rows(rec.repo.read_file(status_at, "status/providers.yaml"))
     if ledger and output is not StatusOutput.PLAIN:  # plain is one line a job, for scripts
         console.print(ledger_table(ledger))

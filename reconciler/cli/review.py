@@ -108,7 +108,7 @@ def review(base: DesiredState, head: DesiredState, recorded: dict[str, JobStatus
         else:
             out.changes.append(change)
     out.changes.sort(key=lambda c: (list(KINDS).index(c.change), c.job))  # what a reviewer must see first
-    hold = _mass_cancel(out, recorded, cancel_confirmed)
+    hold = _mass_cancel(out, recorded, cancel_confirmed, head)
     if hold:
         out.notes.append(hold)
     if any(e.file == SETTINGS_FILE for e in head.errors):
@@ -288,10 +288,13 @@ def _recorded_outlook(c: JobChange, st: JobStatus | None) -> None:
     c.outlook = f"{money(f.projected_cost_usd)} ({money(f.spent_usd)} spent), ETA {when(f.eta)} UTC{risk}{before}"
 
 
-def _mass_cancel(out: Review, recorded: dict[str, JobStatus], confirmed: bool) -> str:
-    """The planner holds a change that cancels most active jobs at once (reconciler.planner.plan); say so."""
+def _mass_cancel(out: Review, recorded: dict[str, JobStatus], confirmed: bool, head: DesiredState) -> str:
+    """The planner holds a change that cancels most active jobs at once (reconciler.planner.plan); say so.
+    Members an edit of their sweep's matrix removes are not counted, as the planner does not."""
     active = [st for st in recorded.values() if not st.phase.terminal]
-    doomed = [c for c in out.changes if c.change == "cancel" and c.phase is not None]
+    sweep = {name: st.sweep for name, st in recorded.items()}
+    doomed = [c for c in out.changes if c.change == "cancel" and c.phase is not None
+              and sweep.get(c.job) not in head.sweeps]
     if confirmed or len(doomed) < 2 or len(doomed) * 2 <= len(active):
         return ""
     return (f"the {len(doomed)} cancels (of {len(active)} active jobs) are held by the reconciler until a commit "

@@ -99,7 +99,8 @@ def reconsider(t: JobTick) -> bool:
 
 
 def decide_launch(t: JobTick) -> bool:
-    """Step 11: with no live attempt, whether (guards) and where (placement) to launch the next."""
+    """Step 11: with no live attempt, whether (guards, back-off, the sweep's max_parallel) and where
+    (placement) to launch the next."""
     if t.job.spec.suspend:
         t.st.phase = Phase.SUSPENDED
         t.st.message = "suspended by the manifest (spec.suspend: true)"
@@ -122,8 +123,27 @@ def decide_launch(t: JobTick) -> bool:
         t.st.phase = Phase.PENDING
         t.st.message = f"moving the run's data from {t.st.storage} to {t.desired.settings.storage}"
         return True
+    full = _sweep_full(t)
+    if full:
+        t.st.phase = Phase.PENDING
+        t.st.message = full
+        return True
     _place(t)
     return True
+
+
+def _sweep_full(t: JobTick) -> str:
+    """Why a member of a sweep waits for its sweep's `max_parallel` ("" when it need not): the
+    members holding a live attempt are counted on the plan, this tick's launches included."""
+    sweep = t.desired.sweeps.get(t.st.sweep or "")
+    if sweep is None or sweep.max_parallel is None:
+        return ""
+    live = t.out.sweep_live.get(sweep.name, set()) - {t.job.name}
+    if len(live) < sweep.max_parallel:
+        return ""
+    members = f"{len(live)} member{'' if len(live) == 1 else 's'}"
+    return (f"waiting: sweep {sweep.name} has {members} live, its max_parallel of {sweep.max_parallel}; "
+            "this one starts when one of them ends")
 
 
 def _guard_config(t: JobTick) -> str:
@@ -275,6 +295,8 @@ def _launch(t: JobTick, name: str, mtbf_seconds: float | None) -> None:
     st = t.st
     prov = t.desired.providers[name]
     t.busy[name] = t.busy.get(name, 0) + 1
+    if st.sweep:
+        t.out.sweep_live.setdefault(st.sweep, set()).add(t.job.name)
     _reserve_allowance(t, name, prov.spec.price_per_hour)
     reason = ("first launch" if not st.attempts  # attempts of a replaced run are kept, but not counted
               else "first launch of the new run" if not st.total_attempts else f"relaunch after: {last_detail(st)}")

@@ -37,6 +37,7 @@ from reconciler.planner.launching import (
 from reconciler.planner.ledger import WEEK, build_ledger
 from reconciler.planner.outlook.deadline import PlacementPolicy, choose
 from reconciler.planner.outlook.forecast import Reliability, open_cost, provider_reliabilities
+from reconciler.planner.sweeps import live_members, settle_live, sweep_changes
 from reconciler.planner.tick import (
     Action,
     JobTick,
@@ -110,6 +111,7 @@ def plan(desired: DesiredState, observed: Observed, recorded: dict[str, JobStatu
     held = _mass_cancel_hold(desired, recorded, confirm_cancel)
     if held:
         out.notes.append(held)
+    out.sweep_live = live_members(desired, recorded, observed.workers)
     for name in sorted(set(desired.jobs) | set(recorded)):
         job = desired.jobs.get(name)
         workers = by_job.get(name, {})
@@ -118,6 +120,8 @@ def plan(desired: DesiredState, observed: Observed, recorded: dict[str, JobStatu
         else:
             _plan_job(out, job, recorded.get(name), workers, desired, observed, now, commit, busy,
                       policy, reliability)
+        settle_live(out.sweep_live, out.statuses[name], workers)
+    out.sweeps = sweep_changes(desired, recorded, out.statuses)
     return out
 
 
@@ -167,8 +171,9 @@ def identify(job: Job, rec: JobStatus | None, desired: DesiredState, observed: O
     run_id = job.run_id()
     target = job.spec.target_steps
     manifest = desired.job_files.get(job.name, "")
+    sweep = desired.sweep_of.get(job.name)
     if rec is None or rec.run_id != run_id:
-        st = JobStatus(job=job.name, run_id=run_id, manifest=manifest, desired_commit=commit,
+        st = JobStatus(job=job.name, run_id=run_id, manifest=manifest, sweep=sweep, desired_commit=commit,
                        progress=Progress(target=target), message="new job")
         if rec is not None:
             st.message = f"run {run_id} replaces {rec.run_id}: the command, code or env changed"
@@ -178,7 +183,7 @@ def identify(job: Job, rec: JobStatus | None, desired: DesiredState, observed: O
                 st.attempts.append(close(rec.current, Outcome.CANCELLED, now, run_old, "replaced by a new run"))
         return st
     st = rec.model_copy(deep=True)
-    st.manifest = manifest
+    st.manifest, st.sweep = manifest, sweep
     st.progress = Progress(step=st.progress.step, target=target)
     if st.phase == Phase.CANCELLED and st.current is None:
         st.phase = Phase.PENDING
@@ -410,9 +415,16 @@ STEPS: tuple[Step, ...] = (fence, read_storage, adopt, foresee, stop_on_policy, 
 
 def cancelled_by(desired: DesiredState, recorded: dict[str, JobStatus]) -> list[JobStatus]:
     """The active jobs this desired state would cancel: their manifest is gone (a manifest that
-    merely stopped parsing holds its job instead)."""
+    merely stopped parsing holds its job instead). Members that an edit of their sweep's matrix
+    removed are not counted: the sweep is still there, so the change is as deliberate as a new
+    command (a deleted or renamed sweep counts each of its members)."""
     return [st for st in recorded.values() if not st.phase.terminal and st.job not in desired.jobs
-            and st.manifest not in desired.files_with_errors]
+            and st.manifest not in desired.files_with_errors and not _left_matrix(st, desired)]
+
+
+def _left_matrix(st: JobStatus, desired: DesiredState) -> bool:
+    """A member of a sweep that is still defined, whose values its matrix no longer makes."""
+    return bool(st.sweep) and st.sweep in desired.sweeps
 
 
 def confirms_cancel(message: str) -> bool:
@@ -455,36 +467,40 @@ def _plan_removed(out: Plan, rec: JobStatus, workers: dict[WorkerRef, WorkerStat
     if rec.manifest and rec.manifest in desired.files_with_errors:
         st.message = f"manifest {rec.manifest} has errors; holding the job as it is until they are fixed"
         return
+    why, since, back = (("manifest deleted", "its manifest has been deleted", "restore it")
+                        if not _left_matrix(st, desired) else
+                        (f"no longer in the matrix of sweep {st.sweep}", f"it left sweep {st.sweep}'s matrix",
+                         "put its values back in the matrix"))
     if held and not st.phase.terminal:
-        st.message = "manifest deleted; the cancel is held until a commit confirms it or the manifest is restored"
+        st.message = f"{why}; the cancel is held until a commit confirms it or the manifest is restored"
         st.held = held
         return
     alive = [ref for ref, state in workers.items() if live(state)]
     for ref in alive:
-        out.actions.append(Terminate(ref, "manifest deleted", observed.run_storage.get((ref.job, ref.run_id))))
+        out.actions.append(Terminate(ref, why, observed.run_storage.get((ref.job, ref.run_id))))
     run = observed.runs.get((st.job, st.run_id), RunObservation())
     cur = st.current
     if cur is not None and any(r.epoch == cur.epoch and r.run_id == st.run_id for r in alive):
-        st.attempts[-1] = cur.model_copy(update={"stop_reason": "manifest deleted"})
-        st.message = f"manifest deleted; stopping {cur.worker} on {cur.provider} (billed until it is gone)"
+        st.attempts[-1] = cur.model_copy(update={"stop_reason": why})
+        st.message = f"{why}; stopping {cur.worker} on {cur.provider} (billed until it is gone)"
         return
     if cur is not None:
         prov = desired.providers.get(cur.provider) or observed.retired.get(cur.provider)
         price = prov.spec.price_per_hour if prov else 0.0
         gone = next((s for r, s in workers.items() if r.epoch == cur.epoch and r.run_id == st.run_id), None)
         # A run that completed first (while the cancel was held, or just before it) succeeded.
-        outcome, detail = (Outcome.SUCCEEDED, "completed") if run.done else (Outcome.CANCELLED, "manifest deleted")
+        outcome, detail = (Outcome.SUCCEEDED, "completed") if run.done else (Outcome.CANCELLED, why)
         record_close(st, close(cur, outcome, now, run, detail, gone.exit_code if gone else None,
                                price, gone.ended_at if gone else None))
     if not st.phase.terminal:
         st.backoff_until = None
         if run.done:
-            st.phase, st.message = Phase.SUCCEEDED, "run completed; its manifest has been deleted since"
+            st.phase, st.message = Phase.SUCCEEDED, f"run completed; {since} since"
             st.progress = Progress(step=max(st.progress.step, run.durable_step, run.done_step or 0),
                                    target=st.progress.target)
         else:
             st.phase = Phase.CANCELLED
-            st.message = "manifest deleted; run cancelled (this file stays as history; restore it to resume)"
+            st.message = f"{why}; run cancelled (this file stays as history; {back} to resume)"
 
 
 # ---- small rules --------------------------------------------------------------------------------

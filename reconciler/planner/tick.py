@@ -89,12 +89,26 @@ Action = Launch | Terminate | MoveRunData | RequestStop
 
 
 @dataclass
+class SweepChange:
+    """What a plan does to one sweep's members (names in order): reconciler.planner.sweeps."""
+
+    sweep: str
+    start: list[str] = field(default_factory=list)  # new members, new runs, or cancelled ones restored
+    stop: list[str] = field(default_factory=list)  # active members no longer in the matrix: cancelled
+    keep: list[str] = field(default_factory=list)  # members whose run goes on as it is
+    done: list[str] = field(default_factory=list)  # finished members, left as they are
+
+
+@dataclass
 class Plan:
     actions: list[Action] = field(default_factory=list)
     statuses: dict[str, JobStatus] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # things worth logging that change nothing
     health: dict[str, ProviderHealth] = field(default_factory=dict)  # each provider's, as this plan saw it
     troubles: set[Trouble] = field(default_factory=set)  # what `health` was computed from
+    # Sweep -> its members holding a live attempt, kept up to date as members are planned (max_parallel).
+    sweep_live: dict[str, set[str]] = field(default_factory=dict)
+    sweeps: list[SweepChange] = field(default_factory=list)  # what this plan does to each sweep's members
 
 
 @dataclass(frozen=True)
