@@ -78,12 +78,17 @@ def test_a_worker_still_live_keeps_its_place_even_when_its_member_has_left_the_m
     assert launched(gone) == ["sweep-seed-3"]
 
 
-def test_a_changed_matrix_keeps_the_unchanged_members_runs_and_cancels_only_the_removed() -> None:
-    old = desired(sweep([1, 2, 3]))
+def all_running(state: DesiredState) -> tuple[dict[str, JobStatus], dict[WorkerRef, WorkerState]]:
+    """Every member of the sweep with a live attempt: their statuses and workers."""
     recorded, workers = {}, {}
-    for name in old.jobs:
-        st, ref, ws = running(old, name)
+    for name in state.jobs:
+        st, ref, ws = running(state, name)
         recorded[name], workers[ref] = st, ws
+    return recorded, workers
+
+
+def test_a_changed_matrix_keeps_the_unchanged_members_runs_and_cancels_only_the_removed() -> None:
+    recorded, workers = all_running(desired(sweep([1, 2, 3])))
     new = desired(sweep([2, 3, 4], max_parallel=3))
     observed = Observed(workers=workers, runs={(n, st.run_id): RunObservation(lease_epoch=1)
                                                for n, st in recorded.items()})
@@ -100,11 +105,7 @@ def test_a_changed_matrix_keeps_the_unchanged_members_runs_and_cancels_only_the_
 
 
 def test_an_edit_that_replaces_every_member_is_not_held_but_a_deleted_sweep_is() -> None:
-    old = desired(sweep([1, 2, 3]))
-    recorded, workers = {}, {}
-    for name in old.jobs:
-        st, ref, ws = running(old, name)
-        recorded[name], workers[ref] = st, ws
+    recorded, workers = all_running(desired(sweep([1, 2, 3])))
     edited = plan(desired(sweep([4, 5, 6])), Observed(workers=workers), recorded, NOW)
     assert not edited.notes and len([a for a in edited.actions if isinstance(a, Terminate)]) == 3
     assert launched(edited) == ["sweep-seed-4", "sweep-seed-5", "sweep-seed-6"]
