@@ -27,7 +27,7 @@ from ruamel.yaml.error import YAMLError
 
 from adapters.gitrepo import DESIRED_DIR, GitError, StateRepo
 from adapters.localfiles import Refused, inside
-from desired.parse import parse_desired, parse_settings
+from desired.parse import DesiredState, parse_desired, parse_settings
 from reconciler.planner.plan import CONFIRM_CANCEL_TRAILER
 
 FALLBACK_IDENTITY = {"GIT_AUTHOR_NAME": "reconciler", "GIT_AUTHOR_EMAIL": "reconciler@localhost",
@@ -61,10 +61,7 @@ def change_job(path: Path, job: str, change: Change, subdir: str = "") -> Edited
     except GitError as exc:
         raise EditError(str(exc)) from exc
     desired = parse_desired(repo.read_files(head, DESIRED_DIR), repo.read_settings(head))
-    rel = repo.repo_relative(desired.job_files[job]) if job in desired.job_files else None
-    if rel is None:
-        known = ", ".join(sorted(desired.jobs)) or "none"
-        raise EditError(f"no job named {job} in desired/ at HEAD (jobs: {known})")
+    rel = repo.repo_relative(_manifest_of(desired, job, change))
     if repo.repo.git.status("--porcelain", "--", rel).strip():
         raise EditError(f"{rel} has uncommitted changes; commit or stash them first, so that this commit "
                         f"holds only the {change.value}")
@@ -86,6 +83,22 @@ def change_job(path: Path, job: str, change: Change, subdir: str = "") -> Edited
         edited.pushed_to = settings.remote
         edited.push_error = _push(repo, settings.remote)
     return edited
+
+
+def _manifest_of(desired: DesiredState, job: str, change: Change) -> str:
+    """The file that defines `job`: a sweep is edited as a whole, through the document that holds
+    its matrix; one member alone has no document of its own to edit."""
+    if job in desired.sweeps:
+        return desired.sweeps[job].file
+    if job in desired.sweep_of:
+        sweep = desired.sweep_of[job]
+        raise EditError(f"{job} is a member of sweep {sweep}, which has no document of its own: "
+                        f"{change.value} the whole sweep (`reconciler {change.value} {sweep}`), or edit the "
+                        "sweep's matrix (`exclude`) to leave this member out")
+    if job in desired.job_files:
+        return desired.job_files[job]
+    known = ", ".join(sorted({*(n for n in desired.jobs if n not in desired.sweep_of), *desired.sweeps})) or "none"
+    raise EditError(f"no job named {job} in desired/ at HEAD (jobs and sweeps: {known})")
 
 
 def edit_text(text: str, job: str, change: Change) -> str | None:

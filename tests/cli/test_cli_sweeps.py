@@ -56,3 +56,18 @@ def test_status_rolls_members_up_per_sweep_and_lists_each_with_its_sweep(state_r
     assert rollup[3].split() == ["sweep", "3", "2", "Running,", "1", "Succeeded", "$1.50"]
     plain = cli("status", "--repo", str(state_repo.path), "--output", "plain").stdout
     assert "sweeps" not in plain and len(plain.splitlines()) == 5  # a header and one line a job
+
+
+def test_suspend_takes_a_sweep_as_a_whole_and_refuses_one_member_naming_the_sweep(
+        state_repo: StateRepoFixture) -> None:
+    state_repo.write("desired/sweep.yaml", sweep([1, 2]))
+    state_repo.commit("a sweep")
+    member = cli("suspend", "sweep-seed-1", "--repo", str(state_repo.path), check=False)
+    assert member.returncode == 1
+    assert "sweep-seed-1 is a member of sweep sweep, which has no document of its own" in " ".join(
+        member.stderr.split()), member.stderr
+    cli("suspend", "sweep", "--repo", str(state_repo.path))
+    text = (state_repo.path / "desired" / "sweep.yaml").read_text()
+    assert "suspend: true" in text and "matrix:" in text
+    members = parse_desired({"desired/sweep.yaml": text}).jobs
+    assert sorted(members) == ["sweep-seed-1", "sweep-seed-2"] and all(j.spec.suspend for j in members.values())
