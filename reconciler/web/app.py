@@ -108,6 +108,7 @@ def create_app(repo: str | Path, *, token: str | None = None, refresh_seconds: i
         health = provider_health(snap.statuses.values(), now, snap.desired.providers)
         learned = provider_reliabilities(snap.desired.providers, snap.statuses.values(), now)
         return render(snap, "overview.html", rows=rows, counts=views.phase_counts(rows),
+                      sweeps=views.sweep_rows(rows, snap.desired.sweep_of),
                       slow=snap.slow_providers,
                       providers=views.provider_rows(health, learned, now), half_life=views.HALF_LIFE_TEXT,
                       held=sorted({r.held for r in rows if r.held}),

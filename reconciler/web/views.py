@@ -15,7 +15,7 @@ from markupsafe import Markup
 from reconciler.planner.health import ProviderHealth, clock
 from reconciler.planner.outlook.forecast import Reliability
 from reconciler.planner.outlook.reliability import HALF_LIFE_SECONDS
-from status.models import Attempt, JobStatus, Outcome, Phase, cost_text, eta_text, risk_text, when
+from status.models import Attempt, JobStatus, Outcome, Phase, cost_text, eta_text, money, risk_text, when
 from status.text import lines
 
 # How an attempt ended, as the page colours it (DESIGN.md §5 classes, folded into five colours).
@@ -52,6 +52,7 @@ class Row:
     risk: str
     message: str
     held: str = ""  # a change not acted on until it is confirmed (or signed), and what releases it
+    spent_usd: float = 0.0  # closed attempts plus the live one so far (as `status --json` says)
 
 
 def overview_row(name: str, st: JobStatus | None, target: int | None, live_step: int | None,
@@ -68,8 +69,28 @@ def overview_row(name: str, st: JobStatus | None, target: int | None, live_step:
         percent = 100.0
     saved = f" (saved {durable})" if step != durable else ""
     progress = f"{step}/{target}{saved}" if target else f"{step}{saved}"
+    spent = st.forecast.spent_usd if st.forecast else st.cost_usd
     return Row(name, st.phase.value, percent, progress, st.total_attempts, st.interruptions, st.failures,
-               eta_text(st), cost_text(st), risk_text(st, deadline), st.message, st.held or "")
+               eta_text(st), cost_text(st), risk_text(st, deadline), st.message, st.held or "", spent)
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    sweep: str
+    members: int
+    phases: list[tuple[str, int]]  # members counted by phase, in the overview's phase order
+    spent: str
+
+
+def sweep_rows(rows: list[Row], sweep_of: dict[str, str]) -> list[SweepRow]:
+    """Each sweep's members (jobs its matrix makes) rolled up: how many, in which phase, and what
+    they have spent; the members are also rows of their own."""
+    by: dict[str, list[Row]] = {}
+    for r in rows:
+        if r.job in sweep_of:
+            by.setdefault(sweep_of[r.job], []).append(r)
+    return [SweepRow(sweep, len(members), phase_counts(members), money(sum(r.spent_usd for r in members)))
+            for sweep, members in sorted(by.items())]
 
 
 @dataclass(frozen=True)
