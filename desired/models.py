@@ -198,6 +198,19 @@ class JobSpec(Strict):
     )
     suspend: bool = Field(default=False,
         description="true: stop the worker after a final checkpoint and start none until false again")
+    after: list[Name] = Field(
+        default_factory=list,
+        description="jobs of this repository that must have Succeeded before this job's run starts at all; "
+                    "one that Failed holds it until a new run of that job succeeds (no cycles, no unknown names)")
+
+    @field_validator("after")
+    @classmethod
+    def _after_names(cls, v: list[str]) -> list[str]:
+        """Job names, each once: a name given twice is a slip worth saying."""
+        twice = sorted({n for n in v if v.count(n) > 1})
+        if twice:
+            raise ValueError(f"{', '.join(twice)} is named more than once; name each job once")
+        return [check_dns_label(n) for n in v]
 
     @field_validator("env")
     @classmethod

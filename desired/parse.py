@@ -22,6 +22,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from desired.models import HOSTED_PROVIDER_TYPES, Job, Provider, Settings, default_local_provider
+from desired.order import cycles
 from desired.suggest import did_you_mean, fields_at
 
 MAX_FILE_BYTES = 1_000_000
@@ -262,6 +263,7 @@ def parse_desired(files: Mapping[str, str | bytes], settings_text: str | bytes |
             state.errors.append(ManifestError(path, f"could not be read ({type(exc).__name__}: {exc})"))
     refused = _check_hosted_storage(state, origins)
     _check_placements(state, refused)
+    _check_after(state)
     return state
 
 
@@ -355,3 +357,37 @@ def _check_placements(state: DesiredState, refused: Collection[str] = ()) -> Non
                 ManifestError(state.job_files[name], what,
                               None, "spec.placement.providers")
             )
+
+
+def _check_after(state: DesiredState) -> None:
+    """`spec.after` names other jobs of this repository, with no cycle. A job that breaks the rule
+    is an error of its file and is left out, as a job that does not parse is: held as it is, never
+    started, while the others go on (a job that waits for it says so)."""
+    reasons: dict[str, str] = {}
+    broken = " (a manifest with errors defines none)" if state.files_with_errors - {SETTINGS_FILE} else ""
+    for name, job in state.jobs.items():
+        if name in job.spec.after:
+            reasons[name] = f"a job cannot run after itself; remove {name} from `after`"
+            continue
+        unknown = [n for n in job.spec.after if n not in state.jobs]
+        if unknown:
+            hint = did_you_mean(unknown[0], set(state.jobs)) if len(unknown) == 1 else ""
+            todo = hint or "; name a job of this repository or remove it from `after`"
+            reasons[name] = f"no job named {', '.join(unknown)} is defined{broken}{todo}"
+    for group, loop in cycles({n: j.spec.after for n, j in state.jobs.items()}):
+        said = (f"`after` makes a cycle, so none of these jobs could start: {_chain(loop)}; "
+                "remove one of these from `after`")
+        for name in group:
+            reasons.setdefault(name, said)
+    for name in sorted(reasons):
+        state.errors.append(ManifestError(state.job_files.pop(name), reasons[name], None, "spec.after"))
+        del state.jobs[name]
+
+
+def _chain(loop: list[str], most: int = 8) -> str:
+    """`a waits for b, which waits for a`; a long cycle is cut short (its size said), so that its
+    message stays readable and costs the same for each of its jobs."""
+    if len(loop) <= most:
+        return f"{loop[0]} waits for {', which waits for '.join(loop[1:])}"
+    return (f"{loop[0]} waits for {', which waits for '.join(loop[1:most - 1])}, and so on through "
+            f"{len(loop) - 1} jobs back to {loop[0]}")
