@@ -16,6 +16,7 @@ from desired.models import Job
 from status.models import JobStatus, Phase
 
 HELD = "held:"  # how the message of a job held by a dependency begins (`run --until-done` reads it)
+WAITING = "waiting for:"  # and of one waiting for its dependencies to succeed
 NEW = "New"  # no status yet, as `status` says
 NEW_RUN = "new run"  # its manifest asks for a run its status does not have yet
 BROKEN = "manifest has errors"  # left out of the desired state: `validate` says why
@@ -59,7 +60,7 @@ def waiting(deps: list[Dependency]) -> str:
                 f"this job starts once {'it is' if one else 'they are'} fixed and "
                 f"{'succeeds' if one else 'succeed'}")
     pending = [d for d in deps if not d.done]
-    return f"waiting for: {', '.join(map(str, pending))}" if pending else ""
+    return f"{WAITING} {', '.join(map(str, pending))}" if pending else ""
 
 
 def held_by_dependency(st: JobStatus) -> bool:
