@@ -118,8 +118,8 @@ def test_suspend_and_guards_come_before_waiting() -> None:
 
 
 def test_a_job_after_one_whose_manifest_has_errors_is_held_naming_it() -> None:
-    files = {"desired/a.yaml": job_yaml("a", extra="  after: [a]"), "desired/b.yaml": job_yaml("b", extra="  after: [a]"),
-             "desired/providers.yaml": PROVIDERS}
+    files = {"desired/a.yaml": job_yaml("a", extra="  after: [a]"),
+             "desired/b.yaml": job_yaml("b", extra="  after: [a]"), "desired/providers.yaml": PROVIDERS}
     d = parse_desired(files)
     assert [e.file for e in d.errors] == ["desired/a.yaml"] and set(d.jobs) == {"b"}
     st = plan(d, Observed(), {}, NOW).statuses["b"]
