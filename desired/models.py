@@ -276,6 +276,20 @@ class JobSpec(Strict):
                     "member is a job of its own, named from the job's name and its values; "
                     "`${{ matrix.KEY }}` in `command` and `env` values is replaced by the member's value")
 
+    after: list[Name] = Field(
+        default_factory=list,
+        description="jobs of this repository that must have Succeeded before this job's run starts at all; "
+                    "one that Failed holds it until a new run of that job succeeds (no cycles, no unknown names)")
+
+    @field_validator("after")
+    @classmethod
+    def _after_names(cls, v: list[str]) -> list[str]:
+        """Job names, each once: a name given twice is a slip worth saying."""
+        twice = sorted({n for n in v if v.count(n) > 1})
+        if twice:
+            raise ValueError(f"{', '.join(twice)} is named more than once; name each job once")
+        return [check_dns_label(n) for n in v]
+
     @field_validator("env")
     @classmethod
     def _env_names(cls, v: dict[str, str]) -> dict[str, str]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import codecs
 import difflib
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from desired.matrix import Problem, Sweep, expand, stray_references
 from desired.models import HOSTED_PROVIDER_TYPES, Job, Provider, Settings, default_local_provider
+from desired.order import cycles
 from desired.suggest import did_you_mean, fields_at
 
 MAX_FILE_BYTES = 1_000_000
@@ -266,6 +267,7 @@ def parse_desired(files: Mapping[str, str | bytes], settings_text: str | bytes |
             state.errors.append(ManifestError(path, f"could not be read ({type(exc).__name__}: {exc})"))
     refused = _check_hosted_storage(state, origins)
     _check_placements(state, refused)
+    _check_after(state)
     return state
 
 
@@ -381,3 +383,49 @@ def _check_placements(state: DesiredState, refused: Collection[str] = ()) -> Non
             if error not in said:
                 said.add(error)
                 state.errors.append(error)
+
+
+def _check_after(state: DesiredState) -> None:
+    """`spec.after` names other jobs or sweeps of this repository (a sweep stands for all its
+    members), with no cycle. A job that breaks the rule is an error of its file and is left out, as
+    a job that does not parse is: held as it is, never started, while the others go on (a job that
+    waits for it says so). A sweep's members share their sweep's `after`: its error is said once."""
+    reasons: dict[str, str] = {}
+    broken = " (a manifest with errors defines none)" if state.files_with_errors - {SETTINGS_FILE} else ""
+    known = set(state.jobs) | set(state.sweeps)
+    for name, job in state.jobs.items():
+        own = state.sweep_of.get(name, name)
+        if own in job.spec.after:
+            reasons[name] = f"a job cannot run after itself; remove {own} from `after`"
+            continue
+        unknown = [n for n in job.spec.after if n not in known]
+        if unknown:
+            hint = did_you_mean(unknown[0], known) if len(unknown) == 1 else ""
+            todo = hint or "; name a job of this repository or remove it from `after`"
+            reasons[name] = f"no job named {', '.join(unknown)} is defined{broken}{todo}"
+    for group, loop in cycles({n: after_jobs(state, j.spec.after) for n, j in state.jobs.items()}):
+        said = (f"`after` makes a cycle, so none of these jobs could start: {_chain(loop)}; "
+                "remove one of these from `after`")
+        for name in group:
+            reasons.setdefault(name, said)
+    told: set[ManifestError] = set()
+    for name in sorted(reasons):
+        error = ManifestError(state.job_files.pop(name), reasons[name], None, "spec.after")
+        if error not in told:
+            told.add(error)
+            state.errors.append(error)
+        del state.jobs[name]
+
+
+def after_jobs(state: DesiredState, names: Sequence[str]) -> list[str]:
+    """The jobs `after` names, a sweep's name standing for each of its members."""
+    return [job for name in names for job in (state.sweeps[name].members if name in state.sweeps else [name])]
+
+
+def _chain(loop: list[str], most: int = 8) -> str:
+    """`a waits for b, which waits for a`; a long cycle is cut short (its size said), so that its
+    message stays readable and costs the same for each of its jobs."""
+    if len(loop) <= most:
+        return f"{loop[0]} waits for {', which waits for '.join(loop[1:])}"
+    return (f"{loop[0]} waits for {', which waits for '.join(loop[1:most - 1])}, and so on through "
+            f"{len(loop) - 1} jobs back to {loop[0]}")

@@ -26,6 +26,7 @@ from reconciler.trust.shown import escape
 if TYPE_CHECKING:
     from adapters.gitrepo import StateRepo
     from desired.models import Job
+    from desired.parse import DesiredState
     from reconciler.cli.review import Review
     from reconciler.daemon.loop import Reconciler, TickReport
     from status.models import JobStatus
@@ -220,12 +221,29 @@ def plan(
         console.print(show(line))
     for name, st in sorted(the_plan.statuses.items()):
         console.print(f"  {name}: {st.phase.value} — {show(st.message)}")
+        order = _plan_after(name, st, report.desired, the_plan.statuses)
+        if order:
+            console.print(f"    {show(order)}")
         outlook = _plan_outlook(st)
         if outlook:
             console.print(f"    {show(outlook)}")
     if manifest_errors:
         err.print(f"{len(manifest_errors)} manifest error(s); the other jobs are planned as shown")
         raise typer.Exit(1)
+
+
+def _plan_after(name: str, st: JobStatus, desired: DesiredState | None, planned: dict[str, JobStatus]) -> str:
+    """The jobs this one runs after, each as this plan leaves it: the order, and what it waits for."""
+    from reconciler.planner.dependencies import WAITING, dependencies
+
+    job = desired.jobs.get(name) if desired is not None else None
+    if desired is None or job is None or not job.spec.after:
+        return ""
+    deps = dependencies(job, desired.jobs, planned, desired.sweeps)
+    said = f"after: {', '.join(map(str, deps))}"
+    if st.message.startswith(WAITING) and all(d.done for d in deps):  # they succeed in this tick
+        return f"{said}; it stops waiting at the next tick"
+    return said
 
 
 def _plan_outlook(st: JobStatus) -> str:

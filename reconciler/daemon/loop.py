@@ -33,6 +33,7 @@ from reconciler.daemon.conditions import Conditions
 from reconciler.daemon.execute import execute, store_options
 from reconciler.daemon.notices import events, messages, store_messages
 from reconciler.daemon.subjects import status_message
+from reconciler.planner.dependencies import held_by_dependency
 from reconciler.planner.ledger import build_ledger
 from reconciler.planner.outlook.deadline import PlacementPolicy, choose
 from reconciler.planner.plan import Observed, Plan, RunObservation, apply_results, cancelled_by, confirms_cancel, plan
@@ -74,9 +75,12 @@ class TickReport:
 
     @property
     def all_terminal(self) -> bool:
+        """Every job is finished, or held by a job it runs after that will not succeed as it is:
+        neither moves without a new commit, so `run --until-done` stops (and says which failed)."""
         if self.desired is None or not self.desired.jobs:
             return False
-        return all(j in self.statuses and self.statuses[j].phase.terminal for j in self.desired.jobs)
+        return all(j in self.statuses and (self.statuses[j].phase.terminal or held_by_dependency(self.statuses[j]))
+                   for j in self.desired.jobs)
 
 
 class Reconciler:

@@ -1,10 +1,10 @@
 """Launching: where and when a job's next attempt goes, and whether a live one should move.
 Pure. The planner's last steps (reconciler.planner.plan runs them in order): `foresee` brings the job's
 forecast up to date, `reconsider` asks the placement policy whether a running attempt of a job
-with a deadline should stay or move, and `decide_launch` runs the launch guards, the back-off and
-then placement. Where a run should go, and why, is one question to time and money
-(reconciler.planner.outlook.where): plain cheapest-first for most jobs, the placement policy for jobs
-with a deadline or a budget.
+with a deadline should stay or move, and `decide_launch` runs the launch guards, the dependencies
+(`after`: reconciler.planner.dependencies), the back-off and then placement. Where a run should go,
+and why, is one question to time and money (reconciler.planner.outlook.where): plain cheapest-first
+for most jobs, the placement policy for jobs with a deadline or a budget.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from adapters.compute import WorkerPhase
 from desired.models import Job
+from reconciler.planner.dependencies import dependencies, waiting
 from reconciler.planner.health import clock
 from reconciler.planner.judge import (
     JOB_DEADLINE_STOP,
@@ -99,8 +100,8 @@ def reconsider(t: JobTick) -> bool:
 
 
 def decide_launch(t: JobTick) -> bool:
-    """Step 11: with no live attempt, whether (guards, back-off, the sweep's max_parallel) and where
-    (placement) to launch the next."""
+    """Step 11: with no live attempt, whether (guards, dependencies, back-off, the sweep's max_parallel)
+    and where (placement) to launch the next."""
     if t.job.spec.suspend:
         t.st.phase = Phase.SUSPENDED
         t.st.message = "suspended by the manifest (spec.suspend: true)"
@@ -110,6 +111,11 @@ def decide_launch(t: JobTick) -> bool:
         if reason:
             fail(t.st, reason)
             return True
+    waits = _awaiting_dependencies(t)
+    if waits:
+        t.st.phase = Phase.PENDING
+        t.st.message = waits
+        return True
     late = _too_late(t)
     if late:
         t.st.phase = Phase.PENDING
@@ -210,6 +216,15 @@ def _guard_deadline(t: JobTick) -> str:
 
 GUARDS: tuple[Callable[[JobTick], str], ...] = (
     _guard_config, _guard_retries, _guard_crash_loop, _guard_rapid_ends, _guard_budget, _guard_deadline)
+
+
+def _awaiting_dependencies(t: JobTick) -> str:
+    """Why the run may not start yet, or "": a job with `after` starts only once every job it names
+    has succeeded, by the statuses the tick read (one that succeeds during this tick lets it start
+    at the next). A run that has started is relaunched without waiting for anything."""
+    if not t.job.spec.after or t.st.total_attempts:
+        return ""
+    return waiting(dependencies(t.job, t.desired.jobs, t.recorded_jobs, t.desired.sweeps))
 
 
 def _too_late(t: JobTick) -> str:

@@ -10,10 +10,11 @@ unrecorded worker -> foresee (the forecast) -> stop on policy (suspend, deadline
 judge the live attempt -> note a lost worker against its provider's health (reconciler.planner.health,
 computed once per plan from every job's status and shared by all) -> wait while run storage has a
 fault -> reconsider where it runs ->
-finish -> hold a finished job -> decide the next launch. A step either passes the job on or
-settles its status for this tick. How attempts end is judged in `reconciler.planner.judge`; foresee,
-reconsider and the launch live in `reconciler.planner.launching`; the planner's inputs, actions and
-per-job state in `reconciler.planner.tick`.
+finish -> hold a finished job -> decide the next launch (guards, then the jobs it runs `after`).
+A step either passes the job on or settles its status for this tick. How attempts end is judged
+in `reconciler.planner.judge`; foresee, reconsider and the launch live in
+`reconciler.planner.launching`; the planner's inputs, actions and per-job state in
+`reconciler.planner.tick`.
 """
 
 from __future__ import annotations
@@ -118,8 +119,7 @@ def plan(desired: DesiredState, observed: Observed, recorded: dict[str, JobStatu
         if job is None:
             _plan_removed(out, recorded[name], workers, desired, observed, now, held)
         else:
-            _plan_job(out, job, recorded.get(name), workers, desired, observed, now, commit, busy,
-                      policy, reliability)
+            _plan_job(out, job, recorded, workers, desired, observed, now, commit, busy, policy, reliability)
         settle_live(out.sweep_live, out.statuses[name], workers)
     out.sweeps = sweep_changes(desired, recorded, out.statuses)
     return out
@@ -138,13 +138,15 @@ def own_quotas(desired: DesiredState, recorded: dict[str, JobStatus], observed: 
                                   - x.worker_hours, resets_at=x.period_start + WEEK) for x in lines}
 
 
-def _plan_job(out: Plan, job: Job, rec: JobStatus | None, workers: dict[WorkerRef, WorkerState],
+def _plan_job(out: Plan, job: Job, recorded: dict[str, JobStatus], workers: dict[WorkerRef, WorkerState],
               desired: DesiredState, observed: Observed, now: float, commit: str, busy: dict[str, int],
               policy: PlacementPolicy, reliability: dict[str, Reliability]) -> None:
+    rec = recorded.get(job.name)
     st = identify(job, rec, desired, observed, now, commit)
     st.held = None  # the loop adds a hold of the signature check; a cancel hold is _plan_removed's
     run = observed.runs.get((job.name, st.run_id), RunObservation())
-    t = JobTick(job, st, run, workers, desired, observed, now, out, busy, st.current, policy, reliability, rec)
+    t = JobTick(job, st, run, workers, desired, observed, now, out, busy, st.current, policy, reliability, rec,
+                recorded)
     for step in STEPS:
         if step(t):
             break

@@ -6,7 +6,7 @@ one module.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from adapters.compute import Allowance, WorkerPhase, WorkerRef, WorkerState
@@ -143,6 +143,7 @@ class JobTick:
     policy: PlacementPolicy = choose
     reliability: dict[str, Reliability] = field(default_factory=dict)
     recorded: JobStatus | None = None  # the job's status as the tick read it (`reliability` counts it)
+    recorded_jobs: Mapping[str, JobStatus] = field(default_factory=dict)  # every job's, as the tick read them
 
     @property
     def health(self) -> dict[str, ProviderHealth]:

@@ -175,3 +175,23 @@ def test_run_once_while_another_clone_leads_does_nothing_and_says_who_leads(stat
     elsewhere.resign(time.time())
     cli("run", "--once", "--repo", str(state_repo.path))
     assert (state_repo.path / "status" / "count.yaml").exists()
+
+
+def test_plan_says_what_a_job_runs_after_as_the_plan_leaves_it() -> None:
+    from reconciler.cli.main import _plan_after
+    from reconciler.planner.plan import Observed, RunObservation, plan
+    from status.models import Attempt, JobStatus, Phase
+    from tests.planner.test_plan import NOW, desired, job_yaml
+
+    d = desired(job_yaml("a"), job_yaml("b", extra="  after: [a]"))
+    run_id = d.jobs["a"].run_id()
+    a = JobStatus(job="a", run_id=run_id, phase=Phase.RUNNING, total_attempts=1, attempts=[
+        Attempt(run_id=run_id, epoch=1, provider="free", worker="w", started=NOW - 100)])
+    running = plan(d, Observed(), {"a": a}, NOW)
+    assert _plan_after("b", running.statuses["b"], d, running.statuses) == "after: a (Running)"
+    ends = Observed(runs={("a", run_id): RunObservation(lease_epoch=1, done=True, done_time=NOW - 5)})
+    ended = plan(d, ends, {"a": a}, NOW)  # a completes in this tick; b saw it Running
+    assert ended.statuses["b"].message == "waiting for: a (Running)"
+    assert _plan_after("b", ended.statuses["b"], d, ended.statuses) == \
+        "after: a (Succeeded); it stops waiting at the next tick"
+    assert _plan_after("a", ended.statuses["a"], d, ended.statuses) == ""

@@ -155,7 +155,8 @@ def test_a_dirty_manifest_or_unknown_job_is_refused(state_repo: StateRepoFixture
     assert res.returncode == 1
     assert "error: desired/jobs.yaml has uncommitted changes; commit or stash them first" in res.stderr
     res = cli("cancel", "ghost", "--repo", str(state_repo.path), check=False)
-    assert res.returncode == 1 and "no job named ghost in desired/ at HEAD (jobs and sweeps: other, sweep)" in res.stderr
+    assert res.returncode == 1
+    assert "no job named ghost in desired/ at HEAD (jobs and sweeps: other, sweep)" in res.stderr
     assert state_repo.git("rev-parse", "HEAD") == head
 
 

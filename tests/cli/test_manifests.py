@@ -243,3 +243,52 @@ def test_a_credential_in_env_is_refused_with_the_way_to_name_it_as_a_secret(name
     assert len(state.errors) == 1 and f"{name} holds a credential: name it under `secrets:`" in str(state.errors[0])
     moved = JOB_ON_KAG.replace("placement: {providers: [kag]}", f"secrets: [{name}]")
     assert not parse_desired({"desired/j.yaml": moved}).errors
+
+
+def after_files(after: dict[str, list[str]]) -> dict[str, str]:
+    """One file per job, each with a second job beside it that names nothing."""
+    return {f"desired/{name}.yaml": job_named(name) + f"  after: {json.dumps(names)}\n---\n" + job_named(f"{name}-too")
+            for name, names in after.items()}
+
+
+CYCLE = "`after` makes a cycle, so none of these jobs could start: {}; remove one of these from `after`"
+
+
+@pytest.mark.parametrize(("after", "bad", "message"), [
+    ({"prepare": [], "train": ["prepar"]}, ["train"], "no job named prepar is defined; did you mean `prepare`?"),
+    ({"train": ["zzz"]}, ["train"],
+     "no job named zzz is defined; name a job of this repository or remove it from `after`"),
+    ({"train": ["train"]}, ["train"], "a job cannot run after itself; remove train from `after`"),
+    ({"a": ["b"], "b": ["a"]}, ["a", "b"], CYCLE.format("a waits for b, which waits for a")),
+    ({"a": ["c"], "b": ["a"], "c": ["b"], "d": ["a"]}, ["a", "b", "c"],
+     CYCLE.format("a waits for c, which waits for b, which waits for a")),
+    ({"x": [], "train": ["x", "x"]}, ["train"], "x is named more than once; name each job once"),
+])
+def test_after_naming_an_unknown_job_itself_or_a_cycle_is_an_error_of_those_jobs_alone(
+        after: dict[str, list[str]], bad: list[str], message: str) -> None:
+    state = parse_desired({**after_files(after), "desired/ok.yaml": GOOD})
+    assert [(e.file, e.field, e.message) for e in state.errors] == [
+        (f"desired/{name}.yaml", "spec.after", message) for name in bad]
+    assert set(state.jobs) == {"good"} | {f"{n}-too" for n in after} | set(after) - set(bad)
+
+
+def test_a_job_whose_after_names_a_job_of_a_broken_file_says_that_file_defines_none() -> None:
+    state = parse_desired({"desired/a.yaml": job_named("a").replace("command:", "comand:"),
+                           **after_files({"b": ["a"]})})
+    said = {e.file: e.message for e in state.errors}
+    assert said["desired/b.yaml"] == ("no job named a is defined (a manifest with errors defines none); name a job of "
+                                      "this repository or remove it from `after`")
+
+
+def test_a_cycle_holds_its_jobs_in_a_real_tick_and_validate_names_them(state_repo: StateRepoFixture) -> None:
+    for path, text in {**after_files({"a": ["b"], "b": ["a"]}), "desired/good.yaml": GOOD}.items():
+        state_repo.write(path, text)
+    state_repo.commit("a cycle")
+    report = Reconciler(state_repo.path).tick()
+    assert sorted(report.statuses) == ["a-too", "b-too", "good"]  # a and b are neither started nor failed
+    assert {st.phase for st in report.statuses.values()} <= {Phase.LAUNCHING, Phase.PENDING}
+    assert any("desired/a.yaml field spec.after" in e and "a waits for b" in e for e in report.errors)
+    res = subprocess.run([sys.executable, "-m", "reconciler", "validate", "--repo", str(state_repo.path)],
+                         capture_output=True, text=True)
+    assert res.returncode == 1
+    assert "desired/b.yaml field spec.after: `after` makes a cycle" in " ".join(res.stderr.split())
