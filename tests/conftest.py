@@ -20,13 +20,6 @@ def _git(path: Path, *args: str) -> str:
                                "GIT_COMMITTER_NAME": "alice", "GIT_COMMITTER_EMAIL": "alice@example.com"}).stdout
 
 
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked `slow` (the longest of a CI run, CONTRIBUTING.md lists them) run first: with
-    xdist handing out one test at a time (scripts/test), a long test that starts last would run on
-    alone while the other workers sit idle."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
 class StateRepoFixture:
     """A user's state repository: write manifests, commit them like a person would."""
 

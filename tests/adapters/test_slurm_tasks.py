@@ -15,8 +15,6 @@ import time
 import uuid
 from pathlib import Path
 
-import pytest
-
 from adapters.compute import LaunchSpec, WorkerPhase
 from adapters.slurm import SlurmAdapter
 from adapters.storage import COMMIT_FILE
@@ -53,7 +51,6 @@ def launch(adapter: SlurmAdapter, store: Store, folder: object, epoch: int, cfg:
     return adapter.launch(spec)
 
 
-@pytest.mark.slow
 def test_a_two_task_job_trains_as_two_ranks_commits_once_per_checkpoint_and_resumes_after_a_kill(
         slurm: Slurm, tmp_path: Path) -> None:
     store = Store("file", str(tmp_path / "runs"))

@@ -89,7 +89,6 @@ def running(report: TickReport) -> bool:
     return st is not None and st.phase.value == "Running"
 
 
-@pytest.mark.slow
 def test_two_repositories_with_a_job_of_the_same_name_leave_each_other_s_worker_alone(
     setup: Setup, tmp_path: Path
 ) -> None:

@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 import yaml
 
 from tests.conftest import StateRepoFixture, _git
@@ -116,7 +115,6 @@ def test_a_changed_tick_seconds_applies_without_a_restart(state_repo: StateRepoF
     assert "tick_seconds changed from 2 to 3600" in (tmp_path / "daemon.log").read_text()
 
 
-@pytest.mark.slow
 def test_two_daemons_on_two_clones_elect_one_and_the_survivor_adopts_the_worker(
         state_repo: StateRepoFixture, local_workdir: Path, tmp_path: Path) -> None:
     remote = tmp_path / "remote.git"

@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 import yaml
 
 from adapters.compute import WorkerPhase
@@ -134,7 +133,6 @@ def test_job_that_always_fails_is_failed_after_retry_budget_with_log_tail(state_
     assert "boom: no such dataset" in state_repo.status_text("crash")
 
 
-@pytest.mark.slow
 def test_twenty_interruptions_are_free_and_the_job_still_succeeds(state_repo: StateRepoFixture) -> None:
     # The job's own exit_codes rule makes its exit 75 free (the local provider has no word of its own).
     flaky = [sys.executable, str(WORKLOAD), "0.0", "--interrupt-until-epoch", "20"]

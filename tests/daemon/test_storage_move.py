@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from adapters.storage import RunFolder
 from reconciler.daemon.loop import Reconciler
 from status.models import Phase
@@ -19,7 +17,6 @@ def _settings(state_repo: StateRepoFixture, store: Path) -> None:
     state_repo.write("reconciler.yaml", f"storage: file://{store}\ntick_seconds: 0.5\n")
 
 
-@pytest.mark.slow
 def test_a_storage_change_never_charges_a_live_run_nor_loses_a_paused_ones_progress(
         state_repo: StateRepoFixture, tmp_path: Path) -> None:
     state_repo.write("desired/live.yaml", job("live", counter(0.5)))

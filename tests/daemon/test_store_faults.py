@@ -233,7 +233,6 @@ class Failing503:
         self.server.shutdown()
 
 
-@pytest.mark.slow
 def test_an_s3_store_answering_503_charges_no_job_and_the_job_completes_after(
         tmp_path: Path, local_workdir: Path, s3_endpoint: str,  # noqa: F811 - a fixture
         monkeypatch: pytest.MonkeyPatch) -> None:

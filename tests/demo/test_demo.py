@@ -7,10 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
-
-@pytest.mark.slow
 def test_demo_succeeds_under_chaos_and_prints_the_summary_last(tmp_path: Path) -> None:
     res = subprocess.run(
         [sys.executable, "-m", "reconciler", "demo", "--dir", str(tmp_path / "demo"), "--seed", "7",

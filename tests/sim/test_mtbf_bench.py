@@ -10,8 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 LINE = re.compile(r"learned_vs_true_after_10=(\S+) every_minute=(\S+) every_hour=(\S+)")
 
@@ -22,7 +20,6 @@ def told(stdout: str, phase: str) -> list[float]:
     return [float(x.replace(",", "")) for x in row.split("|")[3].split("/")]
 
 
-@pytest.mark.slow
 def test_quick_run_learns_each_rate_and_meets_the_goal_after_ten_interruptions() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     res = subprocess.run([sys.executable, str(ROOT / "bench" / "mtbf.py"), "--quick"], capture_output=True,

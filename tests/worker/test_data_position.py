@@ -249,7 +249,6 @@ def read_order(path: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("kind", ["map", "iterable"])
-@pytest.mark.slow
 def test_shuffled_loader_with_workers_survives_sigkill_mid_epoch(store: Store, tmp_path: Path, kind: str) -> None:
     module = "tests.worker.workloads.data_train"
     ref_folder = store.folder()
@@ -304,7 +303,6 @@ def test_two_ranks_resume_their_distributed_sampler_positions(tmp_path: Path) ->
     assert_same(load(str(tmp_path / "ref.pt")), load(str(tmp_path / "resumed.pt")))
 
 
-@pytest.mark.slow
 def test_torchrun_ranks_with_two_loader_workers_each_resume_their_share(tmp_path: Path) -> None:
     """The same under torchrun itself, every rank reading through two DataLoader workers."""
     store = Store("file", str(tmp_path / "runs"))
@@ -336,7 +334,6 @@ def test_torchrun_ranks_with_two_loader_workers_each_resume_their_share(tmp_path
     assert_same(load(str(tmp_path / "ref.pt")), load(str(tmp_path / "resumed.pt")))
 
 
-@pytest.mark.slow
 def test_word_language_model_example_survives_sigkill_mid_epoch(store: Store, tmp_path: Path) -> None:
     module = "tests.worker.workloads.lm_child"
     ref_folder = store.folder()

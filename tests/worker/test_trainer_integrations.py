@@ -96,7 +96,6 @@ def leftovers(folder: RunFolder, tmp: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("trainer", sorted(TRAINERS))
-@pytest.mark.slow
 def test_trainer_killed_then_stopped_resumes_from_its_checkpoint_and_matches_an_uninterrupted_run(
     trainer: str, tmp_path: Path
 ) -> None:
@@ -150,7 +149,6 @@ def test_trainer_killed_then_stopped_resumes_from_its_checkpoint_and_matches_an_
     assert_same(load(str(tmp_path / "ref.pt")), load(str(tmp_path / "out.pt")), f"{trainer} final weights")
 
 
-@pytest.mark.slow
 def test_lightning_stopped_by_its_own_sigterm_handling_saves_that_step_and_exits_75(tmp_path: Path) -> None:
     """A SIGTERM that lands after the callback's per-batch check is seen first by Lightning,
     which ends the loop with SIGTERMException: the callback's exception hook takes the final

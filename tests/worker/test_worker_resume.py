@@ -6,8 +6,6 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import pytest
-
 from tests.worker.harness import Store, assert_same, attempt, load
 
 STEPS = 40
@@ -24,7 +22,6 @@ def reference(store: Store, seed: int, out: Path) -> object:
     return load(str(out))
 
 
-@pytest.mark.slow
 def test_resume_after_sigkill_at_random_steps_is_bitwise_equal_to_uninterrupted(store: Store, tmp_path: Path) -> None:
     rng = random.Random(20261202)
     plans = {

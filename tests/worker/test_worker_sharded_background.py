@@ -60,7 +60,6 @@ def s3_listing(store: Store, folder: RunFolder, step: int, epoch: int) -> set[st
     return {p.rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)} if fs.exists(path) else set()
 
 
-@pytest.mark.slow
 def test_sharded_saves_to_s3_survive_a_rank_killed_mid_save_and_resume_on_three_ranks(
         s3_store: Store, sharded_reference: Any, tmp_path: Path) -> None:
     folder = s3_store.folder()
@@ -89,7 +88,6 @@ def test_sharded_saves_to_s3_survive_a_rank_killed_mid_save_and_resume_on_three_
     assert last is not None and last["world_size"] == 3
 
 
-@pytest.mark.slow
 def test_a_damaged_shard_on_s3_is_refused_and_the_checkpoint_before_is_used(
         s3_store: Store, sharded_reference: Any, tmp_path: Path) -> None:
     folder = s3_store.folder()
