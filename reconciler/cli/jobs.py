@@ -263,24 +263,24 @@ def _change(job: str, repo: Path, what: str, subdir: str = "") -> None:
 
 
 @app.command()
-def suspend(job: Annotated[str, typer.Argument(help="the job to suspend")], repo: RepoOption = Path("."),
-            path: PathOption = "") -> None:
+def suspend(job: Annotated[str, typer.Argument(help="the job, or a sweep with all its members, to suspend")],
+            repo: RepoOption = Path("."), path: PathOption = "") -> None:
     """Set `suspend: true` in the job's manifest and commit it (and push it, when a remote is set): the
     daemon stops its worker after a final checkpoint and keeps its progress."""
     _change(job, repo, "suspend", path)
 
 
 @app.command()
-def resume(job: Annotated[str, typer.Argument(help="the job to resume")], repo: RepoOption = Path("."),
-           path: PathOption = "") -> None:
+def resume(job: Annotated[str, typer.Argument(help="the job, or a sweep with all its members, to resume")],
+           repo: RepoOption = Path("."), path: PathOption = "") -> None:
     """Set `suspend: false` in the job's manifest and commit it (and push it): the run continues from
     its last checkpoint."""
     _change(job, repo, "resume", path)
 
 
 @app.command()
-def cancel(job: Annotated[str, typer.Argument(help="the job to cancel")], repo: RepoOption = Path("."),
-           path: PathOption = "") -> None:
+def cancel(job: Annotated[str, typer.Argument(help="the job, or a sweep with all its members, to cancel")],
+           repo: RepoOption = Path("."), path: PathOption = "") -> None:
     """Remove the job's manifest (its document; the file when it was the only one) and commit it (and
     push it): the daemon stops the run; its status file stays as history."""
     _change(job, repo, "cancel", path)

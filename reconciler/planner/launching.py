@@ -111,15 +111,7 @@ def decide_launch(t: JobTick) -> bool:
         if reason:
             fail(t.st, reason)
             return True
-    waits = _awaiting_dependencies(t)
-    if waits:
-        t.st.phase = Phase.PENDING
-        t.st.message = waits
-        return True
-    late = _too_late(t)
-    if late:
-        t.st.phase = Phase.PENDING
-        t.st.message = late
+    if _pending(t, _awaiting_dependencies(t)) or _pending(t, _too_late(t)):
         return True
     if _backing_off(t):
         return True
@@ -129,13 +121,18 @@ def decide_launch(t: JobTick) -> bool:
         t.st.phase = Phase.PENDING
         t.st.message = f"moving the run's data from {t.st.storage} to {t.desired.settings.storage}"
         return True
-    full = _sweep_full(t)
-    if full:
-        t.st.phase = Phase.PENDING
-        t.st.message = full
+    if _pending(t, _sweep_full(t)):
         return True
     _place(t)
     return True
+
+
+def _pending(t: JobTick, why: str) -> bool:
+    """The job waits (Pending) for `why`; False when there is no reason to."""
+    if why:
+        t.st.phase = Phase.PENDING
+        t.st.message = why
+    return bool(why)
 
 
 def _sweep_full(t: JobTick) -> str:
