@@ -75,7 +75,7 @@ def init(path: Annotated[Path, typer.Argument(help="folder for the new state rep
     (path / "desired").mkdir(exist_ok=True)
     (path / "status").mkdir(exist_ok=True)
     created = []
-    identity = f"identity: {secrets.token_hex(6)}   # this repository's name on workers; keep it unique\n"
+    identity = f"identity: \"{secrets.token_hex(6)}\"   # this repository's name on workers; keep it unique\n"
     for rel, text in (("desired/hello.yaml", EXAMPLE_JOB), ("reconciler.yaml", EXAMPLE_SETTINGS + identity)):
         target = path / rel
         if not target.exists():

@@ -1,5 +1,5 @@
 """End to end on the fake Kaggle: the real `reconciler run --until-done` in a subprocess, run storage
-on an S3 server (moto), a counter job preferring `kaggle` (sessions scaled down to seconds) with
+on an S3 server (moto), a counter job preferring `kaggle` (sessions scaled down to 20 s) with
 `local` beside it. The first attempt meets Kaggle's session end: the bootstrap's deadline makes the
 worker save and exit 75 before the cut, which is a session end (free); the run then finishes on
 either provider from its checkpoint, at exactly the target step. The job has one kernel on Kaggle,
@@ -40,7 +40,10 @@ from tests.fakes.kaggle import FakeKaggle
 from tests.worker.conftest import s3_endpoint  # noqa: F401 - a fixture
 from tests.worker.harness import S3_CREDENTIALS
 
-TARGET = 50
+TARGET = 80
+STEP_SECONDS = 0.2  # 16 s of counting: more than one 20 s session holds once the worker has started
+SESSION_SECONDS = 20  # long enough that a worker started on a loaded machine (CI runs six test
+                      # processes on two cores) checkpoints before the bootstrap's deadline
 IDENTITY = "kaggle-e2e"  # the state repository's identity, so the test knows the job's kernel
 STORAGE_SECRETS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 
@@ -49,7 +52,7 @@ def job(name: str, gpus: int = 0, providers: tuple[str, ...] = ("kaggle", "local
     return yaml.safe_dump({
         "apiVersion": "reconciler.dev/v1", "kind": "Job", "metadata": {"name": name},
         "spec": {
-            "command": [sys.executable, COUNTER, "0.1"],
+            "command": [sys.executable, COUNTER, str(STEP_SECONDS)],
             "target_steps": TARGET, "checkpoint_every": 5,
             "env": {"RECONCILER_GRACE": "3"},
             "secrets": ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"],
@@ -78,11 +81,11 @@ def run_on_fake_kaggle(state_repo: StateRepoFixture, tmp_path: Path, monkeypatch
                        s3_endpoint: str, gpus: int = 0,  # noqa: F811 - a fixture's value
                        during: Callable[[FakeKaggle], None] | None = None,
                        providers: tuple[str, ...] = ("kaggle", "local")) -> tuple[dict, FakeKaggle]:
-    """The daemon until done, on the fake Kaggle (12 s sessions) and local; `during` runs once the
+    """The daemon until done, on the fake Kaggle (20 s sessions) and local; `during` runs once the
     first kernel exists. Returns the job's status and the (stopped) fake."""
     fake = kaggle_with_storage_secrets(tmp_path)
     write_settings(state_repo, s3_endpoint, tick_seconds=0.5)
-    kaggle = KaggleSettings(api_url=fake.url, username=fake.username, session_hours=12 / 3600,
+    kaggle = KaggleSettings(api_url=fake.url, username=fake.username, session_hours=SESSION_SECONDS / 3600,
                             save_margin_seconds=2, request_timeout_seconds=10, min_quota_hours=1)
     state_repo.write("desired/kaggle.yaml", provider_manifest("kaggle", kaggle, concurrency=1))
     local = yaml.safe_load(provider_manifest("local", LocalSettings(), concurrency=1))
