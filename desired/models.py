@@ -677,6 +677,15 @@ class Settings(Strict):
         """These settings with `storage` resolved for the repository `key` names (its identity)."""
         return self if self.storage else self.model_copy(update={"storage": REPOSITORY_STORAGE.format(key=key)})
 
+    @field_validator("identity", mode="before")
+    @classmethod
+    def _identity_is_text(cls, v: object) -> object:
+        """YAML reads an unquoted all-digit identity (as early `reconciler init`s wrote) as a number."""
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            raise ValueError("YAML read the identity as a number: put it in quotes as written, "
+                             "e.g. identity: \"012345678901\"")
+        return v
+
     @field_validator("identity")
     @classmethod
     def _identity(cls, v: str | None) -> str | None:

@@ -27,6 +27,20 @@ def test_init_writes_a_random_identity_into_reconciler_yaml(tmp_path) -> None:
     assert identities[0] != identities[1]
 
 
+def test_an_all_digit_identity_from_init_reads_back_as_written(tmp_path, monkeypatch) -> None:
+    """One identity in about 280 is twelve digits, which YAML would read as a number unquoted."""
+    monkeypatch.setattr("secrets.token_hex", lambda n: "012345678901")
+    assert CliRunner().invoke(app, ["init", str(tmp_path)]).exit_code == 0
+    settings, errors = parse_settings((tmp_path / "reconciler.yaml").read_bytes())
+    assert not errors and settings.identity == "012345678901"
+
+
+def test_an_unquoted_numeric_identity_is_refused_with_how_to_quote_it() -> None:
+    _, errors = parse_settings(b"identity: 123456789012\n")
+    assert len(errors) == 1 and errors[0].field == "identity"
+    assert "read the identity as a number: put it in quotes" in errors[0].message, errors
+
+
 def test_identity_is_the_setting_or_else_derived_from_the_first_commit(state_repo: StateRepoFixture) -> None:
     root = state_repo.git("rev-list", "--max-parents=0", "HEAD").strip()
     assert StateRepo(state_repo.path).root_commit() == root
