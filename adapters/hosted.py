@@ -73,6 +73,7 @@ SDK_FILES = (
     "adapters/stores/faults.py",
     "adapters/series.py",
     "adapters/storage.py",
+    "adapters/artifacts.py",
     "adapters/s3.py",
     "status/__init__.py",
     "status/redact.py",

@@ -4,7 +4,8 @@ The wrapper reads the same environment as `open_run` (RECONCILER_RUN_URI, RECONC
 heartbeats progress.json while the child runs, forwards SIGTERM, SIGINT and SIGUSR1 to it, and
 maps its exit onto the contract of DESIGN.md §3:
 
-- child exits 0            -> done.json is created (fenced), exit 0
+- child exits 0            -> the files in RECONCILER_OUTPUT_DIR are uploaded, then done.json is
+                              created (fenced) listing them, exit 0
 - a forwarded signal came  -> exit 75 (interrupted; the child had the notice to save its own state)
 - RECONCILER_DEADLINE near -> the child gets SIGTERM RECONCILER_GRACE seconds (default 30) before
                               it, exit 75, as for a forwarded SIGTERM; the command is not started
@@ -14,6 +15,9 @@ maps its exit onto the contract of DESIGN.md §3:
   at each heartbeat)       -> the child gets SIGTERM, exit 75, as for a forwarded SIGTERM
 - the attempt was replaced -> the child is terminated, exit 75, nothing more is written
 - otherwise                -> the child's exit code (128+N when it died of signal N)
+
+Before the child starts, the outputs of the jobs this one runs after are downloaded and verified
+under RECONCILER_INPUT_DIR (adapters/artifacts.py); a missing one fails the attempt, exit 1.
 
 The child may report progress by writing its step, optionally followed by a JSON object of
 metrics (``1200 {"loss": 0.5}``), to the file named by RECONCILER_STEP_FILE in its environment.
@@ -30,8 +34,10 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 
+from adapters import artifacts
 from adapters.storage import Fenced, RunFolder, StorageError
 
 EXIT_INTERRUPTED = 75
@@ -101,8 +107,14 @@ def main(argv: list[str]) -> int:
     except StorageError as exc:
         _say(str(exc))
         return 2
+    try:
+        output_dir, input_dir = artifacts.attempt_dirs(env)
+        artifacts.fetch_inputs(env, input_dir)
+    except (StorageError, OSError) as exc:
+        _say(f"the inputs could not be fetched: {exc}")
+        return 1
     stop_at = None if deadline is None else deadline - grace
-    return _supervise(args, _Attempt(folder, epoch, interval, target, stop_at))
+    return _supervise(args, _Attempt(folder, epoch, interval, target, stop_at, output_dir))
 
 
 @dataclass
@@ -112,6 +124,7 @@ class _Attempt:
     interval: float
     target: int | None
     stop_at: float | None  # unix time at which the child gets SIGTERM (deadline minus grace)
+    output_dir: Path  # RECONCILER_OUTPUT_DIR: uploaded when the command succeeds
     step_file: str = ""
     tag: str | None = None
     last: int = 0  # the child's last reported step
@@ -208,12 +221,16 @@ def _finish(code: int, att: _Attempt) -> int:
     step, metrics = _read_step(att.step_file)
     record = {"step": step if step is not None else att.last, "metrics": metrics, "time": time.time()}
     try:
+        att.folder.check_epoch(att.epoch)  # a replaced attempt uploads nothing
+        found = artifacts.upload_outputs(att.folder, att.epoch, att.output_dir)
+        if found is not None:
+            record["outputs"] = found
         att.folder.mark_done(att.epoch, record)
     except Fenced as exc:
         _say(f"{exc}; not marking the run done")
         return EXIT_INTERRUPTED
     except StorageError as exc:
-        _say(f"the command succeeded but done.json could not be written: {exc}")
+        _say(f"the command succeeded but its outputs or done.json could not be written: {exc}")
         return 1
     return 0
 

@@ -141,6 +141,16 @@ class Forecast(Model):
     providers: dict[str, ProviderForecast] = Field(default_factory=dict)
 
 
+class Output(Model):
+    """A file the run's completing attempt left in RECONCILER_OUTPUT_DIR (`reconciler artifacts pull`)."""
+
+    path: str
+    size: int  # bytes
+
+
+OUTPUTS_LISTED = 50  # outputs a status lists by name; the rest are counted in `outputs_more`
+
+
 class JobStatus(Model):
     job: str
     phase: Phase = Phase.PENDING
@@ -167,6 +177,10 @@ class JobStatus(Model):
     # jobs (until confirmed) or one whose signature did not verify (reconciler.yaml `signatures:`).
     held: str | None = None
     storage_fault: str | None = None  # what is wrong with run storage while the job waits for it
+    # The completed run's outputs by path, the first OUTPUTS_LISTED of them, and how many more it left
+    # (None until a run leaves some, so that a status without any reads as before).
+    outputs: list[Output] | None = None
+    outputs_more: int | None = None
 
     @property
     def current(self) -> Attempt | None:
@@ -358,6 +372,16 @@ def when(ts: float) -> str:
 def money(x: float) -> str:
     """Dollars: cents under $10, whole dollars above (projections are rounded to two figures anyway)."""
     return f"${x:,.0f}" if abs(x) >= 10 else f"${x:.2f}"
+
+
+def size_text(n: int) -> str:
+    """Bytes as people read them: 512 B, 1.5 KiB, 2.0 GiB (binary units, one decimal)."""
+    if n < 1024:
+        return f"{n} B"
+    value, units = n / 1024, ["KiB", "MiB", "GiB", "TiB"]
+    while value >= 1024 and len(units) > 1:
+        value, units = value / 1024, units[1:]
+    return f"{value:.1f} {units[0]}"
 
 
 def hours(h: float) -> str:

@@ -47,3 +47,6 @@ def flow_command_help(app: typer.Typer) -> None:
         doc = info.help if info.help is not None else inspect.getdoc(info.callback) if info.callback else None
         if doc:
             info.help = flowing(doc)
+    for group in app.registered_groups:  # `reconciler artifacts ls`, ...
+        if group.typer_instance is not None:
+            flow_command_help(group.typer_instance)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from adapters import artifacts
 from adapters.compute import (
     SECRETS_AT_PROVIDER,
     ComputeAdapter,
@@ -140,6 +141,9 @@ def _launch(action: Launch, job: Job, adapters: dict[str, ComputeAdapter], setti
         return LaunchResult(action, unavailable=False, error=(
             f"secret {', '.join(missing)} is not set in the reconciler's environment; set it and the "
             "next tick launches"))
+    handed = [replace(i, storage=i.storage or settings.storage) for i in action.inputs]
+    if why := artifacts.unavailable_inputs(handed, lambda store: store_options(store, settings)):
+        return LaunchResult(action, unavailable=False, error=f"an input is not available: {why}")
     folder = RunFolder.for_run(settings.storage, job.name, action.run_id, dict(settings.storage_options))
     try:
         epoch = folder.bump_lease()
@@ -148,7 +152,9 @@ def _launch(action: Launch, job: Job, adapters: dict[str, ComputeAdapter], setti
     workdir = job.spec.code.path
     spec = LaunchSpec(
         job=job.name, run_id=action.run_id, epoch=epoch, command=list(job.spec.command),
-        env=with_mtbf(worker_env(job, folder, action.run_id, epoch), action.mtbf_seconds),
+        env=with_mtbf({**worker_env(job, folder, action.run_id, epoch),
+                       **artifacts.inputs_env(handed, lambda store: store_options(store, settings))},
+                      action.mtbf_seconds),
         secret_env=secrets, workdir=workdir,
         cpus=job.spec.resources.cpus, memory_gb=job.spec.resources.memory_gb, gpus=job.spec.resources.gpus,
         gpu_model=job.spec.resources.gpu_model, gpu_memory_gb=job.spec.resources.gpu_memory_gb,

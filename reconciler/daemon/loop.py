@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, cast
+from typing import IO, Any, cast
 
 from adapters.compute import ComputeAdapter, ProviderConfigError, WorkerPhase, WorkerRef
 from adapters.gitrepo import DESIRED_DIR, STATUS_DIR, TRAILER, GitError, StateRepo, status_branch_for
@@ -620,9 +620,20 @@ def read_run(storage: str, job: str, run_id: str, options: dict[str, str]) -> Ru
             done=done is not None,
             done_time=_number(done.get("time")) if done else None,
             done_step=int(step) if done and isinstance(step := done.get("step"), int) else None,
+            outputs=_listed_outputs(done),
         )
     except (StorageError, OSError, ValueError) as exc:
         return RunObservation(error=str(exc))
+
+
+def _listed_outputs(done: dict[str, Any] | None) -> tuple[tuple[str, int], ...]:
+    """(path, bytes) of each output the completion record lists; a malformed list shows as none here
+    (`reconciler artifacts` says what is wrong with it)."""
+    files = ((done or {}).get("outputs") or {}).get("files")
+    if not isinstance(files, dict):
+        return ()
+    return tuple(sorted((str(k), int(v["size"])) for k, v in files.items()
+                        if isinstance(v, dict) and isinstance(v.get("size"), int)))
 
 
 def _number(value: object) -> float | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from adapters.artifacts import Input
 from desired.matrix import Sweep
 from desired.models import Job
 from status.models import JobStatus, Phase
@@ -82,3 +83,17 @@ def waiting(deps: list[Dependency]) -> str:
 def held_by_dependency(st: JobStatus) -> bool:
     """The job waits for a dependency that will not succeed as it is: only a new commit moves it."""
     return st.phase == Phase.PENDING and st.message.startswith(HELD)
+
+
+def inputs(job: Job, statuses: Mapping[str, JobStatus], sweeps: Mapping[str, Sweep] | None = None) -> tuple[Input, ...]:
+    """The succeeded runs whose outputs a launch of `job` hands over, in the order `after` names
+    them: a job's under its name, a sweep's under <sweep>/<member>. Storage "" is the settings'."""
+    sweeps = sweeps or {}
+    found = []
+    for name in job.spec.after:
+        members = [(f"{name}/{m}", m) for m in sweeps[name].members] if name in sweeps else [(name, name)]
+        for folder, member in members:
+            st = statuses.get(member)
+            if st is not None and st.phase == Phase.SUCCEEDED:
+                found.append(Input(folder, member, st.run_id, st.storage))
+    return tuple(found)

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from adapters.compute import WorkerPhase
 from desired.models import Job
-from reconciler.planner.dependencies import dependencies, waiting
+from reconciler.planner.dependencies import dependencies, inputs, waiting
 from reconciler.planner.health import clock
 from reconciler.planner.judge import (
     JOB_DEADLINE_STOP,
@@ -313,7 +313,8 @@ def _launch(t: JobTick, name: str, mtbf_seconds: float | None) -> None:
     reason = ("first launch" if not st.attempts  # attempts of a replaced run are kept, but not counted
               else "first launch of the new run" if not st.total_attempts else f"relaunch after: {last_detail(st)}")
     avoid = tuple(sorted(h for p, h in t.observed.bad_hosts | bad_hosts([st], t.now) if p == name))
-    t.out.actions.append(Launch(t.job.name, st.run_id, name, reason, avoid, mtbf_seconds))
+    handed = inputs(t.job, t.recorded_jobs, t.desired.sweeps) if t.job.spec.after else ()
+    t.out.actions.append(Launch(t.job.name, st.run_id, name, reason, avoid, mtbf_seconds, handed))
     st.phase = Phase.LAUNCHING
     st.message = f"launching on {name}"
 

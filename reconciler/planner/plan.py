@@ -60,9 +60,11 @@ from status.models import (
     LOG_TAIL_CHARS,
     MAX_ATTEMPTS_KEPT,
     MAX_REFUSALS_KEPT,
+    OUTPUTS_LISTED,
     Attempt,
     JobStatus,
     Outcome,
+    Output,
     Phase,
     Progress,
     Refusal,
@@ -385,6 +387,9 @@ def finish(t: JobTick) -> bool:
         t.st.progress = Progress(step=max(t.run.durable_step, t.run.done_step or 0, target or 0, t.st.progress.step),
                                  target=target)
         t.st.message = "run completed"
+        listed = t.run.outputs
+        t.st.outputs = [Output(path=path, size=size) for path, size in listed[:OUTPUTS_LISTED]] or None
+        t.st.outputs_more = len(listed) - OUTPUTS_LISTED if len(listed) > OUTPUTS_LISTED else None
         t.st.forecast = None
         t.st.backoff_until = None
         t.st.provider_backoff = {}

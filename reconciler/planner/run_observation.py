@@ -23,6 +23,8 @@ class RunObservation:
     done: bool = False
     done_time: float | None = None  # the worker's clock when it wrote the completion record
     done_step: int | None = None  # the last step, as the completion record says
+    # The outputs the completion record lists, (path, bytes) by path (adapters/artifacts.py).
+    outputs: tuple[tuple[str, int], ...] = field(default=(), compare=False)
     error: str | None = None  # storage could not be read
     # Since when (reconciler's clock) and over how many observations the heartbeat has not changed;
     # None when the loop has no such memory yet (just started): then nothing is judged stalled.

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from adapters.artifacts import Input
 from adapters.compute import Allowance, WorkerPhase, WorkerRef, WorkerState
 from adapters.stores.faults import StoreFault
 from desired.models import Capacity, Job, Provider
@@ -54,6 +55,8 @@ class Launch:
     # The provider's measured mean time between failures, passed as RECONCILER_MTBF_SECONDS (the
     # worker's checkpoint interval follows it). A figure of the moment: no part of equality.
     mtbf_seconds: float | None = field(default=None, compare=False)
+    # The completed runs of the jobs it runs `after`, whose outputs the worker downloads first.
+    inputs: tuple[Input, ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)

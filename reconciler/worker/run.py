@@ -21,12 +21,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import torch
 
-from adapters import series
+from adapters import artifacts, series
 from adapters.storage import LEASE_LOG, CheckpointName, CorruptCheckpoint, Fenced, RunFolder, StorageError
 from reconciler.checkpoint_policy import IntervalPolicy
 from reconciler.worker import dist, loop, snapshot
@@ -70,8 +71,14 @@ class Run:
         group: Group | None = None,
         sharded: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        output_dir: Path | None = None,
+        input_dir: Path | None = None,
     ) -> None:
         self.folder = folder
+        # What the attempt leaves for others (uploaded at `complete`), and what the jobs it runs
+        # after left (downloaded by `open_run`): RECONCILER_OUTPUT_DIR and RECONCILER_INPUT_DIR.
+        self.output_dir = output_dir
+        self.input_dir = input_dir
         self.group = group or Group()
         self.sharded = sharded
         self._peer_stop = False  # another rank got a stop notice (agreed at the step's collective)
@@ -516,6 +523,7 @@ class Run:
                     "time": time.time(),
                     "metrics": self._reported.last,
                 }
+                record.update(self._upload_outputs())
                 self._faults.retrying(lambda: self.folder.mark_done(self.epoch, record), "write the completion record")
             except Superseded:
                 err = Fenced(f"run {self.run_id} epoch {self.epoch} was replaced before it completed")
@@ -524,6 +532,17 @@ class Run:
         self._raise_shared(err)
         self._completed = True
         self.close()
+
+    def _upload_outputs(self) -> dict[str, Any]:
+        """The files in `output_dir`, uploaded under this epoch: {"outputs": ...} for the completion
+        record, or {} when there are none. A replaced attempt uploads nothing (its lease check)."""
+        source = self.output_dir
+        if source is None:
+            return {}
+        self.folder.check_epoch(self.epoch)
+        found = self._faults.retrying(lambda: artifacts.upload_outputs(self.folder, self.epoch, source),
+                                      "upload the outputs")
+        return {"outputs": found} if found is not None else {}
 
     # ---- epochs and batches as positions ----------------------------------------------------------------
     _loop: loop.EpochLoop | None = None  # the last run.epochs() loop: what batches/carry/step refer to
@@ -697,6 +716,7 @@ def open_run(
         )
     if group.main:
         _tidy(folder, epoch)
+    output_dir, input_dir = _attempt_dirs(folder, group, storage_options)
     return Run(
         folder,
         run_id,
@@ -712,7 +732,26 @@ def open_run(
         install_signal_handlers=install_signal_handlers,
         group=group,
         sharded=sharded,
+        output_dir=output_dir,
+        input_dir=input_dir,
     )
+
+
+def _attempt_dirs(folder: RunFolder, group: Group, storage_options: dict[str, Any] | None) -> tuple[Path, Path]:
+    """The attempt's output and input folders (set in the environment for its child processes),
+    with the inputs downloaded and verified: by the first process on each machine, the others wait."""
+    output_dir, input_dir = artifacts.attempt_dirs(os.environ)
+    error = None
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        options = storage_options if storage_options is not None else folder.store.storage_options
+        try:
+            artifacts.fetch_inputs(os.environ, input_dir, options)
+        except StorageError as exc:
+            error = str(exc)
+    failed = [e for e in group.all_gather(error) if e]  # every rank waits for every machine's inputs
+    if failed:
+        raise artifacts.ArtifactError(f"the inputs could not be fetched: {failed[0]}")
+    return output_dir, input_dir
 
 
 def _tidy(folder: RunFolder, epoch: int) -> None:
