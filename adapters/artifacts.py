@@ -192,7 +192,7 @@ def _fetch(folder: RunFolder, name: str, item: Artifact, target: Path, progress:
             if item.size:
                 fh.truncate(item.size)
                 with mmap.mmap(fh.fileno(), item.size) as mm:
-                    got = _read(folder, name, memoryview(mm), hasher)
+                    got = _read_into_map(folder, name, mm, hasher)
             else:
                 got = _read(folder, name, memoryview(bytearray(1)), hasher)
         if got != item.size:
@@ -205,13 +205,28 @@ def _fetch(folder: RunFolder, name: str, item: Artifact, target: Path, progress:
             os.unlink(tmp)
 
 
+def _read_into_map(folder: RunFolder, name: str, mm: mmap.mmap, hasher: Any) -> int:
+    """`_read` into a writable map, whose views must all be gone before it closes: a failed read's
+    traceback holds slices of it, so the error leaves without its traceback."""
+    view, error = memoryview(mm), None
+    try:
+        got = _read(folder, name, view, hasher)
+    except (StorageError, OSError) as exc:
+        error, got = exc.with_traceback(None), 0
+    view.release()
+    if error is not None:
+        raise error
+    return got
+
+
 def _read(folder: RunFolder, name: str, out: memoryview, hasher: Any) -> int:
     try:
         return folder.store.read_payload_into(name, out, hasher)
     except StorageError as exc:
-        if folder.store.read(name) is None:
-            raise ArtifactError(f"{folder.url(name)} is missing from run storage") from exc
-        raise
+        parent, _, base = name.rpartition("/")
+        if base not in folder.store.list(parent):
+            raise ArtifactError(f"{folder.url(name)} is missing from run storage") from None
+        raise ArtifactError(f"{folder.url(name)} could not be read: {exc}") from None
 
 
 # ---- a dependent job's inputs ------------------------------------------------------------------------

@@ -302,7 +302,7 @@ def test_fail_on_restart_fails_the_check_after_commenting(runner: Runner) -> Non
     assert not run_workflow(runner, text), "\n".join(runner.logs)
     assert runner.outputs["plan"]["exit_code"] == "2"
     assert "exit 2" in runner.logs[-1] and "Fail on" in runner.logs[-1]
-    assert len(runner.comments()) == before, "the comment is updated before the check fails"
+    assert len(runner.comments()) == max(before, 1), "one comment, posted or updated before the check fails"
     assert "restart" in runner.comments()[-1]["body"]
 
 
