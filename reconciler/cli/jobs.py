@@ -107,7 +107,7 @@ def describe(job: Annotated[str, typer.Argument(help="the job to describe")], re
     """One job in detail: its phase and message, each attempt (provider, start and end, outcome,
     steps gained and lost, cost) and its recent events (the status commits that changed it)."""
     from reconciler.trust.redaction import secret_values
-    from status.models import money, when
+    from status.models import money, size_text, when
     from status.redact import Redactor
 
     rec = _reconciler(repo, repo_url, branch, path)
@@ -144,6 +144,10 @@ def describe(job: Annotated[str, typer.Argument(help="the job to describe")], re
         for r in st.refusals:
             refused.add_row(when(r.refused), escape(r.provider), show(r.error))
         console.print(refused)
+    if st.outputs:
+        more = f" and {st.outputs_more} more" if st.outputs_more else ""
+        listed = ", ".join(f"{show(o.path)} ({size_text(o.size)})" for o in st.outputs)
+        console.print(f"  outputs: {listed}{more}   (reconciler artifacts pull {escape(job)} DEST)")
     _events(rec, job, show)
     if st.log_tail:
         console.print("last log lines of a failed attempt:")
