@@ -19,7 +19,9 @@ from typing import Any
 
 from desired.models import Job, default_local_provider
 from desired.parse import SETTINGS_FILE, DesiredState, ManifestError
+from reconciler.cli.sweeps import plan_lines
 from reconciler.planner.plan import CONFIRM_CANCEL_TRAILER
+from reconciler.planner.tick import SweepChange
 from status.models import JobStatus, Phase, cell, iso, money, when
 from status.redact import without_credentials
 from status.text import one_line
@@ -74,6 +76,7 @@ class Review:
     unchanged: int = 0
     errors: list[ManifestError] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    sweeps: list[str] = field(default_factory=list)  # a line per sweep the change touches
 
     @property
     def judged_from(self) -> str:
@@ -108,6 +111,7 @@ def review(base: DesiredState, head: DesiredState, recorded: dict[str, JobStatus
         else:
             out.changes.append(change)
     out.changes.sort(key=lambda c: (list(KINDS).index(c.change), c.job))  # what a reviewer must see first
+    out.sweeps = _sweep_lines(base, head, recorded, out.changes)
     hold = _mass_cancel(out, recorded, cancel_confirmed, head)
     if hold:
         out.notes.append(hold)
@@ -288,6 +292,35 @@ def _recorded_outlook(c: JobChange, st: JobStatus | None) -> None:
     c.outlook = f"{money(f.projected_cost_usd)} ({money(f.spent_usd)} spent), ETA {when(f.eta)} UTC{risk}{before}"
 
 
+STARTS = ("restart", "new", "restore", "resume")  # changes after which a member's run starts (again)
+
+
+def _sweep_lines(base: DesiredState, head: DesiredState, recorded: dict[str, JobStatus],
+                 changes: list[JobChange]) -> list[str]:
+    """For each sweep with a changed member, what merging does to its members (start, stop, keep
+    going, finished) and its projected cost, in the words `plan` uses."""
+    changed = {c.job: c.change for c in changes}
+    touched = sorted({name for name, sw in (*base.sweeps.items(), *head.sweeps.items())
+                      if any(m in changed for m in sw.members)})
+    out = []
+    for name in touched:
+        sc = SweepChange(name)
+        for member in head.sweeps[name].members if name in head.sweeps else []:
+            st = recorded.get(member)
+            kind = changed.get(member)
+            if kind in STARTS or st is None:
+                sc.start.append(member)
+            elif st.phase.terminal and kind is None:
+                sc.done.append(member)
+            elif kind not in ("cancel", "removed"):
+                sc.keep.append(member)
+        head_members = set(head.sweeps[name].members) if name in head.sweeps else set()
+        sc.stop = [m for m in (base.sweeps[name].members if name in base.sweeps else [])
+                   if m not in head_members and changed.get(m) == "cancel"]
+        out.append(sc)
+    return plan_lines(out, recorded)
+
+
 def _mass_cancel(out: Review, recorded: dict[str, JobStatus], confirmed: bool, head: DesiredState) -> str:
     """The planner holds a change that cancels most active jobs at once (reconciler.planner.plan); say so.
     Members an edit of their sweep's matrix removes are not counted, as the planner does not."""
@@ -355,6 +388,7 @@ def render_text(r: Review) -> str:
             lines.append(f"    {f.field}: {value_text(f.base)} -> {value_text(f.head)}")
         if c.outlook:
             lines.append(f"    projected: {c.outlook}")
+    lines += r.sweeps
     lines += [f"note: {n}" for n in r.notes]
     lines += [f"error: {e}" for e in r.errors]
     return "\n".join(map(one_line, lines))  # names, values and errors come from the change under review
@@ -382,6 +416,7 @@ def render_markdown(r: Review) -> str:
             kind = f"**{KINDS[c.change]}**" if c.change in ("restart", "cancel") else KINDS[c.change]
             lines.append(f"| `{c.job}` | {kind} | {cell(c.meaning)} | {cell(c.outlook)} |")
         lines.append("")
+    lines += [f"- {cell(line)}" for line in r.sweeps] + ([""] if r.sweeps else [])
     for c in r.changes:
         lines += _details(c)
     lines += [f"- {cell(n)}" for n in r.notes]
@@ -417,5 +452,6 @@ def render_json(r: Review, fail_on: set[str]) -> dict[str, Any]:
         "errors": [{"file": e.file, "document": e.document, "field": e.field, "message": e.message}
                    for e in r.errors],
         "notes": r.notes,
+        "sweeps": r.sweeps,
         "fail_on": sorted(fail_on), "failed_on": r.matches(fail_on), "exit_code": r.exit_code(fail_on),
     }

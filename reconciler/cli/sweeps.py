@@ -35,19 +35,21 @@ def plan_lines(changes: list[SweepChange], statuses: Mapping[str, JobStatus]) ->
         members = len(c.start) + len(c.keep) + len(c.done)
         said = "; ".join(p for p in parts if p)
         lines.append(f"sweep {c.sweep}: {members} member{'' if members == 1 else 's'}; {said}"
-                     + _projected([statuses[m] for m in (*c.start, *c.keep, *c.done) if m in statuses]))
+                     + _projected([statuses.get(m) for m in (*c.start, *c.keep, *c.done)]))
     return lines
 
 
-def _projected(members: list[JobStatus]) -> str:
+def _projected(members: list[JobStatus | None]) -> str:
     """`; projected $12.00` (what finished members cost, and the live ones' projections), or what is
-    not known yet."""
+    not known yet (a member without a status, as a pull-request plan sees a new one, is not)."""
     if not members:
         return ""
     total, unknown = 0.0, 0
     for st in members:
-        f = st.forecast
-        if st.phase.terminal:
+        f = st.forecast if st is not None else None
+        if st is None:
+            unknown += 1
+        elif st.phase.terminal:
             total += st.cost_usd
         elif f is not None and f.projected_cost_usd is not None:
             total += f.projected_cost_usd
