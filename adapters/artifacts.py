@@ -10,16 +10,17 @@ A replaced attempt (a zombie) uploads under its own epoch and cannot complete, s
 never a run's outputs. Everyone who reads them (`reconciler artifacts pull`, a dependent job's
 inputs) verifies each file against that list.
 
-A job that runs `after` others gets their outputs as inputs: the reconciler passes the completed
-runs in RECONCILER_INPUTS, and the worker (the SDK's `open_run`, or `reconciler exec`) downloads
-them under RECONCILER_INPUT_DIR/<job>/ (a sweep: <sweep>/<member>/) before the training starts.
+A job that runs `after` others gets their outputs as inputs: the reconciler writes where the
+completed runs are into the attempt's run folder (inputs-e<epoch>.json, named by RECONCILER_INPUTS),
+and the worker (the SDK's `open_run`, or `reconciler exec`) downloads them under
+RECONCILER_INPUT_DIR/<job>/ (a sweep: <sweep>/<member>/) before the training starts.
 """
 
 from __future__ import annotations
 
-import json
 import mmap
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
@@ -32,7 +33,8 @@ from adapters.storage import RunFolder, StorageError
 OUTPUTS = "outputs"
 OUTPUT_DIR_VAR = "RECONCILER_OUTPUT_DIR"
 INPUT_DIR_VAR = "RECONCILER_INPUT_DIR"
-INPUTS_VAR = "RECONCILER_INPUTS"  # JSON: [{"dir": "<job>" or "<sweep>/<member>", "uri": "<run folder>"}]
+INPUTS_VAR = "RECONCILER_INPUTS"  # the file in the run folder that lists the attempt's inputs
+INPUTS_FILE = "inputs-e{epoch}.json"  # {"inputs": [{"dir": "<job>" or "<sweep>/<member>", "uri": "<run folder>"}]}
 
 Progress = Callable[[int], None]  # told each number of bytes as it is read or written
 
@@ -230,11 +232,18 @@ def _read(folder: RunFolder, name: str, out: memoryview, hasher: Any) -> int:
 
 
 # ---- a dependent job's inputs ------------------------------------------------------------------------
-def inputs_env(inputs: list[Input], options: Callable[[str], dict[str, Any]]) -> dict[str, str]:
-    """RECONCILER_INPUTS for a launch: where each completed run is (`options` gives a store's options)."""
+def hand_over(folder: RunFolder, epoch: int, inputs: list[Input],
+              options: Callable[[str], dict[str, Any]]) -> dict[str, str]:
+    """Write where each completed run is into the launching attempt's run folder (a sweep of 1,000
+    members would not fit in one environment variable) and return the environment that names the
+    file, or {} without inputs. `options` gives a store's options."""
+    if not inputs:
+        return {}
     listed = [{"dir": i.dir, "uri": RunFolder.for_run(i.storage, i.job, i.run_id, options(i.storage)).uri}
               for i in inputs]
-    return {INPUTS_VAR: json.dumps(listed)} if listed else {}
+    name = INPUTS_FILE.format(epoch=epoch)
+    folder.write_json(name, {"inputs": listed})
+    return {INPUTS_VAR: name}
 
 
 def unavailable_inputs(inputs: list[Input], options: Callable[[str], dict[str, Any]]) -> str:
@@ -269,24 +278,30 @@ def attempt_dirs(env: MutableMapping[str, str]) -> tuple[Path, Path]:
     return made[0], made[1]
 
 
-def listed_inputs(env: MutableMapping[str, str]) -> Iterator[tuple[str, str]]:
-    """(dir, run folder URI) of each input RECONCILER_INPUTS names."""
-    text = env.get(INPUTS_VAR)
-    if not text:
+def listed_inputs(own: RunFolder, env: MutableMapping[str, str]) -> Iterator[tuple[str, str]]:
+    """(dir, run folder URI) of each input in the file of the attempt's run folder RECONCILER_INPUTS names."""
+    name = env.get(INPUTS_VAR)
+    if not name:
         return
+    if not re.fullmatch(r"inputs-e\d+\.json", name):
+        raise ArtifactError(f"{INPUTS_VAR}={name!r} is not the name of an inputs file (inputs-e<epoch>.json)")
+    data = own.read_json(name)
+    if data is None:
+        raise ArtifactError(f"{own.url(name)}, the list of this attempt's inputs, is missing")
     try:
-        listed = json.loads(text)
-        pairs = [(_safe(str(e["dir"])), str(e["uri"])) for e in listed]
+        pairs = [(_safe(str(e["dir"])), str(e["uri"])) for e in data["inputs"]]
     except (ValueError, TypeError, KeyError) as exc:
-        raise ArtifactError(f"{INPUTS_VAR} is not a list of inputs: {exc}") from exc
+        raise ArtifactError(f"{own.url(name)} is not a list of inputs: {exc}") from exc
     yield from pairs
 
 
-def fetch_inputs(env: MutableMapping[str, str], dest: Path, storage_options: dict[str, Any] | None = None) -> int:
-    """Download and verify every input RECONCILER_INPUTS names under `dest`; returns the bytes kept.
-    ArtifactError, naming the job's run and the file, when one is missing or differs."""
+def fetch_inputs(own: RunFolder, env: MutableMapping[str, str], dest: Path,
+                 storage_options: dict[str, Any] | None = None) -> int:
+    """Download and verify every input of this attempt (its run folder `own`, RECONCILER_INPUTS)
+    under `dest`; returns the bytes kept. ArtifactError, naming the run and the file, when one is
+    missing or differs."""
     total = 0
-    for rel, uri in listed_inputs(env):
+    for rel, uri in listed_inputs(own, env):
         folder = RunFolder(uri, storage_options)
         items = outputs(folder)
         if items is None:

@@ -109,7 +109,7 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         output_dir, input_dir = artifacts.attempt_dirs(env)
-        artifacts.fetch_inputs(env, input_dir)
+        artifacts.fetch_inputs(folder, env, input_dir)
     except (StorageError, OSError) as exc:
         _say(f"the inputs could not be fetched: {exc}")
         return 1

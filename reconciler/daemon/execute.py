@@ -137,23 +137,23 @@ def _launch(action: Launch, job: Job, adapters: dict[str, ComputeAdapter], setti
     secrets, missing = resolve_secrets(job, environ)
     if getattr(adapter, SECRETS_AT_PROVIDER, False):  # only the names travel; the provider holds the values
         secrets, missing = {name: "" for name in job.spec.secrets}, []
-    if missing:
-        return LaunchResult(action, unavailable=False, error=(
-            f"secret {', '.join(missing)} is not set in the reconciler's environment; set it and the "
-            "next tick launches"))
     handed = [replace(i, storage=i.storage or settings.storage) for i in action.inputs]
-    if why := artifacts.unavailable_inputs(handed, lambda store: store_options(store, settings)):
-        return LaunchResult(action, unavailable=False, error=f"an input is not available: {why}")
+    if why := _not_ready(missing, handed, settings):
+        return LaunchResult(action, unavailable=False, error=why)
     folder = RunFolder.for_run(settings.storage, job.name, action.run_id, dict(settings.storage_options))
     try:
         epoch = folder.bump_lease()
     except StorageError as exc:
         return LaunchResult(action, unavailable=False, error=f"cannot take the run's lease: {exc}")
+    try:
+        inputs_env = artifacts.hand_over(folder, epoch, handed, lambda store: store_options(store, settings))
+    except StorageError as exc:
+        _unstarted(folder, epoch)
+        return LaunchResult(action, unavailable=False, error=f"cannot write the list of inputs: {exc}")
     workdir = job.spec.code.path
     spec = LaunchSpec(
         job=job.name, run_id=action.run_id, epoch=epoch, command=list(job.spec.command),
-        env=with_mtbf({**worker_env(job, folder, action.run_id, epoch),
-                       **artifacts.inputs_env(handed, lambda store: store_options(store, settings))},
+        env=with_mtbf({**worker_env(job, folder, action.run_id, epoch), **inputs_env},
                       action.mtbf_seconds),
         secret_env=secrets, workdir=workdir,
         cpus=job.spec.resources.cpus, memory_gb=job.spec.resources.memory_gb, gpus=job.spec.resources.gpus,
@@ -177,6 +177,17 @@ def _launch(action: Launch, job: Job, adapters: dict[str, ComputeAdapter], setti
         return LaunchResult(action, error=f"{type(exc).__name__}: {exc}")
     log.info("launched %s attempt %d on %s as %s (%s)", job.name, epoch, action.provider, ref.id, action.reason)
     return LaunchResult(action, ref=ref)
+
+
+def _not_ready(missing_secrets: list[str], inputs: list[artifacts.Input], settings: Settings) -> str:
+    """Why the job cannot launch yet, or "": a secret not set here, or an input gone from storage.
+    Nothing is started or charged; the next tick tries again."""
+    if missing_secrets:
+        return (f"secret {', '.join(missing_secrets)} is not set in the reconciler's environment; set it and "
+                "the next tick launches")
+    if why := artifacts.unavailable_inputs(inputs, lambda store: store_options(store, settings)):
+        return f"an input is not available: {why}"
+    return ""
 
 
 def _unstarted(folder: RunFolder, epoch: int) -> None:

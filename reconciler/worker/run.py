@@ -745,7 +745,7 @@ def _attempt_dirs(folder: RunFolder, group: Group, storage_options: dict[str, An
     if os.environ.get("LOCAL_RANK", "0") == "0":
         options = storage_options if storage_options is not None else folder.store.storage_options
         try:
-            artifacts.fetch_inputs(os.environ, input_dir, options)
+            artifacts.fetch_inputs(folder, os.environ, input_dir, options)
         except StorageError as exc:
             error = str(exc)
     failed = [e for e in group.all_gather(error) if e]  # every rank waits for every machine's inputs

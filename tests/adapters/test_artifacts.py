@@ -3,7 +3,6 @@ completion record, verified wherever they are read; a dependent job's inputs; a 
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -109,8 +108,10 @@ def test_the_sdk_fetches_inputs_before_the_script_and_uploads_its_outputs_at_com
     train = folder_at(tmp_path, "train", "r-1")
     complete_with(train, train.bump_lease(), write_tree(tmp_path / "train-out", FILES))
     evaluation = folder_at(tmp_path, "eval", "r-2")
-    inputs = artifacts.inputs_env([Input("train", "train", "r-1", f"file://{tmp_path / 'runs'}")], lambda s: {})
-    sdk_env(monkeypatch, evaluation, evaluation.bump_lease(), tmp_path, **inputs)
+    epoch = evaluation.bump_lease()
+    inputs = artifacts.hand_over(evaluation, epoch, [Input("train", "train", "r-1", f"file://{tmp_path / 'runs'}")],
+                                 lambda s: {})
+    sdk_env(monkeypatch, evaluation, epoch, tmp_path, **inputs)
     with open_run(install_signal_handlers=False) as run:
         assert run.input_dir == tmp_path / "eval-in" and os.environ["RECONCILER_INPUT_DIR"] == str(run.input_dir)
         assert (run.input_dir / "train" / "model.pt").read_bytes() == FILES["model.pt"]
@@ -127,8 +128,10 @@ def test_the_sdk_refuses_to_start_when_an_input_is_gone(tmp_path: Path, monkeypa
     complete_with(train, epoch, write_tree(tmp_path / "train-out", FILES))
     Path(train.store.os_path(f"outputs/e{epoch}/model.pt")).unlink()
     evaluation = folder_at(tmp_path, "eval", "r-2")
-    inputs = artifacts.inputs_env([Input("train", "train", "r-1", f"file://{tmp_path / 'runs'}")], lambda s: {})
-    sdk_env(monkeypatch, evaluation, evaluation.bump_lease(), tmp_path, **inputs)
+    epoch = evaluation.bump_lease()
+    inputs = artifacts.hand_over(evaluation, epoch, [Input("train", "train", "r-1", f"file://{tmp_path / 'runs'}")],
+                                 lambda s: {})
+    sdk_env(monkeypatch, evaluation, epoch, tmp_path, **inputs)
     with pytest.raises(ArtifactError, match="inputs could not be fetched: .*model.pt is missing from run storage"):
         open_run(install_signal_handlers=False)
 
@@ -152,7 +155,8 @@ def test_reconciler_exec_hands_inputs_to_the_command_and_uploads_what_it_writes(
     epoch = report.bump_lease()
     env = {**os.environ, "RECONCILER_RUN_URI": report.uri, "RECONCILER_EPOCH": str(epoch),
            "RECONCILER_JOB": "report", "RECONCILER_RUN_ID": "r-3", "RECONCILER_HEARTBEAT_INTERVAL": "0.1",
-           **artifacts.inputs_env([Input("train", "train", "r-1", f"file://{tmp_path / 'runs'}")], lambda s: {})}
+           **artifacts.hand_over(report, epoch, [Input("train", "train", "r-1", f"file://{tmp_path / 'runs'}")],
+                                 lambda s: {})}
     env.pop("RECONCILER_OUTPUT_DIR", None)
     env.pop("RECONCILER_INPUT_DIR", None)
     script = 'echo $(( $(cat "$RECONCILER_INPUT_DIR/train/n.txt") + 1 )) > "$RECONCILER_OUTPUT_DIR/answer.txt"'
@@ -163,9 +167,16 @@ def test_reconciler_exec_hands_inputs_to_the_command_and_uploads_what_it_writes(
     assert (tmp_path / "pulled" / "answer.txt").read_text().strip() == "42"
 
 
-def test_inputs_env_names_each_run_folder_as_json(tmp_path: Path) -> None:
+def test_the_inputs_are_handed_over_in_a_file_of_the_attempts_own_run_folder(tmp_path: Path) -> None:
+    """A sweep of 1,000 members would not fit in one environment variable (Linux: 128 KiB)."""
     store = f"file://{tmp_path / 'runs'}"
-    env = artifacts.inputs_env([Input("sweep/sweep-lr-0.1", "sweep-lr-0.1", "r-9", store)], lambda s: {})
-    listed = json.loads(env["RECONCILER_INPUTS"])
-    assert listed == [{"dir": "sweep/sweep-lr-0.1", "uri": folder_at(tmp_path, "sweep-lr-0.1", "r-9").uri}]
-    assert artifacts.inputs_env([], lambda s: {}) == {}
+    own = folder_at(tmp_path, "eval", "r-2")
+    members = [Input(f"sweep/sweep-lr-{i}", f"sweep-lr-{i}", f"r-{i:012d}", store) for i in range(1000)]
+    env = artifacts.hand_over(own, 3, members, lambda s: {})
+    assert env == {"RECONCILER_INPUTS": "inputs-e3.json"}
+    listed = list(artifacts.listed_inputs(own, env))
+    seventh = folder_at(tmp_path, "sweep-lr-7", f"r-{7:012d}").uri
+    assert len(listed) == 1000 and listed[7] == ("sweep/sweep-lr-7", seventh)
+    assert artifacts.hand_over(own, 4, [], lambda s: {}) == {}
+    with pytest.raises(ArtifactError, match="is not the name of an inputs file"):
+        list(artifacts.listed_inputs(own, {"RECONCILER_INPUTS": "../../etc/passwd"}))
