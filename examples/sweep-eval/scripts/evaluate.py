@@ -23,6 +23,7 @@ SWEEP = os.environ.get("SWEEP", "train")
 
 
 def main() -> None:
+    torch.set_num_threads(1)
     with open_run() as run:
         sweep = run.input_dir / SWEEP
         members = {m.name: json.loads((m / "metrics.json").read_text())
