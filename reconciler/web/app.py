@@ -10,29 +10,34 @@ same page without it, so that the token does not stay in the address bar or the 
 from __future__ import annotations
 
 import hmac
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import quote
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.middleware import Middleware
 from starlette.middleware.gzip import GZipMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.responses import FileResponse, HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from adapters.artifacts import Artifact, ArtifactError, download
 from adapters.gitrepo import GitError
+from adapters.storage import RunFolder, StorageError
 from reconciler.planner.health import provider_health
 from reconciler.planner.outlook.forecast import provider_reliabilities
 from reconciler.web import views
 from reconciler.web.data import PageData, Snapshot
-from status.models import Attempt, JobStatus
+from status.models import Attempt, JobStatus, size_text
 
 HERE = Path(__file__).parent
 TOKEN_ENV = "RECONCILER_WEB_TOKEN"
@@ -94,6 +99,8 @@ def create_app(repo: str | Path, *, token: str | None = None, refresh_seconds: i
     env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(default=True),
                       trim_blocks=True, lstrip_blocks=True, finalize=views.visible)
     env.filters["urlpart"] = lambda s: quote(str(s), safe="")
+    env.filters["urlpath"] = lambda s: quote(str(s), safe="/")
+    env.filters["size"] = size_text
     env.filters["when"] = views.when
     env.globals.update(refresh=refresh_seconds, legend=views.OUTCOME_LEGEND)
 
@@ -122,9 +129,23 @@ def create_app(repo: str | Path, *, token: str | None = None, refresh_seconds: i
             return PlainTextResponse(f"no job named {name}", status_code=404, headers=_HEADERS)
         return render(snap, "job.html", **_job_context(data, snap, name, commit_url))
 
+    def output_file(request: Request) -> Response:
+        name, path = request.path_params["name"], request.path_params["path"]
+        snap = data.snapshot()
+        try:
+            found = data.output(snap, name, path) if name in snap.names else None
+        except (StorageError, OSError, ValueError) as exc:
+            why = f"the outputs of {name} cannot be read from run storage now ({exc}); try again later"
+            return PlainTextResponse(snap.redactor.redact(why), status_code=503, headers=_HEADERS)
+        if found is None:
+            return PlainTextResponse(f"{name} has no completed run with an output {path}; its page lists the "
+                                     "outputs there are", status_code=404, headers=_HEADERS)
+        return _stream_output(*found, snap.redactor.redact)
+
     routes = [
         Route("/", overview),
         Route("/job/{name:str}", job_page),
+        Route("/job/{name:str}/outputs/{path:path}", output_file),
         Route("/healthz", lambda request: PlainTextResponse("ok")),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
@@ -142,6 +163,23 @@ async def _unreadable(request: Request, exc: Exception) -> Response:
 _HEADERS = {"Content-Security-Policy": "default-src 'self'; style-src 'self'; img-src 'self' data:; "
                                        "frame-ancestors 'none'",
             "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"}
+
+
+def _stream_output(folder: RunFolder, item: Artifact, redact: Callable[[str], str]) -> Response:
+    """The output, downloaded from run storage and verified against its completion record, sent as
+    a download (never rendered by the browser as a page of this site); the copy is removed after."""
+    tmp = tempfile.mkdtemp(prefix="reconciler-output-")
+    try:
+        [path] = download(folder, [item], Path(tmp))
+    except (StorageError, OSError) as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, ArtifactError):
+            why, code = f"{exc}: restore it in run storage, or change the job's manifest so that it runs again", 502
+        else:
+            why, code = f"{item.path} cannot be read from run storage now ({exc}); try again later", 503
+        return PlainTextResponse(redact(why), status_code=code, headers=_HEADERS)
+    return FileResponse(path, media_type="application/octet-stream", filename=PurePosixPath(item.path).name,
+                        headers=_HEADERS, background=BackgroundTask(shutil.rmtree, tmp, ignore_errors=True))
 
 
 def _row(data: PageData, snap: Snapshot, name: str) -> views.Row:

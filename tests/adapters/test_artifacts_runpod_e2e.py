@@ -1,0 +1,83 @@
+"""Artifacts end to end on the fake RunPod server: the real `reconciler run --until-done`, run storage
+on S3 (the moto server), the storage credentials RunPod secrets. `train` leaves a file in its
+outputs; `eval` runs after it on another pod, finds train's file under $RECONCILER_INPUT_DIR/train/
+(RECONCILER_INPUTS travelled in the pod's launch), and leaves what it read, with its digest, in its
+own outputs; `reconciler artifacts pull eval` brings those bytes back here."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from desired.models import RunpodSettings
+from reconciler.cli.main import app
+from tests.adapters import e2e
+from tests.conftest import StateRepoFixture
+from tests.fakes.runpod import API_KEY, FakeRunpod
+from tests.worker.conftest import s3_endpoint  # noqa: F401 - a fixture
+
+MAKE_WEIGHTS = 'bytes(range(256)) * 300 + b"the end"'  # 76,807 bytes: not one chunk of anything
+WEIGHTS = bytes(range(256)) * 300 + b"the end"
+
+TRAIN = f"""
+from reconciler.worker import open_run
+with open_run() as run:
+    (run.output_dir / "weights.bin").write_bytes({MAKE_WEIGHTS})
+    run.complete(1)
+"""
+
+EVAL = """
+import hashlib, json
+from reconciler.worker import open_run
+with open_run() as run:
+    got = (run.input_dir / "train" / "weights.bin").read_bytes()
+    (run.output_dir / "copy.bin").write_bytes(got)
+    summary = {"size": len(got), "sha256": hashlib.sha256(got).hexdigest()}
+    (run.output_dir / "result.json").write_text(json.dumps(summary))
+    run.complete(1)
+"""
+
+
+def hosted_job(name: str, code: str, after: list[str]) -> str:
+    job = e2e.s3_job(name, "pods", 0.1, 1)
+    job["spec"]["command"] = [sys.executable, "-c", code]
+    job["spec"]["checkpoint_every"] = 1
+    if after:
+        job["spec"]["after"] = after
+    return yaml.safe_dump(job)
+
+
+@pytest.mark.slow
+def test_eval_on_a_runpod_pod_reads_trains_outputs_and_its_result_pulls_back_byte_for_byte(
+        state_repo: StateRepoFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        s3_endpoint: str) -> None:  # noqa: F811 - a fixture
+    fake = FakeRunpod(tmp_path / "machines", kill_grace=5.0)
+    try:
+        e2e.storage_secrets(fake.set_secret)
+        e2e.daemon_env(monkeypatch, RUNPOD_API_KEY=API_KEY)
+        e2e.s3_storage(state_repo, s3_endpoint, tick_seconds=0.5)
+        settings = RunpodSettings(api_url=fake.url, interruptible=False, request_timeout_seconds=10)
+        state_repo.write("desired/pods.yaml", e2e.provider_manifest("pods", settings))
+        state_repo.write("desired/train.yaml", hosted_job("train", TRAIN, []))
+        state_repo.write("desired/eval.yaml", hosted_job("eval", EVAL, ["train"]))
+        state_repo.commit("train, then eval after it, on runpod with storage on s3")
+        log = tmp_path / "daemon.log"
+        with e2e.daemon_running(state_repo, log) as daemon:
+            e2e.finish(daemon, log, timeout=120)
+        e2e.succeeded(state_repo, "train")
+        e2e.succeeded(state_repo, "eval")
+
+        pulled = CliRunner().invoke(app, ["artifacts", "pull", "eval", str(tmp_path / "out"),
+                                          "--repo", str(state_repo.path)])
+        assert pulled.exit_code == 0, pulled.output
+        assert (tmp_path / "out" / "copy.bin").read_bytes() == WEIGHTS
+        result = yaml.safe_load((tmp_path / "out" / "result.json").read_text())
+        assert result == {"size": len(WEIGHTS), "sha256": hashlib.sha256(WEIGHTS).hexdigest()}
+        assert len([p for p in fake.pods.values() if "-eval-" in p.input["name"]]) == 1
+    finally:
+        fake.close()
