@@ -154,6 +154,8 @@ def measure(n: int, steady: int, repeat: int, profile: str | None) -> dict[str, 
             cloud.advance(clock.now())
 
         world()
+        if profile == "launch":  # the profile is of this first tick itself (it cannot be repeated)
+            _profile(rec.tick, out)
         out["launch"], out["launch_cpu"], first = best(rec.tick, 1)
         world()
         rec.tick()  # the attempts become Running
@@ -214,8 +216,9 @@ def main() -> None:
     ap.add_argument("--sizes", help="comma-separated member counts (overrides --quick); at most 1,000 each")
     ap.add_argument("--steady", type=int, default=3, help="steady ticks timed at each size (the best is shown)")
     ap.add_argument("--repeat", type=int, default=2, help="runs of plan and status at each size (the best is shown)")
-    ap.add_argument("--profile", choices=("plan", "tick", "status"),
-                    help="print a cProfile of one such call at the largest size")
+    ap.add_argument("--profile", choices=("plan", "launch", "tick", "status"),
+                    help="print a cProfile of one such call at the largest size (launch: the first tick, whose "
+                         "figures then are of a second tick launching nothing)")
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child is not None:
