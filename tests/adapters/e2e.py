@@ -190,7 +190,7 @@ def interrupted_count(repo: StateRepoFixture, log: Path, endpoint: str, bucket: 
     repo.write("desired/count.yaml", yaml.safe_dump(job))
     repo.commit(message)
     with daemon_running(repo, log) as daemon:
-        wait_for(lambda: s3_step(endpoint, bucket, "count") >= 12, 60, "checkpoints", daemon, log)
+        wait_for(lambda: s3_step(endpoint, bucket, "count") >= 12, 180, "checkpoints", daemon, log)
         interrupt()
         finish(daemon, log, timeout=timeout)
     return succeeded(repo, "count")

@@ -56,7 +56,7 @@ def hosted_job(name: str, code: str, after: list[str]) -> str:
 def test_eval_on_a_runpod_pod_reads_trains_outputs_and_its_result_pulls_back_byte_for_byte(
         state_repo: StateRepoFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         s3_endpoint: str) -> None:  # noqa: F811 - a fixture
-    fake = FakeRunpod(tmp_path / "machines", kill_grace=5.0)
+    fake = FakeRunpod(tmp_path / "machines", kill_grace=15.0)
     try:
         e2e.storage_secrets(fake.set_secret)
         e2e.daemon_env(monkeypatch, RUNPOD_API_KEY=API_KEY)

@@ -101,10 +101,10 @@ def run_on_fake_kaggle(state_repo: StateRepoFixture, tmp_path: Path, monkeypatch
     log = tmp_path / "daemon.log"
     try:
         with daemon_running(state_repo, log) as daemon:
-            wait_for(lambda: fake.kernels, 60, "the first kernel", daemon, log)
+            wait_for(lambda: fake.kernels, 120, "the first kernel", daemon, log)
             if during is not None:
                 during(fake)
-            finish(daemon, log, timeout=90)
+            finish(daemon, log, timeout=180)
     finally:
         fake.stop()
     st: dict = status(state_repo, "count")

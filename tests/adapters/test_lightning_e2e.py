@@ -41,7 +41,7 @@ def test_a_spot_reclaim_on_lightning_is_relaunched_and_resumes_to_the_exact_targ
             fake.interrupt(first.id, notice_seconds=0.5)
 
         st = e2e.interrupted_count(state_repo, tmp_path / "daemon.log", s3_endpoint, bucket, job,
-                                   "count on lightning, storage on s3", reclaim, timeout=90)
+                                   "count on lightning, storage on s3", reclaim, timeout=180)
         assert [a["outcome"] for a in st["attempts"]] == ["interruption", "succeeded"], st["attempts"]
         assert st["interruptions"] == 1 and st["failures"] == 0
         assert st["attempts"][1]["step_start"] > 0, "the relaunch must resume from a checkpoint"

@@ -45,7 +45,7 @@ def test_a_run_outbid_on_vast_finishes_on_runpod_at_the_exact_step_with_each_pro
     job = e2e.s3_job("count", "vast", 0.1, TARGET)
     job["spec"]["placement"]["providers"] = ["vast", "pods"]
     st = e2e.interrupted_count(state_repo, tmp_path / "daemon.log", s3_endpoint, bucket, job,
-                               "count on the spot markets, storage on s3", e2e.outbid_only_instance(vast), timeout=120)
+                               "count on the spot markets, storage on s3", e2e.outbid_only_instance(vast), timeout=180)
     attempts = st["attempts"]
     assert [(a["provider"], a["outcome"]) for a in attempts] == [("vast", "interruption"), ("pods", "succeeded")]
     assert attempts[1]["step_start"] == attempts[0]["step_end"] >= 10, "the move resumes at the exact durable step"

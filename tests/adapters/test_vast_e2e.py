@@ -49,7 +49,7 @@ def test_end_to_end_outbid_on_vast_continues_at_its_durable_step_and_finishes(
         state_repo.write("desired/local.yaml", e2e.priced("local", LocalSettings(workdir=str(tmp_path / "local")), 1.0))
         job["spec"]["placement"]["providers"] = ["vast", "local"]
     st = e2e.interrupted_count(state_repo, tmp_path / "daemon.log", s3_endpoint, bucket, job,
-                               "count on vast, runs in s3", e2e.outbid_only_instance(fake), timeout=120)
+                               "count on vast, runs in s3", e2e.outbid_only_instance(fake), timeout=180)
     attempts = st["attempts"]
     assert [a["outcome"] for a in attempts] == ["interruption", "succeeded"], attempts
     assert [a["provider"] for a in attempts] == ["vast", then] and "outbid" in attempts[0]["detail"]
