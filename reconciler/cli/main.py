@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from desired.parse import DesiredState
     from reconciler.cli.review import Review
     from reconciler.daemon.loop import Reconciler, TickReport
-    from status.models import JobStatus
+    from status.models import JobStatus, ProviderLedger
 
 EXAMPLE_JOB = """\
 # A job the reconciler drives to completion. See `reconciler schema` for every field.
@@ -289,7 +289,7 @@ def _plan_review(repo: Path, base: str, head: str, output: PlanFormat, fail_on: 
 def _review_refs(repo: Path, base: str, head: str, path: str = "") -> Review:
     """Reads both commits' desired state and the base's recorded statuses; a bad ref is one sentence."""
     from adapters.gitrepo import GitError, StateRepo
-    from reconciler.cli.review import review
+    from reconciler.cli.review import attach_spreads, review
     from reconciler.daemon.loop import Reconciler
     from reconciler.planner.plan import confirms_cancel
 
@@ -309,10 +309,31 @@ def _review_refs(repo: Path, base: str, head: str, path: str = "") -> Review:
     at_fork = reader.read_desired(fork, cache=False) if fork else None
     the_review = review(sides[0], sides[1], recorded, base_commit=commits[0], head_commit=commits[1],
                         cancel_confirmed=confirmed, fork=at_fork)
+    source = reader.status_source(commits[0])
+    attach_spreads(the_review, sides[1], recorded, _ledger(state.read_file(source, "status/providers.yaml")),
+                   float(state.repo.commit(source).committed_date))
     if fork:
         the_review.notes.append(f"{base} has moved on since {head} branched off at {fork[:12]}: only the jobs "
                                 "the head changes since then are judged (a check on the merge commit is exact)")
     return the_review
+
+
+def _ledger(text: bytes | None) -> dict[str, ProviderLedger]:
+    """status/providers.yaml as ProviderLedger lines by provider; a line that does not parse is left out."""
+    from pydantic import ValidationError
+
+    from reconciler.cli.status import ledger_rows
+    from status.models import ProviderLedger, from_iso
+
+    out = {}
+    for row in ledger_rows(text):
+        try:
+            line = ProviderLedger.model_validate({**row, "resets_at": from_iso(row.get("resets_at")),
+                                                  "period_start": from_iso(row.get("period_start")) or 0.0})
+        except (ValidationError, ValueError):
+            continue
+        out[line.provider] = line
+    return out
 
 
 def _merge_base(state: StateRepo, base: str, head: str) -> str | None:
