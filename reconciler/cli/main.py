@@ -227,6 +227,9 @@ def plan(
         outlook = _plan_outlook(st)
         if outlook:
             console.print(f"    {show(outlook)}")
+        futures = _plan_futures(name, st, report.desired, the_plan.statuses, rec.clock.now())
+        if futures:
+            console.print(f"    {show(futures)}")
     if manifest_errors:
         err.print(f"{len(manifest_errors)} manifest error(s); the other jobs are planned as shown")
         raise typer.Exit(1)
@@ -259,6 +262,23 @@ def _plan_outlook(st: JobStatus) -> str:
     risk = risk_text(st)
     return (f"forecast: {money(f.projected_cost_usd)} projected ({spent}), ETA {when(f.eta)} UTC"
             + (f", {risk}" if risk else ""))
+
+
+def _plan_futures(name: str, st: JobStatus, desired: DesiredState | None, planned: dict[str, JobStatus],
+                  now: float) -> str:
+    """The planned run's P50/P90 from its simulated futures (reconciler.planner.outlook.spread), and
+    which inputs were not measured; quota from the providers' declared allowance (no ledger read)."""
+    from reconciler.cli.review import JobChange, inputs_text, spread_text
+    from reconciler.planner.outlook.spread import job_spread
+
+    job = desired.jobs.get(name) if desired is not None else None
+    if job is None or st.phase.terminal or job.spec.suspend or st.run_id != job.run_id():
+        return ""
+    sp = job_spread(job, st, desired.providers, planned.values(), now) if desired is not None else None
+    if sp is None or sp.spread is None:
+        return ""
+    change = JobChange(job=name, change="in-place", meaning="", spread=sp, spread_at=now)
+    return f"{spread_text(change)}\n    inputs: {inputs_text(sp)}"
 
 
 FAIL_ON_CHOICES = ("restart", "cancel")

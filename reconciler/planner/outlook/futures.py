@@ -33,6 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 
 FUTURES = 400
+DISCOUNT = 1.0
+WAIT_DISCOUNT = 1.0
 MAX_ATTEMPTS = 5000  # a future that has not finished after this many attempts counts as never
 
 
@@ -46,12 +48,14 @@ class Evidence:
     exposure_seconds: float
     prior_seconds: float
 
-    def gamma(self) -> tuple[float, float]:
-        """(shape, rate) of the posterior of the event rate, per second."""
+    def gamma(self, discount: float = 1.0) -> tuple[float, float]:
+        """(shape, rate) of the posterior of the event rate, per second. `discount` counts the
+        evidence as that share of itself: the same mean, a wider spread."""
         if self.events <= 0:
-            return 1.0, self.exposure_seconds + self.prior_seconds
+            return 1.0, self.exposure_seconds * discount + self.prior_seconds
         weight = min(self.prior_seconds, self.exposure_seconds / self.events)
-        return self.events + weight / self.prior_seconds, self.exposure_seconds + weight
+        return (self.events * discount + weight / self.prior_seconds,
+                self.exposure_seconds * discount + weight)
 
     @property
     def mean_seconds(self) -> float:
@@ -84,6 +88,7 @@ class Run:
     deadline_in_seconds: float | None = None  # from now
     budget_usd: float | None = None  # the whole budget (spent included)
     live_seconds: float | None = None  # a live attempt has run this long (no changeover to pay); None: to launch
+    waiting: bool = False  # the last attempt was interrupted and none runs: a wait for capacity comes first
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,8 @@ def spread(run: Run, lane: Lane, fallback: Lane | None = None, *, seed: int, fut
 def walk(run: Run, lanes: tuple[Lane, ...], rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Seconds to finish (inf: never, within MAX_ATTEMPTS) and dollars spent from now, per future."""
     w = _World(run, lanes, rng, n)
+    if run.waiting and run.live_seconds is None:
+        w.after_interruption(np.flatnonzero(w.active))
     for attempt in range(MAX_ATTEMPTS):
         idx = np.flatnonzero(w.active)
         if idx.size == 0:
@@ -138,7 +145,7 @@ class _World:
         self.ckpt = np.array([max(1.0, x.checkpoint_steps) for x in lanes])
         self.session = np.array([x.session_seconds or inf for x in lanes])
         self.fail = np.stack([_rates(x.interruptions, rng, n) for x in lanes])  # per second, per future
-        self.back = np.stack([_rates(x.wait, rng, n) for x in lanes])
+        self.wait_gamma = np.array([x.wait.gamma(WAIT_DISCOUNT) for x in lanes])  # (shape, rate) per lane
         self.quota = np.array([[inf if x.quota_seconds is None else x.quota_seconds] * n for x in lanes])
         self.refill_at = np.array([[inf if x.refill_in_seconds is None else x.refill_in_seconds] * n for x in lanes])
         self.lane = np.zeros(n, dtype=int)
@@ -166,7 +173,7 @@ class _World:
         self.finish_at[idx[done]] = self.t[idx[done]]
         self.active[idx[done]] = False
         self._after_cut(idx[cut])
-        self._after_interruption(idx[~done & ~cut])
+        self.after_interruption(idx[~done & ~cut])
 
     def _after_cut(self, idx: np.ndarray) -> None:
         """A spent quota: on to the fallback, else wait for the refill (never, without one)."""
@@ -185,11 +192,13 @@ class _World:
         never = spent[~np.isfinite(self.t[spent]) | (self.quota[lane, spent] <= 0)]
         self.finish_at[never], self.active[never] = np.inf, False
 
-    def _after_interruption(self, idx: np.ndarray) -> None:
+    def after_interruption(self, idx: np.ndarray) -> None:
         """The wait for capacity; with a deadline and a fallback, the move there when waiting would
         leave less than two of its changeovers of slack."""
         lane = self.lane[idx]
-        wait = self.rng.exponential(1.0, idx.size) / self.back[lane, idx]
+        shape, rate = self.wait_gamma[lane, 0], self.wait_gamma[lane, 1]
+        back = np.maximum(self.rng.gamma(shape, 1.0 / rate), 1e-12)  # each wait's own rate: heavy-tailed waits
+        wait = self.rng.exponential(1.0, idx.size) / back
         deadline = self.run.deadline_in_seconds
         if deadline is not None and len(self.lanes) > 1:
             fb = self.lanes[1]
@@ -201,8 +210,9 @@ class _World:
 
 
 def _rates(e: Evidence, rng: np.random.Generator, n: int) -> np.ndarray:
-    """Per future, a rate of events drawn from the evidence's posterior (per second, > 0)."""
-    shape, rate = e.gamma()
+    """Per future, a rate of events drawn from the evidence's posterior (per second, > 0), the
+    evidence discounted (DISCOUNT)."""
+    shape, rate = e.gamma(DISCOUNT)
     return np.maximum(rng.gamma(shape, 1.0 / rate, n), 1e-12)
 
 

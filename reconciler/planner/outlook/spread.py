@@ -16,7 +16,14 @@ from dataclasses import dataclass, field
 from statistics import median
 
 from desired.models import Job, Provider
-from reconciler.planner.outlook.forecast import PRIOR_CHANGEOVER_SECONDS, job_rate, job_tracks, open_cost, provider_rate
+from reconciler.planner.outlook.forecast import (
+    PRIOR_CHANGEOVER_SECONDS,
+    Track,
+    job_rate,
+    job_tracks,
+    open_cost,
+    provider_rate,
+)
 from reconciler.planner.outlook.futures import Evidence, Lane, Run, Spread, seed_of, spread
 from reconciler.planner.outlook.placement import place
 from reconciler.planner.outlook.reliability import attempt_record, prior_mtbf
@@ -78,7 +85,8 @@ def job_spread(job: Job, st: JobStatus | None, providers: Mapping[str, Provider]
     run = Run(remaining_steps=max(0, target - st.progress.step), spent_usd=st.cost_usd + open_cost(st, now, prices),
               deadline_in_seconds=job.spec.deadline.timestamp() - now if job.spec.deadline else None,
               budget_usd=job.spec.budget_usd,
-              live_seconds=None if live is None or st.current.provider != first else max(0.0, now - live))
+              live_seconds=None if live is None or st.current.provider != first else max(0.0, now - live),
+              waiting=st.current is None and bool(st.attempts) and st.attempts[-1].provider_ended)
     out.spread = spread(run, lane, fb, seed=seed_of(st.run_id or job.run_id()), futures=futures)
     return out
 
@@ -135,7 +143,12 @@ def _lane(job: Job, st: JobStatus, name: str, providers: Mapping[str, Provider],
 
 
 def _rate(st: JobStatus, name: str, now: float) -> tuple[float, str, str]:
+    """Steps per second of work there: the status's rate counts durable steps only, and the futures
+    take the work an interruption loses off themselves, so the lost steps are counted back in."""
     tracks = job_tracks(st, st.progress.step, now)
+    for a in st.attempts:
+        if a.steps_lost > 0 and a.provider in tracks:
+            tracks[a.provider] = tracks[a.provider] + Track(0.0, a.steps_lost)
     overall = job_rate(tracks)
     assert overall is not None
     own = tracks.get(name)
