@@ -16,7 +16,8 @@ left is done:
   nothing (the worker saves first);
 - when the quota is spent the run moves to the fallback lane if there is one, else waits for the
   refill; with a deadline and a fallback, an interrupted run moves to the fallback instead of
-  waiting when the wait would leave less than two changeovers of slack there (the safety net of
+  waiting when, after the wait, the move there (a changeover) and two more changeovers of slack would
+  no longer fit before the deadline (the safety net of
   the placement policy, reconciler.planner.outlook.deadline; its other rules are not replayed);
 - cost is attempt hours times the lane's price.
 
@@ -33,6 +34,9 @@ from dataclasses import dataclass
 import numpy as np
 
 FUTURES = 400
+# The evidence counted as this share of itself (failure rates, waits): 1 keeps the MTBF's own
+# posterior. Lower values were tried on bench/forecast.py's tuning traces and widened nothing that
+# helped (docs/performance.md).
 DISCOUNT = 1.0
 WAIT_DISCOUNT = 1.0
 MAX_ATTEMPTS = 5000  # a future that has not finished after this many attempts counts as never
@@ -193,8 +197,8 @@ class _World:
         self.finish_at[never], self.active[never] = np.inf, False
 
     def after_interruption(self, idx: np.ndarray) -> None:
-        """The wait for capacity; with a deadline and a fallback, the move there when waiting would
-        leave less than two of its changeovers of slack."""
+        """The wait for capacity; with a deadline and a fallback, the move there when, after the
+        wait, the rest there plus three of its changeovers (the move and two of slack) would not fit."""
         lane = self.lane[idx]
         shape, rate = self.wait_gamma[lane, 0], self.wait_gamma[lane, 1]
         back = np.maximum(self.rng.gamma(shape, 1.0 / rate), 1e-12)  # each wait's own rate: heavy-tailed waits
