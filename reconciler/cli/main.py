@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from desired.parse import DesiredState
     from reconciler.cli.review import Review
     from reconciler.daemon.loop import Reconciler, TickReport
-    from status.models import JobStatus
+    from status.models import JobStatus, ProviderLedger
 
 EXAMPLE_JOB = """\
 # A job the reconciler drives to completion. See `reconciler schema` for every field.
@@ -227,6 +227,9 @@ def plan(
         outlook = _plan_outlook(st)
         if outlook:
             console.print(f"    {show(outlook)}")
+        futures = _plan_futures(name, st, report.desired, the_plan.statuses, rec.clock.now())
+        if futures:
+            console.print(f"    {show(futures)}")
     if manifest_errors:
         err.print(f"{len(manifest_errors)} manifest error(s); the other jobs are planned as shown")
         raise typer.Exit(1)
@@ -261,6 +264,23 @@ def _plan_outlook(st: JobStatus) -> str:
             + (f", {risk}" if risk else ""))
 
 
+def _plan_futures(name: str, st: JobStatus, desired: DesiredState | None, planned: dict[str, JobStatus],
+                  now: float) -> str:
+    """The planned run's P50/P90 from its simulated futures (reconciler.planner.outlook.spread), and
+    which inputs were not measured; quota from the providers' declared allowance (no ledger read)."""
+    from reconciler.cli.review import JobChange, inputs_text, spread_text
+    from reconciler.planner.outlook.spread import job_spread
+
+    job = desired.jobs.get(name) if desired is not None else None
+    if job is None or st.phase.terminal or job.spec.suspend or st.run_id != job.run_id():
+        return ""
+    sp = job_spread(job, st, desired.providers, planned.values(), now) if desired is not None else None
+    if sp is None or sp.spread is None:
+        return ""
+    change = JobChange(job=name, change="in-place", meaning="", spread=sp, spread_at=now)
+    return f"{spread_text(change)}\n    inputs: {inputs_text(sp)}"
+
+
 FAIL_ON_CHOICES = ("restart", "cancel")
 
 
@@ -289,7 +309,7 @@ def _plan_review(repo: Path, base: str, head: str, output: PlanFormat, fail_on: 
 def _review_refs(repo: Path, base: str, head: str, path: str = "") -> Review:
     """Reads both commits' desired state and the base's recorded statuses; a bad ref is one sentence."""
     from adapters.gitrepo import GitError, StateRepo
-    from reconciler.cli.review import review
+    from reconciler.cli.review import attach_spreads, review
     from reconciler.daemon.loop import Reconciler
     from reconciler.planner.plan import confirms_cancel
 
@@ -309,10 +329,31 @@ def _review_refs(repo: Path, base: str, head: str, path: str = "") -> Review:
     at_fork = reader.read_desired(fork, cache=False) if fork else None
     the_review = review(sides[0], sides[1], recorded, base_commit=commits[0], head_commit=commits[1],
                         cancel_confirmed=confirmed, fork=at_fork)
+    source = reader.status_source(commits[0])
+    attach_spreads(the_review, sides[1], recorded, _ledger(state.read_file(source, "status/providers.yaml")),
+                   float(state.repo.commit(source).committed_date))
     if fork:
         the_review.notes.append(f"{base} has moved on since {head} branched off at {fork[:12]}: only the jobs "
                                 "the head changes since then are judged (a check on the merge commit is exact)")
     return the_review
+
+
+def _ledger(text: bytes | None) -> dict[str, ProviderLedger]:
+    """status/providers.yaml as ProviderLedger lines by provider; a line that does not parse is left out."""
+    from pydantic import ValidationError
+
+    from reconciler.cli.status import ledger_rows
+    from status.models import ProviderLedger, from_iso
+
+    out = {}
+    for row in ledger_rows(text):
+        try:
+            line = ProviderLedger.model_validate({**row, "resets_at": from_iso(row.get("resets_at")),
+                                                  "period_start": from_iso(row.get("period_start")) or 0.0})
+        except (ValidationError, ValueError):
+            continue
+        out[line.provider] = line
+    return out
 
 
 def _merge_base(state: StateRepo, base: str, head: str) -> str | None:

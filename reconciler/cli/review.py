@@ -20,9 +20,10 @@ from typing import Any
 from desired.models import Job, default_local_provider
 from desired.parse import SETTINGS_FILE, DesiredState, ManifestError
 from reconciler.cli.sweeps import plan_lines
+from reconciler.planner.outlook.spread import MEASURED, JobSpread, job_spread
 from reconciler.planner.plan import CONFIRM_CANCEL_TRAILER
 from reconciler.planner.tick import SweepChange
-from status.models import JobStatus, Phase, cell, iso, money, when
+from status.models import JobStatus, Phase, ProviderLedger, cell, hours, iso, money, when
 from status.redact import without_credentials
 from status.text import one_line
 
@@ -66,6 +67,8 @@ class JobChange:
     projected_cost_usd: float | None = None
     eta: float | None = None
     outlook: str = ""  # projected cost and ETA in words, or why unknown
+    spread: JobSpread | None = None  # P50/P90 from simulated futures (attach_spreads), for an unfinished run
+    spread_at: float | None = None  # the moment the futures start from (the status commit's time)
 
 
 @dataclass
@@ -371,6 +374,73 @@ def _diff(a: Any, b: Any, prefix: str = "") -> list[FieldChange]:
     return [] if a == b else [FieldChange(prefix, a, b)]
 
 
+# ---- the spread: simulated futures of each unfinished run ----------------------------------------
+
+NO_FUTURES = {"restart": "a new run: unknown until measured", "new": "a new run: unknown until measured",
+              "suspend": "suspended: no progress until suspend is false"}
+
+
+def attach_spreads(r: Review, head: DesiredState, recorded: dict[str, JobStatus],
+                   ledger: dict[str, ProviderLedger], now: float, futures: int = 400) -> None:
+    """For every unfinished run the change touches, its futures as the head's manifest would run
+    them, from what the base's status measured at `now` (its commit's time)."""
+    for c in r.changes:
+        job, st = head.jobs.get(c.job), recorded.get(c.job)
+        if job is None or c.change in ("cancel", "removed", "held") or _finished(st):
+            continue
+        if c.change in NO_FUTURES or st is None or st.run_id != job.run_id() or job.spec.suspend:
+            c.spread = JobSpread(c.job, note=NO_FUTURES.get(c.change, "no run recorded yet"))
+            continue
+        c.spread = job_spread(job, st, head.providers, recorded.values(), now, ledger, futures)
+        c.spread_at = now
+
+
+def spread_text(c: JobChange) -> str:
+    """P50 and P90 of time and cost, and the chance of meeting deadline and budget, in words."""
+    sp = c.spread
+    if sp is None:
+        return ""
+    if sp.spread is None or c.spread_at is None:
+        return f"futures: none ({sp.note})"
+    s = sp.spread
+    t50, t90 = (_finish(c.spread_at, x) for x in s.seconds)
+    words = [f"finish P50 {t50}, P90 {t90}", f"cost P50 {_usd(s.cost_usd[0])}, P90 {_usd(s.cost_usd[1])}"]
+    if s.p_deadline is not None:
+        words.append(f"deadline met in {_share(s.p_deadline)} of futures")
+    if s.p_budget is not None:
+        words.append(f"budget kept in {_share(s.p_budget)}")
+    where = sp.provider + (f", {sp.fallback} as fallback" if sp.fallback else "")
+    return f"{'; '.join(words)} ({s.futures} futures on {where})"
+
+
+def _finish(at: float, seconds: float) -> str:
+    return f"{hours(seconds / 3600.0)} ({when(at + seconds)} UTC)" if seconds < float("inf") else "never"
+
+
+def _usd(x: float) -> str:
+    return money(x) if x < float("inf") else "unbounded"
+
+
+def _share(p: float) -> str:
+    """A share of futures, never rounded to a certainty it is not: 399 of 400 is 99.75%, not 100%."""
+    percent = p * 100.0
+    text = f"{percent:.0f}%"
+    if text in ("0%", "100%") and 0.0 < p < 1.0:
+        text = f"{percent:.2f}%"
+    return text
+
+
+def inputs_text(sp: JobSpread) -> str:
+    """Which inputs are not measured here: 'borrowed: spot mtbf (the prior ...); declared: ...'."""
+    parts = []
+    for source in ("borrowed", "declared"):
+        said = [f"{i.provider} {i.name} ({i.how})" for i in sp.inputs if i.source == source]
+        if said:
+            parts.append(f"{source}: {', '.join(said)}")
+    measured = sum(i.source == MEASURED for i in sp.inputs)
+    return f"{measured} of {len(sp.inputs)} inputs measured" + (f"; {'; '.join(parts)}" if parts else "")
+
+
 # ---- output ---------------------------------------------------------------------------------------
 
 
@@ -388,6 +458,10 @@ def render_text(r: Review) -> str:
             lines.append(f"    {f.field}: {value_text(f.base)} -> {value_text(f.head)}")
         if c.outlook:
             lines.append(f"    projected: {c.outlook}")
+        if c.spread is not None:
+            lines.append(f"    futures: {spread_text(c).removeprefix('futures: ')}")
+            if c.spread.spread is not None:
+                lines.append(f"    inputs: {inputs_text(c.spread)}")
     lines += r.sweeps
     lines += [f"note: {n}" for n in r.notes]
     lines += [f"error: {e}" for e in r.errors]
@@ -411,11 +485,15 @@ def render_markdown(r: Review) -> str:
         lines += ["**Manifest errors** (the check fails):", ""]
         lines += [f"- `{one_line(e.file)}`: {cell(str(e).removeprefix(e.file + ': '))}" for e in r.errors] + [""]
     if r.changes:
-        lines += ["| job | change | what it means | projected cost / ETA |", "|---|---|---|---|"]
+        lines += ["| job | change | what it means | projected cost / ETA | P50 / P90 (simulated futures) |",
+                  "|---|---|---|---|---|"]
         for c in r.changes:
             kind = f"**{KINDS[c.change]}**" if c.change in ("restart", "cancel") else KINDS[c.change]
-            lines.append(f"| `{c.job}` | {kind} | {cell(c.meaning)} | {cell(c.outlook)} |")
+            lines.append(f"| `{c.job}` | {kind} | {cell(c.meaning)} | {cell(c.outlook)} "
+                         f"| {cell(spread_text(c).removeprefix('futures: '))} |")
         lines.append("")
+        if any(c.spread is not None and c.spread.spread is not None for c in r.changes):
+            lines += [f"_{FUTURES_NOTE}_", ""]
     lines += [f"- {cell(line)}" for line in r.sweeps] + ([""] if r.sweeps else [])
     for c in r.changes:
         lines += _details(c)
@@ -435,7 +513,32 @@ def _details(c: JobChange) -> list[str]:
     fence = "`" * max([3, *(len(run) + 1 for line in body for run in re.findall("`+", line))])
     file = html.escape(one_line(c.file or "no file"))
     return [f"<details><summary><code>{c.job}</code>: {KINDS[c.change]} ({file})</summary>", "",
-            f"{fence}diff", *body, fence, "", "</details>", ""]
+            f"{fence}diff", *body, fence, "", *_inputs_table(c), "</details>", ""]
+
+
+FUTURES_NOTE = ("P50 and P90: half and nine in ten of the simulated futures of the rest of the run finish "
+                "(or cost) at most this; each job's inputs below say which were measured here, which borrowed "
+                "(other providers, a prior) and which declared (settings)")
+
+
+def _inputs_table(c: JobChange) -> list[str]:
+    """What the job's futures were fed, each input measured, borrowed or declared."""
+    sp = c.spread
+    if sp is None or sp.spread is None:
+        return []
+    rows = [f"| {i.provider} | {i.name} | {_value(i.value, i.unit)} | {i.source} | {cell(i.how)} |"
+            for i in sp.inputs]
+    return ["| provider | input | value | source | from |", "|---|---|---|---|---|", *rows, ""]
+
+
+def _value(value: float | None, unit: str) -> str:
+    if value is None:
+        return "no limit"
+    if unit == "s":
+        return hours(value / 3600.0)
+    if unit == "$/h":
+        return f"${value:g}/h"
+    return f"{value:,.4g} {unit}"
 
 
 def render_json(r: Review, fail_on: set[str]) -> dict[str, Any]:
@@ -447,6 +550,7 @@ def render_json(r: Review, fail_on: set[str]) -> dict[str, Any]:
             "step": c.step, "target": c.target, "spent_usd": c.spent_usd,
             "projected_cost_usd": c.projected_cost_usd, "eta": iso(c.eta), "outlook": c.outlook,
             "fields": [{"field": f.field, "base": f.base, "head": f.head} for f in c.fields],
+            "spread": _spread_json(c),
         } for c in r.changes],
         "unchanged": r.unchanged,
         "errors": [{"file": e.file, "document": e.document, "field": e.field, "message": e.message}
@@ -455,3 +559,25 @@ def render_json(r: Review, fail_on: set[str]) -> dict[str, Any]:
         "sweeps": r.sweeps,
         "fail_on": sorted(fail_on), "failed_on": r.matches(fail_on), "exit_code": r.exit_code(fail_on),
     }
+
+
+def _spread_json(c: JobChange) -> dict[str, Any] | None:
+    """The futures' figures, unrounded: seconds and dollars; None for a job with no run to simulate."""
+    sp = c.spread
+    if sp is None:
+        return None
+    out: dict[str, Any] = {"note": sp.note, "provider": sp.provider, "fallback": sp.fallback or None}
+    s, at = sp.spread, c.spread_at
+    if s is not None and at is not None:
+        finite = [x if x < float("inf") else None for x in s.seconds]
+        cost = [round(x, 2) if x < float("inf") else None for x in s.cost_usd]
+        out.update({
+            "futures": s.futures, "unfinished": s.unfinished, "from": iso(at),
+            "p50_seconds": finite[0], "p90_seconds": finite[1],
+            "p50_finish": iso(at + finite[0]) if finite[0] is not None else None,
+            "p90_finish": iso(at + finite[1]) if finite[1] is not None else None,
+            "p50_cost_usd": cost[0], "p90_cost_usd": cost[1],
+            "p_deadline": s.p_deadline, "p_budget": s.p_budget,
+            "inputs": [{"provider": i.provider, "input": i.name, "value": i.value, "unit": i.unit,
+                        "source": i.source, "from": i.how} for i in sp.inputs]})
+    return out

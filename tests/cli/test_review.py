@@ -307,3 +307,26 @@ def test_the_pull_request_plan_says_which_members_of_a_sweep_start_stop_keep_goi
     assert r.sweeps == ["sweep sweep: 3 members; 1 start (sweep-lr-0-003); 1 stop (sweep-lr-0-5); "
                         "1 keep going; 1 finished; projected $0.00 (2 members not measured yet)"], r.sweeps
     assert f"- {r.sweeps[0]}" in render_markdown(r)
+
+
+def test_a_measured_run_gets_p50_and_p90_from_its_futures_in_text_markdown_and_json(
+        state_repo: StateRepoFixture) -> None:
+    base = base_repo(state_repo, jobs=1)
+    now = time.time()
+    attempts = [Attempt(epoch=1, provider="far", worker="w1", started=now - 3 * 3600, first_beat=now - 3 * 3600 + 60,
+                        first_beat_step=0, step_start=0)]
+    record(state_repo, "job0", Phase.RUNNING, 30000, attempts=attempts, cost_usd=0.0)
+    base = state_repo.commit("reconciler: status with a measured rate")
+    state_repo.write("desired/job0.yaml", manifest("job0", deadline="2099-01-01T00:00:00Z"))
+    state_repo.commit("a deadline")
+    text = plan(state_repo, base)
+    assert "futures: finish P50 " in text and ", P90 " in text and "deadline met in 100% of futures" in text
+    assert "inputs: " in text and "declared: far price (price_per_hour of the provider)" in text
+    md = plan(state_repo, base, "--format", "markdown")
+    assert "P50 / P90 (simulated futures)" in md and "| far | price | $0/h | declared |" in md
+    got = json.loads(plan(state_repo, base, "--format", "json"))
+    spread = next(j for j in got["jobs"] if j["job"] == "job0")["spread"]
+    assert spread["futures"] == 400 and spread["p50_seconds"] <= spread["p90_seconds"]
+    assert spread["p_deadline"] == 1.0
+    source = {i["input"]: i["source"] for i in spread["inputs"]}
+    assert source["rate"] == source["mtbf"] == source["changeover"] == "measured" and source["price"] == "declared"

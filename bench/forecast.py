@@ -1,0 +1,270 @@
+"""Is the forecast's spread honest? P50 and P90 of the time to finish, checked against outcomes the
+forecast did not see.
+
+A job does W hours of work (1 step a second, a checkpoint every 600 steps) on a spot provider
+($1/h; a move or relaunch costs a 180 s changeover, billed). At a cutoff the forecast is made the
+way `plan` makes it: a status holds the attempts the job had until then (from the trace's past:
+one attempt per available period, the work since the last checkpoint lost at each end, the wait
+until the next one recorded), and reconciler.planner.outlook.spread.job_spread turns it into 400
+futures. The outcome is the same job's rest replayed on what the trace did after the cutoff.
+
+- traces: the public skypilot-org/spot-traces, read from a clone (--trace-dir, or $SPOT_TRACES; the
+  repository states no license, so its files are not copied here). Tuned on
+  availability/1-node/aws-10-26-2022 and preemption/1-node/aws-04-22-2023; checked on
+  availability/1-node/aws-02-15-2023, kept aside. A trace is replayed in a loop past its end.
+  Without a clone, synthetic traces (exponential available and unavailable periods, means 3 h and
+  2 h, one a seed) stand in, so that the bench and its test run anywhere.
+- not yet: the simulator under known rates (reconciler/sim), the second check issue 26 asks for.
+
+Coverage: the share of outcomes at or under each quantile (goal: about 0.5 and 0.9, P90 within
+0.85-0.97), of the time to finish and of the cost. The last line is over the outcomes kept aside
+(the checked traces):
+
+    git clone https://github.com/skypilot-org/spot-traces ~/spot-traces
+    python bench/forecast.py --quick --trace-dir ~/spot-traces   # W = 8 h, 10 cutoffs a trace, under a minute
+    python bench/forecast.py --trace-dir ~/spot-traces           # W = 8 h and 24 h, 20 cutoffs a trace
+    python bench/forecast.py --quick --only-check --traces 1   # the smallest case (the test's)
+
+    ... a markdown table ...
+    coverage_p50=0.47 coverage_p90=0.75
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import random
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import yaml  # noqa: E402
+
+from desired.models import Job, Provider  # noqa: E402
+from reconciler.planner.outlook.spread import job_spread  # noqa: E402
+from status.models import Attempt, JobStatus, Outcome, Phase, Progress  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TRACES_ENV = "SPOT_TRACES"  # a clone of github.com/skypilot-org/spot-traces (--trace-dir sets it)
+SYNTHETIC = "synthetic:"
+SYNTHETIC_TUNE = tuple(f"{SYNTHETIC}{seed}" for seed in range(1, 7))
+SYNTHETIC_CHECK = tuple(f"{SYNTHETIC}{seed}" for seed in range(101, 104))
+TUNE = ("availability/1-node/aws-10-26-2022/us-west-2a_v100_1.json",
+        "availability/1-node/aws-10-26-2022/us-west-2b_v100_1.json",
+        "availability/1-node/aws-10-26-2022/us-west-2a_k80_1.json",
+        "availability/1-node/aws-10-26-2022/us-west-2b_k80_8.json",
+        "preemption/1-node/aws-04-22-2023/us-west-2b_v100_1.json",
+        "preemption/1-node/aws-04-22-2023/us-east-1f_v100_1.json")
+CHECK = ("availability/1-node/aws-02-15-2023/us-east-1f_v100_1.json",
+         "availability/1-node/aws-02-15-2023/us-east-2a_v100_1.json",
+         "availability/1-node/aws-02-15-2023/us-west-2b_v100_1.json")
+CHANGEOVER = 180.0  # s, launch and restore, billed
+CKPT = 600  # steps (= seconds of work) between checkpoints
+PRICE = 1.0  # $/h
+HISTORY = 48 * 3600.0  # the trace's past a status holds at the cutoff
+H = 3600.0
+
+
+def provider() -> Provider:
+    spec = {"price_per_hour": PRICE, "settings": {"type": "sim", "interruptible": True}}
+    return Provider.model_validate({"apiVersion": "reconciler.dev/v1", "kind": "Provider",
+                                    "metadata": {"name": "spot"}, "spec": spec})
+
+
+def job(name: str, target: int) -> Job:
+    return Job.model_validate(yaml.safe_load(yaml.safe_dump({
+        "apiVersion": "reconciler.dev/v1", "kind": "Job", "metadata": {"name": name},
+        "spec": {"command": ["python", "train.py"], "target_steps": target, "placement": {"providers": ["spot"]}}})))
+
+
+# ---- real traces ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Trace:
+    name: str
+    gap: float
+    up: tuple[bool, ...]  # one worker can run through each gap
+
+    @classmethod
+    def load(cls, rel: str) -> Trace:
+        """A file of the spot-traces clone SPOT_TRACES names, or `synthetic:<seed>`."""
+        if rel.startswith(SYNTHETIC):
+            return cls.synthetic(rel, int(rel.removeprefix(SYNTHETIC)))
+        with open(os.path.join(os.environ[TRACES_ENV], rel)) as fh:
+            obj = json.load(fh)
+        gap = float(obj.get("metadata", obj).get("gap_seconds"))
+        return cls(rel, gap, tuple(int(x) >= 1 for x in obj["data"]))
+
+    @classmethod
+    def synthetic(cls, rel: str, seed: int, gap: float = 300.0, days: float = 30.0) -> Trace:
+        """Available and unavailable periods in turn, exponential durations (means 3 h and 2 h)."""
+        rng = random.Random(seed)
+        up, n = rng.random() < 0.6, int(days * 24 * H / gap)
+        data: list[bool] = []
+        while len(data) < n:
+            data += [up] * max(1, round(rng.expovariate(1.0 / ((3 if up else 2) * H)) / gap))
+            up = not up
+        return cls(rel, gap, tuple(data[:n]))
+
+    @property
+    def seconds(self) -> float:
+        return self.gap * len(self.up)
+
+    def periods(self, start: float, end: float) -> list[tuple[float, float]]:
+        """Available periods overlapping [start, end), clipped to it; the trace loops past its end."""
+        out: list[tuple[float, float]] = []
+        k = int(math.floor(start / self.gap))
+        while k * self.gap < end:
+            if self.up[k % len(self.up)]:
+                s, e = max(start, k * self.gap), min(end, (k + 1) * self.gap)
+                if out and out[-1][1] == s:
+                    out[-1] = (out[-1][0], e)
+                else:
+                    out.append((s, e))
+            k += 1
+        return out
+
+
+def history(trace: Trace, t0: float) -> tuple[list[Attempt], int]:
+    """The attempts a status would hold at `t0` for a job that ran on the trace before it (one per
+    available period; the last is open when the trace is available at `t0`), and its durable step."""
+    attempts, step = [], 0
+    periods = trace.periods(max(0.0, t0 - HISTORY), t0)
+    for i, (s, e) in enumerate(periods):
+        worked = max(0.0, e - s - CHANGEOVER)
+        durable = int(worked // CKPT) * CKPT
+        live = e == t0 and trace.up[int(t0 // trace.gap) % len(trace.up)]
+        beat = s + CHANGEOVER if e - s > CHANGEOVER else None
+        attempts.append(Attempt(
+            epoch=i + 1, provider="spot", worker=f"w{i + 1}", started=s, first_beat=beat,
+            first_beat_step=step if beat is not None else None, step_start=step,
+            ended=None if live else e, outcome=None if live else Outcome.INTERRUPTION,
+            step_end=None if live else step + durable, steps_lost=0 if live else int(worked - durable)))
+        step += durable
+    return attempts, step
+
+
+def replay(trace: Trace, t0: float, work: float, live_since: float | None) -> tuple[float, float]:
+    """Seconds from `t0` until `work` seconds of work are done on what the trace did after `t0`,
+    and what they cost; `live_since`: the live attempt's first heartbeat (no changeover to pay)."""
+    left, cost, horizon = work, 0.0, t0
+    while True:
+        start = horizon
+        horizon += 20 * work
+        for s, e in trace.periods(start, horizon):
+            live = live_since is not None and s == t0
+            begin = max(s, live_since) if live and live_since is not None else s + CHANGEOVER
+            billed_from = t0 if live else s
+            if begin >= e:
+                cost += (e - billed_from) / H * PRICE
+                continue
+            if e - begin >= left:
+                cost += (begin + left - billed_from) / H * PRICE
+                return begin + left - t0, cost
+            left -= (e - begin) // CKPT * CKPT
+            cost += (e - billed_from) / H * PRICE
+
+
+def trace_case(args: tuple[str, float, float, int]) -> dict[str, Any]:
+    """One cutoff of one trace: the forecast from its past, the outcome from its future."""
+    rel, t0, hours, futures = args
+    trace = Trace.load(rel)
+    attempts, step = history(trace, t0)
+    live = attempts[-1] if attempts and attempts[-1].open else None
+    target = step + int(hours * H)
+    the_job = job("train", target)
+    st = JobStatus(job="train", phase=Phase.RUNNING, run_id=f"{rel}@{t0:.0f}", attempts=attempts,
+                   progress=Progress(step=step, target=target))
+    sp = job_spread(the_job, st, {"spot": provider()}, [st], t0, futures=futures)
+    seconds, cost = replay(trace, t0, hours * H, live.first_beat if live is not None else None)
+    return _row(rel, hours, sp, seconds, cost)
+
+
+def _row(where: str, hours: float, sp: Any, seconds: float, cost: float) -> dict[str, Any]:
+    s = sp.spread
+    if s is None:
+        return {"where": where, "hours": hours, "skipped": sp.note}
+    return {"where": where, "hours": hours, "p50": s.seconds[0], "p90": s.seconds[1], "c50": s.cost_usd[0],
+            "c90": s.cost_usd[1], "outcome": seconds, "cost": cost}
+
+
+def trace_tasks(files: Sequence[str], hours: Sequence[float], cutoffs: int, futures: int) -> list[tuple]:
+    """`cutoffs` cutoffs per trace, evenly spread after the first HISTORY."""
+    tasks = []
+    for rel in files:
+        span = Trace.load(rel).seconds - HISTORY
+        for i in range(cutoffs):
+            t0 = HISTORY + span * (i + 0.5) / cutoffs
+            tasks += [(rel, math.floor(t0), h, futures) for h in hours]
+    return tasks
+
+
+# ---- the report ---------------------------------------------------------------------------------
+
+
+def coverage(rows: list[dict[str, Any]]) -> tuple[float, float, float, float]:
+    """Shares of outcomes at or under P50 and P90, of the time and of the cost."""
+    ok = [r for r in rows if "p50" in r]
+    if not ok:
+        return (math.nan,) * 4
+    n = len(ok)
+    return (sum(r["outcome"] <= r["p50"] for r in ok) / n, sum(r["outcome"] <= r["p90"] for r in ok) / n,
+            sum(r["cost"] <= r["c50"] + 1e-9 for r in ok) / n, sum(r["cost"] <= r["c90"] + 1e-9 for r in ok) / n)
+
+
+def table(groups: dict[str, list[dict[str, Any]]]) -> list[str]:
+    lines = ["| set | W (h) | cases | time <= P50 | time <= P90 | cost <= P50 | cost <= P90 |",
+             "|---|---|---|---|---|---|---|"]
+    for name, rows in groups.items():
+        for hours in sorted({r["hours"] for r in rows}):
+            part = [r for r in rows if r["hours"] == hours]
+            c = coverage(part)
+            lines.append(f"| {name} | {hours:g} | {len(part)} | " + " | ".join(f"{x:.2f}" for x in c) + " |")
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="W = 8 h, 10 cutoffs a trace")
+    ap.add_argument("--only-check", action="store_true", help="skip the tuning traces")
+    ap.add_argument("--traces", type=int, help="use the first N traces of each set")
+    ap.add_argument("--futures", type=int, default=400)
+    ap.add_argument("--trace-dir", default=os.environ.get(TRACES_ENV),
+                    help="a clone of github.com/skypilot-org/spot-traces (default: $SPOT_TRACES); without "
+                         "one, synthetic traces (seeded) stand in for both sets")
+    a = ap.parse_args()
+    logging.getLogger("reconciler").setLevel(logging.CRITICAL)
+    hours, cutoffs = ((8.0,), 10) if a.quick else ((8.0, 24.0), 20)
+    if a.trace_dir:
+        os.environ[TRACES_ENV] = a.trace_dir  # read by the pool's processes
+        tune = ("tune (aws-10-26-2022, preemption aws-04-22-2023)", TUNE)
+        check = ("check (aws-02-15-2023, kept aside)", CHECK)
+    else:
+        tune = ("tune (synthetic, seeds 1-6)", SYNTHETIC_TUNE)
+        check = ("check (synthetic, seeds 101-103, kept aside)", SYNTHETIC_CHECK)
+    sets = {check[0]: check[1][:a.traces] if a.traces else check[1]}
+    if not a.only_check:
+        sets = {tune[0]: tune[1][:a.traces] if a.traces else tune[1], **sets}
+    t0 = time.perf_counter()
+    groups: dict[str, list[dict[str, Any]]] = {}
+    with ProcessPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
+        for name, files in sets.items():
+            groups[name] = list(pool.map(trace_case, trace_tasks(files, hours, cutoffs, a.futures), chunksize=8))
+    print("\n".join(table(groups)))
+    print(f"({time.perf_counter() - t0:.1f} s; {a.futures} futures a case; a job of W hours on one spot "
+          f"provider, forecast from the trace's past {HISTORY / H:.0f} h, outcome from its future)")
+    p50, p90, _, _ = coverage(groups[next(k for k in groups if k.startswith("check"))])
+    print(f"coverage_p50={p50:.2f} coverage_p90={p90:.2f}")
+
+
+if __name__ == "__main__":
+    main()

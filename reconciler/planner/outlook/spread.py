@@ -1,0 +1,238 @@
+"""A job's spread: what this repository measured, per provider, turned into the futures' lanes
+(reconciler.planner.outlook.futures), and their P50 and P90. Pure: it reads the desired state,
+the job statuses and the provider ledger as git records them.
+
+Each input says where it comes from: measured (from this repository's attempts, or the provider's
+own word on its quota), borrowed (from other providers, the job's rate elsewhere, or a prior), or
+declared (a setting: a price, a session limit, a checkpoint interval). The futures follow the run
+on the provider it is on, or the first its placement would pick, and on the cheapest reliable
+provider allowed (the fallback) once a quota is spent or a deadline calls for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from statistics import median
+
+from desired.models import Job, Provider
+from reconciler.planner.outlook.forecast import (
+    PRIOR_CHANGEOVER_SECONDS,
+    Track,
+    job_rate,
+    job_tracks,
+    open_cost,
+    provider_rate,
+)
+from reconciler.planner.outlook.futures import Evidence, Lane, Run, Spread, seed_of, spread
+from reconciler.planner.outlook.placement import place
+from reconciler.planner.outlook.reliability import attempt_record, prior_mtbf
+from status.models import Attempt, JobStatus, Outcome, ProviderLedger
+
+MEASURED, BORROWED, DECLARED = "measured", "borrowed", "declared"
+PRIOR_WAIT_SECONDS = 300.0  # after an interruption, until the next launch, while none is measured anywhere
+FALLBACK_CHECKPOINT_SECONDS = 1800.0  # work between checkpoints when neither measured nor declared
+
+
+@dataclass(frozen=True)
+class Input:
+    provider: str
+    name: str  # mtbf, wait, changeover, rate, checkpoint, price, session, quota
+    value: float | None
+    unit: str
+    source: str  # measured, borrowed or declared
+    how: str  # from what, in words
+
+
+@dataclass
+class JobSpread:
+    job: str
+    spread: Spread | None = None
+    provider: str = ""  # where the futures start
+    fallback: str = ""  # where they go when the quota is spent or the deadline calls for it
+    inputs: list[Input] = field(default_factory=list)
+    note: str = ""  # why there is no spread
+
+    @property
+    def borrowed(self) -> list[Input]:
+        return [i for i in self.inputs if i.source != MEASURED]
+
+
+def job_spread(job: Job, st: JobStatus | None, providers: Mapping[str, Provider], statuses: Iterable[JobStatus],
+               now: float, ledger: Mapping[str, ProviderLedger] | None = None, futures: int = 400) -> JobSpread:
+    """The spread of the rest of `job`'s run as `st` records it (None: a run not started)."""
+    out = JobSpread(job.name)
+    target = job.spec.target_steps
+    if st is None or target is None:
+        out.note = "no target_steps: the work left is unknown" if target is None else "no run recorded yet"
+        return out
+    tracks = job_tracks(st, st.progress.step, now)
+    if job_rate(tracks) is None:
+        out.note = "rate not measured yet: less than 15 min of attempt time with progress"
+        return out
+    order = place(job, dict(providers), now).order
+    first = _first(st, order)
+    if first is None:
+        out.note = "no provider allowed for the job"
+        return out
+    statuses = list(statuses)
+    lane = _lane(job, st, first, providers, statuses, now, ledger or {}, out.inputs)
+    back = _fallback(first, order, providers)
+    fb = _lane(job, st, back, providers, statuses, now, ledger or {}, out.inputs) if back else None
+    out.provider, out.fallback = first, back or ""
+    live = st.current.first_beat if st.current is not None else None
+    prices = {n: p.spec.price_per_hour for n, p in providers.items()}
+    run = Run(remaining_steps=max(0, target - st.progress.step), spent_usd=st.cost_usd + open_cost(st, now, prices),
+              deadline_in_seconds=job.spec.deadline.timestamp() - now if job.spec.deadline else None,
+              budget_usd=job.spec.budget_usd,
+              live_seconds=None if live is None or st.current.provider != first else max(0.0, now - live),
+              waiting=st.current is None and bool(st.attempts) and st.attempts[-1].provider_ended)
+    out.spread = spread(run, lane, fb, seed=seed_of(st.run_id or job.run_id()), futures=futures)
+    return out
+
+
+def _first(st: JobStatus, order: list[str]) -> str | None:
+    """The live attempt's provider, else where the status says the run should go, else the first
+    allowed (a provider no longer declared or allowed is left)."""
+    if st.current is not None and st.current.provider in order:
+        return st.current.provider
+    placed = st.forecast.placement if st.forecast is not None else ""
+    return placed if placed in order else (order[0] if order else None)
+
+
+def _fallback(first: str, order: list[str], providers: Mapping[str, Provider]) -> str | None:
+    """The cheapest allowed provider nobody takes machines away from, and with no quota to spend."""
+    def reliable(name: str) -> bool:
+        spec = providers[name].spec
+        return not getattr(spec.settings, "interruptible", False) and spec.free_quota_hours is None
+
+    if reliable(first):
+        return None
+    options = [n for n in order if n != first and reliable(n)]
+    return min(options, key=lambda n: providers[n].spec.price_per_hour) if options else None
+
+
+def _lane(job: Job, st: JobStatus, name: str, providers: Mapping[str, Provider], statuses: list[JobStatus],
+          now: float, ledger: Mapping[str, ProviderLedger], said: list[Input]) -> Lane:
+    """One provider as measured, each figure said in `said` with where it comes from."""
+    prov = providers[name]
+    settings = prov.spec.settings
+    session = getattr(settings, "session_hours", None)
+    session_s = session * 3600.0 - getattr(settings, "save_margin_seconds", 0.0) if session else None
+    rate, rate_src, rate_how = _rate(st, name, now)
+    fails, fail_src, fail_how = _interruptions(statuses, name, now, bool(getattr(settings, "interruptible", False)),
+                                               sessions=session_s is not None)
+    wait, wait_src, wait_how = _wait(statuses, name)
+    change, change_src, change_how = _changeover(statuses, name)
+    ckpt, ckpt_src, ckpt_how = _checkpoint(job, st, rate)
+    quota, refill_in, refill, quota_src, quota_how = _quota(job, prov, ledger.get(name), now)
+    price = prov.spec.price_per_hour
+    said += [
+        Input(name, "rate", rate * 3600.0, "steps/h", rate_src, rate_how),
+        Input(name, "mtbf", fails.mean_seconds, "s", fail_src, fail_how),
+        Input(name, "wait", wait.mean_seconds, "s", wait_src, wait_how),
+        Input(name, "changeover", change, "s", change_src, change_how),
+        Input(name, "checkpoint", ckpt, "steps", ckpt_src, ckpt_how),
+        Input(name, "price", price, "$/h", DECLARED, "price_per_hour of the provider"),
+    ]
+    if session_s is not None:
+        said.append(Input(name, "session", session_s, "s", DECLARED, "session_hours, less the save margin"))
+    if quota_src:
+        said.append(Input(name, "quota", None if quota is None else quota / 3600.0, "h", quota_src, quota_how))
+    return Lane(name, price, rate, fails, wait, change, ckpt, session_s, quota, refill_in, refill)
+
+
+def _rate(st: JobStatus, name: str, now: float) -> tuple[float, str, str]:
+    """Steps per second of work there: the status's rate counts durable steps only, and the futures
+    take the work an interruption loses off themselves, so the lost steps are counted back in."""
+    tracks = job_tracks(st, st.progress.step, now)
+    for a in st.attempts:
+        if a.steps_lost > 0 and a.provider in tracks:
+            tracks[a.provider] = tracks[a.provider] + Track(0.0, a.steps_lost)
+    overall = job_rate(tracks)
+    assert overall is not None
+    own = tracks.get(name)
+    rate = provider_rate(own, overall) or overall
+    if own is not None and own.rate is not None:
+        return rate, MEASURED, f"this run's attempts there ({own.seconds / 3600.0:.1f} h)"
+    return rate, BORROWED, "this run's rate on the providers it ran on"
+
+
+def _interruptions(statuses: list[JobStatus], name: str, now: float, spot: bool,
+                   sessions: bool) -> tuple[Evidence, str, str]:
+    """Machine time and interruptions there, across every job, weighed by age as the MTBF is
+    (reconciler.planner.outlook.reliability); session ends are left out where the session limit is
+    modelled apart."""
+    exposure = events = 0.0
+    for a in _attempts(statuses, name):
+        rec = attempt_record(a, now)
+        exposure += rec.exposure_seconds
+        events += 0.0 if sessions and a.outcome == Outcome.SESSION_END else rec.interruptions
+    evidence = Evidence(events, exposure, prior_mtbf(spot))
+    kind = "interruptible" if spot else "reliable"
+    if exposure <= 0:
+        return evidence, BORROWED, f"the prior for {kind} machines"
+    return evidence, MEASURED, f"{events:.1f} interruptions over {exposure / 3600.0:.1f} h (age-weighted)"
+
+
+def _attempts(statuses: Iterable[JobStatus], name: str | None = None) -> Iterable[Attempt]:
+    return (a for st in statuses for a in st.attempts if name is None or a.provider == name)
+
+
+def _gaps(statuses: Iterable[JobStatus], name: str | None) -> list[float]:
+    """Seconds from each end the provider made to the next attempt of the same job."""
+    return [max(0.0, b.started - a.ended) for st in statuses
+            for a, b in zip(st.attempts, st.attempts[1:], strict=False)
+            if a.ended is not None and a.provider_ended and (name is None or a.provider == name)]
+
+
+def _wait(statuses: list[JobStatus], name: str) -> tuple[Evidence, str, str]:
+    own = _gaps(statuses, name)
+    if own:
+        return Evidence(len(own), sum(own), PRIOR_WAIT_SECONDS), MEASURED, f"{len(own)} relaunches after an end there"
+    everywhere = _gaps(statuses, None)
+    if everywhere:
+        mean = sum(everywhere) / len(everywhere)
+        return Evidence(1.0, max(1.0, mean), max(1.0, mean)), BORROWED, f"{len(everywhere)} relaunches elsewhere"
+    return Evidence(0.0, 0.0, PRIOR_WAIT_SECONDS), BORROWED, "a prior of one tick-sized wait (none measured)"
+
+
+def _changeover(statuses: list[JobStatus], name: str) -> tuple[float, str, str]:
+    own = [a.first_beat - a.started for a in _attempts(statuses, name) if a.first_beat is not None]
+    if own:
+        return median(own), MEASURED, f"median launch to first heartbeat over {len(own)} attempts"
+    other = [a.first_beat - a.started for a in _attempts(statuses) if a.first_beat is not None]
+    if other:
+        return median(other), BORROWED, "median launch to first heartbeat on the other providers"
+    return PRIOR_CHANGEOVER_SECONDS, BORROWED, "the prior (none measured)"
+
+
+def _checkpoint(job: Job, st: JobStatus, rate: float) -> tuple[float, str, str]:
+    """Steps between durable checkpoints: twice the mean work an interruption lost (lost work is
+    spread evenly over the interval), else the manifest's checkpoint_every, else a prior."""
+    lost = [a.steps_lost for a in st.attempts if a.outcome == Outcome.INTERRUPTION and a.steps_lost > 0]
+    if lost:
+        return 2.0 * sum(lost) / len(lost), MEASURED, f"twice the mean work lost over {len(lost)} interruptions"
+    if job.spec.checkpoint_every:
+        return float(job.spec.checkpoint_every), DECLARED, "checkpoint_every"
+    return rate * FALLBACK_CHECKPOINT_SECONDS, BORROWED, "a prior of one checkpoint per 30 min of work"
+
+
+def _quota(job: Job, prov: Provider, line: ProviderLedger | None,
+           now: float) -> tuple[float | None, float | None, float | None, str, str]:
+    """Attempt seconds left, when it refills (from now) and with how much; source and words."""
+    price = prov.spec.price_per_hour
+    weekly = prov.spec.free_quota_hours
+    if line is not None and line.remaining is not None and (line.unit == "credits" or job.spec.resources.gpus):
+        per_hour = price if line.unit == "credits" else 1.0
+        if per_hour <= 0:
+            return None, None, None, "", ""
+        total = line.total if line.total is not None else (weekly if line.unit != "credits" else None)
+        refill = None if total is None or line.resets_at is None else total / per_hour * 3600.0
+        return (max(0.0, line.remaining) / per_hour * 3600.0,
+                None if line.resets_at is None else max(0.0, line.resets_at - now), refill,
+                MEASURED, f"the provider's word at the last tick ({line.unit})")
+    if weekly is not None and job.spec.resources.gpus:
+        return weekly * 3600.0, 7 * 24 * 3600.0, weekly * 3600.0, BORROWED, \
+            "free_quota_hours, taken as all left (no ledger)"
+    return None, None, None, "", ""

@@ -1,0 +1,143 @@
+"""The futures of a run (reconciler.planner.outlook.futures) and the inputs they are fed from a
+status (reconciler.planner.outlook.spread)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from desired.models import Job, Provider
+from reconciler.planner.outlook.futures import Evidence, Lane, Run, seed_of, spread
+from reconciler.planner.outlook.spread import BORROWED, DECLARED, MEASURED, job_spread
+from status.models import Attempt, JobStatus, Outcome, Phase, Progress
+
+H = 3600.0
+NEVER = Evidence(0.0, 0.0, 30 * 24 * H * 1e6)  # a provider that (practically) never interrupts
+NO_WAIT = Evidence(0.0, 0.0, 1e-3)
+
+
+def spot(events: float = 10.0, mtbf: float = 3 * H, wait: float = 2 * H, **kw: object) -> Lane:
+    return Lane("spot", 1.0, 1.0, Evidence(events, events * mtbf, 6 * H), Evidence(events, events * wait, 600.0),
+                180.0, 600.0, **kw)  # type: ignore[arg-type]
+
+
+def ondemand() -> Lane:
+    return Lane("ondemand", 3.0, 1.0, NEVER, NO_WAIT, 180.0, 600.0)
+
+
+def test_the_same_seed_gives_the_same_figures_and_another_seed_others() -> None:
+    run = Run(int(8 * H), deadline_in_seconds=12 * H)
+    assert spread(run, spot(), seed=seed_of("r1")) == spread(run, spot(), seed=seed_of("r1"))
+    assert spread(run, spot(), seed=seed_of("r1")) != spread(run, spot(), seed=seed_of("r2"))
+
+
+def test_a_provider_that_never_interrupts_finishes_after_one_changeover_at_its_price() -> None:
+    s = spread(Run(int(8 * H), spent_usd=2.0), ondemand(), seed=1)
+    assert s.seconds == (8 * H + 180.0, 8 * H + 180.0)
+    assert s.cost_usd[0] == s.cost_usd[1] == 2.0 + (8 * H + 180.0) / H * 3.0
+
+
+def test_a_live_attempt_pays_no_changeover() -> None:
+    assert spread(Run(int(H), live_seconds=600.0), ondemand(), seed=1).seconds == (H, H)
+
+
+def test_p90_is_at_least_p50_and_interruptions_make_the_run_longer() -> None:
+    s = spread(Run(int(8 * H)), spot(), seed=3)
+    assert 8 * H < s.seconds[0] <= s.seconds[1]
+    assert s.cost_usd[0] <= s.cost_usd[1]
+
+
+def test_the_spread_narrows_as_the_failure_rate_rests_on_more_interruptions() -> None:
+    run = Run(int(8 * H))
+    few = spread(run, spot(events=2.0), seed=5, futures=2000)
+    many = spread(run, spot(events=200.0), seed=5, futures=2000)
+    assert few.seconds[1] - few.seconds[0] > many.seconds[1] - many.seconds[0]
+
+
+def test_interruptions_lose_the_work_since_the_last_checkpoint() -> None:
+    often = Lane("spot", 1.0, 1.0, Evidence(50, 50 * H, 6 * H), NO_WAIT, 0.0, 60.0)
+    rarely = Lane("spot", 1.0, 1.0, Evidence(50, 50 * H, 6 * H), NO_WAIT, 0.0, 3000.0)
+    run = Run(int(8 * H))
+    assert spread(run, rarely, seed=2).seconds[0] > spread(run, often, seed=2).seconds[0] + 0.1 * H
+
+
+def test_a_spent_quota_moves_the_run_to_the_fallback_and_its_price() -> None:
+    free = Lane("kaggle", 0.0, 1.0, NEVER, NO_WAIT, 0.0, 600.0, quota_seconds=2 * H)
+    s = spread(Run(int(4 * H)), free, ondemand(), seed=1)
+    expected = 2 * 3.0 + 180.0 / H * 3.0  # the two hours the quota did not carry, and the changeover
+    assert s.cost_usd[0] == s.cost_usd[1] == pytest.approx(expected)
+
+
+def test_without_a_fallback_a_spent_quota_waits_for_its_refill() -> None:
+    free = Lane("kaggle", 0.0, 1.0, NEVER, NO_WAIT, 0.0, 600.0, quota_seconds=2 * H, refill_in_seconds=10 * H,
+                refill_seconds=30 * H)
+    assert spread(Run(int(4 * H)), free, seed=1).seconds == (12 * H, 12 * H)
+    gone = Lane("kaggle", 0.0, 1.0, NEVER, NO_WAIT, 0.0, 600.0, quota_seconds=2 * H)
+    s = spread(Run(int(4 * H), deadline_in_seconds=100 * H), gone, seed=1)
+    assert s.unfinished == s.futures and s.seconds == (float("inf"),) * 2 and s.p_deadline == 0.0
+
+
+def test_a_session_limit_costs_a_changeover_and_no_work() -> None:
+    kaggle = Lane("kaggle", 0.0, 1.0, NEVER, NO_WAIT, 100.0, 1e9, session_seconds=3 * H)
+    assert spread(Run(int(5 * H)), kaggle, seed=1).seconds == (5 * H + 2 * 100.0,) * 2
+
+
+def test_the_chances_of_deadline_and_budget_are_the_shares_of_futures_that_meet_them() -> None:
+    s = spread(Run(int(8 * H), deadline_in_seconds=8 * H, budget_usd=100.0), ondemand(), seed=1)
+    assert s.p_deadline == 0.0 and s.p_budget == 1.0
+    s = spread(Run(int(8 * H), deadline_in_seconds=9 * H, budget_usd=24.0), ondemand(), seed=1)
+    assert s.p_deadline == 1.0 and s.p_budget == 0.0
+
+
+def test_a_deadline_sends_an_interrupted_run_to_the_fallback_rather_than_wait() -> None:
+    run = Run(int(8 * H), deadline_in_seconds=10 * H)
+    alone = spread(run, spot(), seed=4)
+    helped = spread(run, spot(), ondemand(), seed=4)
+    assert helped.p_deadline is not None and alone.p_deadline is not None
+    assert helped.p_deadline > alone.p_deadline and helped.p_deadline >= 0.95
+
+
+# ---- the inputs, from a status -------------------------------------------------------------------
+
+
+def _provider(name: str, **spec: object) -> Provider:
+    return Provider.model_validate({"apiVersion": "reconciler.dev/v1", "kind": "Provider",
+                                    "metadata": {"name": name}, "spec": spec})
+
+
+def _job(**spec: object) -> Job:
+    return Job.model_validate(yaml.safe_load(yaml.safe_dump({
+        "apiVersion": "reconciler.dev/v1", "kind": "Job", "metadata": {"name": "train"},
+        "spec": {"command": ["python", "t.py"], "target_steps": 100000, **spec}})))
+
+
+def test_inputs_say_measured_where_this_repository_measured_them_and_borrowed_elsewhere() -> None:
+    now = 1_800_000_000.0
+    providers = {"spot": _provider("spot", price_per_hour=1.0, settings={"type": "sim", "interruptible": True}),
+                 "od": _provider("od", price_per_hour=3.0, settings={"type": "sim"})}
+    job = _job(placement={"providers": ["spot", "od"]}, deadline="2027-01-15T08:00:00Z")
+    attempts = [Attempt(epoch=1, provider="spot", worker="w1", started=now - 5 * H, ended=now - 3 * H,
+                        first_beat=now - 5 * H + 120, first_beat_step=0, step_start=0, step_end=20000,
+                        outcome=Outcome.INTERRUPTION, steps_lost=300),
+                Attempt(epoch=2, provider="spot", worker="w2", started=now - 2.5 * H, first_beat=now - 2.5 * H + 200,
+                        first_beat_step=20000)]
+    st = JobStatus(job="train", phase=Phase.RUNNING, run_id=job.run_id(), progress=Progress(step=40000, target=100000),
+                   attempts=attempts)
+    out = job_spread(job, st, providers, [st], now)
+    assert out.spread is not None and out.provider == "spot" and out.fallback == "od"
+    source = {(i.provider, i.name): i.source for i in out.inputs}
+    assert source["spot", "rate"] == source["spot", "mtbf"] == source["spot", "wait"] == MEASURED
+    assert source["spot", "changeover"] == source["spot", "checkpoint"] == MEASURED
+    assert source["od", "rate"] == source["od", "mtbf"] == source["od", "changeover"] == BORROWED
+    assert source["spot", "price"] == DECLARED
+    assert out.spread.seconds[0] <= out.spread.seconds[1] and out.spread.p_deadline is not None
+    assert job_spread(job, st, providers, [st], now) == out  # seeded by the run id
+
+
+def test_no_futures_without_a_measured_rate_or_a_target() -> None:
+    providers = {"od": _provider("od", price_per_hour=3.0, settings={"type": "sim"})}
+    st = JobStatus(job="train", phase=Phase.PENDING, run_id="r")
+    assert job_spread(_job(), st, providers, [st], 0.0).note.startswith("rate not measured yet")
+    job = _job()
+    untargeted = job.model_copy(update={"spec": job.spec.model_copy(update={"target_steps": None})})
+    assert job_spread(untargeted, st, providers, [st], 0.0).note.startswith("no target_steps")
