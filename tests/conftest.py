@@ -3,7 +3,6 @@ local-worker folder that is cleaned of live processes after each test."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -100,39 +99,3 @@ def oci_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     yield registry
     registry.stop()
 
-
-# ---- test order under xdist ----------------------------------------------------------------------
-DURATIONS = Path(__file__).with_name("durations.json")  # seconds of the slowest tests in a CI run
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under `-n N --dist worksteal` each worker first gets one contiguous share of the collection
-    (N shares, as even as xdist makes them) and idle workers steal from the end of the others'. A
-    long test that starts late stretches the whole run, so the tests tests/durations.json lists are
-    dealt first, longest first, each to the share with the least listed time so far, at its start;
-    the rest follow in collection order. Every worker collects the same order (it is computed from
-    the collection alone). Without workers the order is left as it is."""
-    workers = int(getattr(config, "workerinput", {}).get("workercount", 0))
-    if workers < 2 or not DURATIONS.exists():
-        return
-    known: dict[str, float] = json.loads(DURATIONS.read_text())
-    slow = sorted((i for i in items if i.nodeid in known), key=lambda i: -known[i.nodeid])
-    if not slow:
-        return
-    rest = [i for i in items if i.nodeid not in known]
-    sizes, left = [], len(items)
-    for k in range(workers):  # xdist's first shares: what is left, split among the workers left
-        sizes.append(left // (workers - k))
-        left -= sizes[-1]
-    shares: list[list[pytest.Item]] = [[] for _ in range(workers)]
-    loads = [0.0] * workers
-    for item in slow:
-        open_ = [k for k in range(workers) if len(shares[k]) < sizes[k]] or list(range(workers))
-        k = min(open_, key=lambda k: loads[k])
-        shares[k].append(item)
-        loads[k] += known[item.nodeid]
-    for k in range(workers):
-        take = max(0, sizes[k] - len(shares[k]))
-        shares[k] += rest[:take]
-        rest = rest[take:]
-    items[:] = [i for share in shares for i in share] + rest
