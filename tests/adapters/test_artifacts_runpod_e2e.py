@@ -14,11 +14,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from desired.models import RunpodSettings
 from reconciler.cli.main import app
 from tests.adapters import e2e
+from tests.adapters.test_runpod_e2e import pods_on_s3
 from tests.conftest import StateRepoFixture
-from tests.fakes.runpod import API_KEY, FakeRunpod
 from tests.worker.conftest import s3_endpoint  # noqa: F401 - a fixture
 
 MAKE_WEIGHTS = 'bytes(range(256)) * 300 + b"the end"'  # 76,807 bytes: not one chunk of anything
@@ -56,13 +55,8 @@ def hosted_job(name: str, code: str, after: list[str]) -> str:
 def test_eval_on_a_runpod_pod_reads_trains_outputs_and_its_result_pulls_back_byte_for_byte(
         state_repo: StateRepoFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         s3_endpoint: str) -> None:  # noqa: F811 - a fixture
-    fake = FakeRunpod(tmp_path / "machines", kill_grace=15.0)
+    fake, _ = pods_on_s3(state_repo, tmp_path, monkeypatch, s3_endpoint, interruptible=False)
     try:
-        e2e.storage_secrets(fake.set_secret)
-        e2e.daemon_env(monkeypatch, RUNPOD_API_KEY=API_KEY)
-        e2e.s3_storage(state_repo, s3_endpoint, tick_seconds=0.5)
-        settings = RunpodSettings(api_url=fake.url, interruptible=False, request_timeout_seconds=10)
-        state_repo.write("desired/pods.yaml", e2e.provider_manifest("pods", settings))
         state_repo.write("desired/train.yaml", hosted_job("train", TRAIN, []))
         state_repo.write("desired/eval.yaml", hosted_job("eval", EVAL, ["train"]))
         state_repo.commit("train, then eval after it, on runpod with storage on s3")

@@ -23,20 +23,31 @@ from tests.worker.harness import S3_CREDENTIALS
 TARGET = 60
 
 
-
-@pytest.mark.slow
-def test_an_outbid_runpod_pod_is_relaunched_and_resumes_at_its_exact_step(
-        state_repo: StateRepoFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        s3_endpoint: str) -> None:  # noqa: F811 - a fixture
-    # RunPod's own grace is 5 s; on a CI machine running six test processes on two cores a worker's
-    # final save can take longer, so the fake waits 15 s: what is tested is the relaunch at the step.
+def pods_on_s3(state_repo: StateRepoFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+               s3_endpoint: str, interruptible: bool) -> tuple[FakeRunpod, str]:  # noqa: F811 - a fixture's value
+    """The fake RunPod holding the storage credentials as secrets, a provider `pods` on it, and run
+    storage on S3 (its bucket returned). RunPod's own grace is 5 s; on a CI machine running six test
+    processes on two cores a worker's final save can take longer, so the fake waits 15 s."""
     fake = FakeRunpod(tmp_path / "machines", kill_grace=15.0)
     try:
         e2e.storage_secrets(fake.set_secret)
         e2e.daemon_env(monkeypatch, RUNPOD_API_KEY=API_KEY)
         bucket = e2e.s3_storage(state_repo, s3_endpoint, tick_seconds=0.5)
-        settings = RunpodSettings(api_url=fake.url, interruptible=True, request_timeout_seconds=10)
+        settings = RunpodSettings(api_url=fake.url, interruptible=interruptible, request_timeout_seconds=10)
         state_repo.write("desired/pods.yaml", e2e.provider_manifest("pods", settings))
+    except BaseException:
+        fake.close()
+        raise
+    return fake, bucket
+
+
+
+@pytest.mark.slow
+def test_an_outbid_runpod_pod_is_relaunched_and_resumes_at_its_exact_step(
+        state_repo: StateRepoFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        s3_endpoint: str) -> None:  # noqa: F811 - a fixture
+    fake, bucket = pods_on_s3(state_repo, tmp_path, monkeypatch, s3_endpoint, interruptible=True)
+    try:
         job = e2e.s3_job("count", "pods", 0.1, TARGET)
 
         def outbid() -> None:
