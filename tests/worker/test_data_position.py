@@ -236,12 +236,24 @@ def child_env(store: Store, folder: Any, epoch: int, every: int) -> dict[str, st
     return {**os.environ, **store.env(folder, epoch, RECONCILER_CHECKPOINT_EVERY=every), "PYTHONPATH": pythonpath}
 
 
-def run_child(module: str, env: dict[str, str], cfg: dict[str, Any], timeout: float = 240) -> int:
-    proc = subprocess.run([sys.executable, "-m", module, json.dumps(cfg)], env=env, cwd=ROOT,
-                          timeout=timeout, capture_output=True, text=True)
+def start_child(module: str, env: dict[str, str], cfg: dict[str, Any]) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", module, json.dumps(cfg)], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_child(proc: subprocess.Popen[str], module: str, timeout: float = 240) -> int:
+    try:
+        _, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
     if proc.returncode not in (0, -9):
-        raise AssertionError(f"{module} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+        raise AssertionError(f"{module} exited {proc.returncode}:\n{stderr[-3000:]}")
     return proc.returncode
+
+
+def run_child(module: str, env: dict[str, str], cfg: dict[str, Any], timeout: float = 240) -> int:
+    return wait_child(start_child(module, env, cfg), module, timeout)
 
 
 def read_order(path: Path) -> list[str]:
@@ -253,13 +265,14 @@ def test_shuffled_loader_with_workers_survives_sigkill_mid_epoch(store: Store, t
     module = "tests.worker.workloads.data_train"
     ref_folder = store.folder()
     cfg = {"kind": kind, "out": str(tmp_path / "ref.pt"), "order": str(tmp_path / "ref-order.txt")}
-    assert run_child(module, child_env(store, ref_folder, ref_folder.bump_lease(), 3), cfg) == 0
-    expected = read_order(tmp_path / "ref-order.txt")
+    reference = start_child(module, child_env(store, ref_folder, ref_folder.bump_lease(), 3), cfg)  # beside the next
 
     folder = store.folder()
     order = tmp_path / "order.txt"
     cfg = {"kind": kind, "out": str(tmp_path / "resumed.pt"), "order": str(order)}
     assert run_child(module, child_env(store, folder, folder.bump_lease(), 3), {**cfg, "die_at": 15}) == -9
+    assert wait_child(reference, module) == 0
+    expected = read_order(tmp_path / "ref-order.txt")
     killed = read_order(order)
     assert killed == expected[:15]
     durable = folder.durable_step()

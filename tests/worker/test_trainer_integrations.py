@@ -82,12 +82,14 @@ def temporary(folder: RunFolder, epoch: int, tmp: Path) -> Path:
     return tmp / "tmp" / f"{folder.uri.rsplit('/', 1)[-1]}-{epoch}"
 
 
-def attempt(store: Store, folder: RunFolder, module: str, cfg: dict[str, Any], tmp: Path) -> subprocess.Popen[bytes]:
+def attempt(store: Store, folder: RunFolder, module: str, cfg: dict[str, Any], tmp: Path,
+            tag: str = "") -> subprocess.Popen[bytes]:
+    """`tag` names its log and the trainer's own output folder, for one that runs beside another."""
     epoch = folder.bump_lease()
     scratch = temporary(folder, epoch, tmp)
     scratch.mkdir(parents=True)
     env = store.env(folder, epoch, RECONCILER_CHECKPOINT_EVERY=cfg["every"], TMPDIR=scratch)
-    return launch(module, env, {**cfg, "output_dir": str(tmp / "hf-out")}, tmp / "worker.out")
+    return launch(module, env, {**cfg, "output_dir": str(tmp / f"hf-out{tag}")}, tmp / f"worker{tag}.out")
 
 
 def leftovers(folder: RunFolder, tmp: Path) -> list[str]:
@@ -104,8 +106,8 @@ def test_trainer_killed_then_stopped_resumes_from_its_checkpoint_and_matches_an_
     store = Store("file", str(tmp_path / "runs"))
     base = {"steps": steps, "seed": 7, "every": every}
 
-    reference = store.folder()
-    assert finish(attempt(store, reference, module, {**base, "out": str(tmp_path / "ref.pt")}, tmp_path)) == 0
+    reference = store.folder()  # the uninterrupted run, beside the interrupted one: compared at the end
+    uninterrupted = attempt(store, reference, module, {**base, "out": str(tmp_path / "ref.pt")}, tmp_path, "-ref")
 
     folder = store.folder()
     log = tmp_path / "steps.log"
@@ -146,6 +148,7 @@ def test_trainer_killed_then_stopped_resumes_from_its_checkpoint_and_matches_an_
     reported = series.read(folder.store)  # the losses the callbacks saw, over steps, every attempt's
     assert len(reported.get("loss", [])) > 2 and reported["loss"][-1][0] > stopped_at, reported
     assert leftovers(folder, tmp_path) == []
+    assert finish(uninterrupted) == 0, (tmp_path / "worker-ref.out").read_text()[-3000:]
     assert_same(load(str(tmp_path / "ref.pt")), load(str(tmp_path / "out.pt")), f"{trainer} final weights")
 
 
@@ -157,8 +160,8 @@ def test_lightning_stopped_by_its_own_sigterm_handling_saves_that_step_and_exits
     _, module, steps, every = TRAINERS["lightning"]
     store = Store("file", str(tmp_path / "runs"))
     base = {"steps": 20, "seed": 3, "every": 100}
-    reference = store.folder()
-    assert finish(attempt(store, reference, module, {**base, "out": str(tmp_path / "ref.pt")}, tmp_path)) == 0
+    reference = store.folder()  # the uninterrupted run, beside the stopped one: compared at the end
+    uninterrupted = attempt(store, reference, module, {**base, "out": str(tmp_path / "ref.pt")}, tmp_path, "-ref")
 
     folder = store.folder()
     log = tmp_path / "steps.log"
@@ -173,6 +176,7 @@ def test_lightning_stopped_by_its_own_sigterm_handling_saves_that_step_and_exits
     assert finish(last) == 0, (tmp_path / "worker.out").read_text()[-3000:]
     assert lines(log, "restored") == [11] and lines(log, "step")[0] == 12
     assert folder.done() is not None
+    assert finish(uninterrupted) == 0, (tmp_path / "worker-ref.out").read_text()[-3000:]
     assert_same(load(str(tmp_path / "ref.pt")), load(str(tmp_path / "out.pt")), "lightning final weights")
 
 
