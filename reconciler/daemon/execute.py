@@ -138,8 +138,8 @@ def _launch(action: Launch, job: Job, adapters: dict[str, ComputeAdapter], setti
     if getattr(adapter, SECRETS_AT_PROVIDER, False):  # only the names travel; the provider holds the values
         secrets, missing = {name: "" for name in job.spec.secrets}, []
     handed = [replace(i, storage=i.storage or settings.storage) for i in action.inputs]
-    if why := _not_ready(missing, handed, settings):
-        return LaunchResult(action, unavailable=False, error=why)
+    if (refused := _not_ready(action, missing, handed, settings)) is not None:
+        return refused
     folder = RunFolder.for_run(settings.storage, job.name, action.run_id, dict(settings.storage_options))
     try:
         epoch = folder.bump_lease()
@@ -179,15 +179,18 @@ def _launch(action: Launch, job: Job, adapters: dict[str, ComputeAdapter], setti
     return LaunchResult(action, ref=ref)
 
 
-def _not_ready(missing_secrets: list[str], inputs: list[artifacts.Input], settings: Settings) -> str:
-    """Why the job cannot launch yet, or "": a secret not set here, or an input gone from storage.
-    Nothing is started or charged; the next tick tries again."""
+def _not_ready(action: Launch, missing_secrets: list[str], inputs: list[artifacts.Input],
+               settings: Settings) -> LaunchResult | None:
+    """The refusal when the job cannot launch yet: a secret not set here, or an input gone from
+    storage (held: a person restores it or reruns the job that made it). Nothing is started or
+    charged; the next tick tries again."""
     if missing_secrets:
-        return (f"secret {', '.join(missing_secrets)} is not set in the reconciler's environment; set it and "
-                "the next tick launches")
+        return LaunchResult(action, unavailable=False, error=(
+            f"secret {', '.join(missing_secrets)} is not set in the reconciler's environment; set it and "
+            "the next tick launches"))
     if why := artifacts.unavailable_inputs(inputs, lambda store: store_options(store, settings)):
-        return f"an input is not available: {why}"
-    return ""
+        return LaunchResult(action, unavailable=False, held=True, error=f"an input is not available: {why}")
+    return None
 
 
 def _unstarted(folder: RunFolder, epoch: int) -> None:

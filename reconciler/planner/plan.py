@@ -24,6 +24,7 @@ from dataclasses import replace
 from adapters.compute import Allowance, WorkerPhase, WorkerRef, WorkerState
 from desired.models import Job
 from desired.parse import DesiredState
+from reconciler.planner.dependencies import HELD
 from reconciler.planner.health import LOSS_COOLDOWN_SECONDS, REFUSAL_COOLDOWN_SECONDS, health_of, troubles
 from reconciler.planner.judge import EXIT_INTERRUPTED, classify, close, end_time, record_close
 from reconciler.planner.launching import (
@@ -591,6 +592,9 @@ def apply_results(p: Plan, results: list[LaunchResult], now: float, durable: dic
             _trim(st)
         elif res.job_config_error:
             fail(st, f"config error: {res.error}")
+        elif res.held:
+            st.phase = Phase.PENDING
+            st.message = f"{HELD} {res.error}"
         elif res.unavailable:
             # A durable fact, read by every job's planner: the provider cools down for all of them.
             st.refusals = [*st.refusals, Refusal(provider=res.action.provider, refused=now,

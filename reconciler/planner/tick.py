@@ -121,6 +121,7 @@ class LaunchResult:
     error: str | None = None
     unavailable: bool = True  # error was the provider's (capacity, API), not the job's config
     job_config_error: bool = False  # the job cannot run as written: fail it at once
+    held: bool = False  # it waits for a person (an input gone from storage): Pending, `held:` in its message
 
 
 @dataclass(frozen=True)

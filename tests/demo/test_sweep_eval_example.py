@@ -112,10 +112,11 @@ def test_a_missing_member_output_holds_eval_pending_naming_it_until_it_is_restor
         report = rec.tick()
     held = report.statuses["eval"]
     assert held.phase == Phase.PENDING, held.message
-    assert held.message.startswith("cannot launch: an input is not available:"), held.message
+    assert held.message.startswith("held: an input is not available:"), held.message
     assert f"output model.pt of {member} (run {st.run_id}) is missing" in held.message, held.message
     assert f"restore it, or change {member}'s manifest so that it runs again" in held.message, held.message
     assert held.total_attempts == 0 and not (state_repo.storage / "eval").exists()
+    assert report.all_terminal, "run --until-done stops: every job is finished or held"
 
     lost.write_bytes(kept)
     final = tick_until(rec, phase("eval"), timeout=60, between=0.3)
