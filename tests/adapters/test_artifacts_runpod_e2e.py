@@ -7,6 +7,7 @@ own outputs; `reconciler artifacts pull eval` brings those bytes back here."""
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
 from pathlib import Path
 
@@ -72,6 +73,49 @@ def test_eval_on_a_runpod_pod_reads_trains_outputs_and_its_result_pulls_back_byt
         assert (tmp_path / "out" / "copy.bin").read_bytes() == WEIGHTS
         result = yaml.safe_load((tmp_path / "out" / "result.json").read_text())
         assert result == {"size": len(WEIGHTS), "sha256": hashlib.sha256(WEIGHTS).hexdigest()}
+        assert len([p for p in fake.pods.values() if "-eval-" in p.input["name"]]) == 1
+    finally:
+        fake.close()
+
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "sweep-eval"
+
+
+def example_on_pods(name: str) -> str:
+    """One of examples/sweep-eval's manifests placed on `pods`: its scripts named by absolute path (a
+    pod's work folder is its own), the storage credentials as RunPod secrets."""
+    doc = yaml.safe_load((EXAMPLE / "desired" / name).read_text())
+    spec, hosted = doc["spec"], e2e.s3_job("x", "pods", 0.1, 1)["spec"]
+    spec["command"] = [sys.executable if part == "python" else str(EXAMPLE / part) if part.startswith("scripts/")
+                       else part for part in spec["command"]]
+    spec.update(secrets=hosted["secrets"], placement=hosted["placement"], env={**spec.get("env", {}), **hosted["env"]})
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+@pytest.mark.slow
+def test_the_sweep_eval_example_runs_on_runpod_pods_and_its_best_member_pulls_back(
+        state_repo: StateRepoFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        s3_endpoint: str) -> None:  # noqa: F811 - a fixture
+    """The example as it stands, on the hosted fake: three members, then eval after the sweep."""
+    fake, _ = pods_on_s3(state_repo, tmp_path, monkeypatch, s3_endpoint, interruptible=False)
+    try:
+        for name in ("train.yaml", "eval.yaml"):
+            state_repo.write(f"desired/{name}", example_on_pods(name))
+        state_repo.commit("the sweep-eval example on runpod, storage on s3")
+        log = tmp_path / "daemon.log"
+        with e2e.daemon_running(state_repo, log) as daemon:
+            e2e.finish(daemon, log, timeout=300)
+        e2e.succeeded(state_repo, "eval")
+        runner = CliRunner()
+        for job in ("eval", "train"):
+            pulled = runner.invoke(app, ["artifacts", "pull", job, str(tmp_path / job), "--repo", str(state_repo.path)])
+            assert pulled.exit_code == 0, pulled.output
+        members = {m.name: json.loads((m / "metrics.json").read_text()) for m in (tmp_path / "train").iterdir()}
+        best = json.loads((tmp_path / "eval" / "best.json").read_text())
+        lowest = min(members, key=lambda m: members[m]["val_loss"])
+        assert len(members) == 3 and best["member"] == lowest, (best, members)
+        chosen = (tmp_path / "eval" / "model.pt").read_bytes()
+        assert chosen == (tmp_path / "train" / lowest / "model.pt").read_bytes()
         assert len([p for p in fake.pods.values() if "-eval-" in p.input["name"]]) == 1
     finally:
         fake.close()
