@@ -14,19 +14,29 @@ futures. The outcome is the same job's rest replayed on what the trace did after
   availability/1-node/aws-02-15-2023, kept aside. A trace is replayed in a loop past its end.
   Without a clone, synthetic traces (exponential available and unavailable periods, means 3 h and
   2 h, one a seed) stand in, so that the bench and its test run anywhere.
-- not yet: the simulator under known rates (reconciler/sim), the second check issue 26 asks for.
+- simulator, known rates: the real loop (Reconciler.tick, reconciler/sim) in simulated time, one
+  spot provider ($1/h, 120 s launch delay, 60 s restore) whose machines are preempted at a known
+  rate (exponential, MTBF 2 h, 6 h and 24 h), one job of 8 h of work (a checkpoint every 600 steps,
+  10 s each), ticks of 300 s. After 4 h the forecast is made from the status the loop recorded in
+  git, as `plan` makes it; the same simulation then runs on to the job's completion: the outcome
+  (time from the cutoff to the completion, and what the provider billed for the whole run). One
+  outcome a seed, --seeds seeds a rate. A second set, marked diagnostic, forecasts from the same
+  status with its progress replaced by the durable step read from run storage: git keeps a running
+  job's progress in tenths of the target, and the difference between the two sets is what that
+  costs the forecast.
 
 Coverage: the share of outcomes at or under each quantile (goal: about 0.5 and 0.9, P90 within
-0.85-0.97), of the time to finish and of the cost. The last line is over the outcomes kept aside
-(the checked traces):
+0.85-0.97), of the time to finish and of the cost. The line before the last is over the simulator
+set (the status as recorded); the last line is over the outcomes kept aside (the checked traces):
 
     git clone https://github.com/skypilot-org/spot-traces ~/spot-traces
-    python bench/forecast.py --quick --trace-dir ~/spot-traces   # W = 8 h, 10 cutoffs a trace, under a minute
-    python bench/forecast.py --trace-dir ~/spot-traces           # W = 8 h and 24 h, 20 cutoffs a trace
-    python bench/forecast.py --quick --only-check --traces 1   # the smallest case (the test's)
+    python bench/forecast.py --quick --trace-dir ~/spot-traces   # W = 8 h, 10 cutoffs a trace, 10 seeds, under a minute
+    python bench/forecast.py --trace-dir ~/spot-traces           # W = 8 h and 24 h, 20 cutoffs a trace, 40 seeds
+    python bench/forecast.py --quick --only-check --traces 1 --seeds 1   # the smallest case (the test's)
 
     ... a markdown table ...
-    coverage_p50=0.47 coverage_p90=0.75
+    simulator: coverage_p50=… coverage_p90=…
+    coverage_p50=… coverage_p90=…
 """
 
 from __future__ import annotations
@@ -208,6 +218,64 @@ def trace_tasks(files: Sequence[str], hours: Sequence[float], cutoffs: int, futu
     return tasks
 
 
+# ---- the simulator under known rates --------------------------------------------------------------
+
+
+SIM_MTBF_HOURS = (2.0, 6.0, 24.0)  # the spot provider's true mean time between preemptions
+SIM_HOURS = 8.0  # W: the job's work
+SIM_CUTOFF_HOURS = 4.0  # of simulated time: the forecast is made here, from the status recorded so far
+SIM_TICK = 300.0  # s between ticks
+SIM_LAUNCH = 120.0  # s, the provider's launch delay (and 60 s of restore: the changeover)
+SIM_CASES = "simulator, known rates"
+SIM_EXACT = "simulator, durable step from storage (diagnostic)"
+
+
+def sim_case(args: tuple[float, int, int]) -> list[dict[str, Any]]:
+    """One seed of one known rate: the real loop (Reconciler.tick) in simulated time until the
+    cutoff, the forecast from the status it recorded in git (job_spread, called as `plan` calls it),
+    then the same simulation on to the end: the time the worker wrote its completion, and what the
+    provider billed for the whole run. Two rows: the forecast from the status as recorded, and the
+    same with its progress replaced by the durable step read from run storage (a diagnostic: git
+    keeps a running job's progress in tenths of the target, reconciler.planner.plan._status_step)."""
+    from adapters.sim import JobModel, ProviderModel
+    from desired.parse import parse_desired
+    from reconciler.sim.driver import JobPlan, ProviderPlan, SimConfig, Simulation
+
+    mtbf_h, seed, futures = args
+    logging.getLogger("reconciler").setLevel(logging.CRITICAL)
+    spot = ProviderModel("spot", launch_delay_seconds=SIM_LAUNCH, price_per_hour=PRICE, mtbf_seconds=mtbf_h * H)
+    model = JobModel(step_seconds=1.0, checkpoint_cost_seconds=10.0, restart_cost_seconds=60.0,
+                     checkpoint_interval_seconds=float(CKPT))
+    plan = JobPlan("train", target_steps=int(SIM_HOURS * H), providers=["spot"], model=model, max_retries=10**6,
+                   checkpoint_every=CKPT)
+    sim = Simulation(SimConfig(providers=[ProviderPlan(spot, concurrency=1, interruptible=True)], jobs=[plan],
+                               seed=seed, tick_seconds=SIM_TICK, check=False))
+    try:
+        sim.run(int(SIM_CUTOFF_HOURS * H / SIM_TICK))
+        now = sim.clock.t
+        desired = parse_desired(sim.repo.read_files(sim.repo.head(), "desired"))
+        job_, st = desired.jobs["train"], sim.statuses()["train"]
+        sp = job_spread(job_, st, desired.providers, [st], now, futures=futures)
+        with sim.quiet():
+            durable = sim.folder("train", st.run_id).durable_step()
+        exact = st.model_copy(update={"progress": Progress(step=max(durable, st.progress.step),
+                                                           target=st.progress.target)})
+        sp_exact = job_spread(job_, exact, desired.providers, [exact], now, futures=futures)
+        sim.run_to_completion(int(50 * SIM_HOURS * H / SIM_TICK))
+        done = [c[3] for c in sim.cloud.completions if c[0] == "train"]
+        seconds, cost = (min(done) - now if done else math.inf), sim.cloud.spent_usd("spot")
+        rows = [_row(f"MTBF {mtbf_h:g} h, seed {seed}", SIM_HOURS, x, seconds, cost) for x in (sp, sp_exact)]
+        for row, kind in zip(rows, ("recorded", "exact"), strict=True):
+            row["mtbf"], row["kind"] = mtbf_h, kind
+        return rows
+    finally:
+        sim.close()
+
+
+def sim_tasks(seeds: int, futures: int) -> list[tuple[float, int, int]]:
+    return [(m, seed, futures) for m in SIM_MTBF_HOURS for seed in range(1, seeds + 1)]
+
+
 # ---- the report ---------------------------------------------------------------------------------
 
 
@@ -225,10 +293,16 @@ def table(groups: dict[str, list[dict[str, Any]]]) -> list[str]:
     lines = ["| set | W (h) | cases | time <= P50 | time <= P90 | cost <= P50 | cost <= P90 |",
              "|---|---|---|---|---|---|---|"]
     for name, rows in groups.items():
-        for hours in sorted({r["hours"] for r in rows}):
-            part = [r for r in rows if r["hours"] == hours]
+        keys = sorted({(r["hours"], r.get("mtbf")) for r in rows}, key=lambda k: (k[0], k[1] or 0.0))
+        for hours, mtbf in keys:
+            part = [r for r in rows if r["hours"] == hours and r.get("mtbf") == mtbf]
             c = coverage(part)
-            lines.append(f"| {name} | {hours:g} | {len(part)} | " + " | ".join(f"{x:.2f}" for x in c) + " |")
+            label = name if mtbf is None else f"{name}: MTBF {mtbf:g} h"
+            lines.append(f"| {label} | {hours:g} | {len(part)} | " + " | ".join(f"{x:.2f}" for x in c) + " |")
+        if any("mtbf" in r for r in rows):
+            c = coverage(rows)
+            lines.append(f"| {name}: all | {rows[0]['hours']:g} | {len(rows)} | "
+                         + " | ".join(f"{x:.2f}" for x in c) + " |")
     return lines
 
 
@@ -238,6 +312,7 @@ def main() -> None:
     ap.add_argument("--only-check", action="store_true", help="skip the tuning traces")
     ap.add_argument("--traces", type=int, help="use the first N traces of each set")
     ap.add_argument("--futures", type=int, default=400)
+    ap.add_argument("--seeds", type=int, help="simulator: seeds per known rate (default 10 with --quick, else 40)")
     ap.add_argument("--trace-dir", default=os.environ.get(TRACES_ENV),
                     help="a clone of github.com/skypilot-org/spot-traces (default: $SPOT_TRACES); without "
                          "one, synthetic traces (seeded) stand in for both sets")
@@ -254,14 +329,22 @@ def main() -> None:
     sets = {check[0]: check[1][:a.traces] if a.traces else check[1]}
     if not a.only_check:
         sets = {tune[0]: tune[1][:a.traces] if a.traces else tune[1], **sets}
+    seeds = a.seeds if a.seeds is not None else (10 if a.quick else 40)
     t0 = time.perf_counter()
     groups: dict[str, list[dict[str, Any]]] = {}
     with ProcessPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
         for name, files in sets.items():
             groups[name] = list(pool.map(trace_case, trace_tasks(files, hours, cutoffs, a.futures), chunksize=8))
+        sims = [r for rows in pool.map(sim_case, sim_tasks(seeds, a.futures)) for r in rows]
+    groups[SIM_CASES] = [r for r in sims if r["kind"] == "recorded"]
+    groups[SIM_EXACT] = [r for r in sims if r["kind"] == "exact"]
     print("\n".join(table(groups)))
-    print(f"({time.perf_counter() - t0:.1f} s; {a.futures} futures a case; a job of W hours on one spot "
-          f"provider, forecast from the trace's past {HISTORY / H:.0f} h, outcome from its future)")
+    print(f"({time.perf_counter() - t0:.1f} s; {a.futures} futures a case; traces: a job of W hours on one spot "
+          f"provider, forecast from the trace's past {HISTORY / H:.0f} h, outcome from its future; simulator: "
+          f"{seeds} seeds a rate, forecast after {SIM_CUTOFF_HOURS:g} h of the real loop, outcome from the same "
+          f"simulation's rest)")
+    s50, s90, _, _ = coverage(groups[SIM_CASES])
+    print(f"simulator: coverage_p50={s50:.2f} coverage_p90={s90:.2f}")
     p50, p90, _, _ = coverage(groups[next(k for k in groups if k.startswith("check"))])
     print(f"coverage_p50={p50:.2f} coverage_p90={p90:.2f}")
 

@@ -1,4 +1,5 @@
-"""bench/forecast.py in its smallest quick form: one trace kept aside, the coverage line with numbers."""
+"""bench/forecast.py in its smallest quick form: one trace kept aside and one seed of each known rate
+of the simulator, the coverage lines with numbers."""
 
 from __future__ import annotations
 
@@ -10,15 +11,25 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 LINE = re.compile(r"coverage_p50=(\d\.\d\d) coverage_p90=(\d\.\d\d)")
+SIM_LINE = re.compile(r"simulator: coverage_p50=(\d\.\d\d) coverage_p90=(\d\.\d\d)")
+SIM_ROW = re.compile(r"\| simulator, known rates: MTBF (\d+) h \| 8 \| (\d+) \|")
 
 
 def test_quick_run_on_the_smallest_case_ends_with_the_coverage_line() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     res = subprocess.run([sys.executable, str(ROOT / "bench" / "forecast.py"), "--quick", "--only-check",
-                          "--traces", "1", "--futures", "100"], capture_output=True, text=True, env=env, timeout=300)
+                          "--traces", "1", "--seeds", "1", "--futures", "100"],
+                         capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
-    last = res.stdout.strip().splitlines()[-1]
-    match = LINE.fullmatch(last)
-    assert match, last
+    lines = res.stdout.strip().splitlines()
+    match = LINE.fullmatch(lines[-1])
+    assert match, lines[-1]
     p50, p90 = (float(v) for v in match.groups())
     assert 0.0 <= p50 <= p90 <= 1.0  # shares of the same outcomes, P90 at or above P50
+    # the simulator under known rates: a row per rate, each case forecast and then run to its end
+    rows = {int(m.group(1)): int(m.group(2)) for m in map(SIM_ROW.match, lines) if m}
+    assert rows == {2: 1, 6: 1, 24: 1}, res.stdout
+    sim = SIM_LINE.fullmatch(lines[-2])
+    assert sim, lines[-2]
+    s50, s90 = (float(v) for v in sim.groups())
+    assert 0.0 <= s50 <= s90 <= 1.0
