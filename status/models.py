@@ -111,6 +111,9 @@ class Refusal(Model):
 class Progress(Model):
     step: int = 0  # durable: newest committed checkpoint
     target: int | None = None
+    # When the reconciler first saw `step` durable. A running job's step is written in tenths of
+    # the target, so a rate taken from the status divides by the time up to here, not up to now.
+    seen_at: float | None = None
 
     def percent(self) -> float | None:
         if not self.target:
@@ -230,7 +233,7 @@ def from_iso(value: Any) -> float | None:
 
 
 _TIME_FIELDS = ("started", "ended", "unseen_since", "backoff_until", "first_beat", "eta", "refused",
-                "running_since")
+                "running_since", "seen_at")
 
 
 def _times_to_iso(data: Any) -> Any:

@@ -189,7 +189,7 @@ def identify(job: Job, rec: JobStatus | None, desired: DesiredState, observed: O
         return st
     st = rec.model_copy(deep=True)
     st.manifest, st.sweep = manifest, sweep
-    st.progress = Progress(step=st.progress.step, target=target)
+    st.progress = Progress(step=st.progress.step, target=target, seen_at=st.progress.seen_at)
     if st.phase == Phase.CANCELLED and st.current is None:
         st.phase = Phase.PENDING
         st.message = f"manifest restored: the run resumes from its durable progress (step {st.progress.step})"
@@ -224,7 +224,9 @@ def read_storage(t: JobTick) -> bool:
                             if fault else f"run data unreadable, waiting: {t.run.error}")
         return True
     target = t.job.spec.target_steps
-    t.st.progress = Progress(step=_status_step(t.st.progress.step, t.run.durable_step, target), target=target)
+    step = _status_step(t.st.progress.step, t.run.durable_step, target)
+    seen_at = t.now if step != t.st.progress.step else t.st.progress.seen_at
+    t.st.progress = Progress(step=step, target=target, seen_at=seen_at)
     return False
 
 

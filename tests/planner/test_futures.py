@@ -141,3 +141,21 @@ def test_no_futures_without_a_measured_rate_or_a_target() -> None:
     job = _job()
     untargeted = job.model_copy(update={"spec": job.spec.model_copy(update={"target_steps": None})})
     assert job_spread(untargeted, st, providers, [st], 0.0).note.startswith("no target_steps")
+
+
+def test_the_live_rate_is_measured_up_to_when_the_statuss_step_was_seen_not_up_to_now() -> None:
+    """Git keeps a running job's step in tenths of the target: the step 10,000 seen 5,000 s into the
+    attempt is 2 steps/s, however long ago that was."""
+    now = 1_800_000_000.0
+    providers = {"od": _provider("od", price_per_hour=3.0, settings={"type": "sim"})}
+    job = _job(placement={"providers": ["od"]})
+    live = Attempt(epoch=1, provider="od", worker="w1", started=now - 9000, first_beat=now - 9000, first_beat_step=0,
+                   step_start=0)
+
+    def rate(seen_at: float | None) -> float:
+        st = JobStatus(job="train", phase=Phase.RUNNING, run_id=job.run_id(), attempts=[live],
+                       progress=Progress(step=10000, target=100000, seen_at=seen_at))
+        return next(i.value for i in job_spread(job, st, providers, [st], now).inputs if i.name == "rate")
+
+    assert rate(now - 4000) == pytest.approx(2 * 3600)  # steps/h
+    assert rate(None) == pytest.approx(10000 / 9000 * 3600)  # a status from before: up to now, as it was

@@ -120,6 +120,16 @@ def test_a_forecast_whose_figures_moved_does_not_change_the_status_alone() -> No
     assert later == first
 
 
+def test_the_status_says_when_its_step_was_seen_and_keeps_that_while_the_step_stays() -> None:
+    d = desired(job(), providers=PROVIDERS)
+    st, seen = live_on(d, history(d), "ondemand", since=NOW - HOUR, durable=3600, epoch=1)
+    first = plan(d, seen, {"train": st}, NOW).statuses["train"]
+    assert (first.progress.step, first.progress.seen_at) == (3600, NOW)
+    _, seen = live_on(d, history(d), "ondemand", since=NOW - HOUR, durable=4500, epoch=1)
+    later = plan(d, seen, {"train": first}, NOW + 1800).statuses["train"]
+    assert later.progress == first.progress  # the same tenth of the target: the step and its time stay
+
+
 def test_the_forecast_shows_spent_and_projected_cost() -> None:
     d = desired(job(), providers=PROVIDERS)
     st = history(d, done_on("ondemand", 2, 7200, ago=60))

@@ -82,9 +82,11 @@ def _gained(attempt: Attempt, durable_step: int) -> int:
     return max(0, end - start)
 
 
-def job_tracks(st: JobStatus, durable_step: int, now: float, live_step: int | None = None) -> dict[str, Track]:
+def job_tracks(st: JobStatus, durable_step: int, now: float, live_step: int | None = None,
+               reached_at: float | None = None) -> dict[str, Track]:
     """The job's record per provider, from the attempts in its status. `live_step`: what the live
-    attempt's heartbeat says it reached (None: its durable progress)."""
+    attempt's heartbeat says it reached (None: its durable progress); `reached_at`: when the live
+    attempt reached `durable_step`, where that is known and earlier than now (a status's step)."""
     seconds: dict[str, float] = {}
     steps: dict[str, int] = {}
     for a in st.attempts:
@@ -92,7 +94,7 @@ def job_tracks(st: JobStatus, durable_step: int, now: float, live_step: int | No
         gained = _gained(a, reached)
         if a.outcome in (Outcome.CANCELLED, Outcome.SUPERSEDED) and gained == 0:
             continue  # stopped by us before it did anything: says nothing about speed
-        end = a.ended if a.ended is not None else now
+        end = a.ended if a.ended is not None else min(now, max(reached_at or now, a.started))
         begin = a.first_beat if a.first_beat is not None else a.started
         seconds[a.provider] = seconds.get(a.provider, 0.0) + max(0.0, end - min(begin, end))
         steps[a.provider] = steps.get(a.provider, 0) + gained

@@ -66,7 +66,7 @@ def job_spread(job: Job, st: JobStatus | None, providers: Mapping[str, Provider]
     if st is None or target is None:
         out.note = "no target_steps: the work left is unknown" if target is None else "no run recorded yet"
         return out
-    tracks = job_tracks(st, st.progress.step, now)
+    tracks = job_tracks(st, st.progress.step, now, reached_at=_recorded_at(st))
     if job_rate(tracks) is None:
         out.note = "rate not measured yet: less than 15 min of attempt time with progress"
         return out
@@ -145,7 +145,7 @@ def _lane(job: Job, st: JobStatus, name: str, providers: Mapping[str, Provider],
 def _rate(st: JobStatus, name: str, now: float) -> tuple[float, str, str]:
     """Steps per second of work there: the status's rate counts durable steps only, and the futures
     take the work an interruption loses off themselves, so the lost steps are counted back in."""
-    tracks = job_tracks(st, st.progress.step, now)
+    tracks = job_tracks(st, st.progress.step, now, reached_at=_recorded_at(st))
     for a in st.attempts:
         if a.steps_lost > 0 and a.provider in tracks:
             tracks[a.provider] = tracks[a.provider] + Track(0.0, a.steps_lost)
@@ -236,3 +236,10 @@ def _quota(job: Job, prov: Provider, line: ProviderLedger | None,
         return weekly * 3600.0, 7 * 24 * 3600.0, weekly * 3600.0, BORROWED, \
             "free_quota_hours, taken as all left (no ledger)"
     return None, None, None, "", ""
+
+
+def _recorded_at(st: JobStatus) -> float | None:
+    """When the status's step was seen: it is written in tenths of the target, so the live attempt
+    is measured up to then, not up to now (which would count the time since as time without
+    progress); one that has recorded no step of its own yet counts no time."""
+    return st.progress.seen_at if st.current is not None else None
