@@ -685,20 +685,13 @@ def open_run(
         )
     folder = RunFolder(uri, storage_options)
     run_id = run_id or env.get("RECONCILER_RUN_ID") or folder.uri.rsplit("/", 1)[-1]
-    if epoch is None:
-        epoch = env_int("RECONCILER_EPOCH", env.get("RECONCILER_EPOCH"))
-    if deadline is None:
-        deadline = env_float("RECONCILER_DEADLINE", env.get("RECONCILER_DEADLINE"))
-    if checkpoint_every is None:
-        checkpoint_every = env_int("RECONCILER_CHECKPOINT_EVERY", env.get("RECONCILER_CHECKPOINT_EVERY"))
-    if mtbf is None:
-        mtbf = env_float("RECONCILER_MTBF_SECONDS", env.get("RECONCILER_MTBF_SECONDS"))
-    if target is None:
-        target = env_int("RECONCILER_TARGET_STEPS", env.get("RECONCILER_TARGET_STEPS"))
-    if grace is None:
-        grace = env_float("RECONCILER_GRACE", env.get("RECONCILER_GRACE"))
-    if heartbeat_interval is None:
-        heartbeat_interval = env_float("RECONCILER_HEARTBEAT_INTERVAL", env.get("RECONCILER_HEARTBEAT_INTERVAL"))
+    epoch = _or_env(epoch, "RECONCILER_EPOCH", env_int)
+    deadline = _or_env(deadline, "RECONCILER_DEADLINE", env_float)
+    checkpoint_every = _or_env(checkpoint_every, "RECONCILER_CHECKPOINT_EVERY", env_int)
+    mtbf = _or_env(mtbf, "RECONCILER_MTBF_SECONDS", env_float)
+    target = _or_env(target, "RECONCILER_TARGET_STEPS", env_int)
+    grace = _or_env(grace, "RECONCILER_GRACE", env_float)
+    heartbeat_interval = _or_env(heartbeat_interval, "RECONCILER_HEARTBEAT_INTERVAL", env_float)
     folder.store.check_conditional_writes()
     if sharded:
         dcp_format.check_folder(folder)
@@ -735,6 +728,11 @@ def open_run(
         output_dir=output_dir,
         input_dir=input_dir,
     )
+
+
+def _or_env(given: Any, name: str, parse: Callable[[str, str | None], Any]) -> Any:
+    """An argument of open_run, else the environment variable that stands for it."""
+    return given if given is not None else parse(name, os.environ.get(name))
 
 
 def _attempt_dirs(folder: RunFolder, group: Group, storage_options: dict[str, Any] | None) -> tuple[Path, Path]:
