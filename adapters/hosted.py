@@ -52,6 +52,7 @@ SDK_FILES = (
     "reconciler/worker/loop.py",
     "reconciler/worker/carried.py",
     "reconciler/worker/reported.py",
+    "reconciler/worker/handover.py",
     "reconciler/worker/storefault.py",
     "reconciler/worker/dist.py",
     "reconciler/worker/sharded.py",

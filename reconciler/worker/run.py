@@ -27,10 +27,9 @@ from typing import Any
 
 import torch
 
-from adapters import artifacts, series
-from adapters.storage import LEASE_LOG, CheckpointName, CorruptCheckpoint, Fenced, RunFolder, StorageError
+from adapters.storage import CheckpointName, CorruptCheckpoint, Fenced, RunFolder, StorageError
 from reconciler.checkpoint_policy import IntervalPolicy
-from reconciler.worker import dist, loop, snapshot
+from reconciler.worker import dist, handover, loop, snapshot
 from reconciler.worker import sharded as dcp_format
 from reconciler.worker.dist import Group
 from reconciler.worker.reported import Reported
@@ -523,7 +522,7 @@ class Run:
                     "time": time.time(),
                     "metrics": self._reported.last,
                 }
-                record.update(self._upload_outputs())
+                record.update(handover.outputs_record(self.folder, self.epoch, self.output_dir, self._faults))
                 self._faults.retrying(lambda: self.folder.mark_done(self.epoch, record), "write the completion record")
             except Superseded:
                 err = Fenced(f"run {self.run_id} epoch {self.epoch} was replaced before it completed")
@@ -532,17 +531,6 @@ class Run:
         self._raise_shared(err)
         self._completed = True
         self.close()
-
-    def _upload_outputs(self) -> dict[str, Any]:
-        """The files in `output_dir`, uploaded under this epoch: {"outputs": ...} for the completion
-        record, or {} when there are none. A replaced attempt uploads nothing (its lease check)."""
-        source = self.output_dir
-        if source is None:
-            return {}
-        self.folder.check_epoch(self.epoch)
-        found = self._faults.retrying(lambda: artifacts.upload_outputs(self.folder, self.epoch, source),
-                                      "upload the outputs")
-        return {"outputs": found} if found is not None else {}
 
     # ---- epochs and batches as positions ----------------------------------------------------------------
     _loop: loop.EpochLoop | None = None  # the last run.epochs() loop: what batches/carry/step refer to
@@ -708,8 +696,8 @@ def open_run(
             f"{epoch}: the launcher must bump the lease before starting the worker"
         )
     if group.main:
-        _tidy(folder, epoch)
-    output_dir, input_dir = _attempt_dirs(folder, group, storage_options)
+        handover.tidy(folder, epoch)
+    output_dir, input_dir = handover.attempt_dirs(folder, group, storage_options)
     return Run(
         folder,
         run_id,
@@ -733,36 +721,6 @@ def open_run(
 def _or_env(given: Any, name: str, parse: Callable[[str, str | None], Any]) -> Any:
     """An argument of open_run, else the environment variable that stands for it."""
     return given if given is not None else parse(name, os.environ.get(name))
-
-
-def _attempt_dirs(folder: RunFolder, group: Group, storage_options: dict[str, Any] | None) -> tuple[Path, Path]:
-    """The attempt's output and input folders (set in the environment for its child processes),
-    with the inputs downloaded and verified: by the first process on each machine, the others wait."""
-    output_dir, input_dir = artifacts.attempt_dirs(os.environ)
-    error = None
-    if os.environ.get("LOCAL_RANK", "0") == "0":
-        options = storage_options if storage_options is not None else folder.store.storage_options
-        try:
-            artifacts.fetch_inputs(folder, os.environ, input_dir, options)
-        except StorageError as exc:
-            error = str(exc)
-    failed = [e for e in group.all_gather(error) if e]  # every rank waits for every machine's inputs
-    if failed:
-        raise artifacts.ArtifactError(f"the inputs could not be fetched: {failed[0]}")
-    return output_dir, input_dir
-
-
-def _tidy(folder: RunFolder, epoch: int) -> None:
-    """What killed attempts left behind: temp files of interrupted atomic writes, and the step
-    marks of attempts the reconciler has already judged (the previous epoch's is kept for it)."""
-    try:
-        removed = folder.store.remove_stale_temp_files("", LEASE_LOG, "logs", series.FOLDER)
-        folder.forget_reached(before_epoch=epoch - 1)
-    except (StorageError, OSError) as exc:
-        log.debug("could not tidy the run folder: %s", exc)
-        return
-    if removed:
-        log.info("removed temporary files left by a killed writer: %s", ", ".join(removed))
 
 
 __all__ = [
