@@ -80,13 +80,15 @@ def job_spread(job: Job, st: JobStatus | None, providers: Mapping[str, Provider]
     back = _fallback(first, order, providers)
     fb = _lane(job, st, back, providers, statuses, now, ledger or {}, out.inputs) if back else None
     out.provider, out.fallback = first, back or ""
-    live = st.current.first_beat if st.current is not None else None
+    current = st.current
+    live = current.first_beat if current is not None else None
     prices = {n: p.spec.price_per_hour for n, p in providers.items()}
     run = Run(remaining_steps=max(0, target - st.progress.step), spent_usd=st.cost_usd + open_cost(st, now, prices),
               deadline_in_seconds=job.spec.deadline.timestamp() - now if job.spec.deadline else None,
               budget_usd=job.spec.budget_usd,
-              live_seconds=None if live is None or st.current.provider != first else max(0.0, now - live),
-              waiting=st.current is None and bool(st.attempts) and st.attempts[-1].provider_ended)
+              live_seconds=None if current is None or live is None or current.provider != first
+              else max(0.0, now - live),
+              waiting=current is None and bool(st.attempts) and st.attempts[-1].provider_ended)
     out.spread = spread(run, lane, fb, seed=seed_of(st.run_id or job.run_id()), futures=futures)
     return out
 
