@@ -17,14 +17,14 @@ from pathlib import Path
 import yaml
 
 from adapters import series
-from adapters.artifacts import Artifact, outputs
+from adapters.artifacts import Artifact
 from adapters.gitrepo import STATUS_DIR
 from adapters.storage import Progress, RunFolder, StorageError
 from desired.parse import DesiredState
-from reconciler.daemon.execute import store_options
+from reconciler.daemon.artifacts import locate
 from reconciler.daemon.loop import Reconciler
 from reconciler.trust.redaction import secret_values
-from status.models import JobStatus, Phase, parse_status
+from status.models import JobStatus, parse_status
 from status.redact import Redactor, redact_data
 
 HISTORY_LIMIT = 100  # status commits read for one job's page (the chart and the commit list)
@@ -154,12 +154,10 @@ class PageData:
         """The output `path` of the job's succeeded run, as its completion record lists it; None when
         the job has not succeeded or its record lists no such file. StorageError (ArtifactError for a
         malformed record) when run storage cannot be read."""
-        st = snap.statuses.get(name)
-        if st is None or st.phase != Phase.SUCCEEDED or not st.run_id:
+        if name in snap.desired.sweeps:  # a sweep's outputs are its members', each on its own page
             return None
-        storage = st.storage or snap.desired.settings.storage
-        folder = RunFolder.for_run(storage, name, st.run_id, store_options(storage, snap.desired.settings))
-        return next(((folder, item) for item in outputs(folder) or [] if item.path == path), None)
+        found = locate(name, snap.desired, dict(snap.statuses)).found
+        return next(((run.folder, item) for run in found for item in run.items if item.path == path), None)
 
     # ---- one job's history -----------------------------------------------------------------------
     def history(self, snap: Snapshot, name: str, limit: int = HISTORY_LIMIT) -> list[Version]:
