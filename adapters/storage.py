@@ -6,7 +6,9 @@ Layout of one run (DESIGN.md §3)::
     <storage>/<job>/<run-id>/progress.json                   heartbeat of the live attempt
     <storage>/<job>/<run-id>/reached-e<epoch>                 the highest step an attempt finished
     <storage>/<job>/<run-id>/checkpoints/<step>-e<epoch>/... payload, then COMMIT.json (written last)
-    <storage>/<job>/<run-id>/done.json                       completion record, created once
+    <storage>/<job>/<run-id>/outputs/e<epoch>/...            the completing attempt's outputs (adapters/artifacts.py)
+    <storage>/<job>/<run-id>/inputs-e<epoch>.json            where that attempt's inputs are (a job with `after`)
+    <storage>/<job>/<run-id>/done.json                       completion record, created once, listing the outputs
     <storage>/<job>/<run-id>/stop.json                       the reconciler's stop request (epoch, reason)
 
 The folder is a `Store` (adapters/stores/): RunFolder holds one and asks only its capabilities,
