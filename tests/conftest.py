@@ -13,6 +13,13 @@ from typing import Any
 
 import pytest
 
+# One OpenMP thread for torch in the test processes and the processes they start with this
+# environment: six test workers share two cores here, and torch's default of one thread a core
+# makes each of its threads spin-wait for the others; a language-model test used four times the
+# CPU with two threads as with one. Workers the local provider starts get a minimal environment
+# without it; the test workloads set one thread themselves.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def _git(path: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(path), *args], check=True, capture_output=True, text=True,
