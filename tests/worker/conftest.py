@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.worker.harness import S3_CREDENTIALS, Store
+from tests.worker.harness import S3_CREDENTIALS, References, Store
 
 _S3_WRITE_LOCK = threading.Lock()
 
@@ -101,3 +101,12 @@ def s3_store(endpoint: str) -> Store:
         "secret": S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
     }
     return Store("s3", f"s3://{make_bucket(endpoint)}/runs", endpoint, options)
+
+
+@pytest.fixture(scope="session")
+def references(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> References:
+    # Under xdist each worker's base folder is a child of the run's own folder, which they share.
+    base = tmp_path_factory.getbasetemp()
+    root = (base if worker_id == "master" else base.parent) / "references"
+    root.mkdir(exist_ok=True)
+    return References(root)

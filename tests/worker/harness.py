@@ -5,14 +5,18 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.connection
 import os
+import shutil
 import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
+from filelock import FileLock
 
 from adapters.storage import RunFolder
 from adapters.stores import Store as BaseStore
@@ -233,3 +237,23 @@ def run_ranks(env: dict[str, str], cfg: dict[str, Any], world: int,
 
 def load(path: str) -> Any:
     return torch.load(path, weights_only=False)
+
+
+class References:
+    """Uninterrupted reference runs, made once per test session and shared by the tests (and the
+    xdist workers) that compare a resumed run against the same one: its outputs do not depend on
+    the store the tests' own runs use, so each [file] and [s3] pair need not train it twice."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def get(self, key: str, produce: Callable[[Path], None]) -> Path:
+        """The folder of the reference `key`, made by `produce(folder)` if no test has made it yet."""
+        folder = self.root / key
+        with FileLock(str(self.root / f"{key}.lock")):
+            if not (folder / "made").exists():
+                shutil.rmtree(folder, ignore_errors=True)
+                folder.mkdir(parents=True)
+                produce(folder)
+                (folder / "made").touch()
+        return folder

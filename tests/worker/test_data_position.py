@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Te
 
 from reconciler.worker import Carry, ResumableLoader, open_run
 from reconciler.worker.data import Position
-from tests.worker.harness import Store, assert_same, free_port, join_ranks, load, spawn
+from tests.worker.harness import References, Store, assert_same, free_port, join_ranks, load, spawn
 from tests.worker.workloads.data_train import rank_child
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -260,19 +261,29 @@ def read_order(path: Path) -> list[str]:
     return path.read_text().split("\n")[:-1] if path.exists() else []
 
 
-@pytest.mark.parametrize("kind", ["map", "iterable"])
-def test_shuffled_loader_with_workers_survives_sigkill_mid_epoch(store: Store, tmp_path: Path, kind: str) -> None:
-    module = "tests.worker.workloads.data_train"
-    ref_folder = store.folder()
-    cfg = {"kind": kind, "out": str(tmp_path / "ref.pt"), "order": str(tmp_path / "ref-order.txt")}
-    reference = start_child(module, child_env(store, ref_folder, ref_folder.bump_lease(), 3), cfg)  # beside the next
+def reference(references: References, key: str, module: str, cfg: Callable[[Path], dict[str, Any]],
+              every: int) -> Path:
+    """The folder of the uninterrupted run `key`, trained once (`cfg(folder)` names its files there)
+    for every test and store that compares a resumed run against it."""
+    def produce(out: Path) -> None:
+        store = Store("file", str(out / "runs"))
+        folder = store.folder()
+        assert run_child(module, child_env(store, folder, folder.bump_lease(), every), cfg(out)) == 0
+    return references.get(key, produce)
 
+
+@pytest.mark.parametrize("kind", ["map", "iterable"])
+def test_shuffled_loader_with_workers_survives_sigkill_mid_epoch(store: Store, tmp_path: Path, kind: str,
+                                                                references: References) -> None:
+    module = "tests.worker.workloads.data_train"
     folder = store.folder()
     order = tmp_path / "order.txt"
     cfg = {"kind": kind, "out": str(tmp_path / "resumed.pt"), "order": str(order)}
-    assert run_child(module, child_env(store, folder, folder.bump_lease(), 3), {**cfg, "die_at": 15}) == -9
-    assert wait_child(reference, module) == 0
-    expected = read_order(tmp_path / "ref-order.txt")
+    killed_run = start_child(module, child_env(store, folder, folder.bump_lease(), 3), {**cfg, "die_at": 15})
+    ref = reference(references, f"data-{kind}", module,
+                    lambda out: {"kind": kind, "out": str(out / "ref.pt"), "order": str(out / "ref-order.txt")}, 3)
+    assert wait_child(killed_run, module) == -9
+    expected = read_order(ref / "ref-order.txt")
     killed = read_order(order)
     assert killed == expected[:15]
     durable = folder.durable_step()
@@ -281,42 +292,53 @@ def test_shuffled_loader_with_workers_survives_sigkill_mid_epoch(store: Store, t
     order.unlink()
     assert run_child(module, child_env(store, folder, folder.bump_lease(), 3), cfg) == 0
     assert killed[:durable] + read_order(order) == expected
-    assert_same(load(str(tmp_path / "ref.pt")), load(str(tmp_path / "resumed.pt")))
+    assert_same(load(str(ref / "ref.pt")), load(str(tmp_path / "resumed.pt")))
     assert folder.done() is not None
 
 
-def test_two_ranks_resume_their_distributed_sampler_positions(tmp_path: Path) -> None:
-    """A 2-rank DDP job (gloo, one process per rank as torchrun starts them) reading through a
-    shuffled DistributedSampler: rank 1 is SIGKILLed mid-epoch, the other rank is ended, and the
-    resumed ranks each read the rest of their own share, batch for batch."""
+def ddp_ranks(store: Store, folder: Any, cfg: dict[str, Any]) -> list[int]:
+    """Two ranks of the ddp workload (gloo, one process each as torchrun starts them); exit codes."""
+    env = {**store.env(folder, folder.bump_lease(), RECONCILER_CHECKPOINT_EVERY=3), "WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "GLOO_SOCKET_IFNAME": "lo"}
+    procs = [spawn(rank_child, {**env, "RANK": str(r), "LOCAL_RANK": str(r)}, cfg) for r in range(2)]
+    return join_ranks(procs, timeout=180)
+
+
+def ddp_reference(references: References) -> tuple[Path, list[list[str]]]:
+    """The uninterrupted 2-rank run both DDP tests compare against (the batches a rank reads do not
+    depend on how many DataLoader workers read them), and each rank's order of batches."""
+    def produce(out: Path) -> None:
+        store = Store("file", str(out / "runs"))
+        cfg = {"kind": "ddp", "out": str(out / "ref.pt"), "order": str(out / "ref-order")}
+        assert ddp_ranks(store, store.folder(), cfg) == [0, 0]
+    ref = references.get("ddp", produce)
+    expected = [read_order(ref / f"ref-order.{r}") for r in range(2)]
+    assert len(expected[0]) == len(expected[1]) == 12 and expected[0] != expected[1]
+    return ref / "ref.pt", expected
+
+
+def test_two_ranks_resume_their_distributed_sampler_positions(tmp_path: Path, references: References) -> None:
+    """A 2-rank DDP job reading through a shuffled DistributedSampler: rank 1 is SIGKILLed
+    mid-epoch, the other rank is ended, and the resumed ranks each read the rest of their own
+    share, batch for batch."""
     store = Store("file", str(tmp_path / "runs"))
-
-    def ranks(folder: Any, cfg: dict[str, Any]) -> list[int]:
-        env = {**store.env(folder, folder.bump_lease(), RECONCILER_CHECKPOINT_EVERY=3), "WORLD_SIZE": "2",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "GLOO_SOCKET_IFNAME": "lo"}
-        procs = [spawn(rank_child, {**env, "RANK": str(r), "LOCAL_RANK": str(r)}, cfg) for r in range(2)]
-        return join_ranks(procs, timeout=180)
-
-    ref = {"kind": "ddp", "out": str(tmp_path / "ref.pt"), "order": str(tmp_path / "ref-order")}
-    assert ranks(store.folder(), ref) == [0, 0]
-    expected = [read_order(tmp_path / f"ref-order.{r}") for r in range(2)]
-    assert len(expected[0]) == 12 and expected[0] != expected[1]
-
     folder = store.folder()
     cfg = {"kind": "ddp", "out": str(tmp_path / "resumed.pt"), "order": str(tmp_path / "order")}
-    assert -9 in ranks(folder, {**cfg, "die_at": 7})
+    assert -9 in ddp_ranks(store, folder, {**cfg, "die_at": 7})
     killed = [read_order(tmp_path / f"order.{r}") for r in range(2)]
     durable = folder.durable_step()
     assert durable in (3, 6), durable  # 4 batches an epoch per rank: the resume is mid-epoch
     for r in range(2):
         (tmp_path / f"order.{r}").unlink()
-    assert ranks(folder, cfg) == [0, 0]
+    assert ddp_ranks(store, folder, cfg) == [0, 0]
+    ref, expected = ddp_reference(references)
     for r in range(2):
         assert killed[r][:durable] + read_order(tmp_path / f"order.{r}") == expected[r], f"rank {r}"
-    assert_same(load(str(tmp_path / "ref.pt")), load(str(tmp_path / "resumed.pt")))
+    assert_same(load(str(ref)), load(str(tmp_path / "resumed.pt")))
 
 
-def test_torchrun_ranks_with_two_loader_workers_each_resume_their_share(tmp_path: Path) -> None:
+def test_torchrun_ranks_with_two_loader_workers_each_resume_their_share(tmp_path: Path,
+                                                                       references: References) -> None:
     """The same under torchrun itself, every rank reading through two DataLoader workers."""
     store = Store("file", str(tmp_path / "runs"))
 
@@ -328,11 +350,6 @@ def test_torchrun_ranks_with_two_loader_workers_each_resume_their_share(tmp_path
                               capture_output=True, text=True)
         return proc.returncode
 
-    ref = {"kind": "ddp", "out": str(tmp_path / "ref.pt"), "order": str(tmp_path / "ref-order")}
-    assert torchrun(store.folder(), ref) == 0
-    expected = [read_order(tmp_path / f"ref-order.{r}") for r in range(2)]
-    assert len(expected[0]) == len(expected[1]) == 12 and expected[0] != expected[1]
-
     folder = store.folder()
     cfg = {"kind": "ddp", "out": str(tmp_path / "resumed.pt"), "order": str(tmp_path / "order")}
     assert torchrun(folder, {**cfg, "die_at": 7}) != 0
@@ -342,18 +359,19 @@ def test_torchrun_ranks_with_two_loader_workers_each_resume_their_share(tmp_path
     for r in range(2):
         (tmp_path / f"order.{r}").unlink()
     assert torchrun(folder, cfg) == 0
+    ref, expected = ddp_reference(references)
     for r in range(2):
         assert killed[r][:durable] + read_order(tmp_path / f"order.{r}") == expected[r], f"rank {r}"
-    assert_same(load(str(tmp_path / "ref.pt")), load(str(tmp_path / "resumed.pt")))
+    assert_same(load(str(ref)), load(str(tmp_path / "resumed.pt")))
 
 
-def test_word_language_model_example_survives_sigkill_mid_epoch(store: Store, tmp_path: Path) -> None:
+def test_word_language_model_example_survives_sigkill_mid_epoch(store: Store, tmp_path: Path,
+                                                              references: References) -> None:
     module = "tests.worker.workloads.lm_child"
-    ref_folder = store.folder()
-    ref = {"args": ["--epochs", "3", "--save", str(tmp_path / "ref-best.pt")], "order": str(tmp_path / "ref-order.txt"),
-           "final": str(tmp_path / "ref.pt")}
-    assert run_child(module, child_env(store, ref_folder, ref_folder.bump_lease(), 5), ref) == 0
-    expected = read_order(tmp_path / "ref-order.txt")
+    ref = reference(references, "word-language-model", module, lambda out: {
+        "args": ["--epochs", "3", "--save", str(out / "ref-best.pt")], "order": str(out / "ref-order.txt"),
+        "final": str(out / "ref.pt")}, 5)
+    expected = read_order(ref / "ref-order.txt")
     per_epoch = len(expected) // 3
     die_at = per_epoch + per_epoch // 2 + 1  # in the middle of the second epoch
 
@@ -369,6 +387,6 @@ def test_word_language_model_example_survives_sigkill_mid_epoch(store: Store, tm
     order.unlink()
     assert run_child(module, child_env(store, folder, folder.bump_lease(), 5), cfg) == 0
     assert killed[:durable] + read_order(order) == expected
-    assert_same(load(str(tmp_path / "ref.pt")), load(str(tmp_path / "resumed.pt")))
-    assert_same(load(str(tmp_path / "ref-best.pt")), load(str(tmp_path / "best.pt")))
+    assert_same(load(str(ref / "ref.pt")), load(str(tmp_path / "resumed.pt")))
+    assert_same(load(str(ref / "ref-best.pt")), load(str(tmp_path / "best.pt")))
     assert folder.done()["step"] == len(expected)
