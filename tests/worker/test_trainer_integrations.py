@@ -6,13 +6,14 @@ bit-identical to an uninterrupted run's.
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from adapters import series
 from adapters.storage import RunFolder
 from reconciler.worker import Run, open_run
 from reconciler.worker.integrations import files
-from tests.worker.harness import Store, assert_same, load
+from tests.worker.harness import References, Store, assert_same, load
 
 ROOT = Path(__file__).resolve().parents[2]
 # package, workload, steps, checkpoint every. Lightning's job has 8 batches an epoch: its
@@ -36,12 +37,12 @@ TRAINERS = {
 
 
 def need(package: str) -> None:
-    try:
-        importlib.import_module(package)
-    except ImportError as exc:
+    """Found, not imported: the training runs in processes of its own, and importing Lightning
+    here would cost this test process seconds of CPU for nothing."""
+    if importlib.util.find_spec(package) is None:
         if os.environ.get("CI") == "true":
-            pytest.fail(f"{package} is not installed (the dev extra installs it): {exc}")
-        pytest.skip(f"{package} is not installed: {exc}")
+            pytest.fail(f"{package} is not installed (the dev extra installs it)", pytrace=False)
+        pytest.skip(f"{package} is not installed")
 
 
 def launch(module: str, env: dict[str, str], cfg: dict[str, Any], out: Path) -> subprocess.Popen[bytes]:
@@ -92,6 +93,23 @@ def attempt(store: Store, folder: RunFolder, module: str, cfg: dict[str, Any], t
     return launch(module, env, {**cfg, "output_dir": str(tmp / f"hf-out{tag}")}, tmp / f"worker{tag}.out")
 
 
+def uninterrupted(references: References, trainer: str, cfg: dict[str, Any]) -> Future[Path]:
+    """The final weights of an uninterrupted run of `cfg`, trained once for every test that
+    compares against it, in a thread: the test's own attempts run beside it."""
+    module = TRAINERS[trainer][1]
+
+    def produce(out: Path) -> None:
+        store = Store("file", str(out / "runs"))
+        proc = attempt(store, store.folder(), module, {**cfg, "out": str(out / "ref.pt")}, out, "-ref")
+        assert finish(proc) == 0, (out / "worker-ref.out").read_text()[-3000:]
+
+    key = "-".join([trainer, *(f"{k}{v}" for k, v in sorted(cfg.items()))])
+    pool = ThreadPoolExecutor(1)
+    future = pool.submit(lambda: references.get(key, produce) / "ref.pt")
+    pool.shutdown(wait=False)
+    return future
+
+
 def leftovers(folder: RunFolder, tmp: Path) -> list[str]:
     """What the current attempt left in its temporary folder (the callbacks' scratch folders)."""
     return [p.name for p in temporary(folder, folder.lease_epoch(), tmp).glob("reconciler-*")]
@@ -99,15 +117,13 @@ def leftovers(folder: RunFolder, tmp: Path) -> list[str]:
 
 @pytest.mark.parametrize("trainer", sorted(TRAINERS))
 def test_trainer_killed_then_stopped_resumes_from_its_checkpoint_and_matches_an_uninterrupted_run(
-    trainer: str, tmp_path: Path
+    trainer: str, tmp_path: Path, references: References
 ) -> None:
     package, module, steps, every = TRAINERS[trainer]
     need(package)
     store = Store("file", str(tmp_path / "runs"))
     base = {"steps": steps, "seed": 7, "every": every}
-
-    reference = store.folder()  # the uninterrupted run, beside the interrupted one: compared at the end
-    uninterrupted = attempt(store, reference, module, {**base, "out": str(tmp_path / "ref.pt")}, tmp_path, "-ref")
+    reference = uninterrupted(references, trainer, base)
 
     folder = store.folder()
     log = tmp_path / "steps.log"
@@ -148,20 +164,19 @@ def test_trainer_killed_then_stopped_resumes_from_its_checkpoint_and_matches_an_
     reported = series.read(folder.store)  # the losses the callbacks saw, over steps, every attempt's
     assert len(reported.get("loss", [])) > 2 and reported["loss"][-1][0] > stopped_at, reported
     assert leftovers(folder, tmp_path) == []
-    assert finish(uninterrupted) == 0, (tmp_path / "worker-ref.out").read_text()[-3000:]
-    assert_same(load(str(tmp_path / "ref.pt")), load(str(tmp_path / "out.pt")), f"{trainer} final weights")
+    assert_same(load(str(reference.result())), load(str(tmp_path / "out.pt")), f"{trainer} final weights")
 
 
-def test_lightning_stopped_by_its_own_sigterm_handling_saves_that_step_and_exits_75(tmp_path: Path) -> None:
+def test_lightning_stopped_by_its_own_sigterm_handling_saves_that_step_and_exits_75(
+        tmp_path: Path, references: References) -> None:
     """A SIGTERM that lands after the callback's per-batch check is seen first by Lightning,
     which ends the loop with SIGTERMException: the callback's exception hook takes the final
     checkpoint there, and the resumed run still ends where an uninterrupted one does."""
     need("lightning")
     _, module, steps, every = TRAINERS["lightning"]
     store = Store("file", str(tmp_path / "runs"))
-    base = {"steps": 20, "seed": 3, "every": 100}
-    reference = store.folder()  # the uninterrupted run, beside the stopped one: compared at the end
-    uninterrupted = attempt(store, reference, module, {**base, "out": str(tmp_path / "ref.pt")}, tmp_path, "-ref")
+    base = {"steps": steps, "seed": 7, "every": every}  # the other test's job: one reference serves both
+    reference = uninterrupted(references, "lightning", base)
 
     folder = store.folder()
     log = tmp_path / "steps.log"
@@ -176,8 +191,7 @@ def test_lightning_stopped_by_its_own_sigterm_handling_saves_that_step_and_exits
     assert finish(last) == 0, (tmp_path / "worker.out").read_text()[-3000:]
     assert lines(log, "restored") == [11] and lines(log, "step")[0] == 12
     assert folder.done() is not None
-    assert finish(uninterrupted) == 0, (tmp_path / "worker-ref.out").read_text()[-3000:]
-    assert_same(load(str(tmp_path / "ref.pt")), load(str(tmp_path / "out.pt")), "lightning final weights")
+    assert_same(load(str(reference.result())), load(str(tmp_path / "out.pt")), "lightning final weights")
 
 
 def _run_with_a_checkpoint(tmp_path: Path) -> Run:
