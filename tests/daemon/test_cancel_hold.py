@@ -23,7 +23,7 @@ from tests.daemon.receiver import Receiver
 from tests.daemon.test_loop_local import counter, job, live_workers
 from tests.web.conftest import start_server, stop_server
 
-SLOW = counter(1.0)  # 60 steps of a second: alive for the whole test
+SLOW = counter(3.0)  # 60 steps of 3 s: alive for the whole test, even on a loaded machine
 
 
 def run_once(repo: StateRepoFixture) -> str:

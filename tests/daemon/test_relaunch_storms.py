@@ -87,12 +87,14 @@ def test_no_relaunch_after_the_worker_stopped_for_the_jobs_deadline(state_repo: 
     # The SDK stops RECONCILER_GRACE seconds before the deadline (exit 75). Before, the daemon
     # relaunched it again and again until the deadline, each attempt restoring, running a step and
     # leaving; and called it a session's end on a provider that has no sessions.
-    deadline = datetime.fromtimestamp(int(time.time()) + 9, UTC)
-    extra = f"{{deadline: '{deadline.isoformat()}', env: {{RECONCILER_GRACE: '6'}}}}"
+    # 8 s for the worker to start and take its first steps: on a loaded machine (six test
+    # processes on two cores) importing the SDK alone can take several.
+    deadline = datetime.fromtimestamp(int(time.time()) + 24, UTC)
+    extra = f"{{deadline: '{deadline.isoformat()}', env: {{RECONCILER_GRACE: '16'}}}}"
     state_repo.write("desired/late.yaml", job("late", counter(0.05), extra))
     state_repo.commit("add late")
     messages: list[str] = []
-    final = tick_until(Reconciler(state_repo.path), phase("late"), timeout=40,
+    final = tick_until(Reconciler(state_repo.path), phase("late"), timeout=60,
                        each=lambda r: messages.append(r.statuses["late"].message) if "late" in r.statuses else None)
     st = final.statuses["late"]
     assert st.phase == Phase.FAILED and "deadline" in st.message, st.message
