@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from adapters.compute import LaunchSpec, ProviderConfigError, ProviderUnavailable, WorkerPhase
+from adapters.compute import LaunchSpec, ProviderConfigError, ProviderUnavailable, WorkerPhase, WorkerRef
 from adapters.ssh import SshAdapter
 from desired.models import Capacity
 from tests.adapters import e2e
@@ -74,16 +74,24 @@ def test_shell_metacharacters_reach_the_worker_verbatim_and_nothing_else_runs(ss
     assert not canary.exists(), "a shell interpreted part of an argument"
 
 
-def test_unreachable_host_is_lost_only_after_sustained_silence_and_its_worker_survives(
-    sshd: Sshd, tmp_path: Path
-) -> None:
-    settings = sshd.settings(tmp_path / "wd", lost_after_failures=3, lost_after_seconds=1.5)
-    adapter = SshAdapter("ssh", settings, owner=OWNER)
-    spec = probe_spec(tmp_path, "silent", [], sleep="120")
+def running_then_host_down(sshd: Sshd, tmp_path: Path, name: str,
+                           **settings: float) -> tuple[SshAdapter, WorkerRef, int]:
+    """A probe worker (two minutes of sleep) running on the host, which then stops answering
+    (sshd stopped; the worker lives on): the adapter, the worker and its pid."""
+    adapter = SshAdapter("ssh", sshd.settings(tmp_path / "wd", **settings), owner=OWNER)
+    spec = probe_spec(tmp_path, name, [], sleep="120")
     ref = adapter.launch(spec)
     pid = probe_records(spec)[0]["pid"]
     wait_state(adapter, ref, running)
     sshd.stop()
+    return adapter, ref, pid
+
+
+def test_unreachable_host_is_lost_only_after_sustained_silence_and_its_worker_survives(
+    sshd: Sshd, tmp_path: Path
+) -> None:
+    adapter, ref, pid = running_then_host_down(sshd, tmp_path, "silent", lost_after_failures=3,
+                                               lost_after_seconds=1.5)
     try:
         for _ in range(2):  # one or two failed probes say nothing about the worker
             with pytest.raises(ProviderUnavailable, match="box"):
@@ -116,13 +124,8 @@ def test_silent_host_beside_a_healthy_one_keeps_last_known_state(sshd: Sshd, tmp
 
 
 def test_stale_worker_on_a_host_that_comes_back_is_terminated(sshd: Sshd, tmp_path: Path) -> None:
-    settings = sshd.settings(tmp_path / "wd", lost_after_failures=2, lost_after_seconds=0)
-    adapter = SshAdapter("ssh", settings, owner=OWNER)
-    spec = probe_spec(tmp_path, "stale", [], sleep="120")
-    ref = adapter.launch(spec)
-    pid = probe_records(spec)[0]["pid"]
-    wait_state(adapter, ref, running)
-    sshd.stop()
+    adapter, ref, pid = running_then_host_down(sshd, tmp_path, "stale", lost_after_failures=2,
+                                               lost_after_seconds=0)
     try:
         with pytest.raises(ProviderUnavailable):
             adapter.observe()

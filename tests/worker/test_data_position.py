@@ -62,6 +62,16 @@ def through_checkpoint(tmp_path: Path, obj: Any, fresh: Any) -> Any:
     return fresh
 
 
+def read_twice(tmp_path: Path, build: Any, n: int, stop_at: int) -> tuple[list[list[int]], list[list[int]]]:
+    """The first `n` batches of a fresh loader, and the same `n` read by one that stopped after
+    `stop_at`, went through a checkpoint and was rebuilt as a restarted process would."""
+    uninterrupted = flat(take(build(), n))
+    first = build()
+    head = flat(take(first, stop_at))
+    resumed = through_checkpoint(tmp_path, first, build())
+    return uninterrupted, head + flat(take(resumed, n - stop_at))
+
+
 def test_resumable_loader_gives_the_standard_dataloaders_shuffled_batches() -> None:
     plain = DataLoader(dataset(), batch_size=5, shuffle=True, generator=torch.Generator().manual_seed(7))
     ours = ResumableLoader(dataset(), batch_size=5, shuffle=True, generator=torch.Generator().manual_seed(7))
@@ -76,11 +86,8 @@ def test_shuffled_loader_resumes_mid_epoch_batch_for_batch(tmp_path: Path, worke
     def build() -> ResumableLoader:
         return ResumableLoader(dataset(), batch_size=5, shuffle=True, num_workers=workers, seed=11)
 
-    uninterrupted = flat(take(build(), 30))
-    first = build()
-    head = flat(take(first, stop_at))
-    resumed = through_checkpoint(tmp_path, first, build())
-    assert head + flat(take(resumed, 30 - stop_at)) == uninterrupted
+    uninterrupted, resumed = read_twice(tmp_path, build, 30, stop_at)
+    assert resumed == uninterrupted
     assert len({tuple(b) for b in uninterrupted[:8]}) == 8 and uninterrupted[:8] != uninterrupted[8:16]
 
 
@@ -92,11 +99,8 @@ def test_a_generator_in_use_before_the_epoch_resumes_from_the_epoch_start_state(
         torch.rand(4, generator=g)  # the user's generator has been used before
         return ResumableLoader(dataset(), batch_size=4, shuffle=True, generator=g)
 
-    uninterrupted = flat(take(build(), 25))
-    first = build()
-    head = flat(take(first, 13))
-    resumed = through_checkpoint(tmp_path, first, build())
-    assert head + flat(take(resumed, 12)) == uninterrupted
+    uninterrupted, resumed = read_twice(tmp_path, build, 25, 13)
+    assert resumed == uninterrupted
 
 
 @pytest.mark.parametrize("stop_at", [2, 4, 9])
@@ -106,11 +110,8 @@ def test_distributed_sampler_ranks_resume_mid_epoch(tmp_path: Path, stop_at: int
             sampler = DistributedSampler(dataset(), num_replicas=2, rank=rank, shuffle=True, seed=5)
             return ResumableLoader(dataset(), batch_size=3, sampler=sampler, seed=1)
 
-        uninterrupted = flat(take(build(), 14))
-        first = build()
-        head = flat(take(first, stop_at))
-        resumed = through_checkpoint(tmp_path, first, build())
-        assert head + flat(take(resumed, 14 - stop_at)) == uninterrupted
+        uninterrupted, resumed = read_twice(tmp_path, build, 14, stop_at)
+        assert resumed == uninterrupted
         assert uninterrupted[:7] != uninterrupted[7:14], "set_epoch was not called: every epoch is the same"
 
 
@@ -147,11 +148,8 @@ def test_iterable_dataset_with_a_state_resumes_batch_for_batch(tmp_path: Path, w
     def build() -> ResumableLoader:
         return ResumableLoader(Stream(), batch_size=4, num_workers=workers, seed=2)
 
-    uninterrupted = flat(take(build(), 16))
-    first = build()
-    head = flat(take(first, stop_at))
-    resumed = through_checkpoint(tmp_path, first, build())
-    assert head + flat(take(resumed, 16 - stop_at)) == uninterrupted
+    uninterrupted, resumed = read_twice(tmp_path, build, 16, stop_at)
+    assert resumed == uninterrupted
     if workers == 0:
         assert uninterrupted[:6] != uninterrupted[6:12], "the stream's epochs differ (its RNG moves on)"
 
