@@ -159,3 +159,36 @@ def test_the_live_rate_is_measured_up_to_when_the_statuss_step_was_seen_not_up_t
 
     assert rate(now - 4000) == pytest.approx(2 * 3600)  # steps/h
     assert rate(None) == pytest.approx(10000 / 9000 * 3600)  # a status from before: up to now, as it was
+
+
+def test_the_futures_start_from_the_live_workers_heartbeat_step_and_its_rate_since() -> None:
+    """The durable step in git lags the worker: the rest is counted from the heartbeat step seen
+    with it, moved on at the measured rate, and an interruption loses what was not saved yet."""
+    now = 1_800_000_000.0
+    providers = {"od": _provider("od", price_per_hour=3.0, settings={"type": "sim"})}
+    job = _job(placement={"providers": ["od"]}, checkpoint_every=600)
+    live = Attempt(epoch=1, provider="od", worker="w1", started=now - 11000, first_beat=now - 11000,
+                   first_beat_step=0, step_start=0)
+
+    def p50(beat: int | None) -> float:
+        st = JobStatus(job="train", phase=Phase.RUNNING, run_id=job.run_id(), attempts=[live],
+                       progress=Progress(step=10000, target=100000, seen_at=now - 1000, heartbeat_step=beat))
+        sp = job_spread(job, st, providers, [st], now).spread
+        assert sp is not None
+        return sp.seconds[0]
+
+    # 1 step/s up to seen_at, then 1,000 s more: 10,000 steps ahead of the durable step's 10,000 at now
+    assert p50(None) == pytest.approx(90_000 - 1000, abs=200)  # the live attempt's rate from its first beat
+    assert p50(8000) == pytest.approx(90_000 - 1000, abs=200)  # a beat behind the durable step counts as it
+    # a beat ahead: 12,000 steps in 10,000 s, and 1,200 more since
+    assert p50(12000) == pytest.approx((100_000 - 13_200) / 1.2, abs=200)
+
+
+def test_an_interruption_loses_the_live_attempts_unsaved_steps_too() -> None:
+    """50 steps left, a 1-in-2 chance of an interruption before they are done: one that comes first
+    costs the 900 unsaved steps too (950 to redo, beyond what this lane ever does uninterrupted)."""
+    lane = Lane("spot", 1.0, 1.0, Evidence(1e4, 72e4, 72.0), Evidence(1e4, 1e4, 1.0), 0.0, 1000.0)
+    saved = spread(Run(50, live_seconds=0.0, unsaved_steps=0.0), lane, seed=1).seconds
+    unsaved = spread(Run(50, live_seconds=0.0, unsaved_steps=900.0), lane, seed=1).seconds
+    assert saved[0] <= 50 < saved[1] < 1000
+    assert unsaved[1] > 10 * saved[1]

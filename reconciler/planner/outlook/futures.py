@@ -93,6 +93,7 @@ class Run:
     budget_usd: float | None = None  # the whole budget (spent included)
     live_seconds: float | None = None  # a live attempt has run this long (no changeover to pay); None: to launch
     waiting: bool = False  # the last attempt was interrupted and none runs: a wait for capacity comes first
+    unsaved_steps: float = 0.0  # of the live attempt's work done, the steps since its last checkpoint
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,7 @@ class _World:
         self.lane = np.zeros(n, dtype=int)
         self.t, self.cost = np.zeros(n), np.zeros(n)
         self.left = np.full(n, float(run.remaining_steps))
+        self.unsaved = np.full(n, float(run.unsaved_steps if run.live_seconds is not None else 0.0))
         self.active = self.left > 0
         self.finish_at = np.zeros(n)
 
@@ -173,7 +175,10 @@ class _World:
         self.cost[idx] += (c + work) / 3600.0 * self.price[lane]
         self.quota[lane, idx] -= c + work
         gained = work * self.rate[lane]
-        self.left[idx] -= np.where(done | cut, gained, np.floor(gained / self.ckpt[lane]) * self.ckpt[lane])
+        unsaved = self.unsaved[idx]
+        saved = np.floor((unsaved + gained) / self.ckpt[lane]) * self.ckpt[lane] - unsaved
+        self.left[idx] -= np.where(done | cut, gained, saved)
+        self.unsaved[idx] = 0.0  # every later attempt starts from a checkpoint
         self.finish_at[idx[done]] = self.t[idx[done]]
         self.active[idx[done]] = False
         self._after_cut(idx[cut])

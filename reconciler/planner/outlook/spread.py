@@ -66,7 +66,7 @@ def job_spread(job: Job, st: JobStatus | None, providers: Mapping[str, Provider]
     if st is None or target is None:
         out.note = "no target_steps: the work left is unknown" if target is None else "no run recorded yet"
         return out
-    tracks = job_tracks(st, st.progress.step, now, reached_at=_recorded_at(st))
+    tracks = _tracks(st, now)
     if job_rate(tracks) is None:
         out.note = "rate not measured yet: less than 15 min of attempt time with progress"
         return out
@@ -83,12 +83,14 @@ def job_spread(job: Job, st: JobStatus | None, providers: Mapping[str, Provider]
     current = st.current
     live = current.first_beat if current is not None else None
     prices = {n: p.spec.price_per_hour for n, p in providers.items()}
-    run = Run(remaining_steps=max(0, target - st.progress.step), spent_usd=st.cost_usd + open_cost(st, now, prices),
+    reached, unsaved = _position(st, lane, now, target)
+    run = Run(remaining_steps=max(0, target - reached), spent_usd=st.cost_usd + open_cost(st, now, prices),
               deadline_in_seconds=job.spec.deadline.timestamp() - now if job.spec.deadline else None,
               budget_usd=job.spec.budget_usd,
               live_seconds=None if current is None or live is None or current.provider != first
               else max(0.0, now - live),
-              waiting=current is None and bool(st.attempts) and st.attempts[-1].provider_ended)
+              waiting=current is None and bool(st.attempts) and st.attempts[-1].provider_ended,
+              unsaved_steps=unsaved)
     out.spread = spread(run, lane, fb, seed=seed_of(st.run_id or job.run_id()), futures=futures)
     return out
 
@@ -147,7 +149,7 @@ def _lane(job: Job, st: JobStatus, name: str, providers: Mapping[str, Provider],
 def _rate(st: JobStatus, name: str, now: float) -> tuple[float, str, str]:
     """Steps per second of work there: the status's rate counts durable steps only, and the futures
     take the work an interruption loses off themselves, so the lost steps are counted back in."""
-    tracks = job_tracks(st, st.progress.step, now, reached_at=_recorded_at(st))
+    tracks = _tracks(st, now)
     for a in st.attempts:
         if a.steps_lost > 0 and a.provider in tracks:
             tracks[a.provider] = tracks[a.provider] + Track(0.0, a.steps_lost)
@@ -245,3 +247,32 @@ def _recorded_at(st: JobStatus) -> float | None:
     is measured up to then, not up to now (which would count the time since as time without
     progress); one that has recorded no step of its own yet counts no time."""
     return st.progress.seen_at if st.current is not None else None
+
+
+def _live_beat(st: JobStatus) -> int | None:
+    """The live worker's heartbeat step at `seen_at`, where it was seen during the live attempt."""
+    cur, p = st.current, st.progress
+    if cur is None or p.heartbeat_step is None or p.seen_at is None or p.seen_at < cur.started:
+        return None
+    return max(p.step, p.heartbeat_step)
+
+
+def _tracks(st: JobStatus, now: float) -> dict[str, Track]:
+    return job_tracks(st, st.progress.step, now, live_step=_live_beat(st), reached_at=_recorded_at(st))
+
+
+def _position(st: JobStatus, lane: Lane, now: float, target: int) -> tuple[int, float]:
+    """Where the run is now, and the steps of it not yet saved: the live worker's heartbeat step
+    at `seen_at` (else its first heartbeat's) and its rate since (the durable step lags it by up
+    to a checkpoint interval), else the durable step. Its checkpoints count from its start."""
+    cur, beat = st.current, _live_beat(st)
+    if cur is None:
+        return st.progress.step, 0.0
+    if beat is not None and st.progress.seen_at is not None:
+        base, at = beat, st.progress.seen_at
+    elif cur.first_beat is not None:
+        base, at = cur.first_beat_step if cur.first_beat_step is not None else cur.step_start, cur.first_beat
+    else:
+        return st.progress.step, 0.0
+    reached = max(st.progress.step, min(target, base + int(lane.rate * max(0.0, now - at))))
+    return reached, float(max(0, reached - cur.step_start) % max(1.0, lane.checkpoint_steps))
