@@ -192,3 +192,19 @@ def test_an_interruption_loses_the_live_attempts_unsaved_steps_too() -> None:
     unsaved = spread(Run(50, live_seconds=0.0, unsaved_steps=900.0), lane, seed=1).seconds
     assert saved[0] <= 50 < saved[1] < 1000
     assert unsaved[1] > 10 * saved[1]
+
+
+def test_the_changeover_runs_to_the_first_step_not_to_the_tick_that_saw_the_first_heartbeat() -> None:
+    """The first heartbeat was seen 300 s after the launch, when the worker had done 120 steps at
+    1 step/s: it began work 180 s after the launch."""
+    now = 1_800_000_000.0
+    providers = {"od": _provider("od", price_per_hour=3.0, settings={"type": "sim"})}
+    job = _job(placement={"providers": ["od"]})
+    t0 = now - 7200
+    closed = Attempt(epoch=1, provider="od", worker="w1", started=t0, first_beat=t0 + 300, first_beat_step=120,
+                     step_start=0, ended=t0 + 3300, outcome=Outcome.INTERRUPTION, step_end=3000, steps_lost=120)
+    st = JobStatus(job="train", phase=Phase.PENDING, run_id=job.run_id(), attempts=[closed],
+                   progress=Progress(step=3000, target=100000))
+    inputs = {i.name: i for i in job_spread(job, st, providers, [st], now).inputs}
+    assert inputs["changeover"].value == pytest.approx(180.0)
+    assert inputs["changeover"].source == MEASURED

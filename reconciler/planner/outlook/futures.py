@@ -3,7 +3,7 @@
 Each future walks the run attempt by attempt on a `Lane` (one provider as measured) until the work
 left is done:
 
-- an attempt pays the changeover (launch to first heartbeat, billed) and then works at the lane's
+- an attempt pays the changeover (launch to the first step of work, billed) and then works at the lane's
   rate until the work is done, an interruption comes, the session limit or the quota ends it;
 - time to interruption is exponential with the lane's failure rate, and that rate is itself drawn,
   once per future, from the Gamma posterior the MTBF estimate comes from
@@ -76,7 +76,7 @@ class Lane:
     rate: float  # steps per second of attempt time, checkpoints included
     interruptions: Evidence  # machine time between interruptions or session ends the provider made
     wait: Evidence  # after an interruption: time until the next attempt is launched
-    changeover_seconds: float  # launch to first heartbeat, billed, paid on every attempt
+    changeover_seconds: float  # launch to the first step of work, billed, paid on every attempt
     checkpoint_steps: float  # steps between durable checkpoints: what an interruption can lose
     session_seconds: float | None = None  # an attempt's limit (Kaggle's 12 h), the save margin taken off
     quota_seconds: float | None = None  # attempt seconds its quota or credits still carry (None: no limit)

@@ -127,7 +127,7 @@ def _lane(job: Job, st: JobStatus, name: str, providers: Mapping[str, Provider],
     fails, fail_src, fail_how = _interruptions(statuses, name, now, bool(getattr(settings, "interruptible", False)),
                                                sessions=session_s is not None)
     wait, wait_src, wait_how = _wait(statuses, name)
-    change, change_src, change_how = _changeover(statuses, name)
+    change, change_src, change_how = _changeover(statuses, name, st, rate)
     ckpt, ckpt_src, ckpt_how = _checkpoint(job, st, rate)
     quota, refill_in, refill, quota_src, quota_how = _quota(job, prov, ledger.get(name), now)
     price = prov.spec.price_per_hour
@@ -201,14 +201,36 @@ def _wait(statuses: list[JobStatus], name: str) -> tuple[Evidence, str, str]:
     return Evidence(0.0, 0.0, PRIOR_WAIT_SECONDS), BORROWED, "a prior of one tick-sized wait (none measured)"
 
 
-def _changeover(statuses: list[JobStatus], name: str) -> tuple[float, str, str]:
-    own = [a.first_beat - a.started for a in _attempts(statuses, name) if a.first_beat is not None]
+def _changeover(statuses: list[JobStatus], name: str, st: JobStatus, rate: float) -> tuple[float, str, str]:
+    """Launch to the first step of work: the first heartbeat the loop saw, back-dated by the steps
+    it reports (it is seen a tick after the worker began, which counted that tick in every changeover)."""
+    def seconds(job: JobStatus, a: Attempt) -> float | None:
+        if a.first_beat is None:
+            return None
+        done = (a.first_beat_step or a.step_start) - a.step_start
+        speed = _attempt_rate(a) or (rate if job.job == st.job else None)
+        back = done / speed if done > 0 and speed else 0.0
+        return max(0.0, a.first_beat - back - a.started)
+
+    def changes(only: str | None) -> list[float]:
+        return [x for job in statuses for a in job.attempts if only is None or a.provider == only
+                if (x := seconds(job, a)) is not None]
+
+    own = changes(name)
     if own:
-        return median(own), MEASURED, f"median launch to first heartbeat over {len(own)} attempts"
-    other = [a.first_beat - a.started for a in _attempts(statuses) if a.first_beat is not None]
+        return median(own), MEASURED, f"median launch to first step over {len(own)} attempts"
+    other = changes(None)
     if other:
-        return median(other), BORROWED, "median launch to first heartbeat on the other providers"
+        return median(other), BORROWED, "median launch to first step on the other providers"
     return PRIOR_CHANGEOVER_SECONDS, BORROWED, "the prior (none measured)"
+
+
+def _attempt_rate(a: Attempt) -> float | None:
+    """A closed attempt's own steps per second from its first heartbeat (the work it lost included)."""
+    if a.ended is None or a.first_beat is None or a.step_end is None or a.ended - a.first_beat < 60.0:
+        return None
+    steps = a.step_end + a.steps_lost - (a.first_beat_step or a.step_start)
+    return steps / (a.ended - a.first_beat) if steps > 0 else None
 
 
 def _checkpoint(job: Job, st: JobStatus, rate: float) -> tuple[float, str, str]:
