@@ -208,3 +208,22 @@ def test_the_changeover_runs_to_the_first_step_not_to_the_tick_that_saw_the_firs
     inputs = {i.name: i for i in job_spread(job, st, providers, [st], now).inputs}
     assert inputs["changeover"].value == pytest.approx(180.0)
     assert inputs["changeover"].source == MEASURED
+
+
+def test_a_pinned_checkpoint_interval_outweighs_the_work_interruptions_were_seen_to_lose() -> None:
+    """Lost work is known only up to the last heartbeat seen, so it undercounts the interval."""
+    now = 1_800_000_000.0
+    providers = {"spot": _provider("spot", price_per_hour=1.0, settings={"type": "sim", "interruptible": True})}
+    closed = Attempt(epoch=1, provider="spot", worker="w1", started=now - 3 * H, first_beat=now - 3 * H + 120,
+                     first_beat_step=0, step_start=0, ended=now - H, outcome=Outcome.INTERRUPTION, step_end=7200,
+                     steps_lost=30)
+
+    def checkpoint(**spec: object) -> tuple[float | None, str]:
+        job = _job(placement={"providers": ["spot"]}, **spec)
+        st = JobStatus(job="train", phase=Phase.PENDING, run_id=job.run_id(), attempts=[closed],
+                       progress=Progress(step=7200, target=100000))
+        got = next(i for i in job_spread(job, st, providers, [st], now).inputs if i.name == "checkpoint")
+        return got.value, got.source
+
+    assert checkpoint(checkpoint_every=600) == (600.0, DECLARED)
+    assert checkpoint() == (60.0, MEASURED)

@@ -234,13 +234,14 @@ def _attempt_rate(a: Attempt) -> float | None:
 
 
 def _checkpoint(job: Job, st: JobStatus, rate: float) -> tuple[float, str, str]:
-    """Steps between durable checkpoints: twice the mean work an interruption lost (lost work is
-    spread evenly over the interval), else the manifest's checkpoint_every, else a prior."""
+    """Steps between durable checkpoints: the manifest's checkpoint_every where it pins the
+    interval, else twice the mean work an interruption lost (lost work is spread evenly over the
+    interval; a low bound: only the steps up to the last heartbeat seen are known lost), else a prior."""
+    if job.spec.checkpoint_every:
+        return float(job.spec.checkpoint_every), DECLARED, "checkpoint_every"
     lost = [a.steps_lost for a in st.attempts if a.outcome == Outcome.INTERRUPTION and a.steps_lost > 0]
     if lost:
         return 2.0 * sum(lost) / len(lost), MEASURED, f"twice the mean work lost over {len(lost)} interruptions"
-    if job.spec.checkpoint_every:
-        return float(job.spec.checkpoint_every), DECLARED, "checkpoint_every"
     return rate * FALLBACK_CHECKPOINT_SECONDS, BORROWED, "a prior of one checkpoint per 30 min of work"
 
 
