@@ -227,3 +227,12 @@ def test_a_pinned_checkpoint_interval_outweighs_the_work_interruptions_were_seen
 
     assert checkpoint(checkpoint_every=600) == (600.0, DECLARED)
     assert checkpoint() == (60.0, MEASURED)
+
+
+def test_an_interruption_can_come_during_the_changeover() -> None:
+    """A 600 s changeover on machines that last 600 s on average: two launches in three are lost
+    before the 60 s of work are done, most of them in the changeover."""
+    lane = Lane("spot", 1.0, 1.0, Evidence(1e4, 6e6, 600.0), Evidence(1e4, 1e4, 1.0), 600.0, 600.0)
+    s = spread(Run(60), lane, seed=3)
+    assert s.seconds[0] > 800  # not the single launch (660 s) that 9 tries in 10 would be if it could not
+    assert s.cost_usd[0] == pytest.approx(s.seconds[0] / 3600.0, rel=0.05)  # interrupted changeovers are billed

@@ -5,7 +5,8 @@ left is done:
 
 - an attempt pays the changeover (launch to the first step of work, billed) and then works at the lane's
   rate until the work is done, an interruption comes, the session limit or the quota ends it;
-- time to interruption is exponential with the lane's failure rate, and that rate is itself drawn,
+- time to interruption (from the launch: a changeover can be interrupted too) is exponential with
+  the lane's failure rate, and that rate is itself drawn,
   once per future, from the Gamma posterior the MTBF estimate comes from
   (reconciler.checkpoint_policy.estimate_mtbf: the interruptions seen over the machine time seen,
   with one pseudo-interruption of the prior at most): a provider measured over two interruptions
@@ -166,14 +167,16 @@ class _World:
         c = np.zeros(idx.size) if live else self.changeover[lane]
         session = self.session[lane] - (self.run.live_seconds or 0.0 if live else 0.0)
         room = np.maximum(0.0, np.minimum(session, self.quota[lane, idx]) - c)  # work time before a save-end
-        hit = self.rng.exponential(1.0, idx.size) / self.fail[lane, idx]
+        hit = self.rng.exponential(1.0, idx.size) / self.fail[lane, idx]  # from the launch
+        early = hit < c  # interrupted in the changeover: no work done
         need = self.left[idx] / self.rate[lane]
-        work = np.minimum(need, np.minimum(hit, room))
-        done = need <= np.minimum(hit, room)
-        cut = ~done & (room <= hit)  # the session or the quota ends it: the worker saves first
-        self.t[idx] += c + work
-        self.cost[idx] += (c + work) / 3600.0 * self.price[lane]
-        self.quota[lane, idx] -= c + work
+        work = np.where(early, 0.0, np.minimum(need, np.minimum(hit - c, room)))
+        done = ~early & (need <= np.minimum(hit - c, room))
+        cut = ~done & ~early & (room <= hit - c)  # the session or the quota ends it: the worker saves first
+        spent = np.where(early, hit, c + work)
+        self.t[idx] += spent
+        self.cost[idx] += spent / 3600.0 * self.price[lane]
+        self.quota[lane, idx] -= spent
         gained = work * self.rate[lane]
         unsaved = self.unsaved[idx]
         saved = np.floor((unsaved + gained) / self.ckpt[lane]) * self.ckpt[lane] - unsaved
