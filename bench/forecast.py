@@ -17,7 +17,7 @@ futures. The outcome is the same job's rest replayed on what the trace did after
 - simulator, known rates: the real loop (Reconciler.tick, reconciler/sim) in simulated time, one
   spot provider ($1/h, 120 s launch delay, 60 s restore) whose machines are preempted at a known
   rate (exponential, MTBF 2 h, 6 h and 24 h), one job of 8 h of work (a checkpoint every 600 steps,
-  10 s each), ticks of 300 s. After 4 h the forecast is made from the status the loop recorded in
+  10 s each), ticks of 300 s. After 3-5 h (drawn per seed) the forecast is made from the status the loop recorded in
   git, as `plan` makes it; the same simulation then runs on to the job's completion: the outcome
   (time from the cutoff to the completion, and what the provider billed for the whole run). One
   outcome a seed, --seeds seeds a rate. A second set, marked diagnostic, forecasts from the same
@@ -92,7 +92,8 @@ def provider() -> Provider:
 def job(name: str, target: int) -> Job:
     return Job.model_validate(yaml.safe_load(yaml.safe_dump({
         "apiVersion": "reconciler.dev/v1", "kind": "Job", "metadata": {"name": name},
-        "spec": {"command": ["python", "train.py"], "target_steps": target, "placement": {"providers": ["spot"]}}})))
+        "spec": {"command": ["python", "train.py"], "target_steps": target, "checkpoint_every": CKPT,
+                 "placement": {"providers": ["spot"]}}})))
 
 
 # ---- real traces ---------------------------------------------------------------------------------
@@ -144,10 +145,11 @@ class Trace:
         return out
 
 
-def history(trace: Trace, t0: float) -> tuple[list[Attempt], int]:
+def history(trace: Trace, t0: float) -> tuple[list[Attempt], int, int]:
     """The attempts a status would hold at `t0` for a job that ran on the trace before it (one per
-    available period; the last is open when the trace is available at `t0`), and its durable step."""
-    attempts, step = [], 0
+    available period; the last is open when the trace is available at `t0`), its durable step,
+    and the step the live attempt has reached (its heartbeat's; the durable step without one)."""
+    attempts, step, reached = [], 0, 0
     periods = trace.periods(max(0.0, t0 - HISTORY), t0)
     for i, (s, e) in enumerate(periods):
         worked = max(0.0, e - s - CHANGEOVER)
@@ -159,13 +161,15 @@ def history(trace: Trace, t0: float) -> tuple[list[Attempt], int]:
             first_beat_step=step if beat is not None else None, step_start=step,
             ended=None if live else e, outcome=None if live else Outcome.INTERRUPTION,
             step_end=None if live else step + durable, steps_lost=0 if live else int(worked - durable)))
+        reached = step + int(worked) if live else step + durable
         step += durable
-    return attempts, step
+    return attempts, step, reached
 
 
-def replay(trace: Trace, t0: float, work: float, live_since: float | None) -> tuple[float, float]:
-    """Seconds from `t0` until `work` seconds of work are done on what the trace did after `t0`,
-    and what they cost; `live_since`: the live attempt's first heartbeat (no changeover to pay)."""
+def replay(trace: Trace, t0: float, work: float, live_since: float | None, unsaved: float = 0.0) -> tuple[float, float]:
+    """Seconds from `t0` until `work` seconds of work past the durable step are done on what the
+    trace did after `t0`, and what they cost; `live_since`: the live attempt's first heartbeat (no
+    changeover to pay), `unsaved`: the work it has done since its last checkpoint."""
     left, cost, horizon = work, 0.0, t0
     while True:
         start = horizon
@@ -174,28 +178,32 @@ def replay(trace: Trace, t0: float, work: float, live_since: float | None) -> tu
             live = live_since is not None and s == t0
             begin = max(s, live_since) if live and live_since is not None else s + CHANGEOVER
             billed_from = t0 if live else s
+            ahead = unsaved if live else 0.0  # work done before `begin` that the attempt has not saved
             if begin >= e:
                 cost += (e - billed_from) / H * PRICE
                 continue
-            if e - begin >= left:
-                cost += (begin + left - billed_from) / H * PRICE
-                return begin + left - t0, cost
-            left -= (e - begin) // CKPT * CKPT
+            if e - begin >= left - ahead:
+                cost += (begin + left - ahead - billed_from) / H * PRICE
+                return begin + left - ahead - t0, cost
+            left -= (e - begin + ahead) // CKPT * CKPT
             cost += (e - billed_from) / H * PRICE
 
 
 def trace_case(args: tuple[str, float, float, int]) -> dict[str, Any]:
-    """One cutoff of one trace: the forecast from its past, the outcome from its future."""
+    """One cutoff of one trace: the forecast from its past (the status as a tick at the cutoff
+    writes it: the durable step, and the live worker's heartbeat step seen with it), the outcome
+    from its future."""
     rel, t0, hours, futures = args
     trace = Trace.load(rel)
-    attempts, step = history(trace, t0)
+    attempts, step, reached = history(trace, t0)
     live = attempts[-1] if attempts and attempts[-1].open else None
     target = step + int(hours * H)
     the_job = job("train", target)
     st = JobStatus(job="train", phase=Phase.RUNNING, run_id=f"{rel}@{t0:.0f}", attempts=attempts,
-                   progress=Progress(step=step, target=target))
+                   progress=Progress(step=step, target=target, seen_at=t0,
+                                     heartbeat_step=reached if live is not None else None))
     sp = job_spread(the_job, st, {"spot": provider()}, [st], t0, futures=futures)
-    seconds, cost = replay(trace, t0, hours * H, live.first_beat if live is not None else None)
+    seconds, cost = replay(trace, t0, hours * H, live.first_beat if live is not None else None, reached - step)
     return _row(rel, hours, sp, seconds, cost)
 
 
@@ -224,6 +232,7 @@ def trace_tasks(files: Sequence[str], hours: Sequence[float], cutoffs: int, futu
 SIM_MTBF_HOURS = (2.0, 6.0, 24.0)  # the spot provider's true mean time between preemptions
 SIM_HOURS = 8.0  # W: the job's work
 SIM_CUTOFF_HOURS = 4.0  # of simulated time: the forecast is made here, from the status recorded so far
+SIM_CUTOFF_JITTER_HOURS = 1.0  # ... give or take up to this much, drawn per seed
 SIM_TICK = 300.0  # s between ticks
 SIM_LAUNCH = 120.0  # s, the provider's launch delay (and 60 s of restore: the changeover)
 SIM_CASES = "simulator, known rates"
@@ -251,7 +260,7 @@ def sim_case(args: tuple[float, int, int]) -> list[dict[str, Any]]:
     sim = Simulation(SimConfig(providers=[ProviderPlan(spot, concurrency=1, interruptible=True)], jobs=[plan],
                                seed=seed, tick_seconds=SIM_TICK, check=False))
     try:
-        sim.run(int(SIM_CUTOFF_HOURS * H / SIM_TICK))
+        sim.run(sim_cutoff_ticks(seed))
         now = sim.clock.t
         desired = parse_desired(sim.repo.read_files(sim.repo.head(), "desired"))
         job_, st = desired.jobs["train"], sim.statuses()["train"]
@@ -270,6 +279,13 @@ def sim_case(args: tuple[float, int, int]) -> list[dict[str, Any]]:
         return rows
     finally:
         sim.close()
+
+
+def sim_cutoff_ticks(seed: int) -> int:
+    """The ticks before the forecast: SIM_CUTOFF_HOURS, moved by up to an hour either way (drawn
+    from the seed) so that the cases do not all stand at the same point of a checkpoint interval."""
+    hours = SIM_CUTOFF_HOURS + random.Random(seed).uniform(-SIM_CUTOFF_JITTER_HOURS, SIM_CUTOFF_JITTER_HOURS)
+    return round(hours * H / SIM_TICK)
 
 
 def sim_tasks(seeds: int, futures: int) -> list[tuple[float, int, int]]:
@@ -341,8 +357,8 @@ def main() -> None:
     print("\n".join(table(groups)))
     print(f"({time.perf_counter() - t0:.1f} s; {a.futures} futures a case; traces: a job of W hours on one spot "
           f"provider, forecast from the trace's past {HISTORY / H:.0f} h, outcome from its future; simulator: "
-          f"{seeds} seeds a rate, forecast after {SIM_CUTOFF_HOURS:g} h of the real loop, outcome from the same "
-          f"simulation's rest)")
+          f"{seeds} seeds a rate, forecast after {SIM_CUTOFF_HOURS:g} ± {SIM_CUTOFF_JITTER_HOURS:g} h of the real "
+          f"loop, outcome from the same simulation's rest)")
     s50, s90, _, _ = coverage(groups[SIM_CASES])
     print(f"simulator: coverage_p50={s50:.2f} coverage_p90={s90:.2f}")
     p50, p90, _, _ = coverage(groups[next(k for k in groups if k.startswith("check"))])
