@@ -236,3 +236,12 @@ def test_an_interruption_can_come_during_the_changeover() -> None:
     s = spread(Run(60), lane, seed=3)
     assert s.seconds[0] > 800  # not the single launch (660 s) that 9 tries in 10 would be if it could not
     assert s.cost_usd[0] == pytest.approx(s.seconds[0] / 3600.0, rel=0.05)  # interrupted changeovers are billed
+
+
+def test_the_prior_weighs_half_an_interruption() -> None:
+    """Hours without an interruption move the MTBF away from the prior as a Gamma prior of shape
+    1/2 with the prior's mean lets them: 4 h seen, a 6 h prior, 14 h (it read 10 h with one)."""
+    assert Evidence(0.0, 4 * H, 6 * H).mean_seconds == pytest.approx(14 * H)
+    assert Evidence(0.0, 0.0, 6 * H).mean_seconds == pytest.approx(6 * H)  # nothing seen: the prior
+    # two interruptions in 4 h: 2 h, pulled towards 6 h by half a 2-hour gap at the prior's rate
+    assert Evidence(2.0, 4 * H, 6 * H).mean_seconds == pytest.approx(5 * H / (2 + 1 / 6))

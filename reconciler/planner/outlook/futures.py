@@ -8,8 +8,8 @@ left is done:
 - time to interruption (from the launch: a changeover can be interrupted too) is exponential with
   the lane's failure rate, and that rate is itself drawn,
   once per future, from the Gamma posterior the MTBF estimate comes from
-  (reconciler.checkpoint_policy.estimate_mtbf: the interruptions seen over the machine time seen,
-  with one pseudo-interruption of the prior at most): a provider measured over two interruptions
+  (as reconciler.checkpoint_policy.estimate_mtbf: the interruptions seen over the machine time
+  seen, with half a pseudo-interruption of the prior at most): a provider measured over two interruptions
   gives futures far apart, one measured over fifty gives them close;
 - an interruption loses the work since the last checkpoint (progress is durable only at whole
   checkpoint intervals) and is followed by a wait for capacity (exponential, its mean drawn per
@@ -40,6 +40,10 @@ FUTURES = 400
 # helped (docs/performance.md).
 DISCOUNT = 1.0
 WAIT_DISCOUNT = 1.0
+# The prior weighs this many interruptions at most: half, a Gamma prior of shape 1/2 (Jeffreys'
+# for a rate) with the prior's mean. Weighed as one, it outweighed hours of evidence (a 24 h
+# provider read as a 9 h one after 4 h without interruption: docs/performance.md).
+PRIOR_EVENTS = 0.5
 MAX_ATTEMPTS = 5000  # a future that has not finished after this many attempts counts as never
 
 
@@ -47,7 +51,7 @@ MAX_ATTEMPTS = 5000  # a future that has not finished after this many attempts c
 class Evidence:
     """What a rate of events rests on: events seen over a span of exposure, and the prior's mean
     gap between events (a reliable provider's is a month): the posterior of
-    reconciler.checkpoint_policy.estimate_mtbf."""
+    reconciler.checkpoint_policy.estimate_mtbf, its prior weighed as PRIOR_EVENTS events."""
 
     events: float
     exposure_seconds: float
@@ -57,8 +61,8 @@ class Evidence:
         """(shape, rate) of the posterior of the event rate, per second. `discount` counts the
         evidence as that share of itself: the same mean, a wider spread."""
         if self.events <= 0:
-            return 1.0, self.exposure_seconds * discount + self.prior_seconds
-        weight = min(self.prior_seconds, self.exposure_seconds / self.events)
+            return PRIOR_EVENTS, self.exposure_seconds * discount + PRIOR_EVENTS * self.prior_seconds
+        weight = PRIOR_EVENTS * min(self.prior_seconds, self.exposure_seconds / self.events)
         return (self.events * discount + weight / self.prior_seconds,
                 self.exposure_seconds * discount + weight)
 
