@@ -245,3 +245,20 @@ def test_the_prior_weighs_half_an_interruption() -> None:
     assert Evidence(0.0, 0.0, 6 * H).mean_seconds == pytest.approx(6 * H)  # nothing seen: the prior
     # two interruptions in 4 h: 2 h, pulled towards 6 h by half a 2-hour gap at the prior's rate
     assert Evidence(2.0, 4 * H, 6 * H).mean_seconds == pytest.approx(5 * H / (2 + 1 / 6))
+
+
+def test_the_older_record_is_the_prior_of_the_recent_one() -> None:
+    """Ten interruptions an hour apart a day ago, then two quiet hours: the futures' MTBF leans on
+    that day's hour, not on the 6 h prior for interruptible machines."""
+    now = 1_800_000_000.0
+    providers = {"spot": _provider("spot", price_per_hour=1.0, settings={"type": "sim", "interruptible": True})}
+    job = _job(placement={"providers": ["spot"]})
+    old = [Attempt(epoch=k + 1, provider="spot", worker=f"w{k}", started=now - 34 * H + k * H, first_beat=None,
+                   step_start=0, ended=now - 33 * H + k * H, outcome=Outcome.INTERRUPTION, step_end=0)
+           for k in range(10)]
+    live = Attempt(epoch=11, provider="spot", worker="w11", started=now - 2 * H, first_beat=now - 2 * H,
+                   first_beat_step=0, step_start=0)
+    st = JobStatus(job="train", phase=Phase.RUNNING, run_id=job.run_id(), attempts=[*old, live],
+                   progress=Progress(step=7200, target=100000, seen_at=now, heartbeat_step=7200))
+    mtbf = next(i.value for i in job_spread(job, st, providers, [st], now).inputs if i.name == "mtbf")
+    assert mtbf is not None and mtbf < 4 * H  # the 6 h prior would read 6.3 h

@@ -166,13 +166,18 @@ def _interruptions(statuses: list[JobStatus], name: str, now: float, spot: bool,
                    sessions: bool) -> tuple[Evidence, str, str]:
     """Machine time and interruptions there, across every job, weighed by age as the MTBF is
     (reconciler.planner.outlook.reliability); session ends are left out where the session limit is
-    modelled apart."""
-    exposure = events = 0.0
+    modelled apart. The prior is what the weighing left of the older record (the kind's prior
+    while there is none): a provider steady for days is not pulled towards the kind's 6 h."""
+    exposure = events = whole = ends = 0.0
     for a in _attempts(statuses, name):
         rec = attempt_record(a, now)
+        counted = not (sessions and a.outcome == Outcome.SESSION_END)
         exposure += rec.exposure_seconds
-        events += 0.0 if sessions and a.outcome == Outcome.SESSION_END else rec.interruptions
-    evidence = Evidence(events, exposure, prior_mtbf(spot))
+        events += rec.interruptions if counted else 0.0
+        whole += max(0.0, min(now, a.ended if a.ended is not None else now) - a.started)
+        ends += 1.0 if counted and a.provider_ended else 0.0
+    older = Evidence(max(0.0, ends - events), max(0.0, whole - exposure), prior_mtbf(spot)).mean_seconds
+    evidence = Evidence(events, exposure, older)
     kind = "interruptible" if spot else "reliable"
     if exposure <= 0:
         return evidence, BORROWED, f"the prior for {kind} machines"
