@@ -13,17 +13,15 @@ futures. The outcome is the same job's rest replayed on what the trace did after
   availability/1-node/aws-10-26-2022 and preemption/1-node/aws-04-22-2023; checked on
   availability/1-node/aws-02-15-2023, kept aside. A trace is replayed in a loop past its end.
   Without a clone, synthetic traces (exponential available and unavailable periods, means 3 h and
-  2 h, one a seed) stand in, so that the bench and its test run anywhere.
+  2 h, one a seed: seeds 1-12 to tune, 101-112 kept aside) stand in, so that the bench and its
+  test run anywhere.
 - simulator, known rates: the real loop (Reconciler.tick, reconciler/sim) in simulated time, one
   spot provider ($1/h, 120 s launch delay, 60 s restore) whose machines are preempted at a known
   rate (exponential, MTBF 2 h, 6 h and 24 h), one job of 8 h of work (a checkpoint every 600 steps,
   10 s each), ticks of 300 s. After 3-5 h (drawn per seed) the forecast is made from the status the loop recorded in
   git, as `plan` makes it; the same simulation then runs on to the job's completion: the outcome
   (time from the cutoff to the completion, and what the provider billed for the whole run). One
-  outcome a seed, --seeds seeds a rate. A second set, marked diagnostic, forecasts from the same
-  status with its progress replaced by the durable step read from run storage: git keeps a running
-  job's progress in tenths of the target, and the difference between the two sets is what that
-  costs the forecast.
+  outcome a seed, --seeds seeds a rate.
 
 Coverage: the share of outcomes at or under each quantile (goal: about 0.5 and 0.9, P90 within
 0.85-0.97), of the time to finish and of the cost. The line before the last is over the simulator
@@ -65,8 +63,8 @@ from status.models import Attempt, JobStatus, Outcome, Phase, Progress  # noqa: 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRACES_ENV = "SPOT_TRACES"  # a clone of github.com/skypilot-org/spot-traces (--trace-dir sets it)
 SYNTHETIC = "synthetic:"
-SYNTHETIC_TUNE = tuple(f"{SYNTHETIC}{seed}" for seed in range(1, 7))
-SYNTHETIC_CHECK = tuple(f"{SYNTHETIC}{seed}" for seed in range(101, 104))
+SYNTHETIC_TUNE = tuple(f"{SYNTHETIC}{seed}" for seed in range(1, 13))
+SYNTHETIC_CHECK = tuple(f"{SYNTHETIC}{seed}" for seed in range(101, 113))
 TUNE = ("availability/1-node/aws-10-26-2022/us-west-2a_v100_1.json",
         "availability/1-node/aws-10-26-2022/us-west-2b_v100_1.json",
         "availability/1-node/aws-10-26-2022/us-west-2a_k80_1.json",
@@ -236,16 +234,13 @@ SIM_CUTOFF_JITTER_HOURS = 1.0  # ... give or take up to this much, drawn per see
 SIM_TICK = 300.0  # s between ticks
 SIM_LAUNCH = 120.0  # s, the provider's launch delay (and 60 s of restore: the changeover)
 SIM_CASES = "simulator, known rates"
-SIM_EXACT = "simulator, durable step from storage (diagnostic)"
 
 
-def sim_case(args: tuple[float, int, int]) -> list[dict[str, Any]]:
+def sim_case(args: tuple[float, int, int]) -> dict[str, Any]:
     """One seed of one known rate: the real loop (Reconciler.tick) in simulated time until the
     cutoff, the forecast from the status it recorded in git (job_spread, called as `plan` calls it),
     then the same simulation on to the end: the time the worker wrote its completion, and what the
-    provider billed for the whole run. Two rows: the forecast from the status as recorded, and the
-    same with its progress replaced by the durable step read from run storage (a diagnostic: git
-    keeps a running job's progress in tenths of the target, reconciler.planner.plan._status_step)."""
+    provider billed for the whole run."""
     from adapters.sim import JobModel, ProviderModel
     from desired.parse import parse_desired
     from reconciler.sim.driver import JobPlan, ProviderPlan, SimConfig, Simulation
@@ -265,18 +260,12 @@ def sim_case(args: tuple[float, int, int]) -> list[dict[str, Any]]:
         desired = parse_desired(sim.repo.read_files(sim.repo.head(), "desired"))
         job_, st = desired.jobs["train"], sim.statuses()["train"]
         sp = job_spread(job_, st, desired.providers, [st], now, futures=futures)
-        with sim.quiet():
-            durable = sim.folder("train", st.run_id).durable_step()
-        exact = st.model_copy(update={"progress": Progress(step=max(durable, st.progress.step),
-                                                           target=st.progress.target)})
-        sp_exact = job_spread(job_, exact, desired.providers, [exact], now, futures=futures)
         sim.run_to_completion(int(50 * SIM_HOURS * H / SIM_TICK))
         done = [c[3] for c in sim.cloud.completions if c[0] == "train"]
         seconds, cost = (min(done) - now if done else math.inf), sim.cloud.spent_usd("spot")
-        rows = [_row(f"MTBF {mtbf_h:g} h, seed {seed}", SIM_HOURS, x, seconds, cost) for x in (sp, sp_exact)]
-        for row, kind in zip(rows, ("recorded", "exact"), strict=True):
-            row["mtbf"], row["kind"] = mtbf_h, kind
-        return rows
+        row = _row(f"MTBF {mtbf_h:g} h, seed {seed}", SIM_HOURS, sp, seconds, cost)
+        row["mtbf"] = mtbf_h
+        return row
     finally:
         sim.close()
 
@@ -340,8 +329,8 @@ def main() -> None:
         tune = ("tune (aws-10-26-2022, preemption aws-04-22-2023)", TUNE)
         check = ("check (aws-02-15-2023, kept aside)", CHECK)
     else:
-        tune = ("tune (synthetic, seeds 1-6)", SYNTHETIC_TUNE)
-        check = ("check (synthetic, seeds 101-103, kept aside)", SYNTHETIC_CHECK)
+        tune = ("tune (synthetic, seeds 1-12)", SYNTHETIC_TUNE)
+        check = ("check (synthetic, seeds 101-112, kept aside)", SYNTHETIC_CHECK)
     sets = {check[0]: check[1][:a.traces] if a.traces else check[1]}
     if not a.only_check:
         sets = {tune[0]: tune[1][:a.traces] if a.traces else tune[1], **sets}
@@ -351,9 +340,7 @@ def main() -> None:
     with ProcessPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
         for name, files in sets.items():
             groups[name] = list(pool.map(trace_case, trace_tasks(files, hours, cutoffs, a.futures), chunksize=8))
-        sims = [r for rows in pool.map(sim_case, sim_tasks(seeds, a.futures)) for r in rows]
-    groups[SIM_CASES] = [r for r in sims if r["kind"] == "recorded"]
-    groups[SIM_EXACT] = [r for r in sims if r["kind"] == "exact"]
+        groups[SIM_CASES] = list(pool.map(sim_case, sim_tasks(seeds, a.futures)))
     print("\n".join(table(groups)))
     print(f"({time.perf_counter() - t0:.1f} s; {a.futures} futures a case; traces: a job of W hours on one spot "
           f"provider, forecast from the trace's past {HISTORY / H:.0f} h, outcome from its future; simulator: "
