@@ -175,7 +175,7 @@ def _interruptions(statuses: list[JobStatus], name: str, now: float, spot: bool,
         exposure += rec.exposure_seconds
         events += rec.interruptions if counted else 0.0
         whole += max(0.0, min(now, a.ended if a.ended is not None else now) - a.started)
-        ends += 1.0 if counted and a.provider_ended else 0.0
+        ends += 1.0 if counted and rec.interruptions > 0 else 0.0  # the provider ended it
     older = Evidence(max(0.0, ends - events), max(0.0, whole - exposure), prior_mtbf(spot)).mean_seconds
     evidence = Evidence(events, exposure, older)
     kind = "interruptible" if spot else "reliable"
@@ -213,9 +213,10 @@ def _changeover(statuses: list[JobStatus], name: str, st: JobStatus, rate: float
         if a.first_beat is None:
             return None
         done = (a.first_beat_step or a.step_start) - a.step_start
+        if done <= 0:
+            return max(0.0, a.first_beat - a.started)
         speed = _attempt_rate(a) or (rate if job.job == st.job else None)
-        back = done / speed if done > 0 and speed else 0.0
-        return max(0.0, a.first_beat - back - a.started)
+        return max(0.0, a.first_beat - (done / speed if speed else 0.0) - a.started)
 
     def changes(only: str | None) -> list[float]:
         return [x for job in statuses for a in job.attempts if only is None or a.provider == only
