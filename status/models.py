@@ -114,6 +114,9 @@ class Progress(Model):
     # When the reconciler first saw `step` durable. A running job's step is written in tenths of
     # the target, so a rate taken from the status divides by the time up to here, not up to now.
     seen_at: float | None = None
+    # The live worker's heartbeat step at `seen_at` (it runs ahead of the durable step by up to a
+    # checkpoint interval): where the forecast's futures start. Written with `seen_at`, never alone.
+    heartbeat_step: int | None = None
 
     def percent(self) -> float | None:
         if not self.target:

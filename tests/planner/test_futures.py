@@ -159,3 +159,106 @@ def test_the_live_rate_is_measured_up_to_when_the_statuss_step_was_seen_not_up_t
 
     assert rate(now - 4000) == pytest.approx(2 * 3600)  # steps/h
     assert rate(None) == pytest.approx(10000 / 9000 * 3600)  # a status from before: up to now, as it was
+
+
+def test_the_futures_start_from_the_live_workers_heartbeat_step_and_its_rate_since() -> None:
+    """The durable step in git lags the worker: the rest is counted from the heartbeat step seen
+    with it, moved on at the measured rate, and an interruption loses what was not saved yet."""
+    now = 1_800_000_000.0
+    providers = {"od": _provider("od", price_per_hour=3.0, settings={"type": "sim"})}
+    job = _job(placement={"providers": ["od"]}, checkpoint_every=600)
+    live = Attempt(epoch=1, provider="od", worker="w1", started=now - 11000, first_beat=now - 11000,
+                   first_beat_step=0, step_start=0)
+
+    def p50(beat: int | None) -> float:
+        st = JobStatus(job="train", phase=Phase.RUNNING, run_id=job.run_id(), attempts=[live],
+                       progress=Progress(step=10000, target=100000, seen_at=now - 1000, heartbeat_step=beat))
+        sp = job_spread(job, st, providers, [st], now).spread
+        assert sp is not None
+        return sp.seconds[0]
+
+    # 1 step/s up to seen_at, then 1,000 s more: 10,000 steps ahead of the durable step's 10,000 at now
+    assert p50(None) == pytest.approx(90_000 - 1000, abs=200)  # the live attempt's rate from its first beat
+    assert p50(8000) == pytest.approx(90_000 - 1000, abs=200)  # a beat behind the durable step counts as it
+    # a beat ahead: 12,000 steps in 10,000 s, and 1,200 more since
+    assert p50(12000) == pytest.approx((100_000 - 13_200) / 1.2, abs=200)
+
+
+def test_an_interruption_loses_the_live_attempts_unsaved_steps_too() -> None:
+    """50 steps left, a 1-in-2 chance of an interruption before they are done: one that comes first
+    costs the 900 unsaved steps too (950 to redo, beyond what this lane ever does uninterrupted)."""
+    lane = Lane("spot", 1.0, 1.0, Evidence(1e4, 72e4, 72.0), Evidence(1e4, 1e4, 1.0), 0.0, 1000.0)
+    saved = spread(Run(50, live_seconds=0.0, unsaved_steps=0.0), lane, seed=1).seconds
+    unsaved = spread(Run(50, live_seconds=0.0, unsaved_steps=900.0), lane, seed=1).seconds
+    assert saved[0] <= 50 < saved[1] < 1000
+    assert unsaved[1] > 10 * saved[1]
+
+
+def test_the_changeover_runs_to_the_first_step_not_to_the_tick_that_saw_the_first_heartbeat() -> None:
+    """The first heartbeat was seen 300 s after the launch, when the worker had done 120 steps at
+    1 step/s: it began work 180 s after the launch."""
+    now = 1_800_000_000.0
+    providers = {"od": _provider("od", price_per_hour=3.0, settings={"type": "sim"})}
+    job = _job(placement={"providers": ["od"]})
+    t0 = now - 7200
+    closed = Attempt(epoch=1, provider="od", worker="w1", started=t0, first_beat=t0 + 300, first_beat_step=120,
+                     step_start=0, ended=t0 + 3300, outcome=Outcome.INTERRUPTION, step_end=3000, steps_lost=120)
+    st = JobStatus(job="train", phase=Phase.PENDING, run_id=job.run_id(), attempts=[closed],
+                   progress=Progress(step=3000, target=100000))
+    inputs = {i.name: i for i in job_spread(job, st, providers, [st], now).inputs}
+    assert inputs["changeover"].value == pytest.approx(180.0)
+    assert inputs["changeover"].source == MEASURED
+
+
+def test_a_pinned_checkpoint_interval_outweighs_the_work_interruptions_were_seen_to_lose() -> None:
+    """Lost work is known only up to the last heartbeat seen, so it undercounts the interval."""
+    now = 1_800_000_000.0
+    providers = {"spot": _provider("spot", price_per_hour=1.0, settings={"type": "sim", "interruptible": True})}
+    closed = Attempt(epoch=1, provider="spot", worker="w1", started=now - 3 * H, first_beat=now - 3 * H + 120,
+                     first_beat_step=0, step_start=0, ended=now - H, outcome=Outcome.INTERRUPTION, step_end=7200,
+                     steps_lost=30)
+
+    def checkpoint(**spec: object) -> tuple[float | None, str]:
+        job = _job(placement={"providers": ["spot"]}, **spec)
+        st = JobStatus(job="train", phase=Phase.PENDING, run_id=job.run_id(), attempts=[closed],
+                       progress=Progress(step=7200, target=100000))
+        got = next(i for i in job_spread(job, st, providers, [st], now).inputs if i.name == "checkpoint")
+        return got.value, got.source
+
+    assert checkpoint(checkpoint_every=600) == (600.0, DECLARED)
+    assert checkpoint() == (60.0, MEASURED)
+
+
+def test_an_interruption_can_come_during_the_changeover() -> None:
+    """A 600 s changeover on machines that last 600 s on average: two launches in three are lost
+    before the 60 s of work are done, most of them in the changeover."""
+    lane = Lane("spot", 1.0, 1.0, Evidence(1e4, 6e6, 600.0), Evidence(1e4, 1e4, 1.0), 600.0, 600.0)
+    s = spread(Run(60), lane, seed=3)
+    assert s.seconds[0] > 800  # not the single launch (660 s) that 9 tries in 10 would be if it could not
+    assert s.cost_usd[0] == pytest.approx(s.seconds[0] / 3600.0, rel=0.05)  # interrupted changeovers are billed
+
+
+def test_the_prior_weighs_half_an_interruption() -> None:
+    """Hours without an interruption move the MTBF away from the prior as a Gamma prior of shape
+    1/2 with the prior's mean lets them: 4 h seen, a 6 h prior, 14 h (it read 10 h with one)."""
+    assert Evidence(0.0, 4 * H, 6 * H).mean_seconds == pytest.approx(14 * H)
+    assert Evidence(0.0, 0.0, 6 * H).mean_seconds == pytest.approx(6 * H)  # nothing seen: the prior
+    # two interruptions in 4 h: 2 h, pulled towards 6 h by half a 2-hour gap at the prior's rate
+    assert Evidence(2.0, 4 * H, 6 * H).mean_seconds == pytest.approx(5 * H / (2 + 1 / 6))
+
+
+def test_the_older_record_is_the_prior_of_the_recent_one() -> None:
+    """Ten interruptions an hour apart a day ago, then two quiet hours: the futures' MTBF leans on
+    that day's hour, not on the 6 h prior for interruptible machines."""
+    now = 1_800_000_000.0
+    providers = {"spot": _provider("spot", price_per_hour=1.0, settings={"type": "sim", "interruptible": True})}
+    job = _job(placement={"providers": ["spot"]})
+    old = [Attempt(epoch=k + 1, provider="spot", worker=f"w{k}", started=now - 34 * H + k * H, first_beat=None,
+                   step_start=0, ended=now - 33 * H + k * H, outcome=Outcome.INTERRUPTION, step_end=0)
+           for k in range(10)]
+    live = Attempt(epoch=11, provider="spot", worker="w11", started=now - 2 * H, first_beat=now - 2 * H,
+                   first_beat_step=0, step_start=0)
+    st = JobStatus(job="train", phase=Phase.RUNNING, run_id=job.run_id(), attempts=[*old, live],
+                   progress=Progress(step=7200, target=100000, seen_at=now, heartbeat_step=7200))
+    mtbf = next(i.value for i in job_spread(job, st, providers, [st], now).inputs if i.name == "mtbf")
+    assert mtbf is not None and mtbf < 4 * H  # the 6 h prior would read 6.3 h

@@ -4,6 +4,7 @@ bind. Tables of inputs through the real planner."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 
 import pytest
@@ -128,6 +129,19 @@ def test_the_status_says_when_its_step_was_seen_and_keeps_that_while_the_step_st
     _, seen = live_on(d, history(d), "ondemand", since=NOW - HOUR, durable=4500, epoch=1)
     later = plan(d, seen, {"train": first}, NOW + 1800).statuses["train"]
     assert later.progress == first.progress  # the same tenth of the target: the step and its time stay
+
+
+def test_the_status_keeps_the_live_workers_heartbeat_step_with_the_time_its_step_was_seen() -> None:
+    """The worker runs ahead of its last checkpoint: the forecast starts from where it is."""
+    d = desired(job(), providers=PROVIDERS)
+    st, seen = live_on(d, history(d), "ondemand", since=NOW - HOUR, durable=3600, epoch=1)
+    key = next(iter(seen.runs))
+    seen.runs[key] = dataclasses.replace(seen.runs[key], heartbeat_step=3900)
+    first = plan(d, seen, {"train": st}, NOW).statuses["train"]
+    assert (first.progress.step, first.progress.heartbeat_step, first.progress.seen_at) == (3600, 3900, NOW)
+    seen.runs[key] = dataclasses.replace(seen.runs[key], heartbeat_step=4400)
+    later = plan(d, seen, {"train": first}, NOW + 600).statuses["train"]
+    assert later.progress == first.progress  # the step stayed in its tenth: nothing new to commit
 
 
 def test_the_forecast_shows_spent_and_projected_cost() -> None:

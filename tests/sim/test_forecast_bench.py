@@ -33,3 +33,18 @@ def test_quick_run_on_the_smallest_case_ends_with_the_coverage_line() -> None:
     assert sim, lines[-2]
     s50, s90 = (float(v) for v in sim.groups())
     assert 0.0 <= s50 <= s90 <= 1.0
+
+
+def test_the_table_counts_ties_with_the_quantile_as_at_or_under_and_not_as_under() -> None:
+    """An uninterrupted finish is the same time in the futures and the outcome: both shares are given."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_forecast", ROOT / "bench" / "forecast.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # its dataclasses look their module up
+    spec.loader.exec_module(bench)
+    rows = [{"p50": 10.0, "p90": 20.0, "c50": 1.0, "c90": 2.0, "outcome": x, "cost": 1.0, "hours": 8}
+            for x in (5.0, 10.0, 10.0, 30.0)]
+    assert bench.coverage(rows)[:2] == (0.75, 0.75)
+    assert bench.under(rows) == (0.25, 0.75)

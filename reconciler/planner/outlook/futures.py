@@ -3,12 +3,13 @@
 Each future walks the run attempt by attempt on a `Lane` (one provider as measured) until the work
 left is done:
 
-- an attempt pays the changeover (launch to first heartbeat, billed) and then works at the lane's
+- an attempt pays the changeover (launch to the first step of work, billed) and then works at the lane's
   rate until the work is done, an interruption comes, the session limit or the quota ends it;
-- time to interruption is exponential with the lane's failure rate, and that rate is itself drawn,
+- time to interruption (from the launch: a changeover can be interrupted too) is exponential with
+  the lane's failure rate, and that rate is itself drawn,
   once per future, from the Gamma posterior the MTBF estimate comes from
-  (reconciler.checkpoint_policy.estimate_mtbf: the interruptions seen over the machine time seen,
-  with one pseudo-interruption of the prior at most): a provider measured over two interruptions
+  (as reconciler.checkpoint_policy.estimate_mtbf: the interruptions seen over the machine time
+  seen, with half a pseudo-interruption of the prior at most): a provider measured over two interruptions
   gives futures far apart, one measured over fifty gives them close;
 - an interruption loses the work since the last checkpoint (progress is durable only at whole
   checkpoint intervals) and is followed by a wait for capacity (exponential, its mean drawn per
@@ -39,6 +40,10 @@ FUTURES = 400
 # helped (docs/performance.md).
 DISCOUNT = 1.0
 WAIT_DISCOUNT = 1.0
+# The prior weighs this many interruptions at most: half, a Gamma prior of shape 1/2 (Jeffreys'
+# for a rate) with the prior's mean. Weighed as one, it outweighed hours of evidence (a 24 h
+# provider read as a 9 h one after 4 h without interruption: docs/performance.md).
+PRIOR_EVENTS = 0.5
 MAX_ATTEMPTS = 5000  # a future that has not finished after this many attempts counts as never
 
 
@@ -46,7 +51,7 @@ MAX_ATTEMPTS = 5000  # a future that has not finished after this many attempts c
 class Evidence:
     """What a rate of events rests on: events seen over a span of exposure, and the prior's mean
     gap between events (a reliable provider's is a month): the posterior of
-    reconciler.checkpoint_policy.estimate_mtbf."""
+    reconciler.checkpoint_policy.estimate_mtbf, its prior weighed as PRIOR_EVENTS events."""
 
     events: float
     exposure_seconds: float
@@ -56,8 +61,8 @@ class Evidence:
         """(shape, rate) of the posterior of the event rate, per second. `discount` counts the
         evidence as that share of itself: the same mean, a wider spread."""
         if self.events <= 0:
-            return 1.0, self.exposure_seconds * discount + self.prior_seconds
-        weight = min(self.prior_seconds, self.exposure_seconds / self.events)
+            return PRIOR_EVENTS, self.exposure_seconds * discount + PRIOR_EVENTS * self.prior_seconds
+        weight = PRIOR_EVENTS * min(self.prior_seconds, self.exposure_seconds / self.events)
         return (self.events * discount + weight / self.prior_seconds,
                 self.exposure_seconds * discount + weight)
 
@@ -76,7 +81,7 @@ class Lane:
     rate: float  # steps per second of attempt time, checkpoints included
     interruptions: Evidence  # machine time between interruptions or session ends the provider made
     wait: Evidence  # after an interruption: time until the next attempt is launched
-    changeover_seconds: float  # launch to first heartbeat, billed, paid on every attempt
+    changeover_seconds: float  # launch to the first step of work, billed, paid on every attempt
     checkpoint_steps: float  # steps between durable checkpoints: what an interruption can lose
     session_seconds: float | None = None  # an attempt's limit (Kaggle's 12 h), the save margin taken off
     quota_seconds: float | None = None  # attempt seconds its quota or credits still carry (None: no limit)
@@ -93,6 +98,7 @@ class Run:
     budget_usd: float | None = None  # the whole budget (spent included)
     live_seconds: float | None = None  # a live attempt has run this long (no changeover to pay); None: to launch
     waiting: bool = False  # the last attempt was interrupted and none runs: a wait for capacity comes first
+    unsaved_steps: float = 0.0  # of the live attempt's work done, the steps since its last checkpoint
 
 
 @dataclass(frozen=True)
@@ -155,6 +161,7 @@ class _World:
         self.lane = np.zeros(n, dtype=int)
         self.t, self.cost = np.zeros(n), np.zeros(n)
         self.left = np.full(n, float(run.remaining_steps))
+        self.unsaved = np.full(n, float(run.unsaved_steps if run.live_seconds is not None else 0.0))
         self.active = self.left > 0
         self.finish_at = np.zeros(n)
 
@@ -164,16 +171,21 @@ class _World:
         c = np.zeros(idx.size) if live else self.changeover[lane]
         session = self.session[lane] - (self.run.live_seconds or 0.0 if live else 0.0)
         room = np.maximum(0.0, np.minimum(session, self.quota[lane, idx]) - c)  # work time before a save-end
-        hit = self.rng.exponential(1.0, idx.size) / self.fail[lane, idx]
+        hit = self.rng.exponential(1.0, idx.size) / self.fail[lane, idx]  # from the launch
+        early = hit < c  # interrupted in the changeover: no work done
         need = self.left[idx] / self.rate[lane]
-        work = np.minimum(need, np.minimum(hit, room))
-        done = need <= np.minimum(hit, room)
-        cut = ~done & (room <= hit)  # the session or the quota ends it: the worker saves first
-        self.t[idx] += c + work
-        self.cost[idx] += (c + work) / 3600.0 * self.price[lane]
-        self.quota[lane, idx] -= c + work
+        work = np.where(early, 0.0, np.minimum(need, np.minimum(hit - c, room)))
+        done = ~early & (need <= np.minimum(hit - c, room))
+        cut = ~done & ~early & (room <= hit - c)  # the session or the quota ends it: the worker saves first
+        spent = np.where(early, hit, c + work)
+        self.t[idx] += spent
+        self.cost[idx] += spent / 3600.0 * self.price[lane]
+        self.quota[lane, idx] -= spent
         gained = work * self.rate[lane]
-        self.left[idx] -= np.where(done | cut, gained, np.floor(gained / self.ckpt[lane]) * self.ckpt[lane])
+        unsaved = self.unsaved[idx]
+        saved = np.floor((unsaved + gained) / self.ckpt[lane]) * self.ckpt[lane] - unsaved
+        self.left[idx] -= np.where(done | cut, gained, saved)
+        self.unsaved[idx] = 0.0  # every later attempt starts from a checkpoint
         self.finish_at[idx[done]] = self.t[idx[done]]
         self.active[idx[done]] = False
         self._after_cut(idx[cut])

@@ -66,7 +66,7 @@ def job_spread(job: Job, st: JobStatus | None, providers: Mapping[str, Provider]
     if st is None or target is None:
         out.note = "no target_steps: the work left is unknown" if target is None else "no run recorded yet"
         return out
-    tracks = job_tracks(st, st.progress.step, now, reached_at=_recorded_at(st))
+    tracks = _tracks(st, now)
     if job_rate(tracks) is None:
         out.note = "rate not measured yet: less than 15 min of attempt time with progress"
         return out
@@ -83,12 +83,14 @@ def job_spread(job: Job, st: JobStatus | None, providers: Mapping[str, Provider]
     current = st.current
     live = current.first_beat if current is not None else None
     prices = {n: p.spec.price_per_hour for n, p in providers.items()}
-    run = Run(remaining_steps=max(0, target - st.progress.step), spent_usd=st.cost_usd + open_cost(st, now, prices),
+    reached, unsaved = _position(st, lane, now, target)
+    run = Run(remaining_steps=max(0, target - reached), spent_usd=st.cost_usd + open_cost(st, now, prices),
               deadline_in_seconds=job.spec.deadline.timestamp() - now if job.spec.deadline else None,
               budget_usd=job.spec.budget_usd,
               live_seconds=None if current is None or live is None or current.provider != first
               else max(0.0, now - live),
-              waiting=current is None and bool(st.attempts) and st.attempts[-1].provider_ended)
+              waiting=current is None and bool(st.attempts) and st.attempts[-1].provider_ended,
+              unsaved_steps=unsaved)
     out.spread = spread(run, lane, fb, seed=seed_of(st.run_id or job.run_id()), futures=futures)
     return out
 
@@ -125,7 +127,7 @@ def _lane(job: Job, st: JobStatus, name: str, providers: Mapping[str, Provider],
     fails, fail_src, fail_how = _interruptions(statuses, name, now, bool(getattr(settings, "interruptible", False)),
                                                sessions=session_s is not None)
     wait, wait_src, wait_how = _wait(statuses, name)
-    change, change_src, change_how = _changeover(statuses, name)
+    change, change_src, change_how = _changeover(statuses, name, st, rate)
     ckpt, ckpt_src, ckpt_how = _checkpoint(job, st, rate)
     quota, refill_in, refill, quota_src, quota_how = _quota(job, prov, ledger.get(name), now)
     price = prov.spec.price_per_hour
@@ -147,7 +149,7 @@ def _lane(job: Job, st: JobStatus, name: str, providers: Mapping[str, Provider],
 def _rate(st: JobStatus, name: str, now: float) -> tuple[float, str, str]:
     """Steps per second of work there: the status's rate counts durable steps only, and the futures
     take the work an interruption loses off themselves, so the lost steps are counted back in."""
-    tracks = job_tracks(st, st.progress.step, now, reached_at=_recorded_at(st))
+    tracks = _tracks(st, now)
     for a in st.attempts:
         if a.steps_lost > 0 and a.provider in tracks:
             tracks[a.provider] = tracks[a.provider] + Track(0.0, a.steps_lost)
@@ -164,13 +166,18 @@ def _interruptions(statuses: list[JobStatus], name: str, now: float, spot: bool,
                    sessions: bool) -> tuple[Evidence, str, str]:
     """Machine time and interruptions there, across every job, weighed by age as the MTBF is
     (reconciler.planner.outlook.reliability); session ends are left out where the session limit is
-    modelled apart."""
-    exposure = events = 0.0
+    modelled apart. The prior is what the weighing left of the older record (the kind's prior
+    while there is none): a provider steady for days is not pulled towards the kind's 6 h."""
+    exposure = events = whole = ends = 0.0
     for a in _attempts(statuses, name):
         rec = attempt_record(a, now)
+        counted = not (sessions and a.outcome == Outcome.SESSION_END)
         exposure += rec.exposure_seconds
-        events += 0.0 if sessions and a.outcome == Outcome.SESSION_END else rec.interruptions
-    evidence = Evidence(events, exposure, prior_mtbf(spot))
+        events += rec.interruptions if counted else 0.0
+        whole += max(0.0, min(now, a.ended if a.ended is not None else now) - a.started)
+        ends += 1.0 if counted and rec.interruptions > 0 else 0.0  # the provider ended it
+    older = Evidence(max(0.0, ends - events), max(0.0, whole - exposure), prior_mtbf(spot)).mean_seconds
+    evidence = Evidence(events, exposure, older)
     kind = "interruptible" if spot else "reliable"
     if exposure <= 0:
         return evidence, BORROWED, f"the prior for {kind} machines"
@@ -199,24 +206,48 @@ def _wait(statuses: list[JobStatus], name: str) -> tuple[Evidence, str, str]:
     return Evidence(0.0, 0.0, PRIOR_WAIT_SECONDS), BORROWED, "a prior of one tick-sized wait (none measured)"
 
 
-def _changeover(statuses: list[JobStatus], name: str) -> tuple[float, str, str]:
-    own = [a.first_beat - a.started for a in _attempts(statuses, name) if a.first_beat is not None]
+def _changeover(statuses: list[JobStatus], name: str, st: JobStatus, rate: float) -> tuple[float, str, str]:
+    """Launch to the first step of work: the first heartbeat the loop saw, back-dated by the steps
+    it reports (it is seen a tick after the worker began, which counted that tick in every changeover)."""
+    def seconds(job: JobStatus, a: Attempt) -> float | None:
+        if a.first_beat is None:
+            return None
+        done = (a.first_beat_step or a.step_start) - a.step_start
+        if done <= 0:
+            return max(0.0, a.first_beat - a.started)
+        speed = _attempt_rate(a) or (rate if job.job == st.job else None)
+        return max(0.0, a.first_beat - (done / speed if speed else 0.0) - a.started)
+
+    def changes(only: str | None) -> list[float]:
+        return [x for job in statuses for a in job.attempts if only is None or a.provider == only
+                if (x := seconds(job, a)) is not None]
+
+    own = changes(name)
     if own:
-        return median(own), MEASURED, f"median launch to first heartbeat over {len(own)} attempts"
-    other = [a.first_beat - a.started for a in _attempts(statuses) if a.first_beat is not None]
+        return median(own), MEASURED, f"median launch to first step over {len(own)} attempts"
+    other = changes(None)
     if other:
-        return median(other), BORROWED, "median launch to first heartbeat on the other providers"
+        return median(other), BORROWED, "median launch to first step on the other providers"
     return PRIOR_CHANGEOVER_SECONDS, BORROWED, "the prior (none measured)"
 
 
+def _attempt_rate(a: Attempt) -> float | None:
+    """A closed attempt's own steps per second from its first heartbeat (the work it lost included)."""
+    if a.ended is None or a.first_beat is None or a.step_end is None or a.ended - a.first_beat < 60.0:
+        return None
+    steps = a.step_end + a.steps_lost - (a.first_beat_step or a.step_start)
+    return steps / (a.ended - a.first_beat) if steps > 0 else None
+
+
 def _checkpoint(job: Job, st: JobStatus, rate: float) -> tuple[float, str, str]:
-    """Steps between durable checkpoints: twice the mean work an interruption lost (lost work is
-    spread evenly over the interval), else the manifest's checkpoint_every, else a prior."""
+    """Steps between durable checkpoints: the manifest's checkpoint_every where it pins the
+    interval, else twice the mean work an interruption lost (lost work is spread evenly over the
+    interval; a low bound: only the steps up to the last heartbeat seen are known lost), else a prior."""
+    if job.spec.checkpoint_every:
+        return float(job.spec.checkpoint_every), DECLARED, "checkpoint_every"
     lost = [a.steps_lost for a in st.attempts if a.outcome == Outcome.INTERRUPTION and a.steps_lost > 0]
     if lost:
         return 2.0 * sum(lost) / len(lost), MEASURED, f"twice the mean work lost over {len(lost)} interruptions"
-    if job.spec.checkpoint_every:
-        return float(job.spec.checkpoint_every), DECLARED, "checkpoint_every"
     return rate * FALLBACK_CHECKPOINT_SECONDS, BORROWED, "a prior of one checkpoint per 30 min of work"
 
 
@@ -245,3 +276,32 @@ def _recorded_at(st: JobStatus) -> float | None:
     is measured up to then, not up to now (which would count the time since as time without
     progress); one that has recorded no step of its own yet counts no time."""
     return st.progress.seen_at if st.current is not None else None
+
+
+def _live_beat(st: JobStatus) -> int | None:
+    """The live worker's heartbeat step at `seen_at`, where it was seen during the live attempt."""
+    cur, p = st.current, st.progress
+    if cur is None or p.heartbeat_step is None or p.seen_at is None or p.seen_at < cur.started:
+        return None
+    return max(p.step, p.heartbeat_step)
+
+
+def _tracks(st: JobStatus, now: float) -> dict[str, Track]:
+    return job_tracks(st, st.progress.step, now, live_step=_live_beat(st), reached_at=_recorded_at(st))
+
+
+def _position(st: JobStatus, lane: Lane, now: float, target: int) -> tuple[int, float]:
+    """Where the run is now, and the steps of it not yet saved: the live worker's heartbeat step
+    at `seen_at` (else its first heartbeat's) and its rate since (the durable step lags it by up
+    to a checkpoint interval), else the durable step. Its checkpoints count from its start."""
+    cur, beat = st.current, _live_beat(st)
+    if cur is None:
+        return st.progress.step, 0.0
+    if beat is not None and st.progress.seen_at is not None:
+        base, at = beat, st.progress.seen_at
+    elif cur.first_beat is not None:
+        base, at = cur.first_beat_step if cur.first_beat_step is not None else cur.step_start, cur.first_beat
+    else:
+        return st.progress.step, 0.0
+    reached = max(st.progress.step, min(target, base + int(lane.rate * max(0.0, now - at))))
+    return reached, float(max(0, reached - cur.step_start) % max(1.0, lane.checkpoint_steps))
