@@ -724,7 +724,7 @@ from reconciler.web.command import serve as _serve  # noqa: E402 - the status pa
 app.command(name="serve")(_serve)
 
 # Commands kept in modules of their own register themselves on `app` when imported.
-from reconciler.cli import artifacts, jobs, logs, reconcile  # noqa: E402,F401
+from reconciler.cli import artifacts, drill, jobs, logs, reconcile  # noqa: E402,F401
 from reconciler.cli.helptext import flow_command_help  # noqa: E402
 
 flow_command_help(app)

@@ -25,6 +25,7 @@ from adapters.compute import Allowance, WorkerPhase, WorkerRef, WorkerState
 from desired.models import Job
 from desired.parse import DesiredState
 from reconciler.planner.dependencies import HELD
+from reconciler.planner.drill import drill
 from reconciler.planner.health import LOSS_COOLDOWN_SECONDS, REFUSAL_COOLDOWN_SECONDS, health_of, troubles
 from reconciler.planner.judge import EXIT_INTERRUPTED, classify, close, end_time, record_close
 from reconciler.planner.launching import (
@@ -42,6 +43,7 @@ from reconciler.planner.outlook.forecast import Reliability, open_cost, provider
 from reconciler.planner.sweeps import live_members, settle_live, sweep_changes
 from reconciler.planner.tick import (
     Action,
+    ArmDrill,
     JobTick,
     Launch,
     LaunchResult,
@@ -75,7 +77,7 @@ from status.models import (
 __all__ = [
     "EXIT_INTERRUPTED", "HOST_COOLDOWN_SECONDS", "LOSS_COOLDOWN_SECONDS", "MOVE_WAIT_SECONDS", "MOVING",
     "REFUSAL_COOLDOWN_SECONDS",
-    "Action", "Launch", "LaunchResult", "MoveResult", "MoveRunData", "Observed", "Plan", "RequestStop",
+    "Action", "ArmDrill", "Launch", "LaunchResult", "MoveResult", "MoveRunData", "Observed", "Plan", "RequestStop",
     "RunObservation", "Terminate", "apply_results", "plan",
 ]
 
@@ -416,8 +418,8 @@ def hold_finished(t: JobTick) -> bool:
     return True
 
 
-STEPS: tuple[Step, ...] = (fence, read_storage, adopt, foresee, stop_on_policy, judge, note_trouble, wait_for_store,
-                          reconsider, finish, hold_finished, decide_launch)
+STEPS: tuple[Step, ...] = (fence, read_storage, adopt, foresee, stop_on_policy, judge, note_trouble, drill,
+                          wait_for_store, reconsider, finish, hold_finished, decide_launch)
 
 
 # ---- jobs whose manifest is gone --------------------------------------------------------------

@@ -1,0 +1,97 @@
+"""`reconciler drill` end to end: real worker processes on the local provider, a real git repository
+and run storage, the daemon's ticks. A drill of the demo's model is exact; a workload that leaves
+its scheduler out of restore() is reported at the first step that differs, with the usual causes;
+the drill's interruption is charged to nothing."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import yaml
+
+from reconciler.daemon.loop import Reconciler, TickReport
+from status.models import DrillPhase, JobStatus, Outcome, Phase
+from tests.cli.test_cli import cli
+from tests.conftest import StateRepoFixture
+from tests.daemon.test_loop_local import tick_until
+
+DRILLED = Path(__file__).parent / "workloads" / "drilled.py"
+
+
+def job(name: str, command: list[str], env: dict[str, str] | None = None, target: int = 400) -> str:
+    return yaml.safe_dump({
+        "apiVersion": "reconciler.dev/v1", "kind": "Job", "metadata": {"name": name},
+        "spec": {"command": command, "target_steps": target, "checkpoint_every": 10,
+                 "env": {"DEMO_STEP_SECONDS": "0.05", **(env or {})},
+                 "retry": {"max_retries": 0, "backoff_seconds": 0.2}},
+    })
+
+
+def forgetful() -> list[str]:
+    """The workload run as `python -c`, so that the worker imports the package from its working
+    directory (this checkout), as the demo's `python -m` does."""
+    return [sys.executable, "-c", DRILLED.read_text()]
+
+
+def running_with_checkpoint(state_repo: StateRepoFixture, rec: Reconciler, name: str) -> JobStatus:
+    """Ticks until the job's worker runs and has a durable checkpoint."""
+    def ready(r: TickReport) -> bool:
+        st = r.statuses.get(name)
+        return (st is not None and st.phase == Phase.RUNNING
+                and any((state_repo.storage / name / st.run_id / "checkpoints").glob("*")))
+    return tick_until(rec, ready, timeout=90).statuses[name]
+
+
+def drilled(rec: Reconciler, name: str, timeout: float = 120) -> JobStatus:
+    def done(r: TickReport) -> bool:
+        d = r.statuses[name].drill
+        return d is not None and d.phase == DrillPhase.DONE
+    return tick_until(rec, done, timeout=timeout).statuses[name]
+
+
+def test_a_drill_of_the_demo_model_on_the_local_provider_is_exact_and_charged_to_nothing(
+        state_repo: StateRepoFixture, local_workdir: Path) -> None:
+    state_repo.write("desired/demo.yaml", job("demo", [sys.executable, "-m", "reconciler.demo.train"]))
+    state_repo.commit("add demo")
+    rec = Reconciler(state_repo.path)
+    running_with_checkpoint(state_repo, rec, "demo")
+    out = cli("drill", "demo", "--repo", str(state_repo.path), "--no-wait").stdout
+    assert "requested: committed" in out
+    st = drilled(rec, "demo")
+    d = st.drill
+    assert d is not None and d.verdict == "exact", d
+    assert d.step is not None and d.resumed_step == d.step and d.killed_at == d.step + 5
+    drill_end = st.attempts[0]
+    assert drill_end.outcome == Outcome.CANCELLED and "a drill: charged to nothing" in drill_end.detail
+    assert (st.failures, st.unproductive) == (0, 0)
+    assert st.phase in (Phase.RUNNING, Phase.LAUNCHING) and st.current is not None and st.current.epoch == 2
+
+
+def test_a_scheduler_left_out_of_restore_is_reported_at_the_first_step_that_differs(
+        state_repo: StateRepoFixture, local_workdir: Path) -> None:
+    state_repo.write("desired/slip.yaml", job("slip", forgetful(), {"FORGET_SCHEDULER": "1"}))
+    state_repo.commit("add slip")
+    rec = Reconciler(state_repo.path)
+    running_with_checkpoint(state_repo, rec, "slip")
+    res = cli("drill", "slip", "--repo", str(state_repo.path), "--no-wait", "--lookahead", "3")
+    assert res.returncode == 0, res.stderr
+    d = drilled(rec, "slip").drill
+    assert d is not None and d.verdict == "diverged", d
+    assert d.step is not None and f"first difference at step {d.step + 1}" in d.detail
+    assert "lr was" in d.detail and "restore()" in d.detail and "RNG" in d.detail
+
+
+def test_a_job_without_a_durable_checkpoint_is_refused_in_one_sentence(
+        state_repo: StateRepoFixture, local_workdir: Path) -> None:
+    state_repo.write("desired/slow.yaml", job("slow", [sys.executable, "-m", "reconciler.demo.train"],
+                                              {"DEMO_STEP_SECONDS": "5"}))
+    state_repo.commit("add slow")
+    rec = Reconciler(state_repo.path)
+    tick_until(rec, lambda r: r.statuses["slow"].phase == Phase.RUNNING, timeout=60)
+    head = state_repo.git("rev-parse", "HEAD")
+    res = cli("drill", "slow", "--repo", str(state_repo.path), check=False)
+    assert res.returncode == 1
+    said = " ".join(res.stderr.split())
+    assert "slow has no durable checkpoint yet" in said and "--force" in said and said.count(". ") == 0
+    assert state_repo.git("rev-parse", "HEAD") == head  # nothing committed
