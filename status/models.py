@@ -185,6 +185,17 @@ class Drill(Model):
     def passed(self) -> bool:
         return self.verdict in ("exact", "within tolerance")
 
+    def summary(self) -> str:
+        """One line for describe, status and the page: the verdict and its sentence, or where it is."""
+        kind = "notice drill" if self.notice else "drill"
+        if self.verdict is not None:
+            return f"{kind} {self.id}: {self.verdict}: {self.detail}"
+        if self.phase == DrillPhase.ARMED:
+            return (f"{kind} {self.id}: armed: attempt {self.epoch} runs {self.lookahead} steps past its next "
+                    "durable checkpoint, then it is killed with no notice")
+        where = f" (checkpoint at step {self.step})" if self.step is not None else ""
+        return f"{kind} {self.id}: interrupted{where}; waiting for the next attempt to resume and report"
+
 
 class JobStatus(Model):
     job: str

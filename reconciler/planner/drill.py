@@ -63,7 +63,8 @@ def _interrupt(t: JobTick, d: Drill, hard: bool, why: str) -> None:
 def _advance(t: JobTick, d: Drill) -> bool:
     seen = t.run.drill if t.run.drill is not None and t.run.drill.id == d.id else None
     if t.run.done:
-        t.st.drill = _verdict(t, d, "not carried out", "the run completed before the drill was over")
+        t.st.drill = _verdict(t, d, "not carried out", "the run completed before the drill was over (a worker "
+                              "SDK without drills, or fewer steps left than the lookahead)")
     elif d.phase == DrillPhase.ARMED:
         _armed(t, d, seen.before if seen else None)
     elif seen is not None and seen.after is not None:
@@ -111,7 +112,7 @@ def judge(d: Drill, before: Side | None, after: Side) -> tuple[str, str]:
                 return "diverged", f"step {step} reported {name} before the interruption but not after it"
             diff = relative(was, now)
             if diff > d.tolerance:
-                return "diverged", (f"first difference at step {step} (the {step - before.step}th after the "
+                return "diverged", (f"first difference at step {step} ({step - before.step} after the "
                                     f"checkpoint): {name} was {was!r} before and {now!r} after (relative "
                                     f"difference {diff:.3g}{f', tolerance {d.tolerance:g}' if d.tolerance else ''}); "
                                     f"{CAUSES}")

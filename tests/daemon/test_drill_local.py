@@ -5,12 +5,17 @@ the drill's interruption is charged to nothing."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
 
 from reconciler.daemon.loop import Reconciler, TickReport
+from status.models import Drill as DrillStatus
 from status.models import DrillPhase, JobStatus, Outcome, Phase
 from tests.cli.test_cli import cli
 from tests.conftest import StateRepoFixture
@@ -43,6 +48,26 @@ def running_with_checkpoint(state_repo: StateRepoFixture, rec: Reconciler, name:
     return tick_until(rec, ready, timeout=90).statuses[name]
 
 
+def waiting_cli(state_repo: StateRepoFixture, *args: str) -> subprocess.Popen[str]:
+    """`reconciler drill ...` started as a user would, waiting for its verdict; returns once its
+    request is committed (so that the test's ticks never race its commit)."""
+    head = state_repo.git("rev-parse", "HEAD")
+    proc = subprocess.Popen([sys.executable, "-m", "reconciler", "drill", *args, "--repo", str(state_repo.path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "COLUMNS": "240"})
+    deadline = time.time() + 60
+    while state_repo.git("rev-parse", "HEAD") == head:
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.1)
+    return proc
+
+
+def tick_until_exit(rec: Reconciler, proc: subprocess.Popen[str], timeout: float = 120) -> tuple[int, str]:
+    tick_until(rec, lambda _: proc.poll() is not None, timeout=timeout, between=0.3)
+    out, errors = proc.communicate()
+    return proc.returncode, out + errors
+
+
 def drilled(rec: Reconciler, name: str, timeout: float = 120) -> JobStatus:
     def done(r: TickReport) -> bool:
         d = r.statuses[name].drill
@@ -56,9 +81,10 @@ def test_a_drill_of_the_demo_model_on_the_local_provider_is_exact_and_charged_to
     state_repo.commit("add demo")
     rec = Reconciler(state_repo.path)
     running_with_checkpoint(state_repo, rec, "demo")
-    out = cli("drill", "demo", "--repo", str(state_repo.path), "--no-wait").stdout
-    assert "requested: committed" in out
-    st = drilled(rec, "demo")
+    code, out = tick_until_exit(rec, waiting_cli(state_repo, "demo"))
+    said = " ".join(out.split())
+    assert code == 0 and "requested: committed" in said and "demo: drill exact: steps" in said, out
+    st = tick_until(rec, lambda r: True).statuses["demo"]
     d = st.drill
     assert d is not None and d.verdict == "exact", d
     assert d.step is not None and d.resumed_step == d.step and d.killed_at == d.step + 5
@@ -66,6 +92,13 @@ def test_a_drill_of_the_demo_model_on_the_local_provider_is_exact_and_charged_to
     assert drill_end.outcome == Outcome.CANCELLED and "a drill: charged to nothing" in drill_end.detail
     assert (st.failures, st.unproductive) == (0, 0)
     assert st.phase in (Phase.RUNNING, Phase.LAUNCHING) and st.current is not None and st.current.epoch == 2
+    subjects = state_repo.git("log", "--format=%s", "--", "status/demo.yaml").splitlines()
+    assert "demo: drill exact" in subjects
+    described = " ".join(cli("describe", "demo", "--repo", str(state_repo.path)).stdout.split())
+    assert f"drill {d.id}: exact: steps {d.step + 1}..{d.step + 5} reported the same metrics" in described
+    shown = cli("logs", "demo", "--attempt", "1", "--repo", str(state_repo.path))
+    assert f"ended: drill {d.id}: killed with no notice" in " ".join(shown.stderr.split())
+    assert f"drill {d.id} requested" in shown.stdout  # the worker's own log says it took the drill up
 
 
 def test_a_scheduler_left_out_of_restore_is_reported_at_the_first_step_that_differs(
@@ -74,10 +107,10 @@ def test_a_scheduler_left_out_of_restore_is_reported_at_the_first_step_that_diff
     state_repo.commit("add slip")
     rec = Reconciler(state_repo.path)
     running_with_checkpoint(state_repo, rec, "slip")
-    res = cli("drill", "slip", "--repo", str(state_repo.path), "--no-wait", "--lookahead", "3")
-    assert res.returncode == 0, res.stderr
-    d = drilled(rec, "slip").drill
-    assert d is not None and d.verdict == "diverged", d
+    code, out = tick_until_exit(rec, waiting_cli(state_repo, "slip", "--lookahead", "3", "--json"))
+    assert code == 1, out
+    d = DrillStatus.model_validate(json.loads(out)["drill"])
+    assert d.verdict == "diverged", d
     assert d.step is not None and f"first difference at step {d.step + 1}" in d.detail
     assert "lr was" in d.detail and "restore()" in d.detail and "RNG" in d.detail
 
