@@ -106,6 +106,7 @@ class Drilling:
 
     def stopped(self, step: int, grace_used: float) -> None:
         """A notice drill's attempt saved `step` on its way out, `grace_used` seconds after the notice."""
+        self.check()  # the notice may come before the heartbeat that would have read the request
         if self.request is not None and self.request.notice and not self.after and not self.written:
             self._write(drills.Side(self.epoch, step, {}, grace_used=grace_used))
 

@@ -128,3 +128,19 @@ def test_a_job_without_a_durable_checkpoint_is_refused_in_one_sentence(
     said = " ".join(res.stderr.split())
     assert "slow has no durable checkpoint yet" in said and "--force" in said and said.count(". ") == 0
     assert state_repo.git("rev-parse", "HEAD") == head  # nothing committed
+
+
+def test_a_notice_drill_stops_on_sigterm_with_a_final_checkpoint_and_loses_no_step(
+        state_repo: StateRepoFixture, local_workdir: Path) -> None:
+    state_repo.write("desired/demo.yaml", job("demo", [sys.executable, "-m", "reconciler.demo.train"]))
+    state_repo.commit("add demo")
+    rec = Reconciler(state_repo.path)
+    running_with_checkpoint(state_repo, rec, "demo")
+    code, out = tick_until_exit(rec, waiting_cli(state_repo, "demo", "--notice"))
+    assert code == 0, out
+    st = tick_until(rec, lambda r: True).statuses["demo"]
+    d = st.drill
+    assert d is not None and d.notice and d.verdict == "exact" and d.steps_lost == 0, d
+    assert d.resumed_step == d.step and d.grace_used is not None and 0 <= d.grace_used < 30
+    assert "0 steps lost" in d.detail and st.attempts[0].outcome == Outcome.CANCELLED
+    assert (st.failures, st.unproductive) == (0, 0)
