@@ -24,8 +24,12 @@ log = logging.getLogger("reconciler.worker")
 class Drilling:
     def __init__(self, folder: RunFolder, epoch: int, clock: Any = time.monotonic) -> None:
         self.folder, self.epoch, self._clock = folder, epoch, clock
-        self.request: drills.Request | None = None
         self._checked = False
+        self._forget()
+
+    def _forget(self) -> None:
+        """No drill taken up (yet, or any more)."""
+        self.request: drills.Request | None = None
         self.step: int | None = None  # N: the checkpoint the window starts after
         self._last: int | None = None  # the last step of the window (after side: the before side's last)
         self._started = 0.0
@@ -44,14 +48,16 @@ class Drilling:
         return (self.request is not None and not self.after and not self.request.notice and self.step is None)
 
     def check(self) -> None:
-        """Read the request (at open and at heartbeat cadence, as stop.json is read)."""
+        """Read the request (at open and at heartbeat cadence, as stop.json is read); a new request
+        once this attempt's part in the last one is written (the resumed attempt may be drilled next)."""
         self._checked = True
-        if self.request is not None:
+        if self.request is not None and not self.written:
             return
         try:
             request = drills.read_request(self.folder)
-            if request is None or request.epoch > self.epoch:
+            if request is None or request.epoch > self.epoch or (self.request and request.id == self.request.id):
                 return
+            self._forget()
             if request.epoch == self.epoch:
                 self.request = request
                 log.warning("drill %s requested: %s", request.id, "stopping on the provider's notice" if request.notice

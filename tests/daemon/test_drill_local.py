@@ -24,12 +24,13 @@ from tests.daemon.test_loop_local import tick_until
 DRILLED = Path(__file__).parent / "workloads" / "drilled.py"
 
 
-def job(name: str, command: list[str], env: dict[str, str] | None = None, target: int = 400) -> str:
+def job(name: str, command: list[str], env: dict[str, str] | None = None, target: int = 400,
+        extra: dict[str, object] | None = None) -> str:
     return yaml.safe_dump({
         "apiVersion": "reconciler.dev/v1", "kind": "Job", "metadata": {"name": name},
         "spec": {"command": command, "target_steps": target, "checkpoint_every": 10,
                  "env": {"DEMO_STEP_SECONDS": "0.05", **(env or {})},
-                 "retry": {"max_retries": 0, "backoff_seconds": 0.2}},
+                 "retry": {"max_retries": 0, "backoff_seconds": 0.2}, **(extra or {})},
     })
 
 
@@ -75,28 +76,31 @@ def drilled(rec: Reconciler, name: str, timeout: float = 120) -> JobStatus:
     return tick_until(rec, done, timeout=timeout).statuses[name]
 
 
-def test_a_drill_of_the_demo_model_on_the_local_provider_is_exact_and_charged_to_nothing(
+def test_the_demo_model_on_the_local_provider_drills_exact_first_by_itself_then_on_request_charged_to_nothing(
         state_repo: StateRepoFixture, local_workdir: Path) -> None:
-    state_repo.write("desired/demo.yaml", job("demo", [sys.executable, "-m", "reconciler.demo.train"]))
+    state_repo.write("desired/demo.yaml", job("demo", [sys.executable, "-m", "reconciler.demo.train"],
+                                              extra={"drill": "first_checkpoint"}))
     state_repo.commit("add demo")
     rec = Reconciler(state_repo.path)
+    first = drilled(rec, "demo").drill  # spec.drill: first_checkpoint, after the run's first durable checkpoint
+    assert first is not None and first.id.startswith("first-") and first.verdict == "exact", first
     running_with_checkpoint(state_repo, rec, "demo")
     code, out = tick_until_exit(rec, waiting_cli(state_repo, "demo"))
     said = " ".join(out.split())
     assert code == 0 and "requested: committed" in said and "demo: drill exact: steps" in said, out
     st = tick_until(rec, lambda r: True).statuses["demo"]
     d = st.drill
-    assert d is not None and d.verdict == "exact", d
+    assert d is not None and d.id != first.id and d.verdict == "exact", d
     assert d.step is not None and d.resumed_step == d.step and d.killed_at == d.step + 5
-    drill_end = st.attempts[0]
-    assert drill_end.outcome == Outcome.CANCELLED and "a drill: charged to nothing" in drill_end.detail
+    for drill_end in st.attempts[:2]:
+        assert drill_end.outcome == Outcome.CANCELLED and "a drill: charged to nothing" in drill_end.detail
     assert (st.failures, st.unproductive) == (0, 0)
-    assert st.phase in (Phase.RUNNING, Phase.LAUNCHING) and st.current is not None and st.current.epoch == 2
+    assert st.phase in (Phase.RUNNING, Phase.LAUNCHING) and st.current is not None and st.current.epoch == 3
     subjects = state_repo.git("log", "--format=%s", "--", "status/demo.yaml").splitlines()
-    assert "demo: drill exact" in subjects
+    assert subjects.count("demo: drill exact") == 2
     described = " ".join(cli("describe", "demo", "--repo", str(state_repo.path)).stdout.split())
     assert f"drill {d.id}: exact: steps {d.step + 1}..{d.step + 5} reported the same metrics" in described
-    shown = cli("logs", "demo", "--attempt", "1", "--repo", str(state_repo.path))
+    shown = cli("logs", "demo", "--attempt", "2", "--repo", str(state_repo.path))
     assert f"ended: drill {d.id}: killed with no notice" in " ".join(shown.stderr.split())
     assert f"drill {d.id} requested" in shown.stdout  # the worker's own log says it took the drill up
 
