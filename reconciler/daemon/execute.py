@@ -18,6 +18,7 @@ from adapters.compute import (
     SECRETS_AT_PROVIDER,
     ComputeAdapter,
     JobConfigError,
+    Kills,
     LaunchRefused,
     LaunchSpec,
     ProviderConfigError,
@@ -105,8 +106,10 @@ def _terminate(action: Terminate, adapters: dict[str, ComputeAdapter], settings:
         report.errors.append(f"cannot terminate {action.ref.id}: provider {action.ref.provider!r} is gone")
         return
     try:
-        kill = getattr(adapter, "kill", None) if action.hard else None
-        (kill or adapter.terminate)(action.ref)
+        if action.hard and isinstance(adapter, Kills):
+            adapter.kill(action.ref)
+        else:
+            adapter.terminate(action.ref)
         report.terminated.append(action)
         log.info("terminated %s on %s: %s", action.ref.id, action.ref.provider, action.reason)
     except Exception as exc:  # a provider failure must not stop the other actions

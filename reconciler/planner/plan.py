@@ -8,8 +8,8 @@ Each job goes through the same named steps in a fixed order (as Flux's reconcile
 guards): identify the run -> fence workers that must not run -> read storage -> adopt an
 unrecorded worker -> foresee (the forecast) -> stop on policy (suspend, deadline, budget) ->
 judge the live attempt -> note a lost worker against its provider's health (reconciler.planner.health,
-computed once per plan from every job's status and shared by all) -> wait while run storage has a
-fault -> reconsider where it runs ->
+computed once per plan from every job's status and shared by all) -> carry out a drill
+(reconciler.planner.drill) -> wait while run storage has a fault -> reconsider where it runs ->
 finish -> hold a finished job -> decide the next launch (guards, then the jobs it runs `after`).
 A step either passes the job on or settles its status for this tick. How attempts end is judged
 in `reconciler.planner.judge`; foresee, reconsider and the launch live in
