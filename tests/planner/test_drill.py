@@ -1,0 +1,66 @@
+"""The drill's comparison (reconciler/planner/drill.py `judge`), on the records both sides write:
+bit-identical is exact, a relative difference within the tolerance passes, the first step beyond
+it is named with its values and the usual causes, and a resume at another step is a failed resume."""
+
+from __future__ import annotations
+
+from adapters.drills import Side
+from reconciler.planner.drill import CAUSES, judge, relative
+from status.models import Drill
+
+BEFORE = Side(epoch=1, step=20, points={21: {"loss": 0.5, "lr": 0.01}, 22: {"loss": 0.4, "lr": 0.01},
+                                        23: {"loss": 0.3, "lr": 0.01}})
+
+
+def after(**changes: dict[str, float]) -> Side:
+    points = {s: dict(v) for s, v in BEFORE.points.items()}
+    for key, values in changes.items():
+        points[int(key.removeprefix("s"))].update(values)
+    return Side(epoch=2, step=20, points=points)
+
+
+def test_the_same_numbers_bit_for_bit_are_exact() -> None:
+    verdict, detail = judge(Drill(id="d"), BEFORE, after())
+    assert verdict == "exact" and "steps 21..23" in detail and "resuming at step 20" in detail
+
+
+def test_a_difference_within_the_relative_tolerance_passes_and_says_the_largest() -> None:
+    verdict, detail = judge(Drill(id="d", tolerance=1e-5), BEFORE, after(s22={"loss": 0.4 * (1 + 1e-6)}))
+    assert verdict == "within tolerance" and "largest relative difference 1e-06" in detail
+
+
+def test_the_first_step_beyond_the_tolerance_is_named_with_its_values_and_the_usual_causes() -> None:
+    verdict, detail = judge(Drill(id="d", tolerance=1e-5), BEFORE,
+                            after(s22={"lr": 0.02}, s23={"loss": 9.0}))
+    assert verdict == "diverged"
+    assert detail.startswith("first difference at step 22 (2 after the checkpoint): lr was 0.01 before and 0.02 after")
+    assert "tolerance 1e-05" in detail and detail.endswith(CAUSES)
+
+
+def test_any_difference_diverges_without_a_tolerance() -> None:
+    verdict, detail = judge(Drill(id="d"), BEFORE, after(s21={"loss": 0.5000000000000001}))
+    assert verdict == "diverged" and "step 21" in detail
+
+
+def test_a_step_missing_after_the_resume_diverges_at_that_step() -> None:
+    resumed = Side(epoch=2, step=20, points={21: BEFORE.points[21]})
+    assert judge(Drill(id="d"), BEFORE, resumed) == (
+        "diverged", "step 22 reported loss before the interruption but not after it")
+
+
+def test_a_resume_at_another_step_is_a_failed_resume() -> None:
+    verdict, detail = judge(Drill(id="d"), BEFORE, Side(epoch=2, step=0))
+    assert verdict == "failed resume" and "started at step 0, not at the drill's checkpoint (step 20)" in detail
+
+
+def test_a_notice_drill_counts_the_steps_lost_between_its_final_checkpoint_and_the_resume() -> None:
+    stopped = Side(epoch=1, step=37, grace_used=0.4)
+    assert judge(Drill(id="d", notice=True), stopped, Side(epoch=2, step=37))[0] == "exact"
+    verdict, detail = judge(Drill(id="d", notice=True), stopped, Side(epoch=2, step=30))
+    assert verdict == "failed resume" and "7 steps lost" in detail and "0.4s of the grace" in detail
+    assert judge(Drill(id="d", notice=True), None, Side(epoch=2, step=30))[0] == "failed resume"
+
+
+def test_relative_difference_is_zero_only_for_equal_values() -> None:
+    assert relative(0.0, 0.0) == 0.0 and relative(1.0, 1.0) == 0.0
+    assert relative(0.0, 1e-30) == 1.0 and relative(-2.0, 2.0) == 2.0
