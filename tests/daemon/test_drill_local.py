@@ -5,16 +5,20 @@ the drill's interruption is charged to nothing."""
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import yaml
+from starlette.testclient import TestClient
 
 from reconciler.daemon.loop import Reconciler, TickReport
+from reconciler.web.app import create_app
 from status.models import Drill as DrillStatus
 from status.models import DrillPhase, JobStatus, Outcome, Phase
 from tests.cli.test_cli import cli
@@ -117,6 +121,16 @@ def test_a_scheduler_left_out_of_restore_is_reported_at_the_first_step_that_diff
     assert d.verdict == "diverged", d
     assert d.step is not None and f"first difference at step {d.step + 1}" in d.detail
     assert "lr was" in d.detail and "restore()" in d.detail and "RNG" in d.detail
+    page = TestClient(create_app(state_repo.path)).get("/job/slip").text  # the job page overlays the two sides
+    drill_section = re.search(r'<p class="drill v-failed" id="drill">(.*?)</p>.*?<div class="charts" id="drill-charts">'
+                              r'(.*?)</div>\s*<p class="hint">', page, re.S)
+    assert drill_section, page
+    assert f"drill {d.id}: diverged: first difference at step {d.step + 1}" in html.unescape(drill_section.group(1))
+    charts = drill_section.group(2)
+    for metric in ("loss", "lr"):
+        chart = re.search(rf'data-metric="{metric}">(.*?)</svg>', charts, re.S)
+        assert chart and chart.group(1).count('data-label="before the interruption"') == 1
+        assert chart.group(1).count('data-label="after the resume"') == 1
 
 
 def test_a_job_without_a_durable_checkpoint_is_refused_in_one_sentence(
