@@ -98,15 +98,18 @@ def execute(actions: list[Action], *, jobs: dict[str, Job], adapters: dict[str, 
 def _terminate(action: Terminate, adapters: dict[str, ComputeAdapter], settings: Settings,
                report: ExecutionReport) -> None:
     """Stop request first (it works even when the provider is gone or cannot cancel), then the provider.
-    A hard stop (a drill) gives no notice: no stop request, and the adapter's `kill` where it has one."""
-    if not action.hard:
+    A hard stop (a drill) gives no notice where the adapter can `kill`; elsewhere it is the ordinary
+    stop (a provider without a cancel API has only the stop request), and the drilled worker's held
+    saves still make the run resume at the drill's checkpoint."""
+    hard = action.hard and isinstance(adapters.get(action.ref.provider), Kills)
+    if not hard:
         request_stop(action, settings)
     adapter = adapters.get(action.ref.provider)
     if adapter is None:
         report.errors.append(f"cannot terminate {action.ref.id}: provider {action.ref.provider!r} is gone")
         return
     try:
-        if action.hard and isinstance(adapter, Kills):
+        if hard and isinstance(adapter, Kills):
             adapter.kill(action.ref)
         else:
             adapter.terminate(action.ref)

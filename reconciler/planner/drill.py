@@ -69,7 +69,24 @@ def _advance(t: JobTick, d: Drill) -> bool:
         _armed(t, d, seen.before if seen else None)
     elif seen is not None and seen.after is not None:
         t.st.drill = _verdict(t, d, *judge(d, seen.before, seen.after), _facts(d, seen.before, seen.after))
-    elif d.to and t.current is None and not any(live(s) for r, s in t.workers.items() if r.run_id == t.st.run_id):
+    else:
+        return _resuming(t, d)
+    return False
+
+
+def _resuming(t: JobTick, d: Drill) -> bool:
+    """Waiting for the resumed side: the first relaunch goes to `--to`'s provider (placed here, so
+    only that one: later ones go through the launch's guards); a resumed attempt that ended before
+    it wrote its side is a failed resume."""
+    later = [a for a in t.st.attempts if a.run_id == t.st.run_id and a.epoch > d.epoch]
+    ended = next((a for a in later if not a.open), None)
+    if ended is not None:
+        outcome = ended.outcome.value if ended.outcome else "ended"
+        t.st.drill = _verdict(t, d, "failed resume", f"attempt {ended.epoch} on {ended.provider} ended ({outcome}: "
+                              f"{ended.detail}) before it reported the drill's steps; see `reconciler logs`")
+        return False
+    if d.to and not later and t.current is None and not any(
+            live(s) for r, s in t.workers.items() if r.run_id == t.st.run_id):
         t.out.actions.append(Launch(t.job.name, t.st.run_id, d.to, f"drill {d.id}: the relaunch goes to {d.to}"))
         t.st.phase, t.st.message = Phase.LAUNCHING, f"drill {d.id}: relaunching on {d.to}"
         return True
