@@ -554,6 +554,7 @@ def status(repo: RepoOption = Path("."),
             "failures": st.failures if st else 0, "message": st.message if st else "not reconciled yet",
             "held": st.held if st else None,
             "metrics": dict(live.heartbeat_metrics),  # the worker's newest reported values (loss, ...)
+            "drill": st.drill.summary() if st and st.drill else None,  # the run's newest drill and its verdict
             **_forecast_fields(st, deadline),
         })
     if job_name is not None:
@@ -631,7 +632,7 @@ def _show_job(row: dict[str, Any], st: JobStatus | None, job: Job | None, as_jso
     if job is not None and job.spec.budget_usd is not None:
         lines.append(("budget", money(job.spec.budget_usd)))
     lines += [("risk", risk), ("placement", f.placement if f else ""), ("decision", f.decision if f else ""),
-              ("note", f.note if f else ""), ("held", str(row["held"] or ""))]
+              ("note", f.note if f else ""), ("held", str(row["held"] or "")), ("drill", row["drill"] or "")]
     for label, value in lines:
         if value:
             console.print(f"  {label}: {escape(value)}")

@@ -102,6 +102,8 @@ def test_the_demo_model_on_the_local_provider_drills_exact_first_by_itself_then_
     assert st.phase in (Phase.RUNNING, Phase.LAUNCHING) and st.current is not None and st.current.epoch == 3
     subjects = state_repo.git("log", "--format=%s", "--", "status/demo.yaml").splitlines()
     assert subjects.count("demo: drill exact") == 2
+    listed = json.loads(cli("status", "--repo", str(state_repo.path), "--json").stdout)
+    assert [row["drill"] for row in listed] == [d.summary()]
     described = " ".join(cli("describe", "demo", "--repo", str(state_repo.path)).stdout.split())
     assert f"drill {d.id}: exact: steps {d.step + 1}..{d.step + 5} reported the same metrics" in described
     shown = cli("logs", "demo", "--attempt", "2", "--repo", str(state_repo.path))
