@@ -45,13 +45,14 @@ def _start(t: JobTick, d: Drill) -> None:
     store = t.observed.run_storage.get((t.job.name, t.st.run_id))
     t.out.actions.append(ArmDrill(refs[0], d.id, d.epoch, d.lookahead, d.notice, store))
     if d.notice:  # the provider's own stop path: SIGTERM (and the stop request), with its grace
-        _interrupt(t, d, hard=False, why=f"drill {d.id}: stopped on the provider's notice")
+        _interrupt(t, hard=False, why=f"drill {d.id}: stopped on the provider's notice")
         d = d.model_copy(update={"phase": DrillPhase.RESUMING, "killed_at": t.run.heartbeat_step})
     t.st.drill = d
     t.st.message = f"{t.st.message}; drill {d.id} asked for"
 
 
-def _interrupt(t: JobTick, d: Drill, hard: bool, why: str) -> None:
+def _interrupt(t: JobTick, hard: bool, why: str) -> None:
+    """Ends the live attempt on purpose; its `stop_reason` makes its end ours (cancelled, free)."""
     assert t.current is not None
     for ref in t.live_refs(t.current.epoch):
         if not any(isinstance(a, Terminate) and a.ref == ref for a in t.out.actions):
@@ -102,7 +103,7 @@ def _armed(t: JobTick, d: Drill, before: Side | None) -> None:
     if before is None:
         return
     last = max(before.points, default=before.step)
-    _interrupt(t, d, hard=True, why=f"drill {d.id}: killed with no notice at step {last}, "
+    _interrupt(t, hard=True, why=f"drill {d.id}: killed with no notice at step {last}, "
                                     f"{last - before.step} steps past its checkpoint at step {before.step}")
     t.st.drill = d.model_copy(update={"phase": DrillPhase.RESUMING, "step": before.step, "killed_at": last})
 

@@ -5,8 +5,11 @@ it is named with its values and the usual causes, and a resume at another step i
 from __future__ import annotations
 
 from adapters.drills import Side
+from desired.parse import DesiredState
 from reconciler.planner.drill import CAUSES, judge, relative
-from status.models import Drill
+from reconciler.planner.plan import Launch, Observed, plan
+from status.models import Attempt, Drill, DrillPhase, JobStatus, Outcome
+from tests.planner.test_plan import NOW, desired, job_yaml, with_attempt
 
 BEFORE = Side(epoch=1, step=20, points={21: {"loss": 0.5, "lr": 0.01}, 22: {"loss": 0.4, "lr": 0.01},
                                         23: {"loss": 0.3, "lr": 0.01}})
@@ -64,3 +67,28 @@ def test_a_notice_drill_counts_the_steps_lost_between_its_final_checkpoint_and_t
 def test_relative_difference_is_zero_only_for_equal_values() -> None:
     assert relative(0.0, 0.0) == 0.0 and relative(1.0, 1.0) == 0.0
     assert relative(0.0, 1e-30) == 1.0 and relative(-2.0, 2.0) == 2.0
+
+
+def drilled_status(d: DesiredState, *ends: Outcome) -> JobStatus:
+    """A job whose drill (to provider `paid`) killed attempt 1; `ends` are the attempts after it."""
+    st = with_attempt(d)
+    st.attempts = [st.attempts[0].model_copy(update={"ended": NOW - 50, "outcome": Outcome.CANCELLED,
+                                                     "run_id": st.run_id})]
+    for i, outcome in enumerate(ends, start=2):
+        st.attempts.append(Attempt(run_id=st.run_id, epoch=i, provider="paid", worker=f"w{i}", started=NOW - 40,
+                                   ended=NOW - 30, outcome=outcome, detail="exited with code 1"))
+    st.total_attempts = len(st.attempts)
+    st.drill = Drill(id="d1", phase=DrillPhase.RESUMING, epoch=1, step=20, to="paid")
+    return st
+
+
+def test_the_relaunch_goes_to_the_drills_provider_once_and_a_resume_that_fails_ends_the_drill() -> None:
+    d = desired(job_yaml(extra='  drill_request: {id: d1, to: paid}'))
+    first = plan(d, Observed(), {"train": drilled_status(d)}, NOW)
+    assert [(a.provider, a.reason) for a in first.actions if isinstance(a, Launch)] == [
+        ("paid", "drill d1: the relaunch goes to paid")]
+    after = plan(d, Observed(), {"train": drilled_status(d, Outcome.JOB_ERROR)}, NOW)
+    drill = after.statuses["train"].drill
+    assert drill is not None and drill.verdict == "failed resume"
+    assert drill.detail.startswith("attempt 2 on paid ended (job-error: exited with code 1) before it reported")
+    assert not any(isinstance(a, Launch) and "drill" in a.reason for a in after.actions)  # the guards decide now
