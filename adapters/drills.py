@@ -3,6 +3,8 @@ worker SDK and read by both:
 
 - `drill/request.json`: the reconciler asks the attempt of `epoch` to drill (its id, the lookahead,
   notice or kill); the worker reads it at heartbeat cadence, as it reads stop.json;
+- `drill/<id>-taken.json`: the drilled attempt read the request and will drill (an older SDK, or
+  one under torchrun, never writes it: the reconciler gives up on such a drill after TAKE_SECONDS);
 - `drill/<id>-before.json`: the drilled attempt: the durable checkpoint N it drilled after, and the
   exact metrics it reported for each step N+1..N+K (not thinned, unlike metrics/: adapters/series.py);
   written once the lookahead is done (a notice drill: the step of its final checkpoint and the grace
@@ -21,8 +23,13 @@ from adapters.storage import RunFolder, StorageError
 
 REQUEST = "drill/request.json"
 LOOKAHEAD_SECONDS = 600.0  # the lookahead ends after this long even with fewer steps (a slow step)
+TAKE_SECONDS = 600.0  # a request no worker took up this long after it was asked is not carried out
 
 Points = dict[int, dict[str, float]]
+
+
+def taken_name(drill_id: str) -> str:
+    return f"drill/{drill_id}-taken.json"
 
 
 def before_name(drill_id: str) -> str:
@@ -100,11 +107,16 @@ class Seen:
     id: str
     before: Side | None = None
     after: Side | None = None
+    taken: bool = False  # the drilled attempt took the request up
 
 
 def read(folder: RunFolder, drill_id: str) -> Seen:
-    return Seen(drill_id, read_side(folder, before_name(drill_id)), read_side(folder, after_name(drill_id)))
+    try:
+        taken = folder.read_json(taken_name(drill_id)) is not None
+    except StorageError:
+        taken = False
+    return Seen(drill_id, read_side(folder, before_name(drill_id)), read_side(folder, after_name(drill_id)), taken)
 
 
-__all__ = ["LOOKAHEAD_SECONDS", "REQUEST", "Request", "Seen", "Side", "after_name", "before_name", "read",
-           "read_request", "read_side", "write_request", "write_side"]
+__all__ = ["LOOKAHEAD_SECONDS", "REQUEST", "TAKE_SECONDS", "Request", "Seen", "Side", "after_name", "before_name",
+           "read", "read_request", "read_side", "taken_name", "write_request", "write_side"]

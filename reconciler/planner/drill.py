@@ -9,7 +9,7 @@ to the job (no retry budget, no crash-loop count). Pure, like the rest of the pl
 
 from __future__ import annotations
 
-from adapters.drills import Side
+from adapters.drills import TAKE_SECONDS, Seen, Side
 from reconciler.planner.tick import ArmDrill, JobTick, Launch, Terminate, live
 from status.models import Drill, DrillPhase, Phase
 
@@ -67,7 +67,7 @@ def _advance(t: JobTick, d: Drill) -> bool:
         t.st.drill = _verdict(t, d, "not carried out", "the run completed before the drill was over (a worker "
                               "SDK without drills, or fewer steps left than the lookahead)")
     elif d.phase == DrillPhase.ARMED:
-        _armed(t, d, seen.before if seen else None)
+        _armed(t, d, seen)
     elif seen is not None and seen.after is not None:
         t.st.drill = _verdict(t, d, *judge(d, seen.before, seen.after), _facts(d, seen.before, seen.after))
     else:
@@ -94,11 +94,17 @@ def _resuming(t: JobTick, d: Drill) -> bool:
     return False
 
 
-def _armed(t: JobTick, d: Drill, before: Side | None) -> None:
+def _armed(t: JobTick, d: Drill, seen: Seen | None) -> None:
     cur = t.current
     if cur is None or cur.epoch != d.epoch:
         t.st.drill = _verdict(t, d, "not carried out", f"attempt {d.epoch} ended before its lookahead was over; "
                               "ask for the drill again (`reconciler drill`)")
+        return
+    before = seen.before if seen is not None else None
+    if before is None and not (seen is not None and seen.taken) and t.now - d.requested >= TAKE_SECONDS:
+        t.st.drill = _verdict(t, d, "not carried out", f"attempt {d.epoch} did not take the drill up within "
+                              f"{TAKE_SECONDS / 60:.0f} minutes: its worker SDK is older than drills, or it runs "
+                              "several ranks (torchrun), which drills do not support yet")
         return
     if before is None:
         return

@@ -60,12 +60,20 @@ class Drilling:
             self._forget()
             if request.epoch == self.epoch:
                 self.request = request
+                self._take(request)
                 log.warning("drill %s requested: %s", request.id, "stopping on the provider's notice" if request.notice
                             else f"after the next checkpoint, {request.lookahead} steps are run and then killed")
                 return
             self._resumed_side(request)
         except StorageError as exc:
             log.debug("could not read the drill request: %s", exc)
+
+    def _take(self, request: drills.Request) -> None:
+        """Tell the reconciler this attempt will drill (it gives up on a request no one takes)."""
+        try:
+            self.folder.write_json(drills.taken_name(request.id), {"epoch": self.epoch})
+        except (StorageError, OSError) as exc:
+            log.warning("drill %s: could not say it was taken up (%s)", request.id, exc)
 
     def _resumed_side(self, request: drills.Request) -> None:
         if drills.read_side(self.folder, drills.after_name(request.id)) is not None:

@@ -4,12 +4,12 @@ it is named with its values and the usual causes, and a resume at another step i
 
 from __future__ import annotations
 
-from adapters.drills import Side
+from adapters.drills import TAKE_SECONDS, Seen, Side
 from desired.parse import DesiredState
 from reconciler.planner.drill import CAUSES, judge, relative
-from reconciler.planner.plan import Launch, Observed, plan
+from reconciler.planner.plan import Launch, Observed, RunObservation, plan
 from status.models import Attempt, Drill, DrillPhase, JobStatus, Outcome
-from tests.planner.test_plan import NOW, desired, job_yaml, with_attempt
+from tests.planner.test_plan import NOW, desired, job_yaml, running, with_attempt
 
 BEFORE = Side(epoch=1, step=20, points={21: {"loss": 0.5, "lr": 0.01}, 22: {"loss": 0.4, "lr": 0.01},
                                         23: {"loss": 0.3, "lr": 0.01}})
@@ -92,3 +92,17 @@ def test_the_relaunch_goes_to_the_drills_provider_once_and_a_resume_that_fails_e
     assert drill is not None and drill.verdict == "failed resume"
     assert drill.detail.startswith("attempt 2 on paid ended (job-error: exited with code 1) before it reported")
     assert not any(isinstance(a, Launch) and "drill" in a.reason for a in after.actions)  # the guards decide now
+
+
+def test_a_drill_no_worker_takes_up_is_given_up_after_ten_minutes_with_the_likely_reason() -> None:
+    d = desired(job_yaml(extra="  drill_request: {id: d1}"))
+    st = with_attempt(d, running_since=NOW - 900)
+    st.drill = Drill(id="d1", phase=DrillPhase.ARMED, epoch=1, requested=NOW - TAKE_SECONDS - 1)
+    ref, state = running("train", st.run_id, 1)
+    seen = {("train", st.run_id): RunObservation(durable_step=10, drill=Seen("d1"))}
+    untaken = plan(d, Observed(workers={ref: state}, runs=seen), {"train": st}, NOW).statuses["train"].drill
+    assert untaken is not None and untaken.verdict == "not carried out"
+    assert "did not take the drill up within 10 minutes" in untaken.detail and "torchrun" in untaken.detail
+    taken = {("train", st.run_id): RunObservation(durable_step=10, drill=Seen("d1", taken=True))}
+    waiting = plan(d, Observed(workers={ref: state}, runs=taken), {"train": st}, NOW).statuses["train"].drill
+    assert waiting is not None and waiting.phase == DrillPhase.ARMED  # taken up: its lookahead may take longer
