@@ -604,7 +604,7 @@ class Provider(Strict):
 
 
 NotifyEvent = Literal["succeeded", "failed", "deadline-at-risk", "budget-nearly-spent", "repeated-preemptions",
-                      "held", "storage-fault"]
+                      "held", "storage-fault", "drill"]
 NOTIFY_EVENTS: tuple[NotifyEvent, ...] = get_args(NotifyEvent)
 
 
