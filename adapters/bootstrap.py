@@ -492,6 +492,23 @@ def cmd_terminate(folder):
     return 0
 
 
+def cmd_kill(folder):
+    """No notice (a drill): SIGKILL to the command's process group at once, as a machine that vanishes;
+    the wrapper records the exit. Marked as terminate's stop is, so the end reads as ours."""
+    if not os.path.isdir(folder):
+        print(json.dumps({"found": False}))
+        return 0
+    _write(os.path.join(folder, "terminated"), str(int(time.time())))
+    child = _read_json(os.path.join(folder, "child.pid"))
+    if child is not None and _alive(child):
+        try:
+            os.killpg(int(child["pid"]), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    print(json.dumps({"found": True}))
+    return 0
+
+
 def cmd_logs(folder, tail):
     path = os.path.join(folder, "log")
     tail = max(0, int(tail))
@@ -511,7 +528,7 @@ def cmd_logs(folder, tail):
 
 def main(argv):
     if not argv:
-        sys.stderr.write("usage: agent launch|run|list|terminate|logs ...\n")
+        sys.stderr.write("usage: agent launch|run|list|terminate|kill|logs ...\n")
         return 2
     cmd, args = argv[0], argv[1:]
     if cmd == "launch":
@@ -522,6 +539,8 @@ def main(argv):
         return cmd_list(args[0], args[1], args[2])
     if cmd == "terminate":
         return cmd_terminate(args[0])
+    if cmd == "kill":
+        return cmd_kill(args[0])
     if cmd == "logs":
         return cmd_logs(args[0], args[1] if len(args) > 1 else 50)
     if cmd == "version":

@@ -236,6 +236,17 @@ class ComputeAdapter(Protocol):
 
 
 @runtime_checkable
+class Kills(Protocol):
+    """Optional: end a worker with no notice at all, as a machine that vanishes (a drill,
+    docs/guides/drills.md): SIGKILL at once, no grace, no stop request. The end is ours, so it is
+    reported as terminate's is (stopped by the reconciler). An adapter without it is stopped with
+    `terminate` instead."""
+
+    def kill(self, ref: WorkerRef) -> None:
+        ...
+
+
+@runtime_checkable
 class WatchesEndings(Protocol):
     """Optional, for adapters that can see one of their workers end soon after it happens (an exit
     record written on an SSH host, a Slurm job leaving the running states). The daemon runs it on a

@@ -308,6 +308,15 @@ class LocalAdapter:
             except ProcessLookupError:
                 pass
 
+    def kill(self, ref: WorkerRef) -> None:
+        """No notice: SIGKILL to the worker command, as a machine that vanishes (a drill). The stop
+        is ours (marked as terminate's is), so its end reads as stopped by the reconciler."""
+        folder = self._own_folder(ref)
+        if folder is None:
+            return
+        (folder / "terminate-requested").touch(exist_ok=True)
+        self.kill_worker(ref, signal.SIGKILL)
+
     def kill_worker(self, ref: WorkerRef, sig: int = signal.SIGKILL, preempt: bool = False) -> bool:
         """Sends `sig` to the worker command itself, as a crash would (chaos, tests); with `preempt`,
         the worker's end is then reported as a preemption, the word a cloud provider gives."""

@@ -576,6 +576,19 @@ class SlurmAdapter:
                 f"slurm provider {self.name!r}: scancel {ref.id} failed: {proc.stderr.strip()}"
             )
 
+    def kill(self, ref: WorkerRef) -> None:
+        """No notice (a drill): `scancel --signal=KILL --full` kills every step of the job, the batch
+        script too, with no SIGTERM and no KillWait first. Marked as terminate's stop is: ours."""
+        folder = self._folder_of(ref)
+        if folder is None:
+            return
+        (folder / "terminated").write_text(str(int(time.time())))
+        proc = self._run(["scancel", "--signal=KILL", "--full", ref.id])
+        if proc.returncode != 0 and "invalid job id" not in proc.stderr.lower():
+            raise ProviderUnavailable(
+                f"slurm provider {self.name!r}: scancel --signal=KILL {ref.id} failed: {proc.stderr.strip()}"
+            )
+
     def logs(self, ref: WorkerRef, tail: int = 50) -> str:
         folder = self._folder_of(ref)
         if folder is None:

@@ -496,6 +496,18 @@ class SshAdapter:
         except HostUnreachable:
             self.health[host.name].pending_stop.add(folder)
 
+    def kill(self, ref: WorkerRef) -> None:
+        """No notice (a drill): SIGKILL to the worker on its host at once. An unreachable host gets
+        the ordinary stop remembered instead: the drill's worker holds its saves, so either resumes at N."""
+        where = self._host_of(ref)
+        if where is None:
+            return
+        host, folder = where
+        try:
+            self._agent_at(host, "kill", folder)
+        except HostUnreachable:
+            self.health[host.name].pending_stop.add(folder)
+
     def logs(self, ref: WorkerRef, tail: int = 50) -> str:
         where = self._host_of(ref)
         if where is None:

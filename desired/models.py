@@ -242,6 +242,32 @@ class Matrix(BaseModel):
         return dict(self.model_extra or {})
 
 
+DRILL_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
+
+
+class DrillRequest(Strict):
+    """One drill asked for by `reconciler drill JOB` (docs/guides/drills.md): a new `id` asks for
+    a new drill; the daemon carries out each id once, and its verdict is in the job's status."""
+
+    id: str = Field(description="the request's id, made by `reconciler drill`; a new id is a new drill")
+    run: str | None = Field(default=None,
+        description="the run it was asked for (a new run of the job is not drilled by an old request)")
+    lookahead: int = Field(default=5, ge=1, le=1000,
+        description="steps the worker runs past its checkpoint before it is killed, and runs again after")
+    tolerance: float = Field(default=0.0, ge=0,
+        description="largest relative difference of a metric that still counts as the same run; 0 = exact")
+    notice: bool = Field(default=False,
+        description="true: stop through the provider's notice (SIGTERM and its grace) instead of a kill")
+    to: Name | None = Field(default=None, description="the provider the relaunch goes to; unset = placement decides")
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if not DRILL_ID.fullmatch(v):
+            raise ValueError(f"{v!r} is not a drill id: use lower-case letters, digits and '-' (at most 40)")
+        return v
+
+
 class JobSpec(Strict):
     command: list[str] = Field(min_length=1, description="argv of the worker; no shell is involved")
     code: Code = Field(default_factory=Code, description="where the job's code comes from (part of the run identity)")
@@ -270,6 +296,14 @@ class JobSpec(Strict):
     )
     suspend: bool = Field(default=False,
         description="true: stop the worker after a final checkpoint and start none until false again")
+    drill: Literal["first_checkpoint"] | None = Field(
+        default=None,
+        description="first_checkpoint: one hard drill runs by itself after the first durable checkpoint of "
+                    "each new run (an interruption proved to cost only time); its verdict is in status")
+    drill_request: DrillRequest | None = Field(
+        default=None,
+        description="written by `reconciler drill JOB`: interrupt the running worker on purpose and check "
+                    "that the resumed run is the same run (docs/guides/drills.md)")
     matrix: Matrix | None = Field(
         default=None,
         description="run the job once per combination of values (a sweep, as in GitHub Actions): each "
@@ -570,7 +604,7 @@ class Provider(Strict):
 
 
 NotifyEvent = Literal["succeeded", "failed", "deadline-at-risk", "budget-nearly-spent", "repeated-preemptions",
-                      "held", "storage-fault"]
+                      "held", "storage-fault", "drill"]
 NOTIFY_EVENTS: tuple[NotifyEvent, ...] = get_args(NotifyEvent)
 
 

@@ -157,6 +157,49 @@ class Output(Model):
 OUTPUTS_LISTED = 50  # outputs a status lists by name; the rest are counted in `outputs_more`
 
 
+class DrillPhase(StrEnum):
+    ARMED = "armed"  # the worker was asked to drill after its next durable checkpoint
+    RESUMING = "resuming"  # interrupted on purpose; the next attempt must restore the drill's step
+    DONE = "done"  # the verdict is in
+
+
+class Drill(Model):
+    """A drill of the run (docs/guides/drills.md): interrupted on purpose after a durable checkpoint,
+    then resumed and compared step by step with what it reported before the interruption."""
+
+    id: str
+    phase: DrillPhase = DrillPhase.ARMED
+    notice: bool = False  # the provider's notice (SIGTERM and its grace) instead of a kill
+    lookahead: int = 5
+    tolerance: float = 0.0
+    to: str | None = None  # the provider the relaunch was sent to
+    requested: float = 0.0
+    epoch: int = 0  # the attempt that was drilled
+    step: int | None = None  # the durable checkpoint it was interrupted after (N)
+    killed_at: int | None = None  # the last step the drilled attempt reported before it ended
+    resumed_step: int | None = None  # what the next attempt restored
+    steps_lost: int | None = None  # notice drills: steps past the final checkpoint that were lost
+    grace_used: float | None = None  # notice drills: seconds from the notice to the final checkpoint
+    verdict: str | None = None  # exact | within tolerance | diverged | failed resume | not carried out
+    detail: str = ""  # the verdict in one sentence (the first differing step, by how much, the usual causes)
+    ended: float | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict in ("exact", "within tolerance")
+
+    def summary(self) -> str:
+        """One line for describe, status and the page: the verdict and its sentence, or where it is."""
+        kind = "notice drill" if self.notice else "drill"
+        if self.verdict is not None:
+            return f"{kind} {self.id}: {self.verdict}: {self.detail}"
+        if self.phase == DrillPhase.ARMED:
+            return (f"{kind} {self.id}: armed: attempt {self.epoch} runs {self.lookahead} steps past its next "
+                    "durable checkpoint, then it is killed with no notice")
+        where = f" (checkpoint at step {self.step})" if self.step is not None else ""
+        return f"{kind} {self.id}: interrupted{where}; waiting for the next attempt to resume and report"
+
+
 class JobStatus(Model):
     job: str
     phase: Phase = Phase.PENDING
@@ -187,6 +230,7 @@ class JobStatus(Model):
     # (None until a run leaves some, so that a status without any reads as before).
     outputs: list[Output] | None = None
     outputs_more: int | None = None
+    drill: Drill | None = None  # the run's newest drill (None until one is asked for)
 
     @property
     def current(self) -> Attempt | None:
@@ -236,7 +280,7 @@ def from_iso(value: Any) -> float | None:
 
 
 _TIME_FIELDS = ("started", "ended", "unseen_since", "backoff_until", "first_beat", "eta", "refused",
-                "running_since", "seen_at")
+                "running_since", "seen_at", "requested")
 
 
 def _times_to_iso(data: Any) -> Any:

@@ -137,6 +137,8 @@ def describe(job: Annotated[str, typer.Argument(help="the job to describe")], re
                   + (f"/{st.progress.target}" if st.progress.target else "")
                   + f"   attempts this run: {st.total_attempts}   interruptions: {st.interruptions}   "
                   f"failures: {st.failures}   steps lost: {st.steps_lost}   cost: {money(st.cost_usd)}")
+    if st.drill is not None:
+        console.print(f"  {show(st.drill.summary())}")
     _attempt_tables(st, show)
     _reported_metrics(st, desired)
     if st.refusals:  # launches that never became attempts: they have no number

@@ -554,6 +554,7 @@ def status(repo: RepoOption = Path("."),
             "failures": st.failures if st else 0, "message": st.message if st else "not reconciled yet",
             "held": st.held if st else None,
             "metrics": dict(live.heartbeat_metrics),  # the worker's newest reported values (loss, ...)
+            "drill": st.drill.summary() if st and st.drill else None,  # the run's newest drill and its verdict
             **_forecast_fields(st, deadline),
         })
     if job_name is not None:
@@ -631,7 +632,7 @@ def _show_job(row: dict[str, Any], st: JobStatus | None, job: Job | None, as_jso
     if job is not None and job.spec.budget_usd is not None:
         lines.append(("budget", money(job.spec.budget_usd)))
     lines += [("risk", risk), ("placement", f.placement if f else ""), ("decision", f.decision if f else ""),
-              ("note", f.note if f else ""), ("held", str(row["held"] or ""))]
+              ("note", f.note if f else ""), ("held", str(row["held"] or "")), ("drill", row["drill"] or "")]
     for label, value in lines:
         if value:
             console.print(f"  {label}: {escape(value)}")
@@ -724,7 +725,7 @@ from reconciler.web.command import serve as _serve  # noqa: E402 - the status pa
 app.command(name="serve")(_serve)
 
 # Commands kept in modules of their own register themselves on `app` when imported.
-from reconciler.cli import artifacts, jobs, logs, reconcile  # noqa: E402,F401
+from reconciler.cli import artifacts, drill, jobs, logs, reconcile  # noqa: E402,F401
 from reconciler.cli.helptext import flow_command_help  # noqa: E402
 
 flow_command_help(app)

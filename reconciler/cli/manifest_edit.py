@@ -3,6 +3,7 @@ user had edited it (GitOps: the daemon learns of it the way it learns of any cha
 who did what and when).
 
 - suspend / resume set the Job's `spec.suspend` to true / false;
+- drill sets the Job's `spec.drill_request` (a new id asks for a new drill: reconciler drill);
 - cancel removes the Job's document (the file, when it was the file's only document): a deleted
   manifest cancels its run (DESIGN.md §2). Its commit carries the cancel-confirmation trailer: the
   user asked for this cancel by name, so the mass-cancel guard of the planner need not hold it.
@@ -38,6 +39,7 @@ class Change(StrEnum):
     SUSPEND = "suspend"
     RESUME = "resume"
     CANCEL = "cancel"
+    DRILL = "drill"
 
 
 class EditError(Exception):
@@ -52,9 +54,10 @@ class Edited:
     push_error: str = ""
 
 
-def change_job(path: Path, job: str, change: Change, subdir: str = "") -> Edited:
+def change_job(path: Path, job: str, change: Change, subdir: str = "",
+               drill: dict[str, Any] | None = None) -> Edited:
     """Edits the manifest of `job` in the checkout at `path` (under `subdir` in a monorepo) and
-    commits it (and pushes it)."""
+    commits it (and pushes it). `drill`: the request a DRILL writes."""
     try:
         repo = StateRepo(path, subdir=subdir)
         head = repo.head()
@@ -69,14 +72,14 @@ def change_job(path: Path, job: str, change: Change, subdir: str = "") -> Edited
         target = inside(repo.path / rel, repo.path, rel)
     except Refused as exc:
         raise EditError(str(exc)) from exc
-    text = edit_text(target.read_text(), job, change)
+    text = edit_text(target.read_text(), job, change, drill)
     if text == target.read_text():
         return Edited(file=rel, commit=None)
     if text is None:
         repo.repo.git.rm("-q", "--", rel)
     else:
         target.write_text(text)
-    commit = _commit(repo.repo, rel, job, change)
+    commit = _commit(repo.repo, rel, job, change, _drill_words(drill))
     settings, _ = parse_settings(repo.read_settings(head))
     edited = Edited(file=rel, commit=commit)
     if settings.remote:
@@ -90,6 +93,9 @@ def _manifest_of(desired: DesiredState, job: str, change: Change) -> str:
     its matrix; one member alone has no document of its own to edit."""
     if job in desired.sweeps:
         return desired.sweeps[job].file
+    if change is Change.DRILL and (job in desired.sweeps or job in desired.sweep_of):
+        raise EditError(f"{job} is a sweep or one of its members, which share one document: a drill is asked of "
+                        "one job with a manifest of its own; drill a job outside the sweep")
     if job in desired.sweep_of:
         sweep = desired.sweep_of[job]
         raise EditError(f"{job} is a member of sweep {sweep}, which has no document of its own: "
@@ -101,7 +107,7 @@ def _manifest_of(desired: DesiredState, job: str, change: Change) -> str:
     raise EditError(f"no job named {job} in desired/ at HEAD (jobs and sweeps: {known})")
 
 
-def edit_text(text: str, job: str, change: Change) -> str | None:
+def edit_text(text: str, job: str, change: Change, drill: dict[str, Any] | None = None) -> str | None:
     """The manifest file with the change made; None when the file is left with no document."""
     yaml = YAML()
     yaml.preserve_quotes = True
@@ -117,6 +123,8 @@ def edit_text(text: str, job: str, change: Change) -> str | None:
         del docs[index]
         if not [d for d in docs if d is not None]:
             return None
+    elif change is Change.DRILL:
+        docs[index].setdefault("spec", {})["drill_request"] = dict(drill or {})
     else:
         spec = docs[index].setdefault("spec", {})
         wanted = change is Change.SUSPEND
@@ -133,8 +141,22 @@ def _is_job(doc: Any, job: str) -> bool:
             and doc["metadata"].get("name") == job)
 
 
-def _commit(repo: git.Repo, rel: str, job: str, change: Change) -> str:
-    message = f"{change.value} {job}\n\nMade by `reconciler {change.value} {job}`."
+def _drill_words(drill: dict[str, Any] | None) -> str:
+    """The drill's settings as the command line spelled them, for the commit message."""
+    if not drill:
+        return ""
+    words = [f"--lookahead {drill['lookahead']}"]
+    if drill.get("tolerance"):
+        words.append(f"--tolerance {drill['tolerance']:g}")
+    if drill.get("notice"):
+        words.append("--notice")
+    if drill.get("to"):
+        words.append(f"--to {drill['to']}")
+    return " " + " ".join(words)
+
+
+def _commit(repo: git.Repo, rel: str, job: str, change: Change, options: str = "") -> str:
+    message = f"{change.value} {job}\n\nMade by `reconciler {change.value} {job}{options}`."
     if change is Change.CANCEL:
         message += f"\n\n{CONFIRM_CANCEL_TRAILER}"
     args = ("--no-verify", "-q", "-m", message, "--only", "--", rel)

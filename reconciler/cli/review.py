@@ -37,6 +37,7 @@ KINDS = {  # change -> how a reviewer reads it, in the order a plan lists them
     "restore": "restore",
     "suspend": "suspend",
     "resume": "resume",
+    "drill": "drill",
     "in-place": "in place",
     "removed": "remove finished",
 }
@@ -148,6 +149,8 @@ def _classify(name: str, base: DesiredState, head: DesiredState, st: JobStatus |
         _restart(c, old, new, st)
     elif old.spec.suspend != new.spec.suspend:
         _suspend(c, new.spec.suspend, st)
+    elif new.spec.drill_request is not None and old.spec.drill_request != new.spec.drill_request:
+        _drill(c, new, st)
     else:
         _in_place(c, st)
     return c
@@ -186,6 +189,20 @@ def _suspend(c: JobChange, suspend: bool, st: JobStatus | None) -> None:
     else:
         c.meaning = f"resumes from {_progress(st)}"
     c.meaning += _also_in_place(c)
+
+
+def _drill(c: JobChange, new: Job, st: JobStatus | None) -> None:
+    """A drill asked for (`reconciler drill`): what it does to the running worker, and that it is free."""
+    assert new.spec.drill_request is not None
+    r = new.spec.drill_request
+    c.change = "drill"
+    _recorded_outlook(c, st)
+    how = ("stopped on the provider's notice, then resumed at its final checkpoint" if r.notice else
+           f"killed with no notice {r.lookahead} steps after its next checkpoint, then resumed there")
+    c.meaning = (f"drill {r.id}: the worker is {how}{f' on {r.to}' if r.to else ''}, and the steps are compared; "
+                 f"charged to nothing, {_progress(st)} is kept")
+    rest = [f.field.removeprefix("spec.") for f in c.fields if not f.field.startswith("spec.drill_request")]
+    c.meaning += f"; also applied in place: {', '.join(rest)}" if rest else ""
 
 
 def _in_place(c: JobChange, st: JobStatus | None) -> None:

@@ -13,11 +13,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from adapters import artifacts
+from adapters import artifacts, drills
 from adapters.compute import (
     SECRETS_AT_PROVIDER,
     ComputeAdapter,
     JobConfigError,
+    Kills,
     LaunchRefused,
     LaunchSpec,
     ProviderConfigError,
@@ -27,7 +28,16 @@ from adapters.compute import (
 from adapters.migrate import migrate_run
 from adapters.storage import RunFolder, StorageError
 from desired.models import Job, Settings
-from reconciler.planner.plan import Action, Launch, LaunchResult, MoveResult, MoveRunData, RequestStop, Terminate
+from reconciler.planner.plan import (
+    Action,
+    ArmDrill,
+    Launch,
+    LaunchResult,
+    MoveResult,
+    MoveRunData,
+    RequestStop,
+    Terminate,
+)
 
 log = logging.getLogger("reconciler")
 
@@ -78,24 +88,46 @@ def execute(actions: list[Action], *, jobs: dict[str, Job], adapters: dict[str, 
         if isinstance(action, RequestStop):
             request_stop(action, settings)
             continue
+        if isinstance(action, ArmDrill):
+            _arm_drill(action, settings, report)
+            continue
         report.launches.append(_launch(action, jobs[action.job], adapters, settings, environ))
     return report
 
 
 def _terminate(action: Terminate, adapters: dict[str, ComputeAdapter], settings: Settings,
                report: ExecutionReport) -> None:
-    """Stop request first (it works even when the provider is gone or cannot cancel), then the provider."""
-    request_stop(action, settings)
+    """Stop request first (it works even when the provider is gone or cannot cancel), then the provider.
+    A hard stop (a drill) gives no notice where the adapter can `kill`; elsewhere it is the ordinary
+    stop (a provider without a cancel API has only the stop request), and the drilled worker's held
+    saves still make the run resume at the drill's checkpoint."""
+    hard = action.hard and isinstance(adapters.get(action.ref.provider), Kills)
+    if not hard:
+        request_stop(action, settings)
     adapter = adapters.get(action.ref.provider)
     if adapter is None:
         report.errors.append(f"cannot terminate {action.ref.id}: provider {action.ref.provider!r} is gone")
         return
     try:
-        adapter.terminate(action.ref)
+        if hard and isinstance(adapter, Kills):
+            adapter.kill(action.ref)
+        else:
+            adapter.terminate(action.ref)
         report.terminated.append(action)
         log.info("terminated %s on %s: %s", action.ref.id, action.ref.provider, action.reason)
     except Exception as exc:  # a provider failure must not stop the other actions
         report.errors.append(f"terminate {action.ref.id} on {action.ref.provider} failed: {exc}")
+
+
+def _arm_drill(action: ArmDrill, settings: Settings, report: ExecutionReport) -> None:
+    """Write the drill's request where the worker reads it at its next heartbeat."""
+    store = action.store or settings.storage
+    try:
+        folder = RunFolder.for_run(store, action.ref.job, action.ref.run_id, store_options(store, settings))
+        drills.write_request(folder, drills.Request(action.drill_id, action.epoch, action.lookahead, action.notice))
+        log.info("%s: drill %s asked of attempt %d", action.ref.job, action.drill_id, action.epoch)
+    except (StorageError, OSError, ValueError) as exc:
+        report.errors.append(f"cannot write the request of drill {action.drill_id} for {action.ref.job}: {exc}")
 
 
 def request_stop(action: Terminate | RequestStop, settings: Settings) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any, cast
 
+from adapters import drills
 from adapters.compute import ComputeAdapter, ProviderConfigError, WorkerPhase, WorkerRef
 from adapters.gitrepo import DESIRED_DIR, STATUS_DIR, TRAILER, GitError, StateRepo, status_branch_for
 from adapters.leader import Election, Leadership
@@ -40,7 +41,15 @@ from reconciler.planner.plan import Observed, Plan, RunObservation, apply_result
 from reconciler.trust.policy import act_on, hold_note
 from reconciler.trust.redaction import secret_values
 from reconciler.trust.signatures import SignedHistory, with_hold
-from status.models import JobStatus, ProviderLedger, parse_status, render_index, render_ledger, render_status
+from status.models import (
+    DrillPhase,
+    JobStatus,
+    ProviderLedger,
+    parse_status,
+    render_index,
+    render_ledger,
+    render_status,
+)
 from status.redact import Redactor, redact_data
 from status.text import one_line
 
@@ -274,9 +283,11 @@ class Reconciler:
         settings = desired.settings
         # A run is read where its status says its folder is (a changed `storage:` moves it later).
         observed.run_storage = {(st.job, st.run_id): st.storage for st in recorded.values() if st.storage}
+        drilling = {(st.job, st.run_id): st.drill.id for st in recorded.values()
+                    if st.drill is not None and st.drill.phase != DrillPhase.DONE}
         for job, run_id in sorted(runs):
             store = observed.run_storage.get((job, run_id), settings.storage)
-            run = read_run(store, job, run_id, store_options(store, settings))
+            run = read_run(store, job, run_id, store_options(store, settings), drilling.get((job, run_id)))
             observed.runs[(job, run_id)] = self._remember_heartbeat((job, run_id), run, now)
         self._heartbeats = {k: v for k, v in self._heartbeats.items() if k in runs}
         # Logs of current attempts that failed, found through one index of the failed exits (a
@@ -603,7 +614,9 @@ def repository_identity(root_commit: str) -> str:
     return f"r{root_commit[:12]}"
 
 
-def read_run(storage: str, job: str, run_id: str, options: dict[str, str]) -> RunObservation:
+def read_run(storage: str, job: str, run_id: str, options: dict[str, str],
+             drill_id: str | None = None) -> RunObservation:
+    """What storage says about one run; `drill_id`: also the records of that drill, under way."""
     try:
         folder = RunFolder.for_run(storage, job, run_id, options)
         progress = folder.progress()
@@ -621,6 +634,7 @@ def read_run(storage: str, job: str, run_id: str, options: dict[str, str]) -> Ru
             done_time=_number(done.get("time")) if done else None,
             done_step=int(step) if done and isinstance(step := done.get("step"), int) else None,
             outputs=_listed_outputs(done),
+            drill=drills.read(folder, drill_id) if drill_id else None,
         )
     except (StorageError, OSError, ValueError) as exc:
         return RunObservation(error=str(exc))
@@ -641,12 +655,14 @@ def _number(value: object) -> float | None:
 
 
 def _describe(action: object) -> str:
-    from reconciler.planner.plan import Launch, MoveRunData, RequestStop, Terminate
+    from reconciler.planner.plan import ArmDrill, Launch, MoveRunData, RequestStop, Terminate
 
     if isinstance(action, Launch):
         return f"launch {action.job} ({action.run_id}) on {action.provider}: {action.reason}"
     if isinstance(action, Terminate):
         return f"terminate {action.ref.id} on {action.ref.provider}: {action.reason}"
+    if isinstance(action, ArmDrill):
+        return f"ask {action.ref.id} on {action.ref.provider} to drill ({action.drill_id})"
     if isinstance(action, RequestStop):
         return f"ask {action.ref.id} on {action.ref.provider} to save and stop: {action.reason}"
     if isinstance(action, MoveRunData):

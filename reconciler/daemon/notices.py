@@ -39,6 +39,7 @@ class Event:
     run_id: str
     text: str  # one line for people
     jobs: tuple[str, ...] = ()  # an event about several jobs at once (a hold); `job` is then the first
+    how: str = ""  # its own level, where the kind alone does not say (a drill that passed, or did not)
 
     @property
     def title(self) -> str:
@@ -48,7 +49,7 @@ class Event:
 
     @property
     def level(self) -> str:
-        return LEVELS.get(self.kind, "info")
+        return self.how or LEVELS.get(self.kind, "info")
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,11 @@ def job_events(old: JobStatus | None, new: JobStatus, budget: float | None, rule
     if streak >= rules.preemptions > (preempted_in_a_row(old) if old is not None else 0):
         provider = next((a.provider for a in reversed(new.attempts) if not a.open), "?")
         add("repeated-preemptions", f"{new.job} was interrupted {streak} times in a row (last on {provider})")
+    d = new.drill
+    if d is not None and d.verdict is not None and (old is None or old.drill is None or old.drill.id != d.id
+                                                    or old.drill.verdict is None):
+        found.append(Event(new.job, "drill", new.run_id, f"{new.job}: {d.summary()}",
+                           how="success" if d.passed else "warning"))
     return found
 
 

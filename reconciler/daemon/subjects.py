@@ -12,8 +12,21 @@ SUBJECT_LIMIT = 72
 _CLAUSE_END = re.compile(r" \(|; |, ")  # where a message's first clause ends
 
 
+def _drill(old: JobStatus | None, new: JobStatus) -> str:
+    """`train: drill exact` (or `drill diverged: first difference at step 21`) when this change
+    holds a drill's verdict; "" otherwise."""
+    d = new.drill
+    if d is None or d.verdict is None or (old is not None and old.drill == d):
+        return ""
+    what = f"{new.job}: drill {d.verdict}"
+    clause = _first_clause(d.detail)
+    return f"{what}: {clause}" if d.verdict not in ("exact", "within tolerance") and clause else what
+
+
 def _what(old: JobStatus | None, new: JobStatus) -> str:
     """What happened to one job, in a few words: `train: Running -> Succeeded`."""
+    if drilled := _drill(old, new):
+        return drilled
     if old is None or old.phase == new.phase:
         if old is not None and old.progress.step != new.progress.step:
             pct = new.progress.percent()
@@ -44,7 +57,7 @@ def _one(line: str, old: JobStatus | None, new: JobStatus, message: str) -> str:
     clause = _first_clause(message)
     live = new.current
     where = f"{what} (attempt {live.epoch} on {live.provider})" if live is not None else ""
-    for candidate in (line, _launch(old, new), f"{what} ({clause})" if clause else "", where, what):
+    for candidate in (_drill(old, new), line, _launch(old, new), f"{what} ({clause})" if clause else "", where, what):
         if candidate and len(candidate) <= SUBJECT_LIMIT:
             return candidate
     return what[:SUBJECT_LIMIT]

@@ -8,8 +8,8 @@ Each job goes through the same named steps in a fixed order (as Flux's reconcile
 guards): identify the run -> fence workers that must not run -> read storage -> adopt an
 unrecorded worker -> foresee (the forecast) -> stop on policy (suspend, deadline, budget) ->
 judge the live attempt -> note a lost worker against its provider's health (reconciler.planner.health,
-computed once per plan from every job's status and shared by all) -> wait while run storage has a
-fault -> reconsider where it runs ->
+computed once per plan from every job's status and shared by all) -> carry out a drill
+(reconciler.planner.drill) -> wait while run storage has a fault -> reconsider where it runs ->
 finish -> hold a finished job -> decide the next launch (guards, then the jobs it runs `after`).
 A step either passes the job on or settles its status for this tick. How attempts end is judged
 in `reconciler.planner.judge`; foresee, reconsider and the launch live in
@@ -25,6 +25,7 @@ from adapters.compute import Allowance, WorkerPhase, WorkerRef, WorkerState
 from desired.models import Job
 from desired.parse import DesiredState
 from reconciler.planner.dependencies import HELD
+from reconciler.planner.drill import drill
 from reconciler.planner.health import LOSS_COOLDOWN_SECONDS, REFUSAL_COOLDOWN_SECONDS, health_of, troubles
 from reconciler.planner.judge import EXIT_INTERRUPTED, classify, close, end_time, record_close
 from reconciler.planner.launching import (
@@ -42,6 +43,7 @@ from reconciler.planner.outlook.forecast import Reliability, open_cost, provider
 from reconciler.planner.sweeps import live_members, settle_live, sweep_changes
 from reconciler.planner.tick import (
     Action,
+    ArmDrill,
     JobTick,
     Launch,
     LaunchResult,
@@ -75,7 +77,7 @@ from status.models import (
 __all__ = [
     "EXIT_INTERRUPTED", "HOST_COOLDOWN_SECONDS", "LOSS_COOLDOWN_SECONDS", "MOVE_WAIT_SECONDS", "MOVING",
     "REFUSAL_COOLDOWN_SECONDS",
-    "Action", "Launch", "LaunchResult", "MoveResult", "MoveRunData", "Observed", "Plan", "RequestStop",
+    "Action", "ArmDrill", "Launch", "LaunchResult", "MoveResult", "MoveRunData", "Observed", "Plan", "RequestStop",
     "RunObservation", "Terminate", "apply_results", "plan",
 ]
 
@@ -421,8 +423,8 @@ def hold_finished(t: JobTick) -> bool:
     return True
 
 
-STEPS: tuple[Step, ...] = (fence, read_storage, adopt, foresee, stop_on_policy, judge, note_trouble, wait_for_store,
-                          reconsider, finish, hold_finished, decide_launch)
+STEPS: tuple[Step, ...] = (fence, read_storage, adopt, foresee, stop_on_policy, judge, note_trouble, drill,
+                          wait_for_store, reconsider, finish, hold_finished, decide_launch)
 
 
 # ---- jobs whose manifest is gone --------------------------------------------------------------

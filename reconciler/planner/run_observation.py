@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from adapters.drills import Seen
+
 
 @dataclass(frozen=True)
 class RunObservation:
@@ -31,3 +33,4 @@ class RunObservation:
     heartbeat_unchanged_since: float | None = None
     heartbeat_unchanged_ticks: int = 0
     heartbeat_first_observation: bool = False  # this reconciler process has not watched the run before
+    drill: Seen | None = field(default=None, compare=False)  # the records of the drill the status has under way

@@ -66,6 +66,9 @@ class Terminate:
     # Where the run's folder is, for the stop request the executor writes there first (None: the
     # settings' storage). A locator, not part of what is stopped, so it takes no part in equality.
     store: str | None = field(default=None, compare=False)
+    # No notice, as a machine that vanishes (a drill): no stop request, the provider's harshest stop
+    # (SIGKILL where it has one, else its terminate).
+    hard: bool = False
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,19 @@ class RequestStop:
     store: str | None = field(default=None, compare=False)
 
 
-Action = Launch | Terminate | MoveRunData | RequestStop
+@dataclass(frozen=True)
+class ArmDrill:
+    """Ask the live worker of `epoch`, through its run folder, to drill (adapters/drills.py)."""
+
+    ref: WorkerRef
+    drill_id: str
+    epoch: int
+    lookahead: int
+    notice: bool
+    store: str | None = field(default=None, compare=False)
+
+
+Action = Launch | Terminate | MoveRunData | RequestStop | ArmDrill
 
 
 @dataclass

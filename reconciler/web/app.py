@@ -204,7 +204,17 @@ def _job_context(data: PageData, snap: Snapshot, name: str, commit_url: str | No
     log_tail = st.log_tail if st and st.log_tail else ""
     storage_log = "" if log_tail else data.attempt_log(snap, name)
     return {"name": name, "st": st, "row": _row(data, snap, name), "runs": runs, "commits": commits,
-            "log_tail": log_tail, "storage_log": storage_log, "outcome_class": views.outcome_class}
+            "log_tail": log_tail, "storage_log": storage_log, "outcome_class": views.outcome_class,
+            "drill": _drill(data, snap, name, st)}
+
+
+def _drill(data: PageData, snap: Snapshot, name: str, st: JobStatus | None) -> dict[str, Any] | None:
+    if st is None or st.drill is None:
+        return None
+    seen = data.drill(snap, name)
+    return views.drill_view(snap.redactor.redact(st.drill.summary()),
+                            st.drill.passed if st.drill.verdict is not None else None,
+                            seen.before if seen else None, seen.after if seen else None)
 
 
 def _run_view(data: PageData, snap: Snapshot, name: str, run: str, current: bool, attempts: list[Attempt],

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from adapters import series
+from adapters import drills, series
 from adapters.artifacts import Artifact
 from adapters.gitrepo import STATUS_DIR
 from adapters.storage import Progress, RunFolder, StorageError
@@ -149,6 +149,19 @@ class PageData:
             return series.read(folder.store)
         except (StorageError, OSError, ValueError):
             return {}
+
+    def drill(self, snap: Snapshot, name: str) -> drills.Seen | None:
+        """The records of the job's newest drill (adapters/drills.py); None when it has none or
+        storage cannot be read now."""
+        st = snap.statuses.get(name)
+        if st is None or st.drill is None:
+            return None
+        storage = st.storage or snap.desired.settings.storage
+        try:
+            return drills.read(RunFolder.for_run(storage, name, st.run_id, dict(snap.desired.settings.storage_options)),
+                               st.drill.id)
+        except (StorageError, OSError, ValueError):
+            return None
 
     def output(self, snap: Snapshot, name: str, path: str) -> tuple[RunFolder, Artifact] | None:
         """The output `path` of the job's succeeded run, as its completion record lists it; None when

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 
 from markupsafe import Markup
 
+from adapters.drills import Side
 from reconciler.planner.health import ProviderHealth, clock
 from reconciler.planner.outlook.forecast import Reliability
 from reconciler.planner.outlook.reliability import HALF_LIFE_SECONDS
@@ -482,3 +483,23 @@ def nice_ticks(lo: float, hi: float, most: int = 5) -> list[float]:
     first = math.ceil(lo / step) * step
     count = int((hi - first) // step) + 1
     return [round(first + i * step, 12) for i in range(max(0, count))]
+
+
+# ---- a drill: the steps after its checkpoint, before the interruption and after the resume ---------
+
+def drill_view(summary: str, passed: bool | None, before: Side | None, after: Side | None) -> dict[str, object]:
+    """The drill's line and its charts: one per metric, the killed attempt's line and the resumed
+    one's over the same steps (on an exact drill they lie on each other). `passed` None: no verdict yet."""
+    lines = {label: _by_name(side) for label, side in (("before the interruption", before),
+                                                        ("after the resume", after)) if side is not None}
+    lines = {label: by_name for label, by_name in lines.items() if by_name}
+    verdict = "pending" if passed is None else "passed" if passed else "failed"
+    return {"summary": summary, "verdict_class": verdict, "metrics": metric_charts(lines) if lines else []}
+
+
+def _by_name(side: Side) -> dict[str, list[tuple[int, float]]]:
+    out: dict[str, list[tuple[int, float]]] = {}
+    for step in sorted(side.points):
+        for name, value in side.points[step].items():
+            out.setdefault(name, []).append((step, value))
+    return out

@@ -32,6 +32,7 @@ from reconciler.checkpoint_policy import IntervalPolicy
 from reconciler.worker import dist, handover, loop, snapshot
 from reconciler.worker import sharded as dcp_format
 from reconciler.worker.dist import Group
+from reconciler.worker.drilling import Drilling
 from reconciler.worker.reported import Reported
 from reconciler.worker.storefault import StoreFaults
 from reconciler.worker.terms import (
@@ -112,6 +113,8 @@ class Run:
         self._last_beat = float("-inf")
         self._progress_tag: str | None = None
         self._reported = Reported(self.folder, self.epoch)
+        # A drill's part (reconciler/worker/drilling.py): one process only; under torchrun no drill is taken up.
+        self._drill = Drilling(self.folder, self.epoch, clock) if not self.group.distributed else None
         self._closed = False
         self._completed = False
         self._past_target_warned = False
@@ -222,6 +225,8 @@ class Run:
                 sys.stderr.flush()
                 os._exit(EXIT_INTERRUPTED)
         self.wait()
+        if self._drill is not None and self._last_saved_step is not None:
+            self._drill.stopped(self._last_saved_step, time.monotonic() - self._stop_at)
         self._stopping = "signal" if self.stop_signal or self._peer_stop else (
             "request" if self.stop_reason else "deadline")  # read by the reconciler: which kind of end
         self._heartbeat(step, {}, force=True)
@@ -266,8 +271,13 @@ class Run:
             self._last_saved_step = step
             self._last_save_time = self._clock()
             log.info("restored step %d from %s", step, self.folder.url("checkpoints/" + ckpt.dirname))
-            return step
-        return 0
+            return self._restored_step(step)
+        return self._restored_step(0)
+
+    def _restored_step(self, step: int) -> int:
+        if self._drill is not None:
+            self._drill.restored(step)
+        return step
 
     def _read(self, ckpt: CheckpointName) -> dict[str, Any]:
         """Read and verify this rank's part of a checkpoint (all of it unless sharded)."""
@@ -368,6 +378,8 @@ class Run:
         rank has written, and the next save/wait/complete is where every rank learns how it ended.
         """
         self._check_open()
+        if self._drill is not None and self._drill.holding:
+            return  # a drill's lookahead: the run must resume at the drill's checkpoint
         entered = self._clock()
         if self._faults.active and self._upload is not None and self._upload.is_alive() and not self.sharded:
             return  # the last save waits for the store: training goes on, and that save lands first
@@ -393,6 +405,9 @@ class Run:
         self._buffers = snap.sections
         self._upload = snapshot.Background(self._write, snap, started)
         self.interval.saved(blocked=self._clock() - entered)
+        if self._drill is not None and self._drill.armed:
+            self.wait()  # the drill starts once this checkpoint is durable
+            self._drill.saved(step)
 
     def _save_sharded(self, step: int, objects: dict[str, Any], started: float, entered: float) -> None:
         if self._io is None:  # a gloo group for the background write's collectives (every rank, first save)
@@ -468,6 +483,8 @@ class Run:
         the run folder, read at the same cadence, makes `stop_requested` true as SIGTERM does.
         """
         self._warn_past_target(step)
+        if self._drill is not None:
+            self._drill.seen(step, metrics)  # every step, before the heartbeat's throttle
         self._heartbeat(step, metrics, force=False)
 
     def _heartbeat(self, step: int, metrics: dict[str, Any], force: bool) -> None:
@@ -495,6 +512,8 @@ class Run:
                 raise
         if not force:
             self._check_stop_request()
+            if self._drill is not None:
+                self._drill.check()
 
     def _mark(self, step: int) -> None:
         """The cheap per-step record of how far this attempt got (see RunFolder.mark_reached)."""

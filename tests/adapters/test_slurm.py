@@ -173,6 +173,19 @@ def test_outsider_scancel_is_a_signal_death_reported_as_not_ours(slurm: Slurm, t
     assert "outside the reconciler" in state.detail
 
 
+def test_a_drills_kill_gives_no_notice_and_reads_as_ours(slurm: Slurm, tmp_path: Path) -> None:
+    """`kill` (a drill): SIGKILL to the job's steps at once, never the SIGTERM a worker would note,
+    and the end is reported as the reconciler's stop, never as the job's crash."""
+    adapter = adapter_for(slurm.settings(tmp_path / "wd"))
+    spec = spec_for(tmp_path, "drilled", sleep="120", on_term="ignore")
+    ref = adapter.launch(spec)
+    wait_state(adapter, ref, running)
+    adapter.kill(ref)
+    state = wait_state(adapter, ref, ended)
+    assert state.phase is WorkerPhase.PREEMPTED and "reconciler" in state.detail, state
+    assert not Path(str(spec.env["PROBE_OUT"]) + ".term").exists()  # no SIGTERM came first
+
+
 def test_sbatch_rejection_is_one_sentence_and_leaves_no_secret_behind(slurm: Slurm, tmp_path: Path) -> None:
     adapter = adapter_for(slurm.settings(tmp_path / "wd", partition="nosuchpartition"))
     spec = spec_for(tmp_path, "rejected")

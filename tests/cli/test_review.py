@@ -217,6 +217,17 @@ def test_resume_and_a_suspended_job_s_other_changes() -> None:
     assert r.changes[0].meaning == "resumes from step 100 of 100000 (<1%); also applied in place: budget_usd"
 
 
+def test_a_drill_request_is_reviewed_as_a_drill_that_is_charged_to_nothing() -> None:
+    text = manifest("a")
+    asked = manifest("a", drill_request={"id": "d1", "lookahead": 7, "to": "box"}, budget_usd=5)
+    r = judge({"a": text}, {"a": asked}, [status_of("a", text, Phase.RUNNING, 3000)])
+    assert [(c.job, c.change) for c in r.changes] == [("a", "drill")]
+    assert r.changes[0].meaning == (
+        "drill d1: the worker is killed with no notice 7 steps after its next checkpoint, then resumed there on "
+        "box, and the steps are compared; charged to nothing, step 3000 of 100000 (3%) is kept; also applied "
+        "in place: budget_usd")
+
+
 def test_cancelling_most_active_jobs_is_said_to_be_held() -> None:
     texts = {n: manifest(n) for n in ("a", "b", "c")}
     statuses = [status_of(n, t, Phase.RUNNING, 10) for n, t in texts.items()]

@@ -9,7 +9,7 @@ from pathlib import Path
 from desired.models import Notifications, NotifyTarget
 from desired.parse import parse_settings
 from reconciler.daemon.notices import events, messages
-from status.models import Attempt, Forecast, JobStatus, Outcome, Phase, Progress
+from status.models import Attempt, Drill, DrillPhase, Forecast, JobStatus, Outcome, Phase, Progress
 
 RULES = Notifications(targets=[NotifyTarget(url_env="HOOK")])
 
@@ -111,3 +111,17 @@ def test_the_docs_notification_settings_are_valid() -> None:
     settings, errors = parse_settings(block.group(1).encode())
     assert not errors
     assert [t.url_env for t in settings.notifications.targets] == ["SLACK_WEBHOOK_URL", "ONCALL_WEBHOOK_URL"]
+
+
+def test_a_drills_verdict_is_one_event_a_success_when_it_passed_a_warning_when_not() -> None:
+    armed = status()
+    armed.drill = Drill(id="d1", epoch=1)
+    exact = armed.model_copy(update={"drill": Drill(id="d1", phase=DrillPhase.DONE, verdict="exact",
+                                                    detail="steps 21..25 reported the same metrics")})
+    [event] = events({"train": armed}, {"train": exact}, {}, RULES)
+    assert (event.kind, event.level) == ("drill", "success")
+    assert event.text == "train: drill d1: exact: steps 21..25 reported the same metrics"
+    assert kinds(exact, exact) == []  # said once
+    diverged = armed.model_copy(update={"drill": Drill(id="d1", phase=DrillPhase.DONE, verdict="diverged",
+                                                       detail="first difference at step 21")})
+    assert [e.level for e in events({"train": armed}, {"train": diverged}, {}, RULES)] == ["warning"]

@@ -17,7 +17,8 @@ from tests.planner.test_plan import NOW, PROVIDERS, desired, job_yaml, running, 
 
 def test_steps_run_in_a_fixed_named_order() -> None:
     assert [s.__name__ for s in planner.STEPS] == [
-        "fence", "read_storage", "adopt", "foresee", "stop_on_policy", "judge", "note_trouble", "wait_for_store",
+        "fence", "read_storage", "adopt", "foresee", "stop_on_policy", "judge", "note_trouble", "drill",
+        "wait_for_store",
         "reconsider",
         "finish", "hold_finished", "decide_launch"]
 
