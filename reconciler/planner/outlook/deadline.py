@@ -23,12 +23,12 @@ Its rules, in order:
 4. Cheap first: free capacity (quota, credits), then spot, whenever one can take a worker now and
    rule 2 allows it.
 5. Kept slack: with nothing cheap to run on, go to the fallback only while the slack is below
-   what is kept for the rest: PACE_SHARE (a half) of the job's own slack ratio (its slack at the
-   first launch over its whole work on the fallback) times the rest's hours there. Uniform
-   Progress's straight line keeps all of that ratio (a run behind the line has less slack per hour
-   of rest than it started with); keeping half waits longer for cheap capacity and still leaves
-   the deadline the other half. A run on the fallback leaves it for cheap capacity that can start
-   when rule 2 allows it on the slack it will have once it has left (the way back costs a
+   what is kept for the rest: the job's own slack ratio (its slack at the first launch over its
+   whole work on the fallback), at most KEPT_PER_HOUR, times the rest's hours there. Uniform
+   Progress's straight line keeps the whole ratio (a run behind the line has less slack per hour
+   of rest than it started with); with a loose deadline that buys on-demand hours early that
+   waiting for spot would have saved. A run on the fallback leaves it for cheap capacity that can
+   start when rule 2 allows it on the slack it will have once it has left (the way back costs a
    changeover) and the slack is above what is kept by two changeovers (the paper's hysteresis);
    with nothing cheap, it stops there and waits (`Choice.leave`) once that slack is above what is
    kept by LEAVE_LEAD_SECONDS, after the job's first hour. Without that, a run sent to the
@@ -45,7 +45,7 @@ from status.models import hours as _h
 RISK_OK = "on track"
 RISK_AT_RISK = "at risk"
 RISK_INFEASIBLE = "infeasible"
-PACE_SHARE = 0.5  # of the job's own slack ratio kept for the rest (Uniform Progress keeps all of it)
+KEPT_PER_HOUR = 0.4  # most slack kept per hour of the rest (Uniform Progress keeps the job's whole ratio)
 LEAVE_LEAD_SECONDS = 1800.0  # a run leaves the fallback to wait only this far above what is kept
 LEAVE_AFTER_SECONDS = 3600.0  # nor before the job's first hour: a rate from minutes of record misleads
 INFEASIBLE_MARGIN = 1.1  # said only when the rest needs this much more than the time left: rates are estimates
@@ -261,12 +261,12 @@ def _best_effort(s: Situation, fb: Option | None, why_not: str) -> Choice:
 
 
 def _kept(s: Situation, fb: Option, remaining: int) -> float:
-    """Hours of slack kept back for the rest: PACE_SHARE of the job's own slack ratio (its slack at
-    the first launch over its whole work on the fallback) times the rest's hours there."""
+    """Hours of slack kept back for the rest: the job's own slack ratio (its slack at the first
+    launch over its whole work on the fallback), at most KEPT_PER_HOUR, times the rest's hours there."""
     assert s.deadline is not None and s.target_steps is not None
     whole = fb.hours_for(s.target_steps, moving=False) or 0.0
     ratio = max(0.0, (s.deadline - s.window_start) / 3600 / whole - 1) if whole > 0 else 0.0
-    return PACE_SHARE * ratio * (fb.hours_for(remaining, moving=False) or 0.0)
+    return min(ratio, KEPT_PER_HOUR) * (fb.hours_for(remaining, moving=False) or 0.0)
 
 
 def _ahead(s: Situation, fb: Option, slack: float, lead_seconds: float = 0.0) -> bool:
