@@ -26,8 +26,9 @@ Baselines know what a benchmark knows about the job (its step time, checkpoint c
 interval) and the changeover; they see everything else through the `Situation` the planner
 hands them. Where a rule says "when the time left equals the work left", they add two ticks:
 the planner asks the policy once a tick, and a move stops the worker on one tick and launches
-on the next. The planner cannot stop a running worker to wait (a policy that answers "wait"
-for a running attempt keeps it), so a policy on on-demand stays there until spot comes back.
+on the next. A policy that answers "wait" (provider None) for a running attempt keeps it, unless
+its Choice says `leave` (then the worker is stopped and the run waits); the baselines never say
+`leave`, so as before a baseline on on-demand stays there until spot comes back.
 
 A run meets its deadline when its completion (sim.cloud.completions) is at or before start + D
 and the job is Succeeded. Cost is what the providers billed (SimCloud.spent_usd), missed runs
