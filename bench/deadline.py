@@ -26,20 +26,23 @@ Baselines know what a benchmark knows about the job (its step time, checkpoint c
 interval) and the changeover; they see everything else through the `Situation` the planner
 hands them. Where a rule says "when the time left equals the work left", they add two ticks:
 the planner asks the policy once a tick, and a move stops the worker on one tick and launches
-on the next. The planner cannot stop a running worker to wait (a policy that answers "wait"
-for a running attempt keeps it), so a policy on on-demand stays there until spot comes back.
+on the next. A policy that answers "wait" (provider None) for a running attempt keeps it, unless
+its Choice says `leave` (then the worker is stopped and the run waits); the baselines never say
+`leave`, so as before a baseline on on-demand stays there until spot comes back.
 
 A run meets its deadline when its completion (sim.cloud.completions) is at or before start + D
 and the job is Succeeded. Cost is what the providers billed (SimCloud.spent_usd), missed runs
 included. Spot traces are synthetic by default: available and unavailable periods alternate,
 with exponential durations (means 3 h and 2 h), one trace per seed; --trace FILE replays a
-trace in the spot-traces format ({"gap_seconds": S, "data": [n0, n1, ...]}, n = instances
-available; spot is available while n >= 1) from seeded start offsets instead.
+trace in the spot-traces format ({"metadata": {"gap_seconds": S}, "data": [n0, n1, ...]}, n =
+instances available, the gap also read at the top level; spot is available while n >= 1) from
+seeded start offsets instead.
 
     python bench/deadline.py --quick            # W = 8 h, 6 traces, under a minute on 2 cores
     python bench/deadline.py                    # W = 24 h, 12 traces, about 2 minutes
     python bench/deadline.py --trace trace.json # replay a trace instead of the synthetic ones
     python bench/deadline.py --free             # add a free provider with a quota
+    python bench/deadline.py --quick --breakdown # and, trace by trace, where each policy's money went
 
 Prints a markdown table, then one line: deadline_met=M/N cost_vs_optimum=X
 cost_vs_uniform_progress=Y (M/N: ours' runs that met their deadline; X and Y: the worst over the
@@ -50,6 +53,7 @@ for the optimum.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import os
@@ -238,6 +242,14 @@ def synthetic_trace(seed: int, seconds: float, gap: float = TICK, up: float = SP
     return PreemptionTrace(gap, tuple(data[:n]))
 
 
+def load_trace(path: str) -> PreemptionTrace:
+    """A trace file, its gap at the top level or under `metadata` (the spot-traces repository's files)."""
+    with open(path) as fh:
+        obj = json.load(fh)
+    gap = obj.get("gap_seconds", obj.get("metadata", {}).get("gap_seconds"))
+    return PreemptionTrace.from_json({"gap_seconds": gap, "data": obj.get("data", ())})
+
+
 def rotated(trace: PreemptionTrace, seed: int) -> PreemptionTrace:
     """The same trace replayed from a seeded offset."""
     k = random.Random(seed).randrange(len(trace.data))
@@ -383,18 +395,30 @@ def simulate(args: tuple[str, Case]) -> dict[str, Any]:
     finished = min(done) if done else None
     succeeded = st is not None and st.phase.value == "Succeeded"
     out = {
-        "policy": name, "ratio": case.ratio, "seed": case.seed, "settled": settled,
+        "policy": name, "ratio": case.ratio, "seed": case.seed, "settled": settled, **breakdown(sim),
         "met": succeeded and finished is not None and finished <= START + case.deadline,
         "finish_hours": (finished - START) / 3600.0 if finished is not None else None,
         "cost": sum(sim.cloud.spent_usd(p) for p in sim.cloud.providers),
         "by_provider": {p: sim.cloud.spent_usd(p) for p in sim.cloud.providers},
-        "attempts": len(sim.cloud.workers), "phase": st.phase.value if st else "",
+        "phase": st.phase.value if st else "",
         "held_infeasible": infeasible, "moves": moves, "astray": astray,
         "message": st.message if st else "", "violations": len(sim.checker.violations),
         "tick_exceptions": len(sim.tick_exceptions), "seconds": time.perf_counter() - t0,
     }
     sim.close()
     return out
+
+
+def breakdown(sim: Simulation) -> dict[str, float]:
+    """Where the money went: billed hours on spot (and free) and on on-demand, the attempts (each
+    paid a changeover), and the compute lost to interruptions (work since the last checkpoint)."""
+    workers = list(sim.cloud.workers.values())
+    hours = {p: sum(w.ledger.billed_seconds for w in workers if w.provider.name == p) / 3600.0
+             for p in sim.cloud.providers}
+    lost = sum((w.ledger.lost_steps or 0) for w in workers) * STEP / 3600.0
+    return {"spot_h": hours.get("spot", 0.0) + hours.get("free", 0.0), "od_h": hours.get("ondemand", 0.0),
+            "attempts": len(workers), "lost_h": lost,
+            "preempted": sum(1 for w in workers if w.ledger.end_reason in ("preempted", "session-limit"))}
 
 
 def optimum(case: Case) -> dict[str, Any]:
@@ -446,6 +470,26 @@ def summarize(results: list[dict[str, Any]], ratios: Sequence[float]) -> tuple[l
     return lines, last
 
 
+def breakdown_lines(results: list[dict[str, Any]], ratios: Sequence[float]) -> list[str]:
+    """Trace by trace, where each policy's money went, beside the optimum's cost."""
+    lines = ["| D | trace | policy | cost ($) | x optimum | spot h | on-demand h | attempts | preempted | lost h | "
+             "finish (h) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in ratios:
+        for seed in sorted({x["seed"] for x in results if x["ratio"] == r}):
+            rows = {x["policy"]: x for x in results if x["ratio"] == r and x["seed"] == seed}
+            best = rows.get("optimum", {}).get("cost", math.nan)
+            for p in POLICIES:
+                x = rows.get(p)
+                if x is None:
+                    continue
+                lines.append(f"| {r:g} W | {seed} | {p} | {x['cost']:.2f} | {_ratio(x['cost'], best):.2f} | "
+                             f"{x['spot_h']:.2f} | {x['od_h']:.2f} | {x['attempts']} | {x['preempted']} | "
+                             f"{x['lost_h']:.2f} | {x['finish_hours'] or math.nan:.1f}"
+                             f"{'' if x['met'] else ' missed'} |")
+            lines.append(f"| {r:g} W | {seed} | optimum | {best:.2f} | 1.00 | | | | | | |")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="W = 8 h and 6 traces")
@@ -454,11 +498,13 @@ def main() -> None:
     ap.add_argument("--free", action="store_true", help="add a free provider (quota W/4, 12 h sessions)")
     ap.add_argument("--hours", type=float, help="W, hours of compute (default 8 with --quick, else 24)")
     ap.add_argument("--traces", type=int, help="how many traces (default 6 with --quick, else 12)")
+    ap.add_argument("--breakdown", action="store_true", help="also print, trace by trace, each policy's spot and "
+                                                                  "on-demand hours, attempts and lost work")
     ap.add_argument("--processes", type=int, default=min(2, os.cpu_count() or 1))
     a = ap.parse_args()
     hours = a.hours or (8.0 if a.quick else 24.0)
     n = a.traces or (6 if a.quick else 12)
-    base = PreemptionTrace.load(a.trace) if a.trace else None
+    base = load_trace(a.trace) if a.trace else None
     length = max(DEADLINES) * hours * 3600.0 + 40 * TICK
     traces = [rotated(base, seed) if base else synthetic_trace(seed, length) for seed in range(1, n + 1)]
     cases = [Case(hours, r, tr, a.free, seed) for seed, tr in enumerate(traces, start=1) for r in DEADLINES]
@@ -494,6 +540,9 @@ def main() -> None:
     print(f"runs: {len(sims)} simulated, {sum(x['seconds'] for x in sims) / len(sims):.1f} s each; invariant "
           f"violations: {violations}; ticks that raised: {raised}; runs not settled: {unsettled}; "
           f"wall time {time.perf_counter() - t0:.0f} s")
+    if a.breakdown:
+        print()
+        print("\n".join(breakdown_lines(results, DEADLINES)))
     print(last)
 
 

@@ -30,6 +30,7 @@ from status.models import JobStatus, Outcome, Phase
 
 HOST_COOLDOWN_SECONDS = 6 * 3600.0  # a machine that lost a worker of ours is avoided this long
 MOVING = "moving to"  # detail of an attempt the placement policy stopped to move the run
+LEAVING = "leaving"  # detail of an attempt the placement policy stopped to wait for cheaper capacity
 INFEASIBLE_NOTE = "the deadline cannot be met at the measured rate (the forecast's decision says why)"
 MOVE_WAIT_SECONDS = 600.0  # after a move, the next launch waits this long for the old worker to save and go
 
@@ -74,7 +75,7 @@ def _ask(t: JobTick, policy: Callable[[Situation], Choice] | None, launch: bool 
 def reconsider(t: JobTick) -> bool:
     """Step 8: a running attempt of a job with a deadline is checked against the placement policy:
     it stays, or the run moves (the worker is stopped so it saves; the next tick launches where the
-    policy says)."""
+    policy says), or, where the policy says to leave, the worker is stopped and the run waits."""
     cur = t.current
     if cur is None or t.run.done or t.job.spec.deadline is None:
         return False
@@ -86,6 +87,12 @@ def reconsider(t: JobTick) -> bool:
     choice = answer.choice
     assert choice is not None  # a running attempt of a job with a deadline is always judged
     t.st.forecast = answer.forecast
+    if choice.provider is None and choice.leave:
+        why = choice.reason if choice.reason.startswith(LEAVING) else f"{LEAVING} {cur.provider}: {choice.reason}"
+        stop_current(t, why)
+        t.st.phase = Phase.PENDING
+        t.st.message = why
+        return True
     if choice.provider is not None and choice.provider != cur.provider:
         why = choice.reason if choice.reason.startswith(MOVING) else f"{MOVING} {choice.provider}: {choice.reason}"
         stop_current(t, why)
@@ -323,7 +330,7 @@ def _moving_worker_still_live(t: JobTick) -> bool:
     """After a move, the old worker saves and goes before the run starts elsewhere (a new epoch
     started earlier would fence its final checkpoint)."""
     last = t.st.attempts[-1] if t.st.attempts else None
-    if last is None or not last.detail.startswith(MOVING) or last.ended is None:
+    if last is None or not last.detail.startswith((MOVING, LEAVING)) or last.ended is None:
         return False
     return t.now - last.ended < MOVE_WAIT_SECONDS and bool(t.live_refs(last.epoch))
 

@@ -86,3 +86,19 @@ def test_every_policy_runs_through_the_real_tick_and_the_baselines_meet_a_loose_
     assert results["greedy"]["cost"] < results["on-demand"]["cost"]
     best = bench.optimum(case)
     assert best["met"] and best["cost"] <= min(r["cost"] for r in results.values() if r["met"]) + 1e-9
+
+
+def test_a_spot_traces_file_is_read_with_its_gap_under_metadata(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "zone.json"
+    path.write_text('{"metadata": {"gap_seconds": 195}, "data": [0, 1, 2]}')
+    assert bench.load_trace(str(path)) == PreemptionTrace(195.0, (0, 1, 2))
+
+
+def test_the_breakdown_says_where_the_money_went_trace_by_trace() -> None:
+    trace = PreemptionTrace(300.0, (1,) * 60)  # spot all along: one attempt, no loss
+    case = bench.Case(hours=0.5, ratio=3.0, trace=trace, seed=1)
+    greedy = bench.simulate(("greedy", case))
+    assert greedy["od_h"] == 0 and greedy["attempts"] == 1 and greedy["preempted"] == 0 and greedy["lost_h"] == 0
+    assert greedy["cost"] == pytest.approx(greedy["spot_h"] * bench.SPOT_PRICE)
+    lines = bench.breakdown_lines([greedy, bench.optimum(case)], [3.0])
+    assert lines[2].startswith("| 3 W | 1 | greedy |") and lines[3].startswith("| 3 W | 1 | optimum |")

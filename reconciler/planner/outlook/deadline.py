@@ -22,12 +22,17 @@ Its rules, in order:
 3. Exploit: a live attempt on cheap capacity stays there while rule 2 allows it.
 4. Cheap first: free capacity (quota, credits), then spot, whenever one can take a worker now and
    rule 2 allows it.
-5. Uniform progress: with nothing cheap to run on, go to the fallback only while progress is
-   behind the straight line from the first launch to the deadline; otherwise wait for cheap
-   capacity. A run on the fallback leaves it when cheap capacity can start, rule 2 allows it on
-   the slack the run will have once it has left (the way back, and stopping the worker, cost a
-   changeover and an interruption), and progress is ahead of the line by two changeovers (the
-   paper's hysteresis). Without the last two, runs flapped off the fallback and straight back.
+5. Kept slack: with nothing cheap to run on, go to the fallback only while the slack is below
+   what is kept for the rest: the job's own slack ratio (its slack at the first launch over its
+   whole work on the fallback), at most KEPT_PER_HOUR, times the rest's hours there. Uniform
+   Progress's straight line keeps the whole ratio (a run behind the line has less slack per hour
+   of rest than it started with); with a loose deadline that buys on-demand hours early that
+   waiting for spot would have saved. A run on the fallback leaves it for cheap capacity that can
+   start when rule 2 allows it on the slack it will have once it has left (the way back costs a
+   changeover) and the slack is above what is kept by two changeovers (the paper's hysteresis);
+   with nothing cheap, it stops there and waits (`Choice.leave`) once that slack is above what is
+   kept by LEAVE_LEAD_SECONDS, after the job's first hour. Without that, a run sent to the
+   fallback stayed there until cheap capacity came back, however far ahead it was.
 """
 
 from __future__ import annotations
@@ -40,6 +45,9 @@ from status.models import hours as _h
 RISK_OK = "on track"
 RISK_AT_RISK = "at risk"
 RISK_INFEASIBLE = "infeasible"
+KEPT_PER_HOUR = 0.4  # most slack kept per hour of the rest (Uniform Progress keeps the job's whole ratio)
+LEAVE_LEAD_SECONDS = 1800.0  # a run leaves the fallback to wait only this far above what is kept
+LEAVE_AFTER_SECONDS = 3600.0  # nor before the job's first hour: a rate from minutes of record misleads
 INFEASIBLE_MARGIN = 1.1  # said only when the rest needs this much more than the time left: rates are estimates
 
 
@@ -95,6 +103,7 @@ class Choice:
     reason: str  # one line for the status: "headline: figures", e.g. "on spot: 14 h of slack covers ..."
     risk: str = ""  # RISK_OK, RISK_AT_RISK, RISK_INFEASIBLE, or "" without a deadline
     slack_hours: float | None = None
+    leave: bool = False  # with provider None: stop the live attempt and wait (else None keeps it)
 
     @property
     def headline(self) -> str:
@@ -181,10 +190,10 @@ def choose(s: Situation) -> Choice:
         choice = first_available(s, f"nothing allowed is cheaper; {_h(slack)} of slack")
         return Choice(choice.provider, choice.reason, risk, slack)
 
-    # Leaving the fallback for cheap capacity is judged on the slack the run will have once it has
-    # left: the way back is a changeover again, and stopping the worker costs what an interruption
-    # costs (judged on today's slack, runs flapped off the fallback and straight back to it).
-    stop_cost = max(s.lost_work_seconds or 0.0, 2 * fb.changeover_seconds) / 3600
+    # Leaving the fallback is judged on the slack the run will have once it has left: the way back
+    # is a changeover again (judged on today's slack, runs flapped off the fallback and straight
+    # back to it). Stopping the worker loses nothing: it saves when told to stop.
+    stop_cost = 2 * fb.changeover_seconds / 3600
     off_fb = left - (fb.hours_for(remaining, moving=True) or 0.0) - stop_cost
 
     def covers(o: Option) -> tuple[bool, str]:
@@ -210,21 +219,34 @@ def choose(s: Situation) -> Choice:
         if o is fb or not o.available or (o.price >= fb.price and not o.free):
             continue
         ok, why = covers(o)
-        if ok and (not on_fb or _ahead(s, remaining, 2 * fb.changeover_seconds)):
+        if ok and (not on_fb or _ahead(s, fb, slack, 2 * fb.changeover_seconds)):
             return Choice(o.provider, f"on {o.provider}: {why}", risk, slack)
+    return _nothing_cheap(s, fb, slack, off_fb, risk)
+
+
+def _nothing_cheap(s: Situation, fb: Option, slack: float, off_fb: float, risk: str) -> Choice:
+    """With nothing cheap that may start: the fallback while the slack is below what is kept for
+    the rest (`_kept`), else wait; a run on the fallback well above it stops there and waits."""
+    reserve = 2 * fb.changeover_seconds / 3600.0
     if slack <= reserve:
         return Choice(fb.provider, f"on {fb.provider} to the end: {_h(slack)} of slack is all that is left",
                       RISK_AT_RISK, slack)
-    if on_fb:
+    kept = _h(_kept(s, fb, s.remaining_steps or 0))
+    if s.current == fb.provider:
+        if fb.rate_measured and s.now - s.window_start >= LEAVE_AFTER_SECONDS and \
+                _ahead(s, fb, off_fb, LEAVE_LEAD_SECONDS):
+            return Choice(None, f"leaving {fb.provider} to wait for cheaper capacity: {_h(slack)} of slack, "
+                          f"{kept} kept for the rest", risk, slack, leave=True)
         return Choice(fb.provider, f"on {fb.provider} until cheaper capacity can start: {_h(slack)} of slack",
                       risk, slack)
-    if not _ahead(s, remaining):
+    if not _ahead(s, fb, slack):
         if not fb.available:
-            return Choice(None, f"waiting for {fb.provider}: behind a steady pace to the deadline, nothing "
-                          f"can start ({_h(slack)} of slack)", risk, slack)
-        return Choice(fb.provider, f"on {fb.provider}: behind a steady pace to the deadline, nothing cheaper "
-                      f"can start ({_h(slack)} of slack)", risk, slack)
-    return Choice(None, f"waiting for cheaper capacity: ahead of a steady pace, {_h(slack)} of slack", risk, slack)
+            return Choice(None, f"waiting for {fb.provider}: {_h(slack)} of slack, {kept} kept for the rest, "
+                          "nothing can start", risk, slack)
+        return Choice(fb.provider, f"on {fb.provider}: {_h(slack)} of slack, {kept} kept for the rest, nothing "
+                      "cheaper can start", risk, slack)
+    return Choice(None, f"waiting for cheaper capacity: {_h(slack)} of slack, {kept} kept for the rest", risk,
+                  slack)
 
 
 def _best_effort(s: Situation, fb: Option | None, why_not: str) -> Choice:
@@ -238,10 +260,16 @@ def _best_effort(s: Situation, fb: Option | None, why_not: str) -> Choice:
                   RISK_INFEASIBLE)
 
 
-def _ahead(s: Situation, remaining: int, lead_seconds: float = 0.0) -> bool:
-    """Progress is at or ahead of the straight line from the first launch to the deadline, looked
-    at `lead_seconds` ahead."""
+def _kept(s: Situation, fb: Option, remaining: int) -> float:
+    """Hours of slack kept back for the rest: the job's own slack ratio (its slack at the first
+    launch over its whole work on the fallback), at most KEPT_PER_HOUR, times the rest's hours there."""
     assert s.deadline is not None and s.target_steps is not None
-    span = max(1.0, s.deadline - s.window_start)
-    expected = s.target_steps * min(1.0, (s.now + lead_seconds - s.window_start) / span)
-    return s.target_steps - remaining >= expected
+    whole = fb.hours_for(s.target_steps, moving=False) or 0.0
+    ratio = max(0.0, (s.deadline - s.window_start) / 3600 / whole - 1) if whole > 0 else 0.0
+    return min(ratio, KEPT_PER_HOUR) * (fb.hours_for(remaining, moving=False) or 0.0)
+
+
+def _ahead(s: Situation, fb: Option, slack: float, lead_seconds: float = 0.0) -> bool:
+    """The slack (hours) is above what is kept back for the rest, by `lead_seconds`."""
+    remaining = s.remaining_steps or 0
+    return slack >= _kept(s, fb, remaining) + lead_seconds / 3600
