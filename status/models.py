@@ -217,6 +217,9 @@ class JobStatus(Model):
     steps_lost: int = 0
     cost_usd: float = 0.0
     backoff_until: float | None = None
+    # When the job first launched, kept after its oldest attempts are trimmed away (MAX_ATTEMPTS_KEPT):
+    # a deadline's Uniform Progress line starts there (None in a status written before it was kept).
+    first_launched: float | None = None
     provider_backoff: dict[str, float] = Field(default_factory=dict)  # provider -> until
     attempts: list[Attempt] = Field(default_factory=list)
     refusals: list[Refusal] = Field(default_factory=list)  # the newest few, oldest first

@@ -181,7 +181,8 @@ def identify(job: Job, rec: JobStatus | None, desired: DesiredState, observed: O
     sweep = desired.sweep_of.get(job.name)
     if rec is None or rec.run_id != run_id:
         st = JobStatus(job=job.name, run_id=run_id, manifest=manifest, sweep=sweep, desired_commit=commit,
-                       progress=Progress(target=target), message="new job")
+                       progress=Progress(target=target), message="new job",
+                       first_launched=rec.first_launched if rec is not None else None)
         if rec is not None:
             st.message = f"run {run_id} replaces {rec.run_id}: the command, code or env changed"
             st.attempts = [a for a in rec.attempts if not a.open][-MAX_ATTEMPTS_KEPT:]
@@ -596,6 +597,8 @@ def apply_results(p: Plan, results: list[LaunchResult], now: float, durable: dic
                                        worker=res.ref.id, started=now,
                                        step_start=durable.get((st.job, st.run_id), 0)))
             st.total_attempts += 1
+            if st.first_launched is None:
+                st.first_launched = min((a.started for a in st.attempts), default=now)
             st.phase = Phase.LAUNCHING
             st.message = f"attempt {res.ref.epoch} launched on {res.ref.provider} ({res.action.reason})"
             _trim(st)

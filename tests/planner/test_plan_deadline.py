@@ -10,8 +10,18 @@ from datetime import UTC, datetime
 import pytest
 
 from adapters.compute import Allowance, WorkerPhase, WorkerRef, WorkerState
-from reconciler.planner.plan import Launch, Observed, RunObservation, Terminate, plan
-from status.models import Attempt, JobStatus, Outcome, Phase
+from reconciler.planner.outlook.view import outlook
+from reconciler.planner.plan import (
+    Launch,
+    LaunchResult,
+    Observed,
+    Plan,
+    RunObservation,
+    Terminate,
+    apply_results,
+    plan,
+)
+from status.models import MAX_ATTEMPTS_KEPT, Attempt, JobStatus, Outcome, Phase
 from tests.planner.test_plan import NOW, desired
 
 HOUR = 3600.0
@@ -336,3 +346,22 @@ def test_a_run_on_reliable_capacity_behind_its_pace_stays_there() -> None:
     seen.free_slots["spot"] = 0
     p = plan(d, seen, {"train": st}, NOW)
     assert not stopped(p) and p.statuses["train"].phase == Phase.RUNNING
+
+
+def test_the_pace_line_starts_at_the_first_launch_after_older_attempts_are_trimmed() -> None:
+    # Twelve short spot attempts over 12 h; the status keeps the newest ten, and would otherwise
+    # read the job as started 10 h ago: its Uniform Progress line, and the slack ratio the policy
+    # keeps, would slide with every attempt.
+    d = desired(job(deadline_in=36 * HOUR, providers="[spot, ondemand]"), providers=PROVIDERS)
+    launch = Launch("train", d.jobs["train"].run_id(), "spot", "test")
+    st = history(d)
+    for i in range(12):
+        p = Plan(statuses={"train": st})
+        apply_results(p, [LaunchResult(launch, ref=WorkerRef("spot", f"w{i}", "train", st.run_id, i + 1))],
+                      NOW - (12 - i) * HOUR, {})
+        st.attempts[-1] = st.attempts[-1].model_copy(update={"ended": NOW - (11.5 - i) * HOUR,
+                                                             "outcome": Outcome.INTERRUPTION})
+    assert len(st.attempts) == MAX_ATTEMPTS_KEPT and st.attempts[0].started == NOW - 10 * HOUR
+    assert st.first_launched == NOW - 12 * HOUR
+    situation = outlook(d.jobs["train"], st, 0, ["spot", "ondemand"], d.providers, {}, set(), NOW).situation
+    assert situation.window_start == NOW - 12 * HOUR

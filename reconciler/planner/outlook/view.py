@@ -77,7 +77,8 @@ def outlook(job: Job, st: JobStatus, durable_step: int, order: list[str], provid
     spent = st.cost_usd + open_cost(st, now, {n: p.spec.price_per_hour for n, p in providers.items()})
     budget = job.spec.budget_usd
     cur = st.current
-    first = min((a.started for a in st.attempts), default=now)
+    first = st.first_launched if st.first_launched is not None else \
+        min((a.started for a in st.attempts), default=now)
     situation = Situation(
         job=job.name, now=now, deadline=job.spec.deadline.timestamp() if job.spec.deadline else None,
         budget_left=None if budget is None else budget - spent, done_steps=durable_step,
