@@ -127,3 +127,14 @@ def test_an_interruption_the_provider_did_not_make_counts_neither_for_its_rate_n
     assert rel.interruptions == 0.0 and rel.mtbf_seconds > PRIOR_SPOT_MTBF_SECONDS  # quiet machine time
     assert troubles(ends.values()) == []
     assert troubles(stormy("spot", 3.0).values())  # the same ends, confirmed by the provider, do count
+
+
+def test_a_providers_changeover_runs_from_launch_to_the_first_step_not_to_the_heartbeat_seen() -> None:
+    """The loop sees the first heartbeat a tick late, when the worker has already done some steps:
+    the changeover back-dates it by those steps at the attempt's own speed, as the futures do."""
+    first = Attempt(epoch=1, provider="spot", worker="w1", started=NOW - 7200, first_beat=NOW - 7200 + 300,
+                    first_beat_step=120, step_start=0, step_end=6900, ended=NOW, outcome=Outcome.INTERRUPTION)
+    st = JobStatus(job="old", run_id="r-1", attempts=[first], total_attempts=1)
+    rel = provider_reliabilities(desired(job_yaml(), providers=SPOT).providers, [st], NOW)["spot"]
+    # 6,780 steps in 6,900 s after the heartbeat: 120 steps took about 120 s of the 300.
+    assert rel.changeover_seconds == pytest.approx(300 - 120 * 6900 / 6780, abs=0.01)

@@ -6,15 +6,16 @@ launch and that tick: pairing it with the tick's time inflated rates by up to a 
 end (or now), over the attempts its status keeps: closed attempts count their
 durable steps (work lost at an interruption is lost), the live one what its heartbeat reports
 (durable progress lags by up to a checkpoint interval, which made early estimates read half the
-true speed). Checkpoints sit inside the rate; the changeover (launch to first heartbeat) is
-measured apart and added once per move, and again per interruption expected, so ETAs include
-both. A provider's rate is pulled towards the job's rate everywhere while its own record is short,
-and a provider the job has not run on yet borrows that rate and says so. Until the run has
-progress over MIN_MEASURED_SECONDS in all, nothing is guessed.
+true speed). Checkpoints sit inside the rate; the changeover (launch to the first step of work:
+the first heartbeat seen, back-dated by the steps it reports) is measured apart and added once
+per move, and again per interruption expected, so ETAs include both. A provider's rate is pulled
+towards the job's rate everywhere while its own record is short, and a provider the job has not
+run on yet borrows that rate and says so. Until the run has progress over MIN_MEASURED_SECONDS in
+all, nothing is guessed.
 
 A provider's reliability is measured across every job's attempts on it: its mean time between
 interruptions (reconciler.planner.outlook.reliability: learned, recent evidence weighing most, leaning on a prior
-for its kind while the record is short), and the changeover (launch to first heartbeat), as long as
+for its kind while the record is short), and the changeover (launch to the first step), as long as
 the median seen on the other providers (PRIOR_CHANGEOVER until one is seen) while it has none.
 """
 
@@ -68,7 +69,7 @@ class Reliability:
     """One provider's record across all jobs."""
 
     mtbf_seconds: float  # mean machine time between interruptions or session ends (learned)
-    changeover_seconds: float  # launch to first heartbeat: paid again on every move
+    changeover_seconds: float  # launch to the first step of work: paid again on every move
     measured: bool  # False: the priors alone
     interruptions: float = 0.0  # the provider's ends, weighed by their age (reconciler.planner.outlook.reliability)
     exposure_seconds: float = 0.0  # machine time, weighed by its age
@@ -101,6 +102,25 @@ def job_tracks(st: JobStatus, durable_step: int, now: float, live_step: int | No
     return {p: Track(seconds[p], steps[p]) for p in seconds}
 
 
+def attempt_rate(a: Attempt) -> float | None:
+    """A closed attempt's own steps per second from its first heartbeat (the work it lost included)."""
+    if a.ended is None or a.first_beat is None or a.step_end is None or a.ended - a.first_beat < 60.0:
+        return None
+    steps = a.step_end + a.steps_lost - (a.first_beat_step or a.step_start)
+    return steps / (a.ended - a.first_beat) if steps > 0 else None
+
+
+def changeover(a: Attempt, speed: float | None) -> float | None:
+    """Launch to the first step of work: the first heartbeat the loop saw, back-dated by the steps
+    it reports at `speed` (steps per second) where known (it is seen a tick after the worker
+    began, which would count that tick in every changeover). None before a first heartbeat."""
+    if a.first_beat is None:
+        return None
+    done = (a.first_beat_step or a.step_start) - a.step_start
+    back = done / speed if done > 0 and speed else 0.0
+    return max(0.0, a.first_beat - back - a.started)
+
+
 def reliabilities(statuses: Iterable[JobStatus], interruptible: dict[str, bool], now: float) -> dict[str, Reliability]:
     """Every provider in `interruptible` (name -> whether its machines can be taken away)."""
     statuses = list(statuses)
@@ -108,8 +128,8 @@ def reliabilities(statuses: Iterable[JobStatus], interruptible: dict[str, bool],
     changeovers: dict[str, list[float]] = {}
     for st in statuses:
         for a in st.attempts:
-            if a.first_beat is not None:
-                changeovers.setdefault(a.provider, []).append(max(0.0, a.first_beat - a.started))
+            if (seconds := changeover(a, attempt_rate(a))) is not None:
+                changeovers.setdefault(a.provider, []).append(seconds)
     everywhere = [x for c in changeovers.values() for x in c]
     borrowed = median(everywhere) if everywhere else PRIOR_CHANGEOVER_SECONDS
     out = {}

@@ -19,6 +19,8 @@ from desired.models import Job, Provider
 from reconciler.planner.outlook.forecast import (
     PRIOR_CHANGEOVER_SECONDS,
     Track,
+    attempt_rate,
+    changeover,
     job_rate,
     job_tracks,
     open_cost,
@@ -207,20 +209,11 @@ def _wait(statuses: list[JobStatus], name: str) -> tuple[Evidence, str, str]:
 
 
 def _changeover(statuses: list[JobStatus], name: str, st: JobStatus, rate: float) -> tuple[float, str, str]:
-    """Launch to the first step of work: the first heartbeat the loop saw, back-dated by the steps
-    it reports (it is seen a tick after the worker began, which counted that tick in every changeover)."""
-    def seconds(job: JobStatus, a: Attempt) -> float | None:
-        if a.first_beat is None:
-            return None
-        done = (a.first_beat_step or a.step_start) - a.step_start
-        if done <= 0:
-            return max(0.0, a.first_beat - a.started)
-        speed = _attempt_rate(a) or (rate if job.job == st.job else None)
-        return max(0.0, a.first_beat - (done / speed if speed else 0.0) - a.started)
-
+    """Launch to the first step of work (forecast.changeover), each attempt's first heartbeat
+    back-dated at its own speed, or this job's rate where it has none."""
     def changes(only: str | None) -> list[float]:
         return [x for job in statuses for a in job.attempts if only is None or a.provider == only
-                if (x := seconds(job, a)) is not None]
+                if (x := changeover(a, attempt_rate(a) or (rate if job.job == st.job else None))) is not None]
 
     own = changes(name)
     if own:
@@ -229,14 +222,6 @@ def _changeover(statuses: list[JobStatus], name: str, st: JobStatus, rate: float
     if other:
         return median(other), BORROWED, "median launch to first step on the other providers"
     return PRIOR_CHANGEOVER_SECONDS, BORROWED, "the prior (none measured)"
-
-
-def _attempt_rate(a: Attempt) -> float | None:
-    """A closed attempt's own steps per second from its first heartbeat (the work it lost included)."""
-    if a.ended is None or a.first_beat is None or a.step_end is None or a.ended - a.first_beat < 60.0:
-        return None
-    steps = a.step_end + a.steps_lost - (a.first_beat_step or a.step_start)
-    return steps / (a.ended - a.first_beat) if steps > 0 else None
 
 
 def _checkpoint(job: Job, st: JobStatus, rate: float) -> tuple[float, str, str]:
