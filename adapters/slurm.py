@@ -577,8 +577,10 @@ class SlurmAdapter:
             )
 
     def kill(self, ref: WorkerRef) -> None:
-        """No notice (a drill): `scancel --signal=KILL --full` kills every step of the job, the batch
-        script too, with no SIGTERM and no KillWait first. Marked as terminate's stop is: ours."""
+        """No notice (a drill): `scancel --signal=KILL --full`, Slurm's harshest cancel, kills every
+        step of the job and the batch script. Slurm's own job termination may still send the worker
+        SIGTERM a moment before (seen in about half the runs on the test cluster); the drill holds
+        its saves, so the resume is at the drill's step either way. Marked as terminate's stop is: ours."""
         folder = self._folder_of(ref)
         if folder is None:
             return
