@@ -122,6 +122,7 @@ class Daemon:
         report: TickReport | None = None
         failure = ""
         started = time.monotonic()
+        acted_on = self._desired_id()  # a commit to desired/ that lands during the tick is compared after it
         try:
             report = self.rec.tick()
             report.seconds = time.monotonic() - started
@@ -135,7 +136,10 @@ class Daemon:
             failure = self.rec.redactor.redact(f"the tick failed: {exc}; the next tick tries again")
         else:
             self.rec.conditions.ended("tick failed", "ticks work again")
-        self._seen_desired = self._desired_id()
+        self._seen_desired = acted_on
+        if self._desired_id() != acted_on:  # a commit during the tick: its watch event may have come and gone
+            log.info("desired state changed during the tick; ticking again")
+            self.trigger()
         try:
             self._follow_settings(report)
         except Exception as exc:  # e.g. no commit yet: the interval stays as it was
