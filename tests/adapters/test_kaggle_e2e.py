@@ -104,7 +104,7 @@ def run_on_fake_kaggle(state_repo: StateRepoFixture, tmp_path: Path, monkeypatch
             wait_for(lambda: fake.kernels, 120, "the first kernel", daemon, log)
             if during is not None:
                 during(fake)
-            finish(daemon, log, timeout=180)
+            finish(daemon, log, timeout=360)  # it took 172 s in a clean-clone CI run on 2 cores
     finally:
         fake.stop()
     st: dict = status(state_repo, "count")
