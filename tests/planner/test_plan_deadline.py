@@ -324,14 +324,20 @@ def test_after_the_worker_stopped_for_the_deadline_only_a_moved_deadline_relaunc
         assert launched(p) == [] and st.phase == Phase.PENDING
 
 
-def test_a_run_on_reliable_capacity_well_ahead_of_its_pace_stops_to_wait_for_cheaper() -> None:
-    # 4 h done in 4 h on on-demand, 6 h left and 36 h to the deadline, spot full: on-demand is
-    # paying for slack the run does not need, so the worker is stopped (it saves) and the run waits.
-    d = desired(job(deadline_in=36 * HOUR, providers="[spot, ondemand]"), providers=PROVIDERS)
+def on_demand_for_four_hours(deadline_in: float):  # type: ignore[no-untyped-def]
+    """The plan for a run that did 4 h of its 10 h in 4 h on on-demand (live for the last 2),
+    with spot full, `deadline_in` seconds before its deadline."""
+    d = desired(job(deadline_in=deadline_in, providers="[spot, ondemand]"), providers=PROVIDERS)
     st, seen = live_on(d, history(d, done_on("ondemand", 2, 7200, ago=2 * HOUR)), "ondemand", since=NOW - 2 * HOUR,
                        durable=14_400, step_start=7200)
     seen.free_slots["spot"] = 0
-    p = plan(d, seen, {"train": st}, NOW)
+    return plan(d, seen, {"train": st}, NOW)
+
+
+def test_a_run_on_reliable_capacity_well_ahead_of_its_pace_stops_to_wait_for_cheaper() -> None:
+    # 4 h done in 4 h on on-demand, 6 h left and 36 h to the deadline, spot full: on-demand is
+    # paying for slack the run does not need, so the worker is stopped (it saves) and the run waits.
+    p = on_demand_for_four_hours(deadline_in=36 * HOUR)
     assert stopped(p) == ["ondemand"] and not launched(p)
     st2 = p.statuses["train"]
     assert st2.phase == Phase.PENDING and st2.message.startswith("leaving ondemand to wait for cheaper capacity")
@@ -340,11 +346,7 @@ def test_a_run_on_reliable_capacity_well_ahead_of_its_pace_stops_to_wait_for_che
 
 def test_a_run_on_reliable_capacity_behind_its_pace_stays_there() -> None:
     # The same run with 6.5 h to the deadline: its half hour of slack is what the rest needs.
-    d = desired(job(deadline_in=6.5 * HOUR, providers="[spot, ondemand]"), providers=PROVIDERS)
-    st, seen = live_on(d, history(d, done_on("ondemand", 2, 7200, ago=2 * HOUR)), "ondemand", since=NOW - 2 * HOUR,
-                       durable=14_400, step_start=7200)
-    seen.free_slots["spot"] = 0
-    p = plan(d, seen, {"train": st}, NOW)
+    p = on_demand_for_four_hours(deadline_in=6.5 * HOUR)
     assert not stopped(p) and p.statuses["train"].phase == Phase.RUNNING
 
 
