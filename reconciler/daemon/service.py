@@ -137,7 +137,9 @@ class Daemon:
         else:
             self.rec.conditions.ended("tick failed", "ticks work again")
         self._seen_desired = acted_on
-        if self._desired_id() != acted_on:  # a commit during the tick: its watch event may have come and gone
+        # a commit during the tick: its watch event may have come and gone (with --no-watch, only the
+        # interval or a webhook ticks, as the user asked)
+        if self.watch and self._desired_id() != acted_on:
             log.info("desired state changed during the tick; ticking again")
             self.trigger()
         try:
