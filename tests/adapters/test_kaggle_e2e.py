@@ -1,5 +1,5 @@
 """End to end on the fake Kaggle: the real `reconciler run --until-done` in a subprocess, run storage
-on an S3 server (moto), a counter job preferring `kaggle` (sessions scaled down to 20 s) with
+on an S3 server (moto), a counter job preferring `kaggle` (sessions scaled down to 50 s) with
 `local` beside it. The first attempt meets Kaggle's session end: the bootstrap's deadline makes the
 worker save and exit 75 before the cut, which is a session end (free); the run then finishes on
 either provider from its checkpoint, at exactly the target step. The job has one kernel on Kaggle,
@@ -41,9 +41,13 @@ from tests.worker.conftest import s3_endpoint  # noqa: F401 - a fixture
 from tests.worker.harness import S3_CREDENTIALS
 
 TARGET = 80
-STEP_SECONDS = 0.2  # 16 s of counting: more than one 20 s session holds once the worker has started
-SESSION_SECONDS = 20  # long enough that a worker started on a loaded machine (CI runs six test
-                      # processes on two cores) checkpoints before the bootstrap's deadline
+STEP_SECONDS = 0.2  # from the second session on: 16 s of counting at most
+FIRST_STEP_SECONDS = 1.0  # the first session's 80 s of counting cannot fit in one session
+SESSION_SECONDS = 50  # a worker must start and save its first checkpoint well inside a session: in
+                      # a CI run on two cores with six test processes, a worker took over 15 s to
+                      # start, and sessions of 20 s ended one after another with nothing saved
+SAVE_MARGIN_SECONDS = 4  # the bootstrap's deadline is this long before the session's cut...
+GRACE_SECONDS = 4  # ...and the worker stops this long before the deadline, to save in time
 IDENTITY = "kaggle-e2e"  # the state repository's identity, so the test knows the job's kernel
 STORAGE_SECRETS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 
@@ -52,9 +56,10 @@ def job(name: str, gpus: int = 0, providers: tuple[str, ...] = ("kaggle", "local
     return yaml.safe_dump({
         "apiVersion": "reconciler.dev/v1", "kind": "Job", "metadata": {"name": name},
         "spec": {
-            "command": [sys.executable, COUNTER, str(STEP_SECONDS)],
+            "command": [sys.executable, COUNTER, str(STEP_SECONDS),
+                        "--first-attempt-step-seconds", str(FIRST_STEP_SECONDS)],
             "target_steps": TARGET, "checkpoint_every": 5,
-            "env": {"RECONCILER_GRACE": "3"},
+            "env": {"RECONCILER_GRACE": str(GRACE_SECONDS)},
             "secrets": ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"],
             "resources": {"gpus": gpus},
             "placement": {"providers": list(providers)},
@@ -81,12 +86,12 @@ def run_on_fake_kaggle(state_repo: StateRepoFixture, tmp_path: Path, monkeypatch
                        s3_endpoint: str, gpus: int = 0,  # noqa: F811 - a fixture's value
                        during: Callable[[FakeKaggle], None] | None = None,
                        providers: tuple[str, ...] = ("kaggle", "local")) -> tuple[dict, FakeKaggle]:
-    """The daemon until done, on the fake Kaggle (20 s sessions) and local; `during` runs once the
+    """The daemon until done, on the fake Kaggle (50 s sessions) and local; `during` runs once the
     first kernel exists. Returns the job's status and the (stopped) fake."""
     fake = kaggle_with_storage_secrets(tmp_path)
     write_settings(state_repo, s3_endpoint, tick_seconds=0.5)
     kaggle = KaggleSettings(api_url=fake.url, username=fake.username, session_hours=SESSION_SECONDS / 3600,
-                            save_margin_seconds=2, request_timeout_seconds=10, min_quota_hours=1)
+                            save_margin_seconds=SAVE_MARGIN_SECONDS, request_timeout_seconds=10, min_quota_hours=1)
     state_repo.write("desired/kaggle.yaml", provider_manifest("kaggle", kaggle, concurrency=1))
     local = yaml.safe_load(provider_manifest("local", LocalSettings(), concurrency=1))
     local["spec"]["resources"] = {"gpus": gpus}  # declared: this machine stands in for one with GPUs

@@ -1,6 +1,9 @@
 """A tiny worker for loop tests: sums step numbers, checkpointing through the worker SDK.
 
-usage: counter.py STEP_SECONDS [--interrupt-until-epoch N] [--killed-after-save]
+usage: counter.py STEP_SECONDS [--first-attempt-step-seconds S] [--interrupt-until-epoch N]
+                  [--killed-after-save]
+With --first-attempt-step-seconds S, attempt 1 takes S seconds a step (STEP_SECONDS from attempt 2
+on): a run that cannot finish in its first session however fast the worker starts.
 With --interrupt-until-epoch N, attempts 1..N leave at once with exit 75 (as if preempted after
 a final checkpoint), before the SDK is even imported, so many attempts stay cheap.
 With --killed-after-save, every attempt is killed by SIGKILL right after its first checkpoint is
@@ -13,6 +16,8 @@ import sys
 import time
 
 step_seconds = float(sys.argv[1])
+if "--first-attempt-step-seconds" in sys.argv and os.environ.get("RECONCILER_EPOCH") == "1":
+    step_seconds = float(sys.argv[sys.argv.index("--first-attempt-step-seconds") + 1])
 if "--interrupt-until-epoch" in sys.argv:
     limit = int(sys.argv[sys.argv.index("--interrupt-until-epoch") + 1])
     if int(os.environ["RECONCILER_EPOCH"]) <= limit:
