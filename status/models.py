@@ -157,6 +157,15 @@ class Output(Model):
 OUTPUTS_LISTED = 50  # outputs a status lists by name; the rest are counted in `outputs_more`
 
 
+class HandedInput(Model):
+    """A completed run of a job this run came `after`, whose outputs its workers are handed."""
+
+    dir: str  # under RECONCILER_INPUT_DIR: the job's name, or <sweep>/<member>
+    job: str
+    run_id: str
+    storage: str = ""  # "" is the settings' storage
+
+
 class DrillPhase(StrEnum):
     ARMED = "armed"  # the worker was asked to drill after its next durable checkpoint
     RESUMING = "resuming"  # interrupted on purpose; the next attempt must restore the drill's step
@@ -233,6 +242,9 @@ class JobStatus(Model):
     # (None until a run leaves some, so that a status without any reads as before).
     outputs: list[Output] | None = None
     outputs_more: int | None = None
+    # The dependencies' runs this run's first attempt was handed (`after`): every relaunch of the run
+    # is handed the same, whatever its dependencies have run since (None until such a run launches).
+    inputs: list[HandedInput] | None = None
     drill: Drill | None = None  # the run's newest drill (None until one is asked for)
 
     @property

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
+from adapters.artifacts import Input
 from adapters.compute import WorkerPhase
 from desired.models import Job
 from reconciler.planner.dependencies import dependencies, inputs, waiting
@@ -320,10 +321,20 @@ def _launch(t: JobTick, name: str, mtbf_seconds: float | None) -> None:
     reason = ("first launch" if not st.attempts  # attempts of a replaced run are kept, but not counted
               else "first launch of the new run" if not st.total_attempts else f"relaunch after: {last_detail(st)}")
     avoid = tuple(sorted(h for p, h in t.observed.bad_hosts | bad_hosts([st], t.now) if p == name))
-    handed = inputs(t.job, t.recorded_jobs, t.desired.sweeps) if t.job.spec.after else ()
-    t.out.actions.append(Launch(t.job.name, st.run_id, name, reason, avoid, mtbf_seconds, handed))
+    t.out.actions.append(Launch(t.job.name, st.run_id, name, reason, avoid, mtbf_seconds, _handed(t)))
     st.phase = Phase.LAUNCHING
     st.message = f"launching on {name}"
+
+
+def _handed(t: JobTick) -> tuple[Input, ...]:
+    """The dependencies' outputs a launch hands over: those the run's first attempt was handed, so
+    that a relaunch after a dependency has started (or finished) a new run resumes on the same inputs;
+    the newest succeeded runs for the run's first attempt (or one whose status predates `inputs`)."""
+    if not t.job.spec.after:
+        return ()
+    if t.st.inputs is not None:
+        return tuple(Input(i.dir, i.job, i.run_id, i.storage) for i in t.st.inputs)
+    return inputs(t.job, t.recorded_jobs, t.desired.sweeps)
 
 
 def _moving_worker_still_live(t: JobTick) -> bool:

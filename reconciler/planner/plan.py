@@ -65,6 +65,7 @@ from status.models import (
     MAX_REFUSALS_KEPT,
     OUTPUTS_LISTED,
     Attempt,
+    HandedInput,
     JobStatus,
     Outcome,
     Output,
@@ -599,6 +600,9 @@ def apply_results(p: Plan, results: list[LaunchResult], now: float, durable: dic
             st.total_attempts += 1
             if st.first_launched is None:
                 st.first_launched = min((a.started for a in st.attempts), default=now)
+            if res.action.inputs and st.inputs is None:
+                st.inputs = [HandedInput(dir=i.dir, job=i.job, run_id=i.run_id, storage=i.storage)
+                             for i in res.action.inputs]
             st.phase = Phase.LAUNCHING
             st.message = f"attempt {res.ref.epoch} launched on {res.ref.provider} ({res.action.reason})"
             _trim(st)

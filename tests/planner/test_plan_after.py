@@ -8,7 +8,7 @@ import pytest
 from adapters.compute import WorkerPhase, WorkerState
 from desired.parse import DesiredState, parse_desired
 from reconciler.planner.dependencies import held_by_dependency
-from reconciler.planner.plan import Launch, Observed, Plan, RunObservation, plan
+from reconciler.planner.plan import Launch, LaunchResult, Observed, Plan, RunObservation, apply_results, plan
 from status.models import Attempt, JobStatus, Outcome, Phase
 from tests.planner.test_plan import NOW, PROVIDERS, desired, job_yaml, running
 
@@ -107,6 +107,27 @@ def test_a_started_run_is_relaunched_whatever_its_dependency_does_since() -> Non
                               ended=NOW - 10, outcome=Outcome.INTERRUPTION))
     p = plan(d, Observed(), {"a": status(d, "a", Phase.FAILED), "b": b}, NOW)
     assert "b" in launched(p)
+
+
+def test_a_relaunch_is_handed_the_inputs_its_run_started_with_whatever_its_dependency_ran_since() -> None:
+    """b's run started on a's run r1; a's manifest then changed (its new run r2 running, later
+    succeeded). b's relaunches resume on r1's outputs: r2's are for b's next run."""
+    d = pair()
+    first = plan(d, done(d, "a"), {"a": status(d, "a", Phase.SUCCEEDED)}, NOW)
+    launch = next(a for a in first.actions if isinstance(a, Launch) and a.job == "b")
+    r1 = d.jobs["a"].run_id()
+    assert [(i.job, i.run_id) for i in launch.inputs] == [("a", r1)]
+    apply_results(first, [LaunchResult(launch, ref=running("b", launch.run_id, 1)[0])], NOW, {})
+    b = first.statuses["b"]
+    assert [(i.dir, i.job, i.run_id) for i in b.inputs or []] == [("a", "a", r1)]
+    b.attempts[-1] = b.attempts[-1].model_copy(update={"ended": NOW + 10, "outcome": Outcome.INTERRUPTION})
+    changed = pair(a_command='["python", "a.py", "--more"]')
+    r2 = changed.jobs["a"].run_id()
+    for a_now in (status(changed, "a", Phase.RUNNING), status(changed, "a", Phase.SUCCEEDED)):
+        p = plan(changed, done(changed, "a"), {"a": a_now, "b": b}, NOW + 60)
+        relaunch = next(a for a in p.actions if isinstance(a, Launch) and a.job == "b")
+        assert [(i.job, i.run_id) for i in relaunch.inputs] == [("a", r1)], a_now.phase
+    assert r2 != r1
 
 
 def test_suspend_and_guards_come_before_waiting() -> None:
