@@ -96,8 +96,9 @@ def _read_json(path):
         return None
 
 
-def _start_time(pid):
-    """Start time of a process in clock ticks since boot, to tell a pid from its reuse."""
+def process_start_time(pid):
+    """Start time of a process in clock ticks since boot, to tell a pid from its reuse (None once
+    it has ended, a zombie included)."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
             fields = fh.read().rsplit(")", 1)[1].split()
@@ -113,7 +114,7 @@ def _alive(record):
         return False
     pid = int(record["pid"])
     if os.path.isdir("/proc"):
-        now = _start_time(pid)
+        now = process_start_time(pid)
         return now is not None and (record.get("start") in (None, now))
     try:
         os.kill(pid, 0)
@@ -125,7 +126,7 @@ def _alive(record):
 
 
 def _process_record(pid):
-    return json.dumps({"pid": pid, "start": _start_time(pid)})
+    return json.dumps({"pid": pid, "start": process_start_time(pid)})
 
 
 def oom_kills(proc_root="/proc", cgroup_root="/sys/fs/cgroup"):

@@ -40,6 +40,7 @@ from collections import deque
 from dataclasses import replace
 from pathlib import Path
 
+from adapters.bootstrap import process_start_time
 from adapters.compute import (
     ANY_OWNER,
     JobConfigError,
@@ -61,28 +62,10 @@ from desired.models import Capacity, LocalSettings
 DEFAULT_WORKDIR = "~/.reconciler/local"
 
 
-def process_start_time(pid: int) -> str | None:
-    """Start time of a process in clock ticks since boot, to tell a pid from its reuse."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-        return fields[19]
-    except (OSError, IndexError):
-        return None
-
-
 def alive(pid: int, start_time: str | None) -> bool:
+    """The process `pid` runs (not a zombie) and is the one that started at `start_time`, when given."""
     current = process_start_time(pid)
-    if current is None:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            state = fh.read().rsplit(")", 1)[1].split()[0]
-        if state == "Z":
-            return False
-    except OSError:
-        return False
-    return start_time is None or current == start_time
+    return current is not None and (start_time is None or current == start_time)
 
 
 def signal_name(signum: int) -> str:

@@ -22,8 +22,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from adapters.bootstrap import finish_masked, oom_kills, start_masked
-from adapters.local import process_start_time
+from adapters.bootstrap import finish_masked, oom_kills, process_start_time, start_masked
 
 GRACE_SECONDS = float(os.environ.get("RECONCILER_GRACE_SECONDS", "30"))
 
