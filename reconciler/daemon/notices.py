@@ -40,9 +40,12 @@ class Event:
     text: str  # one line for people
     jobs: tuple[str, ...] = ()  # an event about several jobs at once (a hold); `job` is then the first
     how: str = ""  # its own level, where the kind alone does not say (a drill that passed, or did not)
+    sweep: str = ""  # the sweep whose members these jobs are, for an event rolled up from theirs
 
     @property
     def title(self) -> str:
+        if self.sweep:
+            return f"reconciler: sweep {self.sweep}: {len(self.jobs)} members {self.kind.replace('-', ' ')}"
         if len(self.jobs) > 1:
             return f"reconciler: {len(self.jobs)} jobs {self.kind.replace('-', ' ')}"
         return f"reconciler: {self.job} {self.kind.replace('-', ' ')}"
@@ -85,7 +88,37 @@ def events(before: Mapping[str, JobStatus], after: Mapping[str, JobStatus],
     out: list[Event] = []
     for name in sorted(after):
         out.extend(job_events(before.get(name), after[name], budgets.get(name), rules))
-    return out + hold_events(before, after)
+    return by_sweep(out, after) + hold_events(before, after)
+
+
+SWEEP_LISTED = 10  # members a sweep's rolled-up event tells of by name; the rest are counted
+
+
+def by_sweep(found: list[Event], after: Mapping[str, JobStatus]) -> list[Event]:
+    """The events of one kind that several members of one sweep brought about in this tick, as one
+    event in the place of the first: a sweep whose hundred members succeed together is one message."""
+    groups: dict[tuple[str, str], list[Event]] = {}
+    for e in found:
+        st = after.get(e.job)
+        if st is not None and st.sweep and not e.jobs:
+            groups.setdefault((st.sweep, e.kind), []).append(e)
+    out: list[Event] = []
+    for e in found:
+        st = after.get(e.job)
+        group = groups.get((st.sweep, e.kind), []) if st is not None and st.sweep and not e.jobs else []
+        if len(group) < 2:
+            out.append(e)
+        elif e is group[0]:
+            out.append(_rolled_up(after[e.job].sweep or "", group))
+    return out
+
+
+def _rolled_up(sweep: str, group: list[Event]) -> Event:
+    listed = "; ".join(e.text for e in group[:SWEEP_LISTED])
+    more = f"; and {len(group) - SWEEP_LISTED} more" if len(group) > SWEEP_LISTED else ""
+    hows = {e.how for e in group}
+    how = hows.pop() if len(hows) == 1 else "warning"  # drills: all passed, or not
+    return Event(group[0].job, group[0].kind, "", listed + more, tuple(e.job for e in group), how, sweep)
 
 
 def hold_events(before: Mapping[str, JobStatus], after: Mapping[str, JobStatus]) -> list[Event]:

@@ -125,3 +125,31 @@ def test_a_drills_verdict_is_one_event_a_success_when_it_passed_a_warning_when_n
     diverged = armed.model_copy(update={"drill": Drill(id="d1", phase=DrillPhase.DONE, verdict="diverged",
                                                        detail="first difference at step 21")})
     assert [e.level for e in events({"train": armed}, {"train": diverged}, {}, RULES)] == ["warning"]
+
+
+def member(name: str, sweep: str | None, phase: Phase = Phase.RUNNING) -> JobStatus:
+    return status(phase).model_copy(update={"job": name, "sweep": sweep})
+
+
+def test_members_of_one_sweep_that_end_alike_in_a_tick_are_one_event_naming_them() -> None:
+    names = [f"lr-{i:02d}" for i in range(12)]
+    before = {n: member(n, "lr") for n in names} | {"other": member("other", None), "b-0": member("b-0", "b")}
+    after = {n: member(n, "lr", Phase.SUCCEEDED) for n in names} | {
+        "other": member("other", None, Phase.SUCCEEDED), "b-0": member("b-0", "b", Phase.SUCCEEDED)}
+    found = events(before, after, {}, RULES)
+    assert [(e.kind, e.jobs or (e.job,)) for e in found] == [
+        ("succeeded", ("b-0",)), ("succeeded", tuple(names)), ("succeeded", ("other",))]
+    rolled = found[1]
+    assert rolled.title == "reconciler: sweep lr: 12 members succeeded" and rolled.level == "success"
+    assert rolled.text.startswith("lr-00 succeeded at step 60") and rolled.text.endswith("; and 2 more")
+    assert "lr-09 succeeded" in rolled.text and "lr-10 succeeded" not in rolled.text
+    one = Notifications(targets=[NotifyTarget(url_env="HOOK", jobs=["lr-11"])])
+    assert [m.title for m in messages(found, one)] == [rolled.title]  # a target for one member hears of it
+
+
+def test_a_sweep_member_alone_in_its_kind_this_tick_is_its_own_event() -> None:
+    before = {"lr-0": member("lr-0", "lr"), "lr-1": member("lr-1", "lr")}
+    after = {"lr-0": member("lr-0", "lr", Phase.SUCCEEDED),
+             "lr-1": member("lr-1", "lr", Phase.FAILED).model_copy(update={"message": "retry budget spent"})}
+    found = events(before, after, {}, RULES)
+    assert [e.title for e in found] == ["reconciler: lr-0 succeeded", "reconciler: lr-1 failed"]
