@@ -132,6 +132,7 @@ def _lane(job: Job, st: JobStatus, name: str, providers: Mapping[str, Provider],
     change, change_src, change_how = _changeover(statuses, name, st, rate)
     ckpt, ckpt_src, ckpt_how = _checkpoint(job, st, rate)
     quota, refill_in, refill, quota_src, quota_how = _quota(job, prov, ledger.get(name), now)
+    save, save_src, save_how = _save(st)
     price = prov.spec.price_per_hour
     said += [
         Input(name, "rate", rate * 3600.0, "steps/h", rate_src, rate_how),
@@ -139,13 +140,15 @@ def _lane(job: Job, st: JobStatus, name: str, providers: Mapping[str, Provider],
         Input(name, "wait", wait.mean_seconds, "s", wait_src, wait_how),
         Input(name, "changeover", change, "s", change_src, change_how),
         Input(name, "checkpoint", ckpt, "steps", ckpt_src, ckpt_how),
+        Input(name, "save", save, "s", save_src, save_how),
         Input(name, "price", price, "$/h", DECLARED, "price_per_hour of the provider"),
     ]
     if session_s is not None:
         said.append(Input(name, "session", session_s, "s", DECLARED, "session_hours, less the save margin"))
     if quota_src:
         said.append(Input(name, "quota", None if quota is None else quota / 3600.0, "h", quota_src, quota_how))
-    return Lane(name, price, rate, fails, wait, change, ckpt, session_s, quota, refill_in, refill)
+    return Lane(name, price, rate, fails, wait, change, ckpt, session_s, quota, refill_in, refill,
+                save_seconds=save)
 
 
 def _rate(st: JobStatus, name: str, now: float) -> tuple[float, str, str]:
@@ -236,6 +239,14 @@ def _checkpoint(job: Job, st: JobStatus, rate: float) -> tuple[float, str, str]:
     return rate * FALLBACK_CHECKPOINT_SECONDS, BORROWED, "a prior of one checkpoint per 30 min of work"
 
 
+def _save(st: JobStatus) -> tuple[float, str, str]:
+    """What the run's final save costs: the worker's word on its last save (copy, upload, commit).
+    Without it none is counted, as before the workers said it."""
+    if st.progress.save_seconds is not None:
+        return st.progress.save_seconds, MEASURED, "the worker's last save, until durable"
+    return 0.0, BORROWED, "none counted (the worker has not said what a save costs)"
+
+
 def _quota(job: Job, prov: Provider, line: ProviderLedger | None,
            now: float) -> tuple[float | None, float | None, float | None, str, str]:
     """Attempt seconds left, when it refills (from now) and with how much; source and words."""
@@ -288,5 +299,21 @@ def _position(st: JobStatus, lane: Lane, now: float, target: int) -> tuple[int, 
         base, at = cur.first_beat_step if cur.first_beat_step is not None else cur.step_start, cur.first_beat
     else:
         return st.progress.step, 0.0
-    reached = max(st.progress.step, min(target, base + int(lane.rate * max(0.0, now - at))))
-    return reached, float(max(0, reached - cur.step_start) % max(1.0, lane.checkpoint_steps))
+    ckpt = max(1.0, lane.checkpoint_steps)
+    gained = _steps_in(float(max(0, base - cur.step_start) % ckpt), max(0.0, now - at), lane)
+    reached = max(st.progress.step, min(target, base + int(gained)))
+    return reached, float(max(0, reached - cur.step_start) % ckpt)
+
+
+def _steps_in(unsaved: float, seconds: float, lane: Lane) -> float:
+    """Steps a worker `unsaved` steps past its last checkpoint does in `seconds`: at the rate, or,
+    where its save cost is known, working between whole saves (the rate spreads their cost)."""
+    ckpt, save = max(1.0, lane.checkpoint_steps), max(0.0, min(lane.save_seconds, lane.checkpoint_steps / lane.rate))
+    if save <= 0:
+        return lane.rate * seconds
+    step = 1.0 / lane.rate - save / ckpt  # a step's work, its share of the saves taken off
+    first = (ckpt - unsaved) * step  # to the next checkpoint
+    if seconds <= first:
+        return seconds / step
+    cycles, rest = divmod(max(0.0, seconds - first - save), ckpt * step + save)
+    return ckpt - unsaved + cycles * ckpt + min(rest / step, ckpt)
