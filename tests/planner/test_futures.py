@@ -303,3 +303,19 @@ def test_the_worker_s_save_time_reaches_the_futures_from_the_status() -> None:
     assert unsaid == BORROWED and said == MEASURED
     assert 30.0 <= saved - bare <= 30.0 + 600 / 10000 * 30.0 * 2
 
+
+def test_a_wait_under_way_counts_as_time_without_a_relaunch() -> None:
+    """Two waits of 1 h seen, and one under way for 4 h: the mean wait is longer than 1 h (the long
+    waits are the ones likeliest to be under way when the forecast is made)."""
+    now = 1_800_000_000.0
+    providers = {"spot": _provider("spot", price_per_hour=1.0, settings={"type": "sim", "interruptible": True})}
+    job = _job(placement={"providers": ["spot"]}, checkpoint_every=600)
+    ends = [(now - 12 * H, now - 10 * H), (now - 9 * H, now - 7 * H), (now - 6 * H, now - 4 * H)]
+    attempts = [Attempt(epoch=i + 1, provider="spot", worker=f"w{i}", started=s, ended=e, first_beat=s + 100,
+                        first_beat_step=i * 7200, step_start=i * 7200, step_end=(i + 1) * 7200,
+                        outcome=Outcome.INTERRUPTION) for i, (s, e) in enumerate(ends)]
+    st = JobStatus(job="train", phase=Phase.RUNNING, run_id=job.run_id(), attempts=attempts,
+                   progress=Progress(step=21600, target=100000))
+    wait = next(i for i in job_spread(job, st, providers, [st], now).inputs if i.name == "wait")
+    assert wait.source == MEASURED and "under way" in wait.how
+    assert wait.value == pytest.approx((2 * H + 4 * H + 150.0) / 2.5)

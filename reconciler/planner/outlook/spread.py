@@ -128,7 +128,7 @@ def _lane(job: Job, st: JobStatus, name: str, providers: Mapping[str, Provider],
     rate, rate_src, rate_how = _rate(st, name, now)
     fails, fail_src, fail_how = _interruptions(statuses, name, now, bool(getattr(settings, "interruptible", False)),
                                                sessions=session_s is not None)
-    wait, wait_src, wait_how = _wait(statuses, name)
+    wait, wait_src, wait_how = _wait(statuses, name, now)
     change, change_src, change_how = _changeover(statuses, name, st, rate)
     ckpt, ckpt_src, ckpt_how = _checkpoint(job, st, rate)
     quota, refill_in, refill, quota_src, quota_how = _quota(job, prov, ledger.get(name), now)
@@ -200,10 +200,21 @@ def _gaps(statuses: Iterable[JobStatus], name: str | None) -> list[float]:
             if a.ended is not None and a.provider_ended and (name is None or a.provider == name)]
 
 
-def _wait(statuses: list[JobStatus], name: str) -> tuple[Evidence, str, str]:
-    own = _gaps(statuses, name)
-    if own:
-        return Evidence(len(own), sum(own), PRIOR_WAIT_SECONDS), MEASURED, f"{len(own)} relaunches after an end there"
+def _under_way(statuses: Iterable[JobStatus], name: str, now: float) -> float:
+    """Seconds the waits still under way there have lasted (a run whose last attempt the provider
+    ended, none launched since): time without a relaunch, censored like a live attempt's."""
+    return sum(max(0.0, now - st.attempts[-1].ended) for st in statuses
+               if st.current is None and st.attempts and not st.phase.terminal and st.attempts[-1].provider_ended
+               and st.attempts[-1].provider == name and st.attempts[-1].ended is not None)
+
+
+def _wait(statuses: list[JobStatus], name: str, now: float) -> tuple[Evidence, str, str]:
+    """The waits seen there, and those under way (a long wait is the likelier to be under way:
+    leaving it out read waits short)."""
+    own, open_ = _gaps(statuses, name), _under_way(statuses, name, now)
+    if own or open_ > 0:
+        return (Evidence(len(own), sum(own) + open_, PRIOR_WAIT_SECONDS), MEASURED,
+                f"{len(own)} relaunches after an end there" + (", and the wait under way" if open_ > 0 else ""))
     everywhere = _gaps(statuses, None)
     if everywhere:
         mean = sum(everywhere) / len(everywhere)
