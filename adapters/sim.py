@@ -174,6 +174,8 @@ class SimWorker:
         self.phase_end = self.start_at
         # The checkpoint in progress is the last before leaving; its exit code; why (in the SDK's beats).
         self.final_save, self.final_exit, self.stopping = False, EXIT_INTERRUPTED, ""
+        self.save_started = 0.0  # when the save under way began
+        self.save_seconds: float | None = None  # what the last save took, until durable
         self.step = 0.0
         self.durable = 0
         self.target = int(spec.env.get("RECONCILER_TARGET_STEPS", "0") or 0) or None
@@ -221,6 +223,8 @@ class SimWorker:
             return
         record: dict[str, Any] = {"epoch": self.ref.epoch, "step": int(self.step), "target": self.target,
                                   "time": self.t, "metrics": {}, "stopping": self.stopping}
+        if self.save_seconds is not None:  # as the SDK says it: the last save, from its start until durable
+            record["save_seconds"] = self.save_seconds
         try:
             if self.model.fencing:
                 self.folder.write_progress(self.ref.epoch, record)
@@ -409,6 +413,7 @@ class SimWorker:
     def _start_checkpoint(self, final: bool, exit_code: int = EXIT_INTERRUPTED) -> None:
         self.phase = "checkpointing"
         self.phase_end = self.t + self.model.checkpoint_cost_seconds
+        self.save_started = self.t
         self.final_save = final
         self.final_exit = exit_code
 
@@ -433,6 +438,7 @@ class SimWorker:
             if not self.alive:
                 return
             self.since_ckpt = 0.0
+            self.save_seconds = self.t - self.save_started
             if self.final_save:
                 if self.target and int(self.step) >= self.target:
                     if not self._complete():

@@ -285,12 +285,13 @@ def sim_tasks(seeds: int, futures: int) -> list[tuple[float, int, int]]:
 
 
 def coverage(rows: list[dict[str, Any]]) -> tuple[float, float, float, float]:
-    """Shares of outcomes at or under P50 and P90, of the time and of the cost."""
+    """Shares of outcomes at or under P50 and P90, of the time and of the cost (within a microsecond
+    and a nano-dollar: an uninterrupted finish forecast to the second differs by float rounding)."""
     ok = [r for r in rows if "p50" in r]
     if not ok:
         return (math.nan,) * 4
     n = len(ok)
-    return (sum(r["outcome"] <= r["p50"] for r in ok) / n, sum(r["outcome"] <= r["p90"] for r in ok) / n,
+    return (sum(r["outcome"] <= r["p50"] + 1e-6 for r in ok) / n, sum(r["outcome"] <= r["p90"] + 1e-6 for r in ok) / n,
             sum(r["cost"] <= r["c50"] + 1e-9 for r in ok) / n, sum(r["cost"] <= r["c90"] + 1e-9 for r in ok) / n)
 
 

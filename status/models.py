@@ -117,6 +117,9 @@ class Progress(Model):
     # The live worker's heartbeat step at `seen_at` (it runs ahead of the durable step by up to a
     # checkpoint interval): where the forecast's futures start. Written with `seen_at`, never alone.
     heartbeat_step: int | None = None
+    # What one save of the run costs, until durable, as its worker last said (whole seconds): the
+    # forecast's futures pay it before the completion. Written with `seen_at`, never alone.
+    save_seconds: float | None = None
 
     def percent(self) -> float | None:
         if not self.target:

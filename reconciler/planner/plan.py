@@ -194,7 +194,7 @@ def identify(job: Job, rec: JobStatus | None, desired: DesiredState, observed: O
     st = rec.model_copy(deep=True)
     st.manifest, st.sweep = manifest, sweep
     st.progress = Progress(step=st.progress.step, target=target, seen_at=st.progress.seen_at,
-                           heartbeat_step=st.progress.heartbeat_step)
+                           heartbeat_step=st.progress.heartbeat_step, save_seconds=st.progress.save_seconds)
     if st.phase == Phase.CANCELLED and st.current is None:
         st.phase = Phase.PENDING
         st.message = f"manifest restored: the run resumes from its durable progress (step {st.progress.step})"
@@ -230,12 +230,15 @@ def read_storage(t: JobTick) -> bool:
         return True
     target = t.job.spec.target_steps
     step = _status_step(t.st.progress.step, t.run.durable_step, target)
+    save = t.st.progress.save_seconds
     if step == t.st.progress.step:
         seen_at, beat = t.st.progress.seen_at, t.st.progress.heartbeat_step
     else:  # the live worker's step goes with it, so that git changes no more often than before
         live = t.current is not None and t.run.heartbeat_epoch == t.current.epoch and t.run.heartbeat_step is not None
         seen_at, beat = t.now, max(step, t.run.heartbeat_step or 0) if live else None
-    t.st.progress = Progress(step=step, target=target, seen_at=seen_at, heartbeat_step=beat)
+        said = t.run.heartbeat_save_seconds if live else None
+        save = float(round(said)) if said is not None else save
+    t.st.progress = Progress(step=step, target=target, seen_at=seen_at, heartbeat_step=beat, save_seconds=save)
     return False
 
 

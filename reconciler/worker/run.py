@@ -502,6 +502,7 @@ class Run:
             "time": time.time(),
             "metrics": self._reported.beat(step, metrics),
             **({"stopping": self._stopping} if self._stopping else {}),
+            **({"save_seconds": round(self._save_seconds, 1)} if self._save_seconds is not None else {}),
         }
         try:
             self._progress_tag = self.folder.write_progress(self.epoch, record, self._progress_tag)

@@ -262,3 +262,82 @@ def test_the_older_record_is_the_prior_of_the_recent_one() -> None:
                    progress=Progress(step=7200, target=100000, seen_at=now, heartbeat_step=7200))
     mtbf = next(i.value for i in job_spread(job, st, providers, [st], now).inputs if i.name == "mtbf")
     assert mtbf is not None and mtbf < 4 * H  # the 6 h prior would read 6.3 h
+
+
+def test_the_run_ends_once_its_final_save_is_durable() -> None:
+    """With a 10 s save said, an uninterrupted rest finishes about one save later: the rate spreads
+    the saves' cost over the steps (600 steps in 610 s), the worker pays a last one at the end."""
+    rate = 600.0 / 610.0
+    bare = Lane("od", 1.0, rate, NEVER, NO_WAIT, 180.0, 600.0)
+    saved = Lane("od", 1.0, rate, NEVER, NO_WAIT, 180.0, 600.0, save_seconds=10.0)
+    run = Run(6000, live_seconds=60.0)
+    assert spread(run, bare, seed=1).seconds[0] == pytest.approx(6100.0)
+    assert spread(run, saved, seed=1).seconds[0] == pytest.approx(6110.0)  # 10 intervals of 610 s, and the final save
+
+
+def test_the_save_of_the_interval_under_way_is_paid_whole() -> None:
+    """530 steps past the last checkpoint, 70 to the next: that save costs all its 10 s, not the
+    70/600 of it the rate would charge."""
+    rate = 600.0 / 610.0
+    lane = Lane("od", 1.0, rate, NEVER, NO_WAIT, 180.0, 600.0, save_seconds=10.0)
+    run = Run(70 + 1200, live_seconds=60.0, unsaved_steps=530.0)
+    assert spread(run, lane, seed=1).seconds[0] == pytest.approx(1270.0 + 3 * 10.0 + 10.0)
+
+
+def test_the_worker_s_save_time_reaches_the_futures_from_the_status() -> None:
+    """1 step/s with its saves, 10,000 steps seen on a checkpoint (every 500): a 30 s save said
+    leaves the rate and the position as they were, and adds the final save."""
+    now = 1_800_000_000.0
+    providers = {"od": _provider("od", price_per_hour=3.0, settings={"type": "sim"})}
+    job = _job(placement={"providers": ["od"]}, checkpoint_every=500)
+    live = Attempt(epoch=1, provider="od", worker="w1", started=now - 11000, first_beat=now - 11000,
+                   first_beat_step=0, step_start=0)
+
+    def out(save: float | None) -> tuple[float, str]:
+        st = JobStatus(job="train", phase=Phase.RUNNING, run_id=job.run_id(), attempts=[live],
+                       progress=Progress(step=9600, target=100000, seen_at=now - 1000, heartbeat_step=10000,
+                                         save_seconds=save))
+        sp = job_spread(job, st, providers, [st], now)
+        assert sp.spread is not None
+        return sp.spread.seconds[0], next(i.source for i in sp.inputs if i.name == "save")
+
+    (bare, unsaid), (saved, said) = out(None), out(30.0)
+    assert unsaid == BORROWED and said == MEASURED
+    assert saved - bare == pytest.approx(30.0, abs=1.0)
+
+
+def test_a_wait_under_way_counts_as_time_without_a_relaunch() -> None:
+    """Two waits of 1 h seen, and one under way for 4 h: the mean wait is longer than 1 h (the long
+    waits are the ones likeliest to be under way when the forecast is made)."""
+    now = 1_800_000_000.0
+    providers = {"spot": _provider("spot", price_per_hour=1.0, settings={"type": "sim", "interruptible": True})}
+    job = _job(placement={"providers": ["spot"]}, checkpoint_every=600)
+    ends = [(now - 12 * H, now - 10 * H), (now - 9 * H, now - 7 * H), (now - 6 * H, now - 4 * H)]
+    attempts = [Attempt(epoch=i + 1, provider="spot", worker=f"w{i}", started=s, ended=e, first_beat=s + 100,
+                        first_beat_step=i * 7200, step_start=i * 7200, step_end=(i + 1) * 7200,
+                        outcome=Outcome.INTERRUPTION) for i, (s, e) in enumerate(ends)]
+    st = JobStatus(job="train", phase=Phase.RUNNING, run_id=job.run_id(), attempts=attempts,
+                   progress=Progress(step=21600, target=100000))
+    wait = next(i for i in job_spread(job, st, providers, [st], now).inputs if i.name == "wait")
+    assert wait.source == MEASURED and "under way" in wait.how
+    assert wait.value == pytest.approx((2 * H + 4 * H + 150.0) / 2.5)
+
+
+def test_with_the_save_cost_known_the_rate_holds_the_saves_pro_rata() -> None:
+    """9,270 steps at 1 step/s with a 10 s save every 600: 15 whole saves, 9,420 s. Read as is,
+    the rate misses the share of the save the 270 steps past the last checkpoint will pay (4.5 s);
+    with the save's cost said it is 600 steps in 610 s, the rate the futures spread saves with."""
+    now = 1_800_000_000.0
+    providers = {"od": _provider("od", price_per_hour=3.0, settings={"type": "sim"})}
+    job = _job(placement={"providers": ["od"]}, checkpoint_every=600)
+    live = Attempt(epoch=1, provider="od", worker="w1", started=now - 9420 - 100, first_beat=now - 9420,
+                   first_beat_step=0, step_start=0)
+
+    def rate(save: float | None) -> float:
+        st = JobStatus(job="train", phase=Phase.RUNNING, run_id=job.run_id(), attempts=[live],
+                       progress=Progress(step=9000, target=100000, seen_at=now, heartbeat_step=9270,
+                                         save_seconds=save))
+        return next(i.value for i in job_spread(job, st, providers, [st], now).inputs if i.name == "rate")
+
+    assert rate(None) == pytest.approx(9270 / 9420 * 3600)
+    assert rate(10.0) == pytest.approx(600 / 610 * 3600)

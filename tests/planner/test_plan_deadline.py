@@ -154,6 +154,21 @@ def test_the_status_keeps_the_live_workers_heartbeat_step_with_the_time_its_step
     assert later.progress == first.progress  # the step stayed in its tenth: nothing new to commit
 
 
+def test_the_status_keeps_the_workers_save_time_with_its_step_and_across_a_worker_that_has_not_said_it() -> None:
+    """What the worker says its last save took (for the forecast's final save) is kept in whole
+    seconds with the step, and kept on while a new worker has not saved yet."""
+    d = desired(job(), providers=PROVIDERS)
+    st, seen = live_on(d, history(d), "ondemand", since=NOW - HOUR, durable=3600, epoch=1)
+    key = next(iter(seen.runs))
+    seen.runs[key] = dataclasses.replace(seen.runs[key], heartbeat_step=3900, heartbeat_save_seconds=12.4)
+    first = plan(d, seen, {"train": st}, NOW).statuses["train"]
+    assert first.progress.save_seconds == 12.0
+    seen.runs[key] = dataclasses.replace(seen.runs[key], durable_step=7200, heartbeat_step=7300,
+                                         heartbeat_save_seconds=None)
+    later = plan(d, seen, {"train": first}, NOW + 3600).statuses["train"]
+    assert later.progress.step == 7200 and later.progress.save_seconds == 12.0
+
+
 def test_the_forecast_shows_spent_and_projected_cost() -> None:
     d = desired(job(), providers=PROVIDERS)
     st = history(d, done_on("ondemand", 2, 7200, ago=60))

@@ -67,6 +67,7 @@ def test_a_deadline_a_few_seconds_ahead_ends_with_a_final_checkpoint_and_75(stor
     assert progress is not None
     assert 1 <= folder.durable_step() == progress.step < steps, "the final checkpoint is the last step reached"
     assert progress.stopping == "deadline"  # the last beat tells the reconciler this was a session's end
+    assert progress.save_seconds is not None and progress.save_seconds >= 0  # the forecast's final save
 
     log = tmp_path / "next.log"
     env = store.env(folder, folder.bump_lease(), RECONCILER_CHECKPOINT_EVERY=10**6, **QUIET)

@@ -4,7 +4,9 @@ Each future walks the run attempt by attempt on a `Lane` (one provider as measur
 left is done:
 
 - an attempt pays the changeover (launch to the first step of work, billed) and then works at the lane's
-  rate until the work is done, an interruption comes, the session limit or the quota ends it;
+  rate until the work is done, an interruption comes, the session limit or the quota ends it; where
+  the worker has said what a save costs, the work is done once its final save is durable, and the
+  saves ahead are counted whole from its last checkpoint (the rate only spreads their cost);
 - time to interruption (from the launch: a changeover can be interrupted too) is exponential with
   the lane's failure rate, and that rate is itself drawn,
   once per future, from the Gamma posterior the MTBF estimate comes from
@@ -88,6 +90,7 @@ class Lane:
     refill_in_seconds: float | None = None  # when the quota refills, from now
     refill_seconds: float | None = None  # attempt seconds a refill gives
     refill_every_seconds: float = 7 * 24 * 3600.0  # and again this long after
+    save_seconds: float = 0.0  # one save until durable (the worker's word; 0: unknown): see _need
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,7 @@ class _World:
         self.rate = np.array([x.rate for x in lanes])
         self.changeover = np.array([x.changeover_seconds for x in lanes])
         self.ckpt = np.array([max(1.0, x.checkpoint_steps) for x in lanes])
+        self.save = np.array([max(0.0, min(x.save_seconds, x.checkpoint_steps / x.rate)) for x in lanes])
         self.session = np.array([x.session_seconds or inf for x in lanes])
         self.fail = np.stack([_rates(x.interruptions, rng, n) for x in lanes])  # per second, per future
         self.wait_gamma = np.array([x.wait.gamma(WAIT_DISCOUNT) for x in lanes])  # (shape, rate) per lane
@@ -173,7 +177,7 @@ class _World:
         room = np.maximum(0.0, np.minimum(session, self.quota[lane, idx]) - c)  # work time before a save-end
         hit = self.rng.exponential(1.0, idx.size) / self.fail[lane, idx]  # from the launch
         early = hit < c  # interrupted in the changeover: no work done
-        need = self.left[idx] / self.rate[lane]
+        need = self._need(idx, lane)
         work = np.where(early, 0.0, np.minimum(need, np.minimum(hit - c, room)))
         done = ~early & (need <= np.minimum(hit - c, room))
         cut = ~done & ~early & (room <= hit - c)  # the session or the quota ends it: the worker saves first
@@ -190,6 +194,14 @@ class _World:
         self.active[idx[done]] = False
         self._after_cut(idx[cut])
         self.after_interruption(idx[~done & ~cut])
+
+    def _need(self, idx: np.ndarray, lane: np.ndarray) -> np.ndarray:
+        """Attempt seconds to finish the work left. The rate spreads the saves' cost over the steps
+        (1/rate = a step's work + save/ckpt), but the worker pays whole saves: one at each checkpoint
+        boundary it crosses, counted from its last checkpoint, and a final one before the completion."""
+        left, unsaved, ckpt, save = self.left[idx], self.unsaved[idx], self.ckpt[lane], self.save[lane]
+        saves = np.floor((unsaved + left) / ckpt + 1e-9) + 1.0
+        return left * (1.0 / self.rate[lane] - save / ckpt) + save * np.where(save > 0, saves, 0.0)
 
     def _after_cut(self, idx: np.ndarray) -> None:
         """A spent quota: on to the fallback, else wait for the refill (never, without one)."""

@@ -11,6 +11,7 @@ provider allowed (the fallback) once a quota is spent or a deadline calls for it
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from statistics import median
@@ -128,9 +129,12 @@ def _lane(job: Job, st: JobStatus, name: str, providers: Mapping[str, Provider],
     rate, rate_src, rate_how = _rate(st, name, now)
     fails, fail_src, fail_how = _interruptions(statuses, name, now, bool(getattr(settings, "interruptible", False)),
                                                sessions=session_s is not None)
-    wait, wait_src, wait_how = _wait(statuses, name)
+    wait, wait_src, wait_how = _wait(statuses, name, now)
     change, change_src, change_how = _changeover(statuses, name, st, rate)
     ckpt, ckpt_src, ckpt_how = _checkpoint(job, st, rate)
+    save, save_src, save_how = _save(st)
+    if save > 0:
+        rate = _rate(st, name, now, saves=(ckpt, save))[0]
     quota, refill_in, refill, quota_src, quota_how = _quota(job, prov, ledger.get(name), now)
     price = prov.spec.price_per_hour
     said += [
@@ -139,22 +143,31 @@ def _lane(job: Job, st: JobStatus, name: str, providers: Mapping[str, Provider],
         Input(name, "wait", wait.mean_seconds, "s", wait_src, wait_how),
         Input(name, "changeover", change, "s", change_src, change_how),
         Input(name, "checkpoint", ckpt, "steps", ckpt_src, ckpt_how),
+        Input(name, "save", save, "s", save_src, save_how),
         Input(name, "price", price, "$/h", DECLARED, "price_per_hour of the provider"),
     ]
     if session_s is not None:
         said.append(Input(name, "session", session_s, "s", DECLARED, "session_hours, less the save margin"))
     if quota_src:
         said.append(Input(name, "quota", None if quota is None else quota / 3600.0, "h", quota_src, quota_how))
-    return Lane(name, price, rate, fails, wait, change, ckpt, session_s, quota, refill_in, refill)
+    return Lane(name, price, rate, fails, wait, change, ckpt, session_s, quota, refill_in, refill,
+                save_seconds=save)
 
 
-def _rate(st: JobStatus, name: str, now: float) -> tuple[float, str, str]:
+def _rate(st: JobStatus, name: str, now: float,
+          saves: tuple[float, float] | None = None) -> tuple[float, str, str]:
     """Steps per second of work there: the status's rate counts durable steps only, and the futures
-    take the work an interruption loses off themselves, so the lost steps are counted back in."""
+    take the work an interruption loses off themselves, so the lost steps are counted back in.
+    `saves`: (steps between checkpoints, seconds a save takes), where known: the rate then spreads
+    the saves' cost evenly (_whole_saves)."""
     tracks = _tracks(st, now)
     for a in st.attempts:
         if a.steps_lost > 0 and a.provider in tracks:
             tracks[a.provider] = tracks[a.provider] + Track(0.0, a.steps_lost)
+    if saves is not None:
+        for provider, seconds in _whole_saves(st, *saves).items():
+            if provider in tracks:
+                tracks[provider] = tracks[provider] + Track(seconds, 0)
     overall = job_rate(tracks)
     assert overall is not None
     own = tracks.get(name)
@@ -162,6 +175,23 @@ def _rate(st: JobStatus, name: str, now: float) -> tuple[float, str, str]:
     if own is not None and own.rate is not None:
         return rate, MEASURED, f"this run's attempts there ({own.seconds / 3600.0:.1f} h)"
     return rate, BORROWED, "this run's rate on the providers it ran on"
+
+
+def _whole_saves(st: JobStatus, ckpt: float, save: float) -> dict[str, float]:
+    """Seconds to add to each provider's attempt time so that it holds the saves' cost pro rata
+    (one save per `ckpt` steps) rather than the whole saves its attempts made: a window that ends
+    just before a checkpoint holds one save fewer than its share, and read the rate high (a live
+    attempt 270 steps past a checkpoint: 4.5 s short, 0.03 % over 4 h)."""
+    out: dict[str, float] = {}
+    ckpt = max(1.0, ckpt)
+    for a in st.attempts:
+        b0 = a.first_beat_step if a.first_beat_step is not None else a.step_start
+        b1 = max(st.progress.step, _live_beat(st) or 0) if a.open else (a.step_end or b0) + a.steps_lost
+        if a.first_beat is None or b1 <= b0:
+            continue
+        held = math.floor((b1 - a.step_start) / ckpt) - math.floor((b0 - a.step_start) / ckpt)
+        out[a.provider] = out.get(a.provider, 0.0) + ((b1 - b0) / ckpt - held) * save
+    return out
 
 
 def _interruptions(statuses: list[JobStatus], name: str, now: float, spot: bool,
@@ -197,10 +227,21 @@ def _gaps(statuses: Iterable[JobStatus], name: str | None) -> list[float]:
             if a.ended is not None and a.provider_ended and (name is None or a.provider == name)]
 
 
-def _wait(statuses: list[JobStatus], name: str) -> tuple[Evidence, str, str]:
-    own = _gaps(statuses, name)
-    if own:
-        return Evidence(len(own), sum(own), PRIOR_WAIT_SECONDS), MEASURED, f"{len(own)} relaunches after an end there"
+def _under_way(statuses: Iterable[JobStatus], name: str, now: float) -> float:
+    """Seconds the waits still under way there have lasted (a run whose last attempt the provider
+    ended, none launched since): time without a relaunch, censored like a live attempt's."""
+    return sum(max(0.0, now - st.attempts[-1].ended) for st in statuses
+               if st.current is None and st.attempts and not st.phase.terminal and st.attempts[-1].provider_ended
+               and st.attempts[-1].provider == name and st.attempts[-1].ended is not None)
+
+
+def _wait(statuses: list[JobStatus], name: str, now: float) -> tuple[Evidence, str, str]:
+    """The waits seen there, and those under way (a long wait is the likelier to be under way:
+    leaving it out read waits short)."""
+    own, open_ = _gaps(statuses, name), _under_way(statuses, name, now)
+    if own or open_ > 0:
+        return (Evidence(len(own), sum(own) + open_, PRIOR_WAIT_SECONDS), MEASURED,
+                f"{len(own)} relaunches after an end there" + (", and the wait under way" if open_ > 0 else ""))
     everywhere = _gaps(statuses, None)
     if everywhere:
         mean = sum(everywhere) / len(everywhere)
@@ -234,6 +275,14 @@ def _checkpoint(job: Job, st: JobStatus, rate: float) -> tuple[float, str, str]:
     if lost:
         return 2.0 * sum(lost) / len(lost), MEASURED, f"twice the mean work lost over {len(lost)} interruptions"
     return rate * FALLBACK_CHECKPOINT_SECONDS, BORROWED, "a prior of one checkpoint per 30 min of work"
+
+
+def _save(st: JobStatus) -> tuple[float, str, str]:
+    """What the run's final save costs: the worker's word on its last save (copy, upload, commit).
+    Without it none is counted, as before the workers said it."""
+    if st.progress.save_seconds is not None:
+        return st.progress.save_seconds, MEASURED, "the worker's last save, until durable"
+    return 0.0, BORROWED, "none counted (the worker has not said what a save costs)"
 
 
 def _quota(job: Job, prov: Provider, line: ProviderLedger | None,
@@ -288,5 +337,21 @@ def _position(st: JobStatus, lane: Lane, now: float, target: int) -> tuple[int, 
         base, at = cur.first_beat_step if cur.first_beat_step is not None else cur.step_start, cur.first_beat
     else:
         return st.progress.step, 0.0
-    reached = max(st.progress.step, min(target, base + int(lane.rate * max(0.0, now - at))))
-    return reached, float(max(0, reached - cur.step_start) % max(1.0, lane.checkpoint_steps))
+    ckpt = max(1.0, lane.checkpoint_steps)
+    gained = _steps_in(float(max(0, base - cur.step_start) % ckpt), max(0.0, now - at), lane)
+    reached = max(st.progress.step, min(target, base + int(gained)))
+    return reached, float(max(0, reached - cur.step_start) % ckpt)
+
+
+def _steps_in(unsaved: float, seconds: float, lane: Lane) -> float:
+    """Steps a worker `unsaved` steps past its last checkpoint does in `seconds`: at the rate, or,
+    where its save cost is known, working between whole saves (the rate spreads their cost)."""
+    ckpt, save = max(1.0, lane.checkpoint_steps), max(0.0, min(lane.save_seconds, lane.checkpoint_steps / lane.rate))
+    if save <= 0:
+        return lane.rate * seconds
+    step = 1.0 / lane.rate - save / ckpt  # a step's work, its share of the saves taken off
+    first = (ckpt - unsaved) * step  # to the next checkpoint
+    if seconds <= first:
+        return seconds / step
+    cycles, rest = divmod(max(0.0, seconds - first - save), ckpt * step + save)
+    return ckpt - unsaved + cycles * ckpt + min(rest / step, ckpt)
