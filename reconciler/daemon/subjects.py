@@ -63,21 +63,40 @@ def _one(line: str, old: JobStatus | None, new: JobStatus, message: str) -> str:
     return what[:SUBJECT_LIMIT]
 
 
+def _by_sweep(changes: list[tuple[JobStatus | None, JobStatus]]) -> list[tuple[str, int]]:
+    """Each job's few words and how many jobs they tell of: the members of one sweep to which the
+    same happened are told once, in the place of the first (`sweep lr: 12 members Running -> Succeeded`)."""
+    told = [(new.sweep, _what(old, new).removeprefix(f"{new.job}: ")) for old, new in changes]
+    alike: dict[tuple[str | None, str], int] = {}
+    for sweep, what in told:
+        if sweep:
+            alike[(sweep, what)] = alike.get((sweep, what), 0) + 1
+    pieces: dict[str, int] = {}
+    for (sweep, what), (_, new) in zip(told, changes, strict=True):
+        count = alike.get((sweep, what), 0)
+        if count < 2:
+            pieces[f"{new.job}: {what}"] = 1
+        else:
+            pieces[f"sweep {sweep}: {count} members {what}"] = count
+    return list(pieces.items())
+
+
 def status_message(lines: list[str], changes: list[tuple[JobStatus | None, JobStatus]], messages: list[str]) -> str:
     """`lines` are the whole change lines (redacted, one line each), `changes` the (old, new) status
     of each job in the same order and `messages` their redacted messages."""
     if len(lines) == 1:
         subject = _one(lines[0], *changes[0], messages[0])
     else:
-        pieces = [_what(old, new) for old, new in changes]
+        pieces = _by_sweep(changes)
         subject = ""
         for n in range(len(pieces), 0, -1):  # as many jobs as fit, then how many more
-            rest = len(pieces) - n
-            subject = "; ".join(pieces[:n]) + (f"; {rest} more job{'s' if rest > 1 else ''}" if rest else "")
+            rest = sum(count for _, count in pieces[n:])
+            subject = "; ".join(p for p, _ in pieces[:n]) + (f"; {rest} more job{'s' if rest > 1 else ''}"
+                                                            if rest else "")
             if len(subject) <= SUBJECT_LIMIT:
                 break
         else:
-            subject = f"{len(pieces)} jobs changed"
+            subject = f"{len(changes)} jobs changed"
     if len(lines) == 1 and subject == lines[0]:
         return subject
     return subject + "\n\n" + "\n".join(f"- {line}" for line in lines)

@@ -58,6 +58,23 @@ def test_a_status_commit_subject_names_each_job_and_what_happened_within_72_char
     assert len(subject) <= SUBJECT_LIMIT and subject.endswith("more jobs") and subject.startswith("job-0: Pending")
 
 
+def test_members_of_one_sweep_to_which_the_same_happened_are_told_once_in_the_subject() -> None:
+    members = [(status(f"lr-{n}", Phase.RUNNING, ""), status(f"lr-{n}", Phase.SUCCEEDED, "")) for n in range(12)]
+    for _, new in members:
+        new.sweep = "lr"
+    members[3][1].phase = Phase.FAILED
+    changes = [*members, (status("prep-data", Phase.RUNNING, ""), status("prep-data", Phase.SUCCEEDED, ""))]
+    lines = [f"{new.job}: whole line" for _, new in changes]
+    subject, _, body = status_message(lines, changes, [""] * len(changes)).partition("\n\n")
+    assert subject == "sweep lr: 11 members Running -> Succeeded; 2 more jobs"
+    assert len(body.splitlines()) == 13  # every member's change whole in the body
+    subject = status_message(lines[:-1], changes[:-1], [""] * 12).split("\n")[0]
+    assert subject == "sweep lr: 11 members Running -> Succeeded; lr-3: Running -> Failed"
+    crowded = status_message(lines, [(None, status(f"job-{n}", Phase.PENDING, "")) for n in range(3)] + changes[3:],
+                             [""] * 13).split("\n")[0]
+    assert crowded.endswith("; 10 more jobs"), crowded  # the members a piece left out are counted as jobs
+
+
 def test_one_job_keeps_its_whole_line_or_the_first_clause_of_its_message() -> None:
     old, new = status("train-demo", Phase.RUNNING, ""), status("train-demo", Phase.PENDING, "")
     short = "train-demo: Running -> Succeeded (run completed)"
