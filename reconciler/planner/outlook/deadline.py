@@ -37,6 +37,7 @@ Its rules, in order:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -72,11 +73,19 @@ class Option:
             return None
         return (steps / self.rate + (self.changeover_seconds if moving else 0.0)) / 3600.0
 
-    def expected_losses_hours(self, steps: int) -> float:
-        """Hours expected to be lost to interruptions while doing `steps` here: each costs a
-        changeover and, on average, about as much again in work since the last checkpoint."""
+    def unsaved_seconds(self, checkpoint_seconds: float | None) -> float:
+        """The work an interruption here loses, on average: half the checkpoint interval (a
+        changeover stands in for it while the interval is unknown)."""
+        return checkpoint_seconds / 2 if checkpoint_seconds else self.changeover_seconds
+
+    def loss_seconds(self, checkpoint_seconds: float | None) -> float:
+        """What one interruption here costs, on average: the work lost and the way back."""
+        return self.changeover_seconds + self.unsaved_seconds(checkpoint_seconds)
+
+    def expected_losses_hours(self, steps: int, checkpoint_seconds: float | None = None) -> float:
+        """Hours expected to be lost to interruptions while doing `steps` here (the measured MTBF)."""
         hours = self.hours_for(steps, moving=False) or 0.0
-        return hours * 3600.0 / self.mtbf_seconds * 2 * self.changeover_seconds / 3600.0
+        return hours * 3600.0 / self.mtbf_seconds * self.loss_seconds(checkpoint_seconds) / 3600.0
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,7 @@ class Situation:
     current: str | None  # provider of the live attempt, None when nothing runs
     options: tuple[Option, ...]  # allowed providers, best first (free, then cheapest)
     lost_work_seconds: float | None = None  # the most an interruption has cost this run: lost work + relaunch
+    checkpoint_seconds: float | None = None  # attempt seconds between checkpoints (declared or measured); None: unknown
 
     @property
     def remaining_steps(self) -> int | None:
@@ -201,7 +211,7 @@ def choose(s: Situation) -> Choice:
         the work since the last checkpoint (the worst seen, else two changeovers) and the way in."""
         room = off_fb if on_fb else slack
         way_in = 0.0 if o.provider == s.current else o.changeover_seconds / 3600
-        expected = o.expected_losses_hours(remaining) + way_in
+        expected = o.expected_losses_hours(remaining, s.checkpoint_seconds) + way_in
         if room > reserve + expected:
             return True, f"{_h(room)} of slack covers the expected {_h(expected)} of losses"
         lost = max(s.lost_work_seconds or 0.0, 2 * o.changeover_seconds) / 3600
@@ -219,9 +229,41 @@ def choose(s: Situation) -> Choice:
         if o is fb or not o.available or (o.price >= fb.price and not o.free):
             continue
         ok, why = covers(o)
-        if ok and (not on_fb or _ahead(s, fb, slack, 2 * fb.changeover_seconds)):
+        if ok and (not on_fb or (_ahead(s, fb, slack, 2 * fb.changeover_seconds) and stay_gain(s, o, fb) > 0)):
             return Choice(o.provider, f"on {o.provider}: {why}", risk, slack)
     return _nothing_cheap(s, fb, slack, off_fb, risk)
+
+
+def stay_gain(s: Situation, o: Option, fb: Option) -> float:
+    """Dollars a move from the fallback to cheap option `o` is expected to save over its stay there,
+    until the next interruption (the measured MTBF) or the end of the run: the fallback time that
+    the work saved there spares, less the stay's price (the way in included) and, if interrupted,
+    the way back to the fallback. Work since the last checkpoint is lost, so a stay much shorter
+    than the checkpoint interval saves little and pays for both ends of the trip."""
+    remaining = s.remaining_steps or 0
+    if o.rate is None or fb.rate is None or remaining <= 0:
+        return 0.0
+    work = remaining / o.rate
+    m = o.mtbf_seconds
+    interrupted = -math.expm1(-(work + o.changeover_seconds) / m) if math.isfinite(m) and m > 0 else 0.0
+    stay = m * interrupted if interrupted > 0 else work + o.changeover_seconds  # E[min(interruption, end)]
+    kept = _kept_seconds(o, work, s.checkpoint_seconds or 2 * o.changeover_seconds)
+    price = 0.0 if o.free else o.price
+    return (kept * o.rate / fb.rate * fb.price - stay * price - interrupted * fb.changeover_seconds * fb.price) / 3600
+
+
+def _kept_seconds(o: Option, work: float, interval: float) -> float:
+    """Expected seconds of `work` done on `o` that are saved before its next interruption: the
+    interval ending at each checkpoint counts if the machine lasts past it (exponential times
+    between interruptions, after the changeover), the last piece if it lasts to the end."""
+    m = o.mtbf_seconds
+    gone = -math.expm1(-interval / m) if math.isfinite(m) and m > 0 else 0.0  # P(interrupted within an interval)
+    if gone <= 0 or interval <= 0:
+        return work
+    k = int(work // interval)
+    lasts = math.exp(-o.changeover_seconds / m)
+    saved = interval * lasts * (1 - gone) * -math.expm1(k * math.log1p(-gone)) / gone if gone < 1 else 0.0
+    return saved + (work - k * interval) * lasts * math.exp(-work / m)
 
 
 def _nothing_cheap(s: Situation, fb: Option, slack: float, off_fb: float, risk: str) -> Choice:
@@ -234,7 +276,7 @@ def _nothing_cheap(s: Situation, fb: Option, slack: float, off_fb: float, risk: 
     kept = _h(_kept(s, fb, s.remaining_steps or 0))
     if s.current == fb.provider:
         if fb.rate_measured and s.now - s.window_start >= LEAVE_AFTER_SECONDS and \
-                _ahead(s, fb, off_fb, LEAVE_LEAD_SECONDS):
+                _ahead(s, fb, off_fb, LEAVE_LEAD_SECONDS) and _wait_pays(s, fb):
             return Choice(None, f"leaving {fb.provider} to wait for cheaper capacity: {_h(slack)} of slack, "
                           f"{kept} kept for the rest", risk, slack, leave=True)
         return Choice(fb.provider, f"on {fb.provider} until cheaper capacity can start: {_h(slack)} of slack",
@@ -247,6 +289,14 @@ def _nothing_cheap(s: Situation, fb: Option, slack: float, off_fb: float, risk: 
                       "cheaper can start", risk, slack)
     return Choice(None, f"waiting for cheaper capacity: {_h(slack)} of slack, {kept} kept for the rest", risk,
                   slack)
+
+
+def _wait_pays(s: Situation, fb: Option) -> bool:
+    """A stop on the fallback to wait pays only if the stay on cheap capacity it waits for is
+    expected to pay for the way back to the fallback, which a wait in vain ends with."""
+    way_back = fb.changeover_seconds * fb.price / 3600
+    return any(stay_gain(s, o, fb) > way_back for o in s.options
+               if o is not fb and (o.price < fb.price or o.free))
 
 
 def _best_effort(s: Situation, fb: Option | None, why_not: str) -> Choice:

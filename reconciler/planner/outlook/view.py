@@ -83,7 +83,8 @@ def outlook(job: Job, st: JobStatus, durable_step: int, order: list[str], provid
         job=job.name, now=now, deadline=job.spec.deadline.timestamp() if job.spec.deadline else None,
         budget_left=None if budget is None else budget - spent, done_steps=durable_step,
         target_steps=job.spec.target_steps, window_start=first, current=cur.provider if cur else None,
-        options=options, lost_work_seconds=_worst_loss(st, job_rate(tracks), job.spec.checkpoint_every))
+        options=options, lost_work_seconds=_worst_loss(st, job_rate(tracks), job.spec.checkpoint_every),
+        checkpoint_seconds=_checkpoint_seconds(st, job_rate(tracks), job.spec.checkpoint_every))
     note = ""
     if job.spec.target_steps is None:
         note = "no target_steps: the work left is unknown, so there is no ETA"
@@ -103,6 +104,18 @@ def _worst_loss(st: JobStatus, rate: float | None, checkpoint_every: int | None)
     gaps = [b.started - a.ended for a, b in zip(st.attempts, st.attempts[1:], strict=False)
             if a.ended is not None and a.outcome == Outcome.INTERRUPTION]
     return work + max(gaps, default=0.0) if work or gaps else None
+
+
+def _checkpoint_seconds(st: JobStatus, rate: float | None, checkpoint_every: int | None) -> float | None:
+    """Attempt seconds between checkpoints: the job's checkpoint_every at its rate, else twice the
+    mean work an interruption lost (lost work is spread evenly over the interval; the forecast's
+    futures read it the same way), else None (unknown)."""
+    if not rate:
+        return None
+    if checkpoint_every:
+        return checkpoint_every / rate
+    lost = [a.steps_lost for a in st.attempts if a.outcome == Outcome.INTERRUPTION and a.steps_lost > 0]
+    return 2.0 * sum(lost) / len(lost) / rate if lost else None
 
 
 def over_budget(o: Outlook) -> dict[str, str]:
