@@ -18,7 +18,7 @@ Its rules, in order:
    interruption there (the work since the last checkpoint: the worst this run has lost, else two
    changeovers). Below that, the run goes to the fallback and stays to the end. The status also
    says how much the rest is expected to lose on cheap capacity (interruptions from the measured
-   MTBF, each a changeover plus lost work).
+   MTBF, each a changeover plus half a checkpoint interval of work).
 3. Exploit: a live attempt on cheap capacity stays there while rule 2 allows it.
 4. Cheap first: free capacity (quota, credits), then spot, whenever one can take a worker now and
    rule 2 allows it.
@@ -33,6 +33,10 @@ Its rules, in order:
    with nothing cheap, it stops there and waits (`Choice.leave`) once that slack is above what is
    kept by LEAVE_LEAD_SECONDS, after the job's first hour. Without that, a run sent to the
    fallback stayed there until cheap capacity came back, however far ahead it was.
+6. A move must pay: the run leaves the fallback for cheap capacity only when the stay there is
+   expected to save money (`stay_gain`: from the measured MTBF and the checkpoint interval, the
+   work kept before the next interruption, less the stay's price and both ends of the trip), and
+   stops to wait only when such a stay would also pay for a wait in vain (the way back).
 """
 
 from __future__ import annotations
@@ -66,12 +70,30 @@ class Option:
     mtbf_seconds: float  # mean attempt time between interruptions or session ends
     changeover_seconds: float  # launch to first heartbeat
     hours_left: float | None = None  # attempt hours its quota or credits can still carry (None: no limit)
+    mtbf_shape: float = 1.0  # the interruptions the MTBF rests on, weighed by age, its prior's included
 
     def hours_for(self, steps: int, moving: bool = True) -> float | None:
         """Attempt hours to do `steps` here, with the changeover when the run must move here."""
         if self.rate is None:
             return None
         return (steps / self.rate + (self.changeover_seconds if moving else 0.0)) / 3600.0
+
+    def survival(self, seconds: float) -> float:
+        """The chance that a machine here lasts `seconds` from its launch: exponential times between
+        interruptions whose rate is as uncertain as the MTBF's record (a Gamma posterior resting on
+        `mtbf_shape` interruptions, whose Laplace transform this is)."""
+        if not math.isfinite(self.mtbf_seconds):
+            return 1.0
+        return (1.0 + seconds / (self.mtbf_shape * self.mtbf_seconds)) ** -self.mtbf_shape
+
+    def expected_stay(self, seconds: float) -> float:
+        """Expected machine time here, up to `seconds`, before an interruption: the integral of `survival`."""
+        if not math.isfinite(self.mtbf_seconds):
+            return seconds
+        a, b = self.mtbf_shape, self.mtbf_shape * self.mtbf_seconds
+        if abs(a - 1.0) < 1e-9:
+            return b * math.log1p(seconds / b)
+        return b / (a - 1.0) * (1.0 - (1.0 + seconds / b) ** (1.0 - a))
 
     def unsaved_seconds(self, checkpoint_seconds: float | None) -> float:
         """The work an interruption here loses, on average: half the checkpoint interval (a
@@ -236,34 +258,24 @@ def choose(s: Situation) -> Choice:
 
 def stay_gain(s: Situation, o: Option, fb: Option) -> float:
     """Dollars a move from the fallback to cheap option `o` is expected to save over its stay there,
-    until the next interruption (the measured MTBF) or the end of the run: the fallback time that
-    the work saved there spares, less the stay's price (the way in included) and, if interrupted,
-    the way back to the fallback. Work since the last checkpoint is lost, so a stay much shorter
-    than the checkpoint interval saves little and pays for both ends of the trip."""
+    until the next interruption or the end of the run: the fallback time that the work saved there
+    spares, less the stay's price (the way in included) and, if interrupted, the way back to the
+    fallback. Work since the last checkpoint is lost, so a stay much shorter than the checkpoint
+    interval saves little and pays for both ends of the trip. The expectation is over what the
+    MTBF's record allows (`Option.survival`): one early interruption does not rule a provider out."""
     remaining = s.remaining_steps or 0
     if o.rate is None or fb.rate is None or remaining <= 0:
         return 0.0
     work = remaining / o.rate
-    m = o.mtbf_seconds
-    interrupted = -math.expm1(-(work + o.changeover_seconds) / m) if math.isfinite(m) and m > 0 else 0.0
-    stay = m * interrupted if interrupted > 0 else work + o.changeover_seconds  # E[min(interruption, end)]
-    kept = _kept_seconds(o, work, s.checkpoint_seconds or 2 * o.changeover_seconds)
+    end = work + o.changeover_seconds
+    interval = s.checkpoint_seconds or 2 * o.changeover_seconds
+    k = min(int(work // interval), 10_000)
+    kept = sum(interval * o.survival(o.changeover_seconds + i * interval) for i in range(1, k + 1))
+    kept += (work - k * interval) * o.survival(end)
+    interrupted = 1.0 - o.survival(end)
     price = 0.0 if o.free else o.price
-    return (kept * o.rate / fb.rate * fb.price - stay * price - interrupted * fb.changeover_seconds * fb.price) / 3600
-
-
-def _kept_seconds(o: Option, work: float, interval: float) -> float:
-    """Expected seconds of `work` done on `o` that are saved before its next interruption: the
-    interval ending at each checkpoint counts if the machine lasts past it (exponential times
-    between interruptions, after the changeover), the last piece if it lasts to the end."""
-    m = o.mtbf_seconds
-    gone = -math.expm1(-interval / m) if math.isfinite(m) and m > 0 else 0.0  # P(interrupted within an interval)
-    if gone <= 0 or interval <= 0:
-        return work
-    k = int(work // interval)
-    lasts = math.exp(-o.changeover_seconds / m)
-    saved = interval * lasts * (1 - gone) * -math.expm1(k * math.log1p(-gone)) / gone if gone < 1 else 0.0
-    return saved + (work - k * interval) * lasts * math.exp(-work / m)
+    return (kept * o.rate / fb.rate * fb.price - o.expected_stay(end) * price
+            - interrupted * fb.changeover_seconds * fb.price) / 3600
 
 
 def _nothing_cheap(s: Situation, fb: Option, slack: float, off_fb: float, risk: str) -> Choice:

@@ -65,8 +65,16 @@ def build_options(order: list[str], providers: dict[str, Provider], tracks: dict
             available=name in available, rate=provider_rate(own, overall),
             rate_measured=own is not None and own.rate is not None,
             mtbf_seconds=rel.mtbf_seconds, changeover_seconds=rel.changeover_seconds,
-            hours_left=hours_left(prov, allowances.get(name), gpus)))
+            hours_left=hours_left(prov, allowances.get(name), gpus), mtbf_shape=_mtbf_shape(rel)))
     return tuple(out)
+
+
+def _mtbf_shape(rel: Reliability) -> float:
+    """How many interruptions the MTBF rests on: the shape of estimate_mtbf's Gamma posterior (the
+    weighed interruptions and at most one pseudo-interruption of the prior)."""
+    if rel.interruptions <= 0 or rel.prior_seconds <= 0:
+        return 1.0
+    return rel.interruptions + min(rel.prior_seconds, rel.exposure_seconds / rel.interruptions) / rel.prior_seconds
 
 
 def outlook(job: Job, st: JobStatus, durable_step: int, order: list[str], providers: dict[str, Provider],
