@@ -81,3 +81,12 @@ def test_a_stay_gain_counts_the_work_lost_and_both_ends_of_the_trip() -> None:
     assert stay_gain(short, spot, ondemand) < 0
     long = spot_lasting(6, 1 / 6)
     assert stay_gain(long, *long.options) > stay_gain(spot_lasting(6, 2), *long.options) > 0
+
+
+def test_a_run_ahead_on_demand_stops_to_wait_only_just_after_a_checkpoint() -> None:
+    # Well ahead, nothing cheap can start: it stops on-demand to wait, but a stop may lose the
+    # work since the last checkpoint, so it waits for a tick where little of it is at risk.
+    ahead = replace(situation(4, 3, current="ondemand"), checkpoint_seconds=600.0)
+    assert choose(replace(ahead, unsaved_seconds=100.0)).leave
+    late = choose(replace(ahead, unsaved_seconds=500.0))
+    assert late.provider == "ondemand" and not late.leave

@@ -123,6 +123,7 @@ class Situation:
     options: tuple[Option, ...]  # allowed providers, best first (free, then cheapest)
     lost_work_seconds: float | None = None  # the most an interruption has cost this run: lost work + relaunch
     checkpoint_seconds: float | None = None  # attempt seconds between checkpoints (declared or measured); None: unknown
+    unsaved_seconds: float = 0.0  # the live attempt's work since its last checkpoint: a stop whose save is cut short loses it
 
     @property
     def remaining_steps(self) -> int | None:
@@ -251,7 +252,7 @@ def choose(s: Situation) -> Choice:
         if o is fb or not o.available or (o.price >= fb.price and not o.free):
             continue
         ok, why = covers(o)
-        if ok and (not on_fb or (_ahead(s, fb, slack, 2 * fb.changeover_seconds) and stay_gain(s, o, fb) > 0)):
+        if ok and (not on_fb or (_ahead(s, fb, slack, 2 * fb.changeover_seconds) and stay_gain(s, o, fb) > _stop_loss(s, fb))):
             return Choice(o.provider, f"on {o.provider}: {why}", risk, slack)
     return _nothing_cheap(s, fb, slack, off_fb, risk)
 
@@ -303,10 +304,20 @@ def _nothing_cheap(s: Situation, fb: Option, slack: float, off_fb: float, risk: 
                   slack)
 
 
+def _stop_loss(s: Situation, fb: Option) -> float:
+    """Dollars a stop on the fallback may lose: the work since the last checkpoint, where the
+    worker's save does not finish within the provider's grace (in the simulation it never does)."""
+    return s.unsaved_seconds * fb.price / 3600
+
+
 def _wait_pays(s: Situation, fb: Option) -> bool:
     """A stop on the fallback to wait pays only if the stay on cheap capacity it waits for is
-    expected to pay for the way back to the fallback, which a wait in vain ends with."""
-    way_back = fb.changeover_seconds * fb.price / 3600
+    expected to pay for the way back to the fallback, which a wait in vain ends with, and for
+    the work the stop may lose. A run that is ahead has no hurry: it stops only where less than
+    half a checkpoint interval of work is at risk (a later tick would find less)."""
+    if s.unsaved_seconds > fb.unsaved_seconds(s.checkpoint_seconds):
+        return False
+    way_back = fb.changeover_seconds * fb.price / 3600 + _stop_loss(s, fb)
     return any(stay_gain(s, o, fb) > way_back for o in s.options
                if o is not fb and (o.price < fb.price or o.free))
 

@@ -92,7 +92,8 @@ def outlook(job: Job, st: JobStatus, durable_step: int, order: list[str], provid
         budget_left=None if budget is None else budget - spent, done_steps=durable_step,
         target_steps=job.spec.target_steps, window_start=first, current=cur.provider if cur else None,
         options=options, lost_work_seconds=_worst_loss(st, job_rate(tracks), job.spec.checkpoint_every),
-        checkpoint_seconds=_checkpoint_seconds(st, job_rate(tracks), job.spec.checkpoint_every))
+        checkpoint_seconds=_checkpoint_seconds(st, job_rate(tracks), job.spec.checkpoint_every),
+        unsaved_seconds=_unsaved_seconds(durable_step, live_step if cur is not None else None, job_rate(tracks)))
     note = ""
     if job.spec.target_steps is None:
         note = "no target_steps: the work left is unknown, so there is no ETA"
@@ -124,6 +125,13 @@ def _checkpoint_seconds(st: JobStatus, rate: float | None, checkpoint_every: int
         return checkpoint_every / rate
     lost = [a.steps_lost for a in st.attempts if a.outcome == Outcome.INTERRUPTION and a.steps_lost > 0]
     return 2.0 * sum(lost) / len(lost) / rate if lost else None
+
+
+def _unsaved_seconds(durable_step: int, live_step: int | None, rate: float | None) -> float:
+    """The live attempt's work since its last checkpoint: its heartbeat's step beyond the durable one."""
+    if live_step is None or not rate:
+        return 0.0
+    return max(0, live_step - durable_step) / rate
 
 
 def over_budget(o: Outlook) -> dict[str, str]:
