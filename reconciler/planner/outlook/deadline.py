@@ -34,9 +34,11 @@ Its rules, in order:
    kept by LEAVE_LEAD_SECONDS, after the job's first hour. Without that, a run sent to the
    fallback stayed there until cheap capacity came back, however far ahead it was.
 6. A move must pay: the run leaves the fallback for cheap capacity only when the stay there is
-   expected to save money (`stay_gain`: from the measured MTBF and the checkpoint interval, the
-   work kept before the next interruption, less the stay's price and both ends of the trip), and
-   stops to wait only when such a stay would also pay for a wait in vain (the way back).
+   expected to save more than the stop may lose (`stay_gain`: from the MTBF's record and the
+   checkpoint interval, the work kept before the next interruption, less the stay's price and
+   both ends of the trip; the stop: the work since the last checkpoint, where its save is cut
+   short), and stops to wait only when such a stay would also pay for a wait in vain (the way
+   back), at a tick with at most half a checkpoint interval unsaved.
 """
 
 from __future__ import annotations
@@ -123,7 +125,7 @@ class Situation:
     options: tuple[Option, ...]  # allowed providers, best first (free, then cheapest)
     lost_work_seconds: float | None = None  # the most an interruption has cost this run: lost work + relaunch
     checkpoint_seconds: float | None = None  # attempt seconds between checkpoints (declared or measured); None: unknown
-    unsaved_seconds: float = 0.0  # the live attempt's work since its last checkpoint: a stop whose save is cut short loses it
+    unsaved_seconds: float = 0.0  # the live attempt's work since its last checkpoint (lost if a stop's save is cut)
 
     @property
     def remaining_steps(self) -> int | None:
@@ -252,7 +254,9 @@ def choose(s: Situation) -> Choice:
         if o is fb or not o.available or (o.price >= fb.price and not o.free):
             continue
         ok, why = covers(o)
-        if ok and (not on_fb or (_ahead(s, fb, slack, 2 * fb.changeover_seconds) and stay_gain(s, o, fb) > _stop_loss(s, fb))):
+        pays = not on_fb or (_ahead(s, fb, slack, 2 * fb.changeover_seconds)
+                             and stay_gain(s, o, fb) > _stop_loss(s, fb))
+        if ok and pays:
             return Choice(o.provider, f"on {o.provider}: {why}", risk, slack)
     return _nothing_cheap(s, fb, slack, off_fb, risk)
 
