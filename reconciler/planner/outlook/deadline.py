@@ -86,12 +86,16 @@ class Option:
         `mtbf_shape` interruptions, whose Laplace transform this is)."""
         if not math.isfinite(self.mtbf_seconds):
             return 1.0
+        if self.mtbf_seconds <= 0 or self.mtbf_shape <= 0:
+            return 0.0
         return (1.0 + seconds / (self.mtbf_shape * self.mtbf_seconds)) ** -self.mtbf_shape
 
     def expected_stay(self, seconds: float) -> float:
         """Expected machine time here, up to `seconds`, before an interruption: the integral of `survival`."""
         if not math.isfinite(self.mtbf_seconds):
             return seconds
+        if self.mtbf_seconds <= 0 or self.mtbf_shape <= 0:
+            return 0.0
         a, b = self.mtbf_shape, self.mtbf_shape * self.mtbf_seconds
         if abs(a - 1.0) < 1e-9:
             return b * math.log1p(seconds / b)
