@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from reconciler.planner.outlook.deadline import Option, Situation, choose
+from dataclasses import replace
+
+from reconciler.planner.outlook.deadline import Option, Situation, choose, stay_gain
 
 HOUR = 3600.0
 
@@ -37,3 +39,54 @@ def test_on_demand_well_above_what_is_kept_stops_to_wait_and_not_before_the_firs
     assert leave.provider is None and leave.leave
     early = choose(situation(0.5, 0.4, current="ondemand"))  # far ahead, but its rate is minutes old
     assert early.provider == "ondemand" and not early.leave
+
+
+def spot_lasting(mtbf_h: float, checkpoint_h: float | None, seen: float = 20.0) -> Situation:
+    """On demand at 4 h with 3 h done (9 h of slack, well ahead), spot available, lasting `mtbf_h`
+    on average over `seen` interruptions, the job checkpointing every `checkpoint_h` hours of work."""
+    spot = Option("spot", 1.0, True, False, True, 1.0, True, mtbf_h * HOUR, 180.0, mtbf_shape=seen)
+    ondemand = Option("ondemand", 3.0, False, False, True, 1.0, True, 30 * 24 * HOUR, 180.0)
+    return Situation(job="train", now=4 * HOUR, deadline=20 * HOUR, budget_left=None, done_steps=int(3 * HOUR),
+                     target_steps=int(10 * HOUR), window_start=0.0, current="ondemand", options=(spot, ondemand),
+                     checkpoint_seconds=None if checkpoint_h is None else checkpoint_h * HOUR)
+
+
+def test_a_move_to_spot_that_would_lose_its_work_before_the_next_checkpoint_is_not_made() -> None:
+    # Spot has lasted 1 h on average over 20 interruptions and the job saves every 2 h: most stays
+    # end before a checkpoint, so the work there is lost and the trip costs two changeovers. It
+    # stays on on-demand, and does not stop there to wait for such spot either.
+    far_apart = choose(spot_lasting(1, 2))
+    assert far_apart.provider == "ondemand" and not far_apart.leave
+    spot, ondemand = spot_lasting(1, 2).options
+    gone = replace(spot_lasting(1, 2), options=(replace(spot, available=False), ondemand))
+    assert not choose(gone).leave
+    assert choose(replace(gone, checkpoint_seconds=HOUR / 6)).leave  # with checkpoints every 10 min it waits
+
+
+def test_the_same_spot_with_frequent_checkpoints_is_worth_the_move() -> None:
+    assert choose(spot_lasting(1, 1 / 6)).provider == "spot"  # every 10 min: most of an hour's work is kept
+    assert choose(spot_lasting(6, 2)).provider == "spot"  # spot outlasts the checkpoint interval
+
+
+def test_one_early_interruption_does_not_rule_spot_out() -> None:
+    # Preempted once after 10 minutes, spot's MTBF reads 10 minutes, but on one interruption: it
+    # may well last hours next time, and a move is still expected to pay. Twenty such say it will not.
+    assert choose(spot_lasting(1 / 6, None, seen=1.0)).provider == "spot"
+    assert choose(spot_lasting(1 / 6, None, seen=20.0)).provider == "ondemand"
+
+
+def test_a_stay_gain_counts_the_work_lost_and_both_ends_of_the_trip() -> None:
+    short = spot_lasting(10 / 60, None)  # spot lasting 10 minutes: the changeovers eat what it saves
+    spot, ondemand = short.options
+    assert stay_gain(short, spot, ondemand) < 0
+    long = spot_lasting(6, 1 / 6)
+    assert stay_gain(long, *long.options) > stay_gain(spot_lasting(6, 2), *long.options) > 0
+
+
+def test_a_run_ahead_on_demand_stops_to_wait_only_just_after_a_checkpoint() -> None:
+    # Well ahead, nothing cheap can start: it stops on-demand to wait, but a stop may lose the
+    # work since the last checkpoint, so it waits for a tick where little of it is at risk.
+    ahead = replace(situation(4, 3, current="ondemand"), checkpoint_seconds=600.0)
+    assert choose(replace(ahead, unsaved_seconds=100.0)).leave
+    late = choose(replace(ahead, unsaved_seconds=500.0))
+    assert late.provider == "ondemand" and not late.leave

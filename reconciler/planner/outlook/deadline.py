@@ -18,7 +18,7 @@ Its rules, in order:
    interruption there (the work since the last checkpoint: the worst this run has lost, else two
    changeovers). Below that, the run goes to the fallback and stays to the end. The status also
    says how much the rest is expected to lose on cheap capacity (interruptions from the measured
-   MTBF, each a changeover plus lost work).
+   MTBF, each a changeover plus half a checkpoint interval of work).
 3. Exploit: a live attempt on cheap capacity stays there while rule 2 allows it.
 4. Cheap first: free capacity (quota, credits), then spot, whenever one can take a worker now and
    rule 2 allows it.
@@ -33,10 +33,17 @@ Its rules, in order:
    with nothing cheap, it stops there and waits (`Choice.leave`) once that slack is above what is
    kept by LEAVE_LEAD_SECONDS, after the job's first hour. Without that, a run sent to the
    fallback stayed there until cheap capacity came back, however far ahead it was.
+6. A move must pay: the run leaves the fallback for cheap capacity only when the stay there is
+   expected to save more than the stop may lose (`stay_gain`: from the MTBF's record and the
+   checkpoint interval, the work kept before the next interruption, less the stay's price and
+   both ends of the trip; the stop: the work since the last checkpoint, where its save is cut
+   short), and stops to wait only when such a stay would also pay for a wait in vain (the way
+   back), at a tick with at most half a checkpoint interval unsaved.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -65,6 +72,7 @@ class Option:
     mtbf_seconds: float  # mean attempt time between interruptions or session ends
     changeover_seconds: float  # launch to first heartbeat
     hours_left: float | None = None  # attempt hours its quota or credits can still carry (None: no limit)
+    mtbf_shape: float = 1.0  # the interruptions the MTBF rests on, weighed by age, its prior's included
 
     def hours_for(self, steps: int, moving: bool = True) -> float | None:
         """Attempt hours to do `steps` here, with the changeover when the run must move here."""
@@ -72,11 +80,40 @@ class Option:
             return None
         return (steps / self.rate + (self.changeover_seconds if moving else 0.0)) / 3600.0
 
-    def expected_losses_hours(self, steps: int) -> float:
-        """Hours expected to be lost to interruptions while doing `steps` here: each costs a
-        changeover and, on average, about as much again in work since the last checkpoint."""
+    def survival(self, seconds: float) -> float:
+        """The chance that a machine here lasts `seconds` from its launch: exponential times between
+        interruptions whose rate is as uncertain as the MTBF's record (a Gamma posterior resting on
+        `mtbf_shape` interruptions, whose Laplace transform this is)."""
+        if not math.isfinite(self.mtbf_seconds):
+            return 1.0
+        if self.mtbf_seconds <= 0 or self.mtbf_shape <= 0:
+            return 0.0
+        return (1.0 + seconds / (self.mtbf_shape * self.mtbf_seconds)) ** -self.mtbf_shape
+
+    def expected_stay(self, seconds: float) -> float:
+        """Expected machine time here, up to `seconds`, before an interruption: the integral of `survival`."""
+        if not math.isfinite(self.mtbf_seconds):
+            return seconds
+        if self.mtbf_seconds <= 0 or self.mtbf_shape <= 0:
+            return 0.0
+        a, b = self.mtbf_shape, self.mtbf_shape * self.mtbf_seconds
+        if abs(a - 1.0) < 1e-9:
+            return b * math.log1p(seconds / b)
+        return b / (a - 1.0) * (1.0 - (1.0 + seconds / b) ** (1.0 - a))
+
+    def unsaved_seconds(self, checkpoint_seconds: float | None) -> float:
+        """The work an interruption here loses, on average: half the checkpoint interval (a
+        changeover stands in for it while the interval is unknown)."""
+        return checkpoint_seconds / 2 if checkpoint_seconds else self.changeover_seconds
+
+    def loss_seconds(self, checkpoint_seconds: float | None) -> float:
+        """What one interruption here costs, on average: the work lost and the way back."""
+        return self.changeover_seconds + self.unsaved_seconds(checkpoint_seconds)
+
+    def expected_losses_hours(self, steps: int, checkpoint_seconds: float | None = None) -> float:
+        """Hours expected to be lost to interruptions while doing `steps` here (the measured MTBF)."""
         hours = self.hours_for(steps, moving=False) or 0.0
-        return hours * 3600.0 / self.mtbf_seconds * 2 * self.changeover_seconds / 3600.0
+        return hours * 3600.0 / self.mtbf_seconds * self.loss_seconds(checkpoint_seconds) / 3600.0
 
 
 @dataclass(frozen=True)
@@ -91,6 +128,8 @@ class Situation:
     current: str | None  # provider of the live attempt, None when nothing runs
     options: tuple[Option, ...]  # allowed providers, best first (free, then cheapest)
     lost_work_seconds: float | None = None  # the most an interruption has cost this run: lost work + relaunch
+    checkpoint_seconds: float | None = None  # attempt seconds between checkpoints (declared or measured); None: unknown
+    unsaved_seconds: float = 0.0  # the live attempt's work since its last checkpoint (lost if a stop's save is cut)
 
     @property
     def remaining_steps(self) -> int | None:
@@ -201,7 +240,7 @@ def choose(s: Situation) -> Choice:
         the work since the last checkpoint (the worst seen, else two changeovers) and the way in."""
         room = off_fb if on_fb else slack
         way_in = 0.0 if o.provider == s.current else o.changeover_seconds / 3600
-        expected = o.expected_losses_hours(remaining) + way_in
+        expected = o.expected_losses_hours(remaining, s.checkpoint_seconds) + way_in
         if room > reserve + expected:
             return True, f"{_h(room)} of slack covers the expected {_h(expected)} of losses"
         lost = max(s.lost_work_seconds or 0.0, 2 * o.changeover_seconds) / 3600
@@ -219,9 +258,33 @@ def choose(s: Situation) -> Choice:
         if o is fb or not o.available or (o.price >= fb.price and not o.free):
             continue
         ok, why = covers(o)
-        if ok and (not on_fb or _ahead(s, fb, slack, 2 * fb.changeover_seconds)):
+        pays = not on_fb or (_ahead(s, fb, slack, 2 * fb.changeover_seconds)
+                             and stay_gain(s, o, fb) > _stop_loss(s, fb))
+        if ok and pays:
             return Choice(o.provider, f"on {o.provider}: {why}", risk, slack)
     return _nothing_cheap(s, fb, slack, off_fb, risk)
+
+
+def stay_gain(s: Situation, o: Option, fb: Option) -> float:
+    """Dollars a move from the fallback to cheap option `o` is expected to save over its stay there,
+    until the next interruption or the end of the run: the fallback time that the work saved there
+    spares, less the stay's price (the way in included) and, if interrupted, the way back to the
+    fallback. Work since the last checkpoint is lost, so a stay much shorter than the checkpoint
+    interval saves little and pays for both ends of the trip. The expectation is over what the
+    MTBF's record allows (`Option.survival`): one early interruption does not rule a provider out."""
+    remaining = s.remaining_steps or 0
+    if o.rate is None or fb.rate is None or remaining <= 0:
+        return 0.0
+    work = remaining / o.rate
+    end = work + o.changeover_seconds
+    interval = s.checkpoint_seconds or 2 * o.changeover_seconds
+    k = min(int(work // interval), 10_000)
+    kept = sum(interval * o.survival(o.changeover_seconds + i * interval) for i in range(1, k + 1))
+    kept += (work - k * interval) * o.survival(end)
+    interrupted = 1.0 - o.survival(end)
+    price = 0.0 if o.free else o.price
+    return (kept * o.rate / fb.rate * fb.price - o.expected_stay(end) * price
+            - interrupted * fb.changeover_seconds * fb.price) / 3600
 
 
 def _nothing_cheap(s: Situation, fb: Option, slack: float, off_fb: float, risk: str) -> Choice:
@@ -234,7 +297,7 @@ def _nothing_cheap(s: Situation, fb: Option, slack: float, off_fb: float, risk: 
     kept = _h(_kept(s, fb, s.remaining_steps or 0))
     if s.current == fb.provider:
         if fb.rate_measured and s.now - s.window_start >= LEAVE_AFTER_SECONDS and \
-                _ahead(s, fb, off_fb, LEAVE_LEAD_SECONDS):
+                _ahead(s, fb, off_fb, LEAVE_LEAD_SECONDS) and _wait_pays(s, fb):
             return Choice(None, f"leaving {fb.provider} to wait for cheaper capacity: {_h(slack)} of slack, "
                           f"{kept} kept for the rest", risk, slack, leave=True)
         return Choice(fb.provider, f"on {fb.provider} until cheaper capacity can start: {_h(slack)} of slack",
@@ -247,6 +310,24 @@ def _nothing_cheap(s: Situation, fb: Option, slack: float, off_fb: float, risk: 
                       "cheaper can start", risk, slack)
     return Choice(None, f"waiting for cheaper capacity: {_h(slack)} of slack, {kept} kept for the rest", risk,
                   slack)
+
+
+def _stop_loss(s: Situation, fb: Option) -> float:
+    """Dollars a stop on the fallback may lose: the work since the last checkpoint, where the
+    worker's save does not finish within the provider's grace (in the simulation it never does)."""
+    return s.unsaved_seconds * fb.price / 3600
+
+
+def _wait_pays(s: Situation, fb: Option) -> bool:
+    """A stop on the fallback to wait pays only if the stay on cheap capacity it waits for is
+    expected to pay for the way back to the fallback, which a wait in vain ends with, and for
+    the work the stop may lose. A run that is ahead has no hurry: it stops only where less than
+    half a checkpoint interval of work is at risk (a later tick would find less)."""
+    if s.unsaved_seconds > fb.unsaved_seconds(s.checkpoint_seconds):
+        return False
+    way_back = fb.changeover_seconds * fb.price / 3600 + _stop_loss(s, fb)
+    return any(stay_gain(s, o, fb) > way_back for o in s.options
+               if o is not fb and (o.price < fb.price or o.free))
 
 
 def _best_effort(s: Situation, fb: Option | None, why_not: str) -> Choice:

@@ -65,8 +65,16 @@ def build_options(order: list[str], providers: dict[str, Provider], tracks: dict
             available=name in available, rate=provider_rate(own, overall),
             rate_measured=own is not None and own.rate is not None,
             mtbf_seconds=rel.mtbf_seconds, changeover_seconds=rel.changeover_seconds,
-            hours_left=hours_left(prov, allowances.get(name), gpus)))
+            hours_left=hours_left(prov, allowances.get(name), gpus), mtbf_shape=_mtbf_shape(rel)))
     return tuple(out)
+
+
+def _mtbf_shape(rel: Reliability) -> float:
+    """How many interruptions the MTBF rests on: the shape of estimate_mtbf's Gamma posterior (the
+    weighed interruptions and at most one pseudo-interruption of the prior)."""
+    if rel.interruptions <= 0 or rel.prior_seconds <= 0:
+        return 1.0
+    return rel.interruptions + min(rel.prior_seconds, rel.exposure_seconds / rel.interruptions) / rel.prior_seconds
 
 
 def outlook(job: Job, st: JobStatus, durable_step: int, order: list[str], providers: dict[str, Provider],
@@ -83,7 +91,9 @@ def outlook(job: Job, st: JobStatus, durable_step: int, order: list[str], provid
         job=job.name, now=now, deadline=job.spec.deadline.timestamp() if job.spec.deadline else None,
         budget_left=None if budget is None else budget - spent, done_steps=durable_step,
         target_steps=job.spec.target_steps, window_start=first, current=cur.provider if cur else None,
-        options=options, lost_work_seconds=_worst_loss(st, job_rate(tracks), job.spec.checkpoint_every))
+        options=options, lost_work_seconds=_worst_loss(st, job_rate(tracks), job.spec.checkpoint_every),
+        checkpoint_seconds=_checkpoint_seconds(st, job_rate(tracks), job.spec.checkpoint_every),
+        unsaved_seconds=_unsaved_seconds(durable_step, live_step if cur is not None else None, job_rate(tracks)))
     note = ""
     if job.spec.target_steps is None:
         note = "no target_steps: the work left is unknown, so there is no ETA"
@@ -103,6 +113,25 @@ def _worst_loss(st: JobStatus, rate: float | None, checkpoint_every: int | None)
     gaps = [b.started - a.ended for a, b in zip(st.attempts, st.attempts[1:], strict=False)
             if a.ended is not None and a.outcome == Outcome.INTERRUPTION]
     return work + max(gaps, default=0.0) if work or gaps else None
+
+
+def _checkpoint_seconds(st: JobStatus, rate: float | None, checkpoint_every: int | None) -> float | None:
+    """Attempt seconds between checkpoints: the job's checkpoint_every at its rate, else twice the
+    mean work an interruption lost (lost work is spread evenly over the interval; the forecast's
+    futures read it the same way), else None (unknown)."""
+    if not rate:
+        return None
+    if checkpoint_every:
+        return checkpoint_every / rate
+    lost = [a.steps_lost for a in st.attempts if a.outcome == Outcome.INTERRUPTION and a.steps_lost > 0]
+    return 2.0 * sum(lost) / len(lost) / rate if lost else None
+
+
+def _unsaved_seconds(durable_step: int, live_step: int | None, rate: float | None) -> float:
+    """The live attempt's work since its last checkpoint: its heartbeat's step beyond the durable one."""
+    if live_step is None or not rate:
+        return 0.0
+    return max(0, live_step - durable_step) / rate
 
 
 def over_budget(o: Outlook) -> dict[str, str]:
