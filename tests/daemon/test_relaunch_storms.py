@@ -88,10 +88,12 @@ def test_no_relaunch_after_the_worker_stopped_for_the_jobs_deadline(state_repo: 
     # relaunched it again and again until the deadline, each attempt restoring, running a step and
     # leaving; and called it a session's end on a provider that has no sessions.
     # 8 s for the worker to start and take its first steps: on a loaded machine (six test
-    # processes on two cores) importing the SDK alone can take several.
+    # processes on two cores) importing the SDK alone can take several. Its 60 steps take 30 s, so
+    # that a worker started quickly cannot complete the run before it stops (3 s of steps did, on
+    # a machine with nothing else running).
     deadline = datetime.fromtimestamp(int(time.time()) + 24, UTC)
     extra = f"{{deadline: '{deadline.isoformat()}', env: {{RECONCILER_GRACE: '16'}}}}"
-    state_repo.write("desired/late.yaml", job("late", counter(0.05), extra))
+    state_repo.write("desired/late.yaml", job("late", counter(0.5), extra))
     state_repo.commit("add late")
     messages: list[str] = []
     final = tick_until(Reconciler(state_repo.path), phase("late"), timeout=60,
