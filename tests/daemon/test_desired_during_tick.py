@@ -44,7 +44,7 @@ def test_a_commit_during_a_tick_is_acted_on_at_once_only_by_a_watching_daemon(
     try:
         wait("the first tick", lambda: bool(ticks))
         if watch:
-            wait("a second tick for the commit made during the first", lambda: len(ticks) >= 2, timeout=10)
+            wait("a second tick for the commit made during the first", lambda: len(ticks) >= 2, timeout=30)
         else:
             time.sleep(2)
             assert len(ticks) == 1, "a --no-watch daemon ticks on its interval or a webhook only"
