@@ -121,6 +121,14 @@ def changeover(a: Attempt, speed: float | None) -> float | None:
     return max(0.0, a.first_beat - back - a.started)
 
 
+def lost_interval_steps(st: JobStatus) -> tuple[float, int] | None:
+    """Steps between checkpoints read from the work interruptions lost: twice the mean (lost work
+    is spread evenly over the interval; a low bound, as only the steps up to the last heartbeat
+    seen are known lost), and over how many interruptions; None before any lost work."""
+    lost = [a.steps_lost for a in st.attempts if a.outcome == Outcome.INTERRUPTION and a.steps_lost > 0]
+    return (2.0 * sum(lost) / len(lost), len(lost)) if lost else None
+
+
 def reliabilities(statuses: Iterable[JobStatus], interruptible: dict[str, bool], now: float) -> dict[str, Reliability]:
     """Every provider in `interruptible` (name -> whether its machines can be taken away)."""
     statuses = list(statuses)

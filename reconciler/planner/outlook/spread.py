@@ -24,6 +24,7 @@ from reconciler.planner.outlook.forecast import (
     changeover,
     job_rate,
     job_tracks,
+    lost_interval_steps,
     open_cost,
     provider_rate,
 )
@@ -271,9 +272,8 @@ def _checkpoint(job: Job, st: JobStatus, rate: float) -> tuple[float, str, str]:
     interval; a low bound: only the steps up to the last heartbeat seen are known lost), else a prior."""
     if job.spec.checkpoint_every:
         return float(job.spec.checkpoint_every), DECLARED, "checkpoint_every"
-    lost = [a.steps_lost for a in st.attempts if a.outcome == Outcome.INTERRUPTION and a.steps_lost > 0]
-    if lost:
-        return 2.0 * sum(lost) / len(lost), MEASURED, f"twice the mean work lost over {len(lost)} interruptions"
+    if measured := lost_interval_steps(st):
+        return measured[0], MEASURED, f"twice the mean work lost over {measured[1]} interruptions"
     return rate * FALLBACK_CHECKPOINT_SECONDS, BORROWED, "a prior of one checkpoint per 30 min of work"
 
 

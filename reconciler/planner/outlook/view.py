@@ -16,6 +16,7 @@ from reconciler.planner.outlook.forecast import (
     Track,
     job_rate,
     job_tracks,
+    lost_interval_steps,
     open_cost,
     provider_rate,
     round_sig,
@@ -123,8 +124,8 @@ def _checkpoint_seconds(st: JobStatus, rate: float | None, checkpoint_every: int
         return None
     if checkpoint_every:
         return checkpoint_every / rate
-    lost = [a.steps_lost for a in st.attempts if a.outcome == Outcome.INTERRUPTION and a.steps_lost > 0]
-    return 2.0 * sum(lost) / len(lost) / rate if lost else None
+    measured = lost_interval_steps(st)
+    return measured[0] / rate if measured else None
 
 
 def _unsaved_seconds(durable_step: int, live_step: int | None, rate: float | None) -> float:
