@@ -396,7 +396,9 @@ def run(
     once: Annotated[bool, typer.Option(help="do one tick and exit")] = False,
     until_done: Annotated[bool, typer.Option(help="exit when every job is terminal (0 if all succeeded)")] = False,
     tick_seconds: Annotated[float | None, typer.Option(help="override the interval of reconciler.yaml")] = None,
-    watch: Annotated[bool, typer.Option(help="tick at once when desired/ changes")] = True,
+    watch: Annotated[bool, typer.Option(
+        help="tick at once when desired/ changes, a commit during a tick included "
+             "(--no-watch: only the interval, a webhook or `reconciler reconcile` tick)")] = True,
     listen: Annotated[str | None, typer.Option(
         metavar="HOST:PORT", help="accept push webhooks (GitHub, GitLab, Gitea) here and tick at once on a push to "
                                   "the reconciled branch; :PORT is loopback; needs RECONCILER_WEBHOOK_SECRET")] = None,
