@@ -27,9 +27,9 @@ GPU = "NVIDIA GeForce RTX 4090"
 
 @pytest.fixture
 def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeRunpod]:
-    # RunPod's own 5 s grace: after a worker exits 75 on SIGTERM, its bootstrap copies the log tail,
-    # which carries the exit record the adapter reads, to run storage (a Python process); on a
-    # loaded CI machine that took over 1 s, and a 1 s grace cut it off
+    # RunPod's own 5 s grace (its docs' FAQ "OnDemand vs Spot Pod"): after a worker exits 75 on
+    # SIGTERM, its bootstrap copies the log tail, which carries the exit record the adapter reads, to
+    # run storage (a Python process); on a loaded CI machine that took over 1 s, and a 1 s grace cut it off
     server = FakeRunpod(tmp_path / "machines", kill_grace=5.0, retention=2.0)
     monkeypatch.setenv("RUNPOD_API_KEY", API_KEY)
     yield server

@@ -16,7 +16,8 @@ RunPod does; only podStop/podTerminate ends a pod. Each pod gets RUNPOD_API_KEY,
 that may read and stop that pod only (RunPod: "Pod-scoped API key", docs.runpod.io/pods/templates/
 environment-variables; what it allows beyond stopping its own pod is not documented, so nothing more).
 A stop (outbid, podTerminate, a drained balance) sends SIGTERM, then SIGKILL after
-`kill_grace` seconds (RunPod: 5 s); `desiredStatus` becomes EXITED (TERMINATED for podTerminate)
+`kill_grace` seconds (RunPod: 5 s, docs.runpod.io FAQ "OnDemand vs Spot Pod": SIGTERM, then SIGKILL
+5 seconds later); `desiredStatus` becomes EXITED (TERMINATED for podTerminate)
 once the container has stopped [UNCONFIRMED at RunPod: when the word flips]. A terminated pod stays
 listed for `retention` seconds, then is gone. Balance is spent at each pod's costPerHr; at zero every
 pod is stopped and creates are refused.
