@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -38,6 +39,7 @@ def is_missing(exc: Exception) -> bool:
 
 _clients: dict[tuple[Any, ...], Any] = {}
 _clients_lock = threading.Lock()
+_jitter = random.Random()  # retry pauses, apart from the global generator: see _own_retry_jitter
 
 
 def s3_client(endpoint: str | None, region: str, key: str | None, secret: str | None, token: str | None) -> Any:
@@ -68,7 +70,27 @@ def s3_client(endpoint: str | None, region: str, key: str | None, secret: str | 
                 aws_session_token=token,
                 config=Config(max_pool_connections=32, retries=retries),
             )
+            _own_retry_jitter(_clients[cache_key])
         return _clients[cache_key]
+
+
+def _own_retry_jitter(client: Any) -> None:
+    """Give the client's retry pauses a generator of their own.
+
+    botocore's standard retry mode draws each pause from the `random` module's global generator
+    (`ExponentialBackoff(random=random.random)` in botocore/retries/standard.py, registered under
+    the unique id `retry-config-s3`). A worker uploads on a background thread, so one retried
+    request there would move the training script's Python random stream by a draw, and the run
+    would no longer resume bit-identically (seen in CI: a resumed run's noise was one draw ahead).
+    """
+    entry = getattr(getattr(client.meta.events, "_emitter", None), "_unique_id_handlers", {}).get("retry-config-s3")
+    handler = getattr((entry or {}).get("handler"), "__self__", None)
+    backoff = getattr(getattr(handler, "_retry_policy", None), "_retry_backoff", None)
+    if backoff is None or not hasattr(backoff, "_random"):
+        log.warning("botocore's S3 retry handler is not where this version of reconciler looks for it; a retried "
+                    "request may draw from Python's global random generator and change a training run's draws")
+        return
+    backoff._random = _jitter.random
 
 
 class _MemReader(io.RawIOBase):

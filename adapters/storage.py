@@ -70,6 +70,10 @@ LEASE_LOG = ".lease"
 # How many acknowledged checkpoint names the lease remembers (collection keeps far fewer).
 LEASE_REMEMBERS = 32
 LEASE_LOG_KEEP = 16
+# The pause between lease swaps that lost a race. A generator of its own: a worker's upload thread
+# commits through the lease, and a draw from the `random` module's global generator there would
+# move the training script's Python random stream, so a run would no longer resume bit-identically.
+_jitter = random.Random()
 
 
 class Fenced(StorageError):
@@ -218,7 +222,7 @@ class RunFolder:
                 new["done"] = record["done"]
             if self._lease_cas(token, new):
                 return epoch
-            time.sleep(random.uniform(0.001, 0.01 * (attempt + 1)))
+            time.sleep(_jitter.uniform(0.001, 0.01 * (attempt + 1)))
         raise StorageError(f"cannot bump the lease at {self.url(LEASE_FILE)}: it keeps changing under us")
 
     def release_unstarted(self, epoch: int) -> None:
@@ -242,7 +246,7 @@ class RunFolder:
             new = change(dict(record))
             if self._lease_cas(token, new):
                 return new
-            time.sleep(random.uniform(0.001, 0.01 * (attempt + 1)))
+            time.sleep(_jitter.uniform(0.001, 0.01 * (attempt + 1)))
         raise StorageError(f"cannot update the lease at {self.url(LEASE_FILE)}: it keeps changing under us")
 
     def check_epoch(self, epoch: int) -> None:
