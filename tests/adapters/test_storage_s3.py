@@ -37,8 +37,8 @@ def test_a_retried_request_leaves_the_global_random_stream_alone(s3_endpoint: st
     would move the training script's draws, and the resumed run would differ from an uninterrupted one."""
     from botocore.awsrequest import AWSResponse
 
-    store = s3_store(s3_endpoint)
-    client = store.folder().store.client
+    s3 = s3_store(s3_endpoint)
+    client = s3.folder().store.client
     sends = []
 
     def first_send_fails(request: Any, **_: Any) -> AWSResponse | None:
@@ -49,7 +49,7 @@ def test_a_retried_request_leaves_the_global_random_stream_alone(s3_endpoint: st
     client.meta.events.register_first("before-send.s3", first_send_fails, unique_id="test-first-send-fails")
     try:
         before = random.getstate()
-        store.folder().store.write("retried.json", b"{}")
+        s3.folder().store.write("retried.json", b"{}")
         assert random.getstate() == before
     finally:
         client.meta.events.unregister("before-send.s3", unique_id="test-first-send-fails")
