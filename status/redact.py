@@ -147,3 +147,7 @@ class Redactor:
         if self._regex is None or not text:
             return text
         return self._regex.sub(MASK, text)
+
+    def finds(self, text: str) -> bool:
+        """Whether `text` holds any form of any value (what `redact` would mask)."""
+        return self._regex is not None and self._regex.search(text) is not None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 from desired.parse import DesiredState
 from status.redact import Redactor
@@ -32,6 +33,26 @@ def secret_values(desired: DesiredState | None, environ: Mapping[str, str]) -> f
         names.update(s for provider in desired.providers.values() for s in provider.spec.secrets)
         names.update(t.url_env for t in desired.settings.notifications.targets)  # URLs carry tokens
     return frozenset(environ[n] for n in names if environ.get(n))
+
+
+SCAN_CHUNK_BYTES = 4 << 20
+
+
+def file_holds_secret(redactor: Redactor, path: Path) -> bool:
+    """Whether the file at `path` holds any form of a secret value, at any offset: read as UTF-8
+    (other bytes kept as they are) in chunks that overlap by the most bytes one match can span,
+    so that a value split across two chunks is still found."""
+    if not redactor:
+        return False
+    overlap = 4 * redactor.longest  # a character of a form is at most 4 bytes of UTF-8
+    tail = b""
+    with path.open("rb") as fh:
+        while chunk := fh.read(SCAN_CHUNK_BYTES):
+            data = tail + chunk
+            if redactor.finds(data.decode("utf-8", "surrogateescape")):
+                return True
+            tail = data[-overlap:]
+    return False
 
 
 class RedactingFilter(logging.Filter):

@@ -35,9 +35,11 @@ from adapters.gitrepo import GitError
 from adapters.storage import RunFolder, StorageError
 from reconciler.planner.health import provider_health
 from reconciler.planner.outlook.forecast import provider_reliabilities
+from reconciler.trust.redaction import file_holds_secret
 from reconciler.web import views
 from reconciler.web.data import PageData, Snapshot
 from status.models import Attempt, JobStatus, size_text
+from status.redact import Redactor
 
 HERE = Path(__file__).parent
 TOKEN_ENV = "RECONCILER_WEB_TOKEN"
@@ -140,7 +142,7 @@ def create_app(repo: str | Path, *, token: str | None = None, refresh_seconds: i
         if found is None:
             return PlainTextResponse(f"{name} has no completed run with an output {path}; its page lists the "
                                      "outputs there are", status_code=404, headers=_HEADERS)
-        return _stream_output(*found, snap.redactor.redact)
+        return _stream_output(*found, snap.redactor, name)
 
     routes = [
         Route("/", overview),
@@ -165,19 +167,28 @@ _HEADERS = {"Content-Security-Policy": "default-src 'self'; style-src 'self'; im
             "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"}
 
 
-def _stream_output(folder: RunFolder, item: Artifact, redact: Callable[[str], str]) -> Response:
+def _stream_output(folder: RunFolder, item: Artifact, redactor: Redactor, name: str) -> Response:
     """The output, downloaded from run storage and verified against its completion record, sent as
-    a download (never rendered by the browser as a page of this site); the copy is removed after."""
+    a download (never rendered by the browser as a page of this site); the copy is removed after.
+    An output that holds a secret value in any form the redaction knows is not sent: whoever can
+    read the page could read the secret."""
     tmp = tempfile.mkdtemp(prefix="reconciler-output-")
     try:
         [path] = download(folder, [item], Path(tmp))
+        leaks = file_holds_secret(redactor, path)
     except (StorageError, OSError) as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, ArtifactError):
             why, code = f"{exc}: restore it in run storage, or change the job's manifest so that it runs again", 502
         else:
             why, code = f"{item.path} cannot be read from run storage now ({exc}); try again later", 503
-        return PlainTextResponse(redact(why), status_code=code, headers=_HEADERS)
+        return PlainTextResponse(redactor.redact(why), status_code=code, headers=_HEADERS)
+    if leaks:
+        shutil.rmtree(tmp, ignore_errors=True)
+        why = (f"{item.path} holds the value of a secret (one that a job's or provider's `secrets:` names, or a "
+               "credential in the environment of this page's server), so this page does not send it; "
+               f"`reconciler artifacts pull {name} DEST` copies the outputs to a machine you trust")
+        return PlainTextResponse(redactor.redact(why), status_code=403, headers=_HEADERS)
     return FileResponse(path, media_type="application/octet-stream", filename=PurePosixPath(item.path).name,
                         headers=_HEADERS, background=BackgroundTask(shutil.rmtree, tmp, ignore_errors=True))
 

@@ -1,4 +1,5 @@
-"""Secret values, and their base64 and URL-encoded forms, are masked in what the reconciler writes."""
+"""Secret values, and their base64 and URL-encoded forms, are masked in what the reconciler writes
+and found in the files the status page would send."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ import json
 import logging
 import re
 from collections.abc import Callable
+from pathlib import Path
 from urllib.parse import quote, quote_plus
 
 import pytest
 
 from desired.parse import parse_desired
+from reconciler.trust import redaction
 from reconciler.trust.redaction import RedactingFilter, secret_values
 from status.redact import MASK, Redactor, redact_data
 
@@ -206,3 +209,20 @@ def test_a_stream_writes_whole_lines_as_they_come_and_holds_only_an_unended_one(
     assert b"".join(out) == b"step 1\nstep 2\r"
     masker.close()
     assert b"".join(out) == b"step 1\nstep 2\rpart"
+
+
+@pytest.mark.parametrize("form", ["plain", "base64", "url", "json"])
+def test_a_file_holds_a_secret_in_any_form_even_across_the_chunks_it_is_read_in(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, form: str) -> None:
+    secret = "pä ss/wörd+42"
+    written = {"plain": secret, "base64": base64.b64encode(secret.encode()).decode(),
+               "url": quote(secret), "json": json.dumps(secret)}[form].encode()
+    redactor = Redactor([secret])
+    monkeypatch.setattr(redaction, "SCAN_CHUNK_BYTES", 64)
+    for offset in range(40, 80):  # the value starts before, at and after the first chunk's end
+        path = tmp_path / f"out-{offset}.bin"
+        path.write_bytes(bytes(range(256))[:offset] + written + b"\xff\x00" * 50)
+        assert redaction.file_holds_secret(redactor, path), (form, offset)
+    path.write_bytes(bytes(range(256)) * 8 + secret[:-1].encode())
+    assert not redaction.file_holds_secret(redactor, path)
+    assert not redaction.file_holds_secret(Redactor([]), path)

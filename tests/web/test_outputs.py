@@ -1,6 +1,7 @@
 """A succeeded job's page links its outputs, and each link downloads the file from run storage,
-verified against the run's completion record; a path the record does not list is not served. The
-job runs for real (the local provider, in-process ticks), with file names that need escaping."""
+verified against the run's completion record; a path the record does not list is not served, nor
+is an output that holds a secret. The job runs for real (the local provider, in-process ticks),
+with file names that need escaping."""
 
 from __future__ import annotations
 
@@ -20,14 +21,19 @@ from tests.daemon.test_loop_local import phase, tick_until
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = {"model.pt": bytes(range(256)) * 64, 'a <b>&"c.txt': b"escaped name\n", "sub dir/x#1?.json": b"{}"}
+TOKEN = "tok-3f9a1c77e2"  # the job's secret: its worker writes it, base64-encoded, into report.json
 WRITE = f"""
+import base64, json, os
 from reconciler.worker import open_run
 with open_run() as run:
     for rel, data in {FILES!r}.items():
         (run.output_dir / rel).parent.mkdir(parents=True, exist_ok=True)
         (run.output_dir / rel).write_bytes(data)
+    auth = base64.b64encode(("user:" + os.environ["OUTPUT_API_TOKEN"]).encode()).decode()
+    (run.output_dir / "report.json").write_text(json.dumps({{"loss": 0.5, "headers": {{"Authorization": auth}}}}))
     run.complete(1)
 """
+OUTPUTS = [*FILES, "report.json"]
 
 
 @pytest.fixture(scope="module")
@@ -36,11 +42,12 @@ def done(tmp_path_factory: pytest.TempPathFactory) -> StateRepoFixture:
     tmp = tmp_path_factory.mktemp("outputs")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RECONCILER_LOCAL_WORKDIR", str(tmp / "local-workers"))
+        mp.setenv("OUTPUT_API_TOKEN", TOKEN)
         repo = StateRepoFixture(tmp / "state", tmp / "runs")
         repo.write("desired/make.yaml", yaml.safe_dump({
             "apiVersion": "reconciler.dev/v1", "kind": "Job", "metadata": {"name": "make"},
             "spec": {"command": [sys.executable, "-c", WRITE], "target_steps": 1, "env": {"PYTHONPATH": str(ROOT)},
-                     "retry": {"max_retries": 0}}}))
+                     "secrets": ["OUTPUT_API_TOKEN"], "retry": {"max_retries": 0}}}))
         repo.commit("make leaves outputs")
         from reconciler.daemon.loop import Reconciler
 
@@ -55,7 +62,7 @@ def test_a_succeeded_jobs_page_links_each_output_with_its_name_escaped(done: Sta
     assert section, page
     links = dict(re.findall(r'<a href="([^"]+)" download>([^<]*)</a>', section.group(1)))
     assert {html.unescape(text): href for href, text in links.items()} == {
-        rel: f"/job/make/outputs/{quote(rel, safe='/')}" for rel in FILES}
+        rel: f"/job/make/outputs/{quote(rel, safe='/')}" for rel in OUTPUTS}
     assert "<b>" not in section.group(1) and "a &lt;b&gt;&amp;&#34;c.txt" in section.group(1)
     assert "reconciler artifacts pull make DEST" in page
 
@@ -69,6 +76,20 @@ def test_each_output_link_downloads_the_stored_bytes_as_an_attachment(done: Stat
         assert got.headers["content-type"] == "application/octet-stream"
         assert got.headers["content-disposition"].startswith("attachment;")
         assert got.headers["x-content-type-options"] == "nosniff"
+
+
+def test_an_output_that_holds_a_secret_is_refused_and_says_how_to_get_it(done: StateRepoFixture) -> None:
+    client = TestClient(create_app(done.path, environ={"OUTPUT_API_TOKEN": TOKEN}))
+    got = client.get("/job/make/outputs/report.json")
+    assert got.status_code == 403
+    assert "report.json holds the value of a secret" in got.text
+    assert "reconciler artifacts pull make DEST" in got.text
+    assert TOKEN not in got.text
+    stored = next((done.storage / "make").glob("*/outputs/e*/report.json")).read_text()
+    assert TOKEN not in stored, "the secret is there base64-encoded only"
+    assert client.get("/job/make/outputs/model.pt").status_code == 200, "the other outputs are sent"
+    # A server without the secret in its environment cannot know it: the output is sent.
+    assert TestClient(create_app(done.path, environ={})).get("/job/make/outputs/report.json").status_code == 200
 
 
 def test_a_path_the_completion_record_does_not_list_gets_404(done: StateRepoFixture) -> None:
