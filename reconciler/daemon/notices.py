@@ -41,6 +41,7 @@ class Event:
     jobs: tuple[str, ...] = ()  # an event about several jobs at once (a hold); `job` is then the first
     how: str = ""  # its own level, where the kind alone does not say (a drill that passed, or did not)
     sweep: str = ""  # the sweep whose members these jobs are, for an event rolled up from theirs
+    parts: tuple[Event, ...] = ()  # a rolled-up event's member events, to narrow it to a target's jobs
 
     @property
     def title(self) -> str:
@@ -118,7 +119,8 @@ def _rolled_up(sweep: str, group: list[Event]) -> Event:
     more = f"; and {len(group) - SWEEP_LISTED} more" if len(group) > SWEEP_LISTED else ""
     hows = {e.how for e in group}
     how = hows.pop() if len(hows) == 1 else "warning"  # drills: all passed, or not
-    return Event(group[0].job, group[0].kind, "", listed + more, tuple(e.job for e in group), how, sweep)
+    return Event(group[0].job, group[0].kind, "", listed + more, tuple(e.job for e in group), how, sweep,
+                 tuple(group))
 
 
 def hold_events(before: Mapping[str, JobStatus], after: Mapping[str, JobStatus]) -> list[Event]:
@@ -172,9 +174,22 @@ def wants(target: NotifyTarget, event: Event) -> bool:
     return event.kind in target.events and (not target.jobs or any(j in target.jobs for j in jobs))
 
 
+def for_target(target: NotifyTarget, event: Event) -> Event | None:
+    """The event as `target` hears it, or None when it did not ask for it. A sweep's roll-up goes
+    to a target with `jobs:` narrowed to its members there: a target for one member hears of that
+    member alone, and never of members it did not name."""
+    if not wants(target, event):
+        return None
+    if not event.parts or not target.jobs:
+        return event
+    chosen = [e for e in event.parts if e.job in target.jobs]
+    return chosen[0] if len(chosen) == 1 else _rolled_up(event.sweep, chosen)
+
+
 def messages(found: list[Event], rules: Notifications) -> list[Message]:
     """One message per event and target that asked for it."""
-    return [Message(t.url_env, e.title, e.text, e.level) for e in found for t in rules.targets if wants(t, e)]
+    sent = [(t, for_target(t, e)) for e in found for t in rules.targets]
+    return [Message(t.url_env, e.title, e.text, e.level) for t, e in sent if e is not None]
 
 
 def store_messages(before: str | None, after: str | None, rules: Notifications) -> list[Message]:

@@ -144,7 +144,15 @@ def test_members_of_one_sweep_that_end_alike_in_a_tick_are_one_event_naming_them
     assert rolled.text.startswith("lr-00 succeeded at step 60") and rolled.text.endswith("; and 2 more")
     assert "lr-09 succeeded" in rolled.text and "lr-10 succeeded" not in rolled.text
     one = Notifications(targets=[NotifyTarget(url_env="HOOK", jobs=["lr-11"])])
-    assert [m.title for m in messages(found, one)] == [rolled.title]  # a target for one member hears of it
+    [alone] = messages(found, one)  # a target for one member hears of that member alone
+    assert (alone.title, alone.level) == ("reconciler: lr-11 succeeded", "success")
+    assert alone.body.startswith("lr-11 succeeded at step 60") and "lr-00" not in alone.body
+    some = Notifications(targets=[NotifyTarget(url_env="HOOK", jobs=["lr-03", "lr-11", "other"])])
+    assert [(m.title, m.body.count("succeeded at step")) for m in messages(found, some)] == [
+        ("reconciler: sweep lr: 2 members succeeded", 2), ("reconciler: other succeeded", 1)]
+    assert "lr-00" not in messages(found, some)[0].body
+    every = Notifications(targets=[NotifyTarget(url_env="HOOK")])
+    assert [m.title for m in messages(found, every)][1] == rolled.title
 
 
 def test_a_sweep_member_alone_in_its_kind_this_tick_is_its_own_event() -> None:
