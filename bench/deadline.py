@@ -42,6 +42,7 @@ seeded start offsets instead.
     python bench/deadline.py                    # W = 24 h, 12 traces, about 2 minutes
     python bench/deadline.py --trace trace.json # replay a trace instead of the synthetic ones
     python bench/deadline.py --free             # add a free provider with a quota
+    python bench/deadline.py --quick --declared-step-time  # ours' manifest states step_seconds
     python bench/deadline.py --quick --breakdown # and, trace by trace, where each policy's money went
 
 Prints a markdown table, then one line: deadline_met=M/N cost_vs_optimum=X
@@ -338,6 +339,7 @@ class Case:
     trace: PreemptionTrace
     free: bool = False
     seed: int = 0
+    declared: bool = False  # ours' manifest declares the step time (step_seconds), as the baselines know it
 
     @property
     def deadline(self) -> float:
@@ -366,7 +368,7 @@ def simulate(args: tuple[str, Case]) -> dict[str, Any]:
     logging.getLogger("reconciler").setLevel(logging.CRITICAL)
     known = Known()
     job = JobPlan("job", target_steps=case.target_steps, model=model(), max_retries=1000,
-                  deadline_seconds=case.deadline)
+                  deadline_seconds=case.deadline, step_seconds=STEP if case.declared and name == "ours" else None)
     config = SimConfig(providers=providers(case), jobs=[job], seed=case.seed, tick_seconds=TICK,
                        placement_policy=policy_for(name, known))
     sim = Simulation(config)
@@ -500,6 +502,8 @@ def main() -> None:
     ap.add_argument("--traces", type=int, help="how many traces (default 6 with --quick, else 12)")
     ap.add_argument("--breakdown", action="store_true", help="also print, trace by trace, each policy's spot and "
                                                                   "on-demand hours, attempts and lost work")
+    ap.add_argument("--declared-step-time", action="store_true",
+                    help="ours' manifest states the step time (step_seconds), as the baselines are told it")
     ap.add_argument("--processes", type=int, default=min(2, os.cpu_count() or 1))
     a = ap.parse_args()
     hours = a.hours or (8.0 if a.quick else 24.0)
@@ -507,7 +511,8 @@ def main() -> None:
     base = load_trace(a.trace) if a.trace else None
     length = max(DEADLINES) * hours * 3600.0 + 40 * TICK
     traces = [rotated(base, seed) if base else synthetic_trace(seed, length) for seed in range(1, n + 1)]
-    cases = [Case(hours, r, tr, a.free, seed) for seed, tr in enumerate(traces, start=1) for r in DEADLINES]
+    cases = [Case(hours, r, tr, a.free, seed, a.declared_step_time)
+             for seed, tr in enumerate(traces, start=1) for r in DEADLINES]
     tasks = [(p, c) for c in cases for p in (*POLICIES, "optimum")]
     tasks.sort(key=lambda t: -t[1].ratio)  # the longest runs first
     t0 = time.perf_counter()

@@ -281,6 +281,12 @@ class JobSpec(Strict):
         description="what one worker needs; the job is placed only where it fits")
     target_steps: int | None = Field(default=None, ge=1, description="completion target, for progress")
     checkpoint_every: int | None = Field(default=None, ge=1, description="checkpoint interval hint, steps")
+    step_seconds: float | None = Field(
+        default=None, gt=0,
+        description="your estimate of the seconds one step takes (say, from a run on your own machine): "
+                    "placement, the ETA and the deadline and budget checks use it until the job's own rate "
+                    "is measured (15 min of attempt time with progress), then the measured rate alone",
+    )
     placement: Placement = Field(default_factory=Placement,
         description="which providers may run it, in which order, and the price cap")
     retry: Retry = Field(default_factory=Retry,

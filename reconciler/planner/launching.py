@@ -32,7 +32,7 @@ from status.models import JobStatus, Outcome, Phase
 HOST_COOLDOWN_SECONDS = 6 * 3600.0  # a machine that lost a worker of ours is avoided this long
 MOVING = "moving to"  # detail of an attempt the placement policy stopped to move the run
 LEAVING = "leaving"  # detail of an attempt the placement policy stopped to wait for cheaper capacity
-INFEASIBLE_NOTE = "the deadline cannot be met at the measured rate (the forecast's decision says why)"
+INFEASIBLE_NOTE = "the deadline cannot be met (the forecast's decision says why, and at which rate)"
 MOVE_WAIT_SECONDS = 600.0  # after a move, the next launch waits this long for the old worker to save and go
 
 

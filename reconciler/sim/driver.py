@@ -64,6 +64,7 @@ class JobPlan:
     max_retries: int = 3
     budget_usd: float | None = None
     checkpoint_every: int | None = None
+    step_seconds: float | None = None  # the manifest's estimate (JobSpec.step_seconds)
     stall_timeout_seconds: float = 300.0
     suspend: bool = False
     deadline_seconds: float | None = None  # after the simulation's start
@@ -113,6 +114,8 @@ def job_manifest(job: JobPlan) -> str:
     ]
     if job.checkpoint_every:
         lines.append(f"  checkpoint_every: {job.checkpoint_every}")
+    if job.step_seconds:
+        lines.append(f"  step_seconds: {job.step_seconds!r}")
     if job.providers:
         lines.append(f"  placement: {{providers: [{', '.join(job.providers)}]}}")
     if job.budget_usd is not None:

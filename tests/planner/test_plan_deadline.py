@@ -46,7 +46,7 @@ spec: {settings: {type: local}, concurrency: 1, price_per_hour: 1.0}
 
 
 def job(deadline_in: float | None = None, budget: float | None = None,
-        providers: str = "[kaggle, spot, ondemand]") -> str:
+        providers: str = "[kaggle, spot, ondemand]", step_seconds: float | None = None) -> str:
     lines = ["apiVersion: reconciler.dev/v1", "kind: Job", "metadata: {name: train}", "spec:",
              "  command: [python, train.py]", f"  target_steps: {TARGET}", f"  placement: {{providers: {providers}}}"]
     if deadline_in is not None:
@@ -54,6 +54,8 @@ def job(deadline_in: float | None = None, budget: float | None = None,
         lines.append(f"  deadline: '{when}'")
     if budget is not None:
         lines.append(f"  budget_usd: {budget}")
+    if step_seconds is not None:
+        lines.append(f"  step_seconds: {step_seconds}")
     return "\n".join(lines) + "\n"
 
 
@@ -247,10 +249,36 @@ def test_an_infeasible_deadline_is_reported_at_once_and_the_run_goes_on_as_fast_
     p = plan(d, seen, {"train": st}, NOW)
     st2 = p.statuses["train"]
     assert not stopped(p) and not launched(p)
-    assert st2.phase == Phase.RUNNING and "the deadline cannot be met at the measured rate" in st2.message
+    assert st2.phase == Phase.RUNNING and "the deadline cannot be met (the forecast's decision" in st2.message
     assert st2.forecast is not None and st2.forecast.risk == "infeasible"
     assert "infeasible: the rest needs at least 8.7 h" in st2.forecast.decision
+    assert "at the measured rate" in st2.forecast.decision
     assert "2 h are left before the deadline" in st2.forecast.decision
+
+
+def test_a_declared_step_time_says_a_deadline_is_infeasible_before_anything_has_run() -> None:
+    d = desired(job(deadline_in=5 * HOUR, providers="[spot, ondemand]", step_seconds=1.0), providers=PROVIDERS)
+    p = plan(d, Observed(), {}, NOW)
+    st = p.statuses["train"]
+    assert launched(p) == ["ondemand"], "it still runs, as early as it can on reliable capacity"
+    assert st.forecast is not None and st.forecast.risk == "infeasible"
+    assert "infeasible: the rest needs at least 10 h" in st.forecast.decision
+    assert "at the manifest's step_seconds" in st.forecast.decision
+    without = plan(desired(job(deadline_in=5 * HOUR, providers="[spot, ondemand]"), providers=PROVIDERS),
+                   Observed(), {}, NOW).statuses["train"]
+    assert without.forecast is None or without.forecast.risk != "infeasible", "unmeasured and undeclared: no verdict"
+
+
+def test_a_declared_step_time_gives_an_eta_marked_as_not_measured_until_the_rate_is() -> None:
+    d = desired(job(deadline_in=30 * HOUR, providers="[spot, ondemand]", step_seconds=2.0), providers=PROVIDERS)
+    o = outlook(d.jobs["train"], JobStatus(job="train"), 0, ["spot", "ondemand"], d.providers, {}, {"spot"}, NOW)
+    assert [(x.provider, x.rate, x.rate_measured) for x in o.situation.options] == [
+        ("spot", 0.5, False), ("ondemand", 0.5, False)]
+    assert "the manifest's estimate of 2 s a step stands in" in o.note
+    st = history(d, done_on("spot", 1, 3600, ago=60))  # an hour at 1 step/s: the measured rate wins
+    o = outlook(d.jobs["train"], st, 3600, ["spot", "ondemand"], d.providers, {}, {"spot"}, NOW)
+    assert [(x.rate, x.rate_measured) for x in o.situation.options] == [(1.0, True), (1.0, False)]
+    assert o.note == ""
 
 
 def test_an_infeasible_budget_is_reported_before_anything_is_launched() -> None:

@@ -194,7 +194,8 @@ def infeasible(s: Situation, remaining: int) -> str:
     timed = [(o.hours_for(remaining, o.provider != s.current) or 0.0, o) for o in s.options if o.rate is not None]
     if timed and min(h for h, _ in timed) > left * INFEASIBLE_MARGIN:
         h, o = min(timed, key=lambda x: x[0])
-        return (f"infeasible: the rest needs at least {_h(h)} (on {o.provider}, at the measured rate) and "
+        basis = "the measured rate" if any(x.rate_measured for x in s.options) else "the manifest's step_seconds"
+        return (f"infeasible: the rest needs at least {_h(h)} (on {o.provider}, at {basis}) and "
                 f"{_h(max(0.0, left))} are left before the deadline; move the deadline or allow faster providers")
     if s.budget_left is not None:
         cost = [(h * o.price, o) for h, o in timed if h <= left]

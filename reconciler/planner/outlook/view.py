@@ -50,9 +50,13 @@ def hours_left(provider: Provider, allowance: Allowance | None, gpus: int) -> fl
 
 def build_options(order: list[str], providers: dict[str, Provider], tracks: dict[str, Track],
                   reliability: dict[str, Reliability], available: set[str],
-                  allowances: dict[str, Allowance] | None = None, gpus: int = 0) -> tuple[Option, ...]:
-    """Options in placement order; a provider the job has not run on borrows the job's rate."""
+                  allowances: dict[str, Allowance] | None = None, gpus: int = 0,
+                  step_seconds: float | None = None) -> tuple[Option, ...]:
+    """Options in placement order; a provider the job has not run on borrows the job's rate, and
+    until that is measured every provider borrows the manifest's `step_seconds` estimate."""
     overall = job_rate(tracks)
+    if overall is None and step_seconds:
+        overall = 1.0 / step_seconds
     allowances = allowances or {}
     out = []
     for name in order:
@@ -82,7 +86,8 @@ def outlook(job: Job, st: JobStatus, durable_step: int, order: list[str], provid
             reliability: dict[str, Reliability], available: set[str], now: float,
             live_step: int | None = None, allowances: dict[str, Allowance] | None = None) -> Outlook:
     tracks = job_tracks(st, durable_step, now, live_step)
-    options = build_options(order, providers, tracks, reliability, available, allowances, job.spec.resources.gpus)
+    options = build_options(order, providers, tracks, reliability, available, allowances, job.spec.resources.gpus,
+                            job.spec.step_seconds)
     spent = st.cost_usd + open_cost(st, now, {n: p.spec.price_per_hour for n, p in providers.items()})
     budget = job.spec.budget_usd
     cur = st.current
@@ -98,6 +103,9 @@ def outlook(job: Job, st: JobStatus, durable_step: int, order: list[str], provid
     note = ""
     if job.spec.target_steps is None:
         note = "no target_steps: the work left is unknown, so there is no ETA"
+    elif job_rate(tracks) is None and job.spec.step_seconds:
+        note = (f"rate not measured yet (less than 15 min of attempt time with progress): the manifest's "
+                f"estimate of {job.spec.step_seconds:g} s a step stands in")
     elif job_rate(tracks) is None:
         note = "rate not measured yet: less than 15 min of attempt time with progress"
     return Outlook(situation, spent, note)
