@@ -405,10 +405,12 @@ def attach_spreads(r: Review, head: DesiredState, recorded: dict[str, JobStatus]
         job, st = head.jobs.get(c.job), recorded.get(c.job)
         if job is None or c.change in ("cancel", "removed", "held") or _finished(st):
             continue
-        if c.change in NO_FUTURES or st is None or st.run_id != job.run_id() or job.spec.suspend:
+        fresh = c.change in NO_FUTURES or st is None or st.run_id != job.run_id()
+        if job.spec.suspend or (fresh and not job.spec.step_seconds):
             c.spread = JobSpread(c.job, note=NO_FUTURES.get(c.change, "no run recorded yet"))
             continue
-        c.spread = job_spread(job, st, head.providers, recorded.values(), now, ledger, futures)
+        # A new run with a stated step time: its futures from that and what the providers measured.
+        c.spread = job_spread(job, None if fresh else st, head.providers, recorded.values(), now, ledger, futures)
         c.spread_at = now
 
 

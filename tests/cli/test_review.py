@@ -341,3 +341,18 @@ def test_a_measured_run_gets_p50_and_p90_from_its_futures_in_text_markdown_and_j
     assert spread["p_deadline"] == 1.0
     source = {i["input"]: i["source"] for i in spread["inputs"]}
     assert source["rate"] == source["mtbf"] == source["changeover"] == "measured" and source["price"] == "declared"
+
+
+def test_a_new_job_that_states_its_step_time_gets_futures_before_it_has_run(state_repo: StateRepoFixture) -> None:
+    base = base_repo(state_repo, jobs=1)
+    state_repo.write("desired/fresh.yaml", manifest("fresh", step_seconds=0.5, deadline="2099-01-01T00:00:00Z"))
+    state_repo.write("desired/guess.yaml", manifest("guess"))
+    state_repo.commit("two new jobs, one with a step time")
+    got = json.loads(plan(state_repo, base, "--format", "json"))
+    by_job = {j["job"]: j["spread"] for j in got["jobs"]}
+    fresh = by_job["fresh"]
+    assert fresh["futures"] == 400 and fresh["p50_seconds"] <= fresh["p90_seconds"]
+    assert fresh["p50_seconds"] >= 100000 * 0.5, "at least the stated 0.5 s for each of the 100000 steps"
+    rate = next(i for i in fresh["inputs"] if i["input"] == "rate")
+    assert (rate["value"], rate["source"]) == (7200.0, "declared") and "step_seconds" in rate["from"]
+    assert by_job["guess"]["note"] == "a new run: unknown until measured" and "futures" not in by_job["guess"]

@@ -4,7 +4,8 @@ the job statuses and the provider ledger as git records them.
 
 Each input says where it comes from: measured (from this repository's attempts, or the provider's
 own word on its quota), borrowed (from other providers, the job's rate elsewhere, or a prior), or
-declared (a setting: a price, a session limit, a checkpoint interval). The futures follow the run
+declared (a setting: a price, a session limit, a checkpoint interval, the step time a manifest
+states; with that, a run not started yet has futures too). The futures follow the run
 on the provider it is on, or the first its placement would pick, and on the cheapest reliable
 provider allowed (the fallback) once a quota is spent or a deadline calls for it.
 """
@@ -67,11 +68,15 @@ def job_spread(job: Job, st: JobStatus | None, providers: Mapping[str, Provider]
     """The spread of the rest of `job`'s run as `st` records it (None: a run not started)."""
     out = JobSpread(job.name)
     target = job.spec.target_steps
-    if st is None or target is None:
-        out.note = "no target_steps: the work left is unknown" if target is None else "no run recorded yet"
+    stated = job.spec.step_seconds
+    if target is None:
+        out.note = "no target_steps: the work left is unknown"
         return out
-    tracks = _tracks(st, now)
-    if job_rate(tracks) is None:
+    if st is None and not stated:
+        out.note = "no run recorded yet"
+        return out
+    st = st if st is not None else JobStatus(job=job.name, run_id=job.run_id())  # a run not started yet
+    if job_rate(_tracks(st, now)) is None and not stated:
         out.note = "rate not measured yet: less than 15 min of attempt time with progress"
         return out
     order = place(job, dict(providers), now).order
@@ -127,7 +132,7 @@ def _lane(job: Job, st: JobStatus, name: str, providers: Mapping[str, Provider],
     settings = prov.spec.settings
     session = getattr(settings, "session_hours", None)
     session_s = session * 3600.0 - getattr(settings, "save_margin_seconds", 0.0) if session else None
-    rate, rate_src, rate_how = _rate(st, name, now)
+    rate, rate_src, rate_how = _rate(st, name, now, stated=job.spec.step_seconds)
     fails, fail_src, fail_how = _interruptions(statuses, name, now, bool(getattr(settings, "interruptible", False)),
                                                sessions=session_s is not None)
     wait, wait_src, wait_how = _wait(statuses, name, now)
@@ -135,7 +140,7 @@ def _lane(job: Job, st: JobStatus, name: str, providers: Mapping[str, Provider],
     ckpt, ckpt_src, ckpt_how = _checkpoint(job, st, rate)
     save, save_src, save_how = _save(st)
     if save > 0:
-        rate = _rate(st, name, now, saves=(ckpt, save))[0]
+        rate = _rate(st, name, now, saves=(ckpt, save), stated=job.spec.step_seconds)[0]
     quota, refill_in, refill, quota_src, quota_how = _quota(job, prov, ledger.get(name), now)
     price = prov.spec.price_per_hour
     said += [
@@ -155,12 +160,13 @@ def _lane(job: Job, st: JobStatus, name: str, providers: Mapping[str, Provider],
                 save_seconds=save)
 
 
-def _rate(st: JobStatus, name: str, now: float,
-          saves: tuple[float, float] | None = None) -> tuple[float, str, str]:
+def _rate(st: JobStatus, name: str, now: float, saves: tuple[float, float] | None = None,
+          stated: float | None = None) -> tuple[float, str, str]:
     """Steps per second of work there: the status's rate counts durable steps only, and the futures
     take the work an interruption loses off themselves, so the lost steps are counted back in.
     `saves`: (steps between checkpoints, seconds a save takes), where known: the rate then spreads
-    the saves' cost evenly (_whole_saves)."""
+    the saves' cost evenly (_whole_saves). Until the run's rate is measured, the manifest's
+    `stated` step_seconds."""
     tracks = _tracks(st, now)
     for a in st.attempts:
         if a.steps_lost > 0 and a.provider in tracks:
@@ -170,7 +176,9 @@ def _rate(st: JobStatus, name: str, now: float,
             if provider in tracks:
                 tracks[provider] = tracks[provider] + Track(seconds, 0)
     overall = job_rate(tracks)
-    assert overall is not None
+    if overall is None:
+        assert stated is not None
+        return 1.0 / stated, DECLARED, "step_seconds of the job (this run's rate is not measured yet)"
     own = tracks.get(name)
     rate = provider_rate(own, overall) or overall
     if own is not None and own.rate is not None:
