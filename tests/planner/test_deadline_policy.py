@@ -90,3 +90,13 @@ def test_a_run_ahead_on_demand_stops_to_wait_only_just_after_a_checkpoint() -> N
     assert choose(replace(ahead, unsaved_seconds=100.0)).leave
     late = choose(replace(ahead, unsaved_seconds=500.0))
     assert late.provider == "ondemand" and not late.leave
+
+
+def test_an_infeasible_verdict_names_the_rate_it_rests_on() -> None:
+    # 10 h of work, 2 h left: infeasible. The rates are borrowed on every provider (none has a record
+    # of its own): measured across providers, or stated in the manifest, as the situation says.
+    borrowed = tuple(replace(o, rate_measured=False) for o in options(spot_available=True))
+    late = replace(situation(18, 0), options=borrowed)
+    assert "at the measured rate" in choose(late).reason
+    stated = choose(replace(late, rate_stated=True))
+    assert stated.risk == "infeasible" and "at the manifest's step_seconds" in stated.reason

@@ -130,6 +130,7 @@ class Situation:
     lost_work_seconds: float | None = None  # the most an interruption has cost this run: lost work + relaunch
     checkpoint_seconds: float | None = None  # attempt seconds between checkpoints (declared or measured); None: unknown
     unsaved_seconds: float = 0.0  # the live attempt's work since its last checkpoint (lost if a stop's save is cut)
+    rate_stated: bool = False  # the options' rates are the manifest's step_seconds (nothing measured yet)
 
     @property
     def remaining_steps(self) -> int | None:
@@ -194,7 +195,7 @@ def infeasible(s: Situation, remaining: int) -> str:
     timed = [(o.hours_for(remaining, o.provider != s.current) or 0.0, o) for o in s.options if o.rate is not None]
     if timed and min(h for h, _ in timed) > left * INFEASIBLE_MARGIN:
         h, o = min(timed, key=lambda x: x[0])
-        basis = "the measured rate" if any(x.rate_measured for x in s.options) else "the manifest's step_seconds"
+        basis = "the manifest's step_seconds" if s.rate_stated else "the measured rate"
         return (f"infeasible: the rest needs at least {_h(h)} (on {o.provider}, at {basis}) and "
                 f"{_h(max(0.0, left))} are left before the deadline; move the deadline or allow faster providers")
     if s.budget_left is not None:

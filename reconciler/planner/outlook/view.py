@@ -99,7 +99,8 @@ def outlook(job: Job, st: JobStatus, durable_step: int, order: list[str], provid
         target_steps=job.spec.target_steps, window_start=first, current=cur.provider if cur else None,
         options=options, lost_work_seconds=_worst_loss(st, job_rate(tracks), job.spec.checkpoint_every),
         checkpoint_seconds=_checkpoint_seconds(st, job_rate(tracks), job.spec.checkpoint_every),
-        unsaved_seconds=_unsaved_seconds(durable_step, live_step if cur is not None else None, job_rate(tracks)))
+        unsaved_seconds=_unsaved_seconds(durable_step, live_step if cur is not None else None, job_rate(tracks)),
+        rate_stated=job_rate(tracks) is None and bool(job.spec.step_seconds))
     note = ""
     if job.spec.target_steps is None:
         note = "no target_steps: the work left is unknown, so there is no ETA"
