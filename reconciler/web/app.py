@@ -40,6 +40,7 @@ from reconciler.web import views
 from reconciler.web.data import PageData, Snapshot
 from status.models import Attempt, JobStatus, size_text
 from status.redact import Redactor
+from status.text import one_line
 
 HERE = Path(__file__).parent
 TOKEN_ENV = "RECONCILER_WEB_TOKEN"
@@ -182,13 +183,13 @@ def _stream_output(folder: RunFolder, item: Artifact, redactor: Redactor, name: 
             why, code = f"{exc}: restore it in run storage, or change the job's manifest so that it runs again", 502
         else:
             why, code = f"{item.path} cannot be read from run storage now ({exc}); try again later", 503
-        return PlainTextResponse(redactor.redact(why), status_code=code, headers=_HEADERS)
+        return PlainTextResponse(one_line(redactor.redact(why)), status_code=code, headers=_HEADERS)
     if leaks:
         shutil.rmtree(tmp, ignore_errors=True)
         why = (f"{item.path} holds the value of a secret (one that a job's or provider's `secrets:` names, or a "
                "credential in the environment of this page's server), so this page does not send it; "
                f"`reconciler artifacts pull {name} DEST` copies the outputs to a machine you trust")
-        return PlainTextResponse(redactor.redact(why), status_code=403, headers=_HEADERS)
+        return PlainTextResponse(one_line(redactor.redact(why)), status_code=403, headers=_HEADERS)
     return FileResponse(path, media_type="application/octet-stream", filename=PurePosixPath(item.path).name,
                         headers=_HEADERS, background=BackgroundTask(shutil.rmtree, tmp, ignore_errors=True))
 
