@@ -29,10 +29,25 @@ Training with PyTorch Lightning or Hugging Face's Trainer: one callback does all
 See docs/guides/worker-sdk.md for the contract (docs/design.md §3).
 """
 
+from typing import TYPE_CHECKING, Any
+
 from adapters.storage import CheckpointName, StorageError
-from reconciler.worker.data import Carry, ResumableLoader
+from reconciler.worker.carried import Carry
 from reconciler.worker.loop import EpochLoop
 from reconciler.worker.run import EXIT_INTERRUPTED, Run, RunConfigError, Superseded, open_run
+
+if TYPE_CHECKING:
+    from reconciler.worker.data import ResumableLoader
+
+
+def __getattr__(name: str) -> Any:
+    """`ResumableLoader` is a torch DataLoader's wrapper: importing it imports torch, so it is
+    imported when asked for, and a script that does not use torch never loads it (lazy_torch.py)."""
+    if name == "ResumableLoader":
+        from reconciler.worker.data import ResumableLoader
+
+        return ResumableLoader
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "EXIT_INTERRUPTED",

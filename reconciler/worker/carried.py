@@ -10,9 +10,10 @@ epoch's batches begin) and refuses, with one sentence, what a resume could not p
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
-import torch
+from reconciler.worker.lazy_torch import is_tensor, require
 
 IMMUTABLE = (type(None), bool, int, float, complex, str, bytes)
 HOLD_IT = "hold such values in a reconciler.worker.Carry (e.g. s = Carry(count=0), carry=lambda: s)"
@@ -39,12 +40,12 @@ class _Other:
 
 
 def _stateful(value: Any) -> bool:
-    return not isinstance(value, torch.Tensor) and callable(getattr(value, "load_state_dict", None))
+    return not is_tensor(value) and callable(getattr(value, "load_state_dict", None))
 
 
 def shape(value: Any) -> Any:
     """What the preamble built: the structure a resume rebuilds and loads the saved state into."""
-    if isinstance(value, torch.Tensor):
+    if is_tensor(value):
         return _Tensor(tuple(value.shape))
     if _stateful(value):
         return _Object(type(value))
@@ -66,7 +67,7 @@ def _where(path: str) -> str:
 
 
 def _describe(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
+    if is_tensor(value):
         return f"a tensor of shape {tuple(value.shape)}"
     if isinstance(value, tuple | list):
         return f"a {_name(value)} of {len(value)}"
@@ -89,7 +90,7 @@ def state(value: Any, built: Any, path: str = "") -> Any:
                         "takes tensors, objects with state_dict and load_state_dict, and tuples, lists and dicts "
                         f"of them; {HOLD_IT}")
     if isinstance(built, _Tensor):
-        if not isinstance(value, torch.Tensor) or tuple(value.shape) != built.shape:
+        if not is_tensor(value) or tuple(value.shape) != built.shape:
             raise _refused(path, f"a tensor of shape {built.shape}", value, f"keep its shape, or {HOLD_IT}")
         return value
     if isinstance(built, _Object):
@@ -116,11 +117,11 @@ def load_into(current: Any, saved: Any, what: str) -> None:
     objects with `load_state_dict` load it."""
     if _stateful(current):
         current.load_state_dict(saved)
-    elif isinstance(current, torch.Tensor) and isinstance(saved, torch.Tensor):
+    elif is_tensor(current) and is_tensor(saved):
         if current.shape != saved.shape:
             raise ValueError(f"{what} has shape {tuple(current.shape)} but the checkpoint's has "
                              f"{tuple(saved.shape)}: the epoch's preamble must build it as the saved run did")
-        with torch.no_grad():
+        with require().no_grad():
             current.copy_(saved)
     elif isinstance(current, tuple | list) and isinstance(saved, tuple | list) and len(current) == len(saved):
         for n, (c, s) in enumerate(zip(current, saved, strict=True)):
@@ -138,3 +139,18 @@ def load_into(current: Any, saved: Any, what: str) -> None:
 
 
 __all__ = ["load_into", "shape", "state"]
+
+
+class Carry(SimpleNamespace):
+    """Values a loop carries from step to step (a running mean, a counter, an RNN's hidden state):
+    `s = Carry(total=0.0, hidden=None)`, then `s.total`, `s.hidden = ...`; inside `run.epochs()`
+    hand it over as `run.batches(loader, carry=lambda: s)`. Saved as a dict, so tensors in it
+    (also in tuples, lists, dicts) are saved as tensors, detached from their graph, and restored
+    in place."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        vars(self).clear()
+        vars(self).update(state)

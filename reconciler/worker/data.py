@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -178,48 +177,4 @@ class ResumableLoader:
             self.dataset.load_state_dict(state["dataset"])
 
 
-class Carry(SimpleNamespace):
-    """Values a loop carries from step to step (a running mean, a counter, an RNN's hidden state):
-    `s = Carry(total=0.0, hidden=None)`, then `s.total`, `s.hidden = ...`; inside `run.epochs()`
-    hand it over as `run.batches(loader, carry=lambda: s)`. Saved as a dict, so tensors in it
-    (also in tuples, lists, dicts) are saved as tensors, detached from their graph, and restored
-    in place."""
-
-    def state_dict(self) -> dict[str, Any]:
-        return dict(vars(self))
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        vars(self).clear()
-        vars(self).update(state)
-
-
-class Position:
-    """The position in any sized, re-iterable sequence of batches that gives the same items each
-    pass (a range, a list, a tensor split): skipped by count at a resume."""
-
-    def __init__(self, batches: Any) -> None:
-        if isinstance(batches, DataLoader):
-            raise ValueError("a DataLoader draws from the global RNG each epoch and may shuffle, so it cannot be "
-                             "resumed at the same batch: build it with reconciler.worker.ResumableLoader(...)")
-        self.batches = batches
-        self.epoch = 0
-        self.index = 0
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def __iter__(self) -> Iterator[Any]:
-        for batch in itertools.islice(iter(self.batches), self.index, None):
-            self.index += 1
-            yield batch
-        self.epoch += 1
-        self.index = 0
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "index": self.index}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self.index = int(state["epoch"]), int(state["index"])
-
-
-__all__ = ["Carry", "Position", "ResumableLoader"]
+__all__ = ["ResumableLoader"]

@@ -24,8 +24,7 @@ import re
 from datetime import timedelta
 from typing import Any
 
-import torch
-
+from reconciler.worker import lazy_torch
 from reconciler.worker.terms import RunConfigError, env_int
 
 COORDINATION_TIMEOUT = timedelta(minutes=10)
@@ -49,12 +48,13 @@ class Group:
 
     def barrier(self) -> None:
         if self.distributed:
-            torch.distributed.barrier(group=self.pg)
+            lazy_torch.require().distributed.barrier(group=self.pg)
 
     def max(self, values: list[int]) -> list[int]:
         """Element-wise maximum of `values` over the ranks (the same list on every rank)."""
         if not self.distributed:
             return list(values)
+        torch = lazy_torch.require()
         t = torch.tensor(values, dtype=torch.int64)
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=self.pg)
         return [int(v) for v in t.tolist()]
@@ -64,7 +64,7 @@ class Group:
         if not self.distributed:
             return obj
         box = [obj if self.main else None]
-        torch.distributed.broadcast_object_list(box, src=0, group=self.pg)
+        lazy_torch.require().distributed.broadcast_object_list(box, src=0, group=self.pg)
         return box[0]
 
     def gather(self, obj: Any) -> list[Any] | None:
@@ -72,7 +72,7 @@ class Group:
         if not self.distributed:
             return [obj]
         out: list[Any] | None = [None] * self.world if self.main else None
-        torch.distributed.gather_object(obj, out, dst=0, group=self.pg)
+        lazy_torch.require().distributed.gather_object(obj, out, dst=0, group=self.pg)
         return out
 
     def all_gather(self, obj: Any) -> list[Any]:
@@ -80,7 +80,7 @@ class Group:
         if not self.distributed:
             return [obj]
         out: list[Any] = [None] * self.world
-        torch.distributed.all_gather_object(out, obj, group=self.pg)
+        lazy_torch.require().distributed.all_gather_object(out, obj, group=self.pg)
         return out
 
 
@@ -159,10 +159,15 @@ def env_world() -> tuple[int, int]:
 
 def from_env() -> Group:
     """This process's group: the script's own process group when it initialised one (with
-    `torch.multiprocessing.spawn`, say), else one initialised from the launcher's environment."""
+    `torch.multiprocessing.spawn`, say), else one initialised from the launcher's environment.
+    A single process whose script has not imported torch is rank 0 of 1 without importing it: no
+    process group can exist without torch."""
+    os.environ.update(slurm_env())  # under srun: torchrun's variables, for torch and for the script
+    if lazy_torch.loaded() is None and env_world()[1] == 1:
+        return Group()
+    import torch
     import torch.distributed as dist
 
-    os.environ.update(slurm_env())  # under srun: torchrun's variables, for torch and for the script
     if dist.is_available() and dist.is_initialized():
         if dist.get_world_size() == 1:
             return Group()
@@ -187,4 +192,4 @@ def from_env() -> Group:
 def own_group() -> Any:
     """A gloo group over all ranks for the SDK's small CPU collectives (a collective call: every
     rank makes it at the same point: open_run, the first sharded save)."""
-    return torch.distributed.new_group(backend="gloo", timeout=COORDINATION_TIMEOUT)
+    return lazy_torch.require().distributed.new_group(backend="gloo", timeout=COORDINATION_TIMEOUT)

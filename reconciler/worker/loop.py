@@ -28,16 +28,49 @@ it run again, with the rest of the work lost since that checkpoint.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Iterator, Sized
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from reconciler.worker import carried, snapshot
-from reconciler.worker.data import Position, ResumableLoader
+from reconciler.worker.lazy_torch import is_instance
+
+if TYPE_CHECKING:
+    from reconciler.worker.data import ResumableLoader
 
 log = logging.getLogger("reconciler.worker")
 
 LOOP_KEY = "__loop__"  # the name the loop's position is saved under
+
+
+class Position:
+    """The position in any sized, re-iterable sequence of batches that gives the same items each
+    pass (a range, a list, a tensor split): skipped by count at a resume."""
+
+    def __init__(self, batches: Any) -> None:
+        if is_instance(batches, "torch.utils.data", "DataLoader"):
+            raise ValueError("a DataLoader draws from the global RNG each epoch and may shuffle, so it cannot be "
+                             "resumed at the same batch: build it with reconciler.worker.ResumableLoader(...)")
+        self.batches = batches
+        self.epoch = 0
+        self.index = 0
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in itertools.islice(iter(self.batches), self.index, None):
+            self.index += 1
+            yield batch
+        self.epoch += 1
+        self.index = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "index": self.index}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.index = int(state["epoch"]), int(state["index"])
 
 
 class _Saved:
@@ -182,7 +215,8 @@ class EpochLoop:
             raise TypeError("carry= takes a function that returns the carried value, e.g. carry=lambda: hidden")
         if not isinstance(batches, Sized):
             raise TypeError(f"run.batches() needs batches with a length (len()), not {type(batches).__name__}")
-        position = batches if isinstance(batches, ResumableLoader) else Position(batches)
+        resumable = is_instance(batches, "reconciler.worker.data", "ResumableLoader")
+        position: Position | ResumableLoader = cast("ResumableLoader", batches) if resumable else Position(batches)
         try:
             n = len(position)
         except TypeError:

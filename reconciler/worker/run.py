@@ -25,8 +25,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import torch
-
 from adapters.storage import CheckpointName, CorruptCheckpoint, Fenced, RunFolder, StorageError
 from reconciler.checkpoint_policy import IntervalPolicy
 from reconciler.worker import dist, handover, loop, snapshot
@@ -104,7 +102,7 @@ class Run:
         self._io: Group | None = None  # the sharded writes' own group, made at the first sharded save
         self._upload_error: BaseException | None = None
         self._faults = StoreFaults()  # a full or read-only store is waited out, never a crash
-        self._buffers: dict[str, torch.Tensor] = {}
+        self._buffers: dict[str, snapshot.HostBuffer] = {}  # reused by each save
         self._last_saved_step: int | None = None
         self._last_save_time = clock()
         self._save_seconds: float | None = None

@@ -8,6 +8,10 @@ see staging.py); shards let digests and transfers run in parallel. Restoring rea
 straight into a buffer per large tensor (small ones share one) while another thread hashes what
 has arrived, and hands out tensors as views of those buffers: nothing is copied twice.
 The digest algorithm is adapters/digest.py's.
+
+torch is used only when the script has imported it (lazy_torch.py): the meta file is torch's
+serialization then (``torch.save``, a zip archive) and a plain pickle otherwise, and a reader
+tells them apart by the zip archive's first bytes.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import bisect
 import copy
 import io
 import os
+import pickle
 import random
 import sys
 import threading
@@ -23,13 +28,14 @@ import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from adapters import digest
 from adapters.storage import CheckpointName, CorruptCheckpoint, RunFolder, StorageError
-from reconciler.worker import staging
+from reconciler.worker import lazy_torch, staging
+
+if TYPE_CHECKING:
+    import torch
 
 FORMAT = 1
 ALIGN = 64
@@ -37,6 +43,7 @@ META = "meta.pkl"
 DEFAULT_SHARD_BYTES = 16 << 20  # small enough to verify in parallel on few cores
 RNG_KEY = "__rng__"
 RNG_RANKS_KEY = "__rng_ranks__"  # under torchrun: every rank's RNG states, in rank order
+ZIP_MAGIC = b"PK\x03\x04"  # how torch.save's archive begins (a plain pickle begins with b"\x80")
 
 
 def shard_bytes() -> int:
@@ -54,12 +61,12 @@ class TensorRef:
 
 
 def _packable(t: torch.Tensor) -> bool:
-    return t.layout == torch.strided and not t.is_quantized and not t.is_nested
+    return t.layout == lazy_torch.require().strided and not t.is_quantized and not t.is_nested
 
 
 def _strip(value: Any, tensors: list[torch.Tensor]) -> Any:
     """Copy the structure of `value`, replacing packable tensors by their index in `tensors`."""
-    if isinstance(value, torch.Tensor):
+    if lazy_torch.is_tensor(value):
         if _packable(value):
             tensors.append(value.detach())
             return _Slot(len(tensors) - 1)
@@ -99,18 +106,24 @@ def _resolve(value: Any, refs: list[TensorRef]) -> Any:
 def state_of(obj: Any) -> Any:
     """What gets saved for one object: its state_dict() when it has one, else the object itself."""
     sd = getattr(obj, "state_dict", None)
-    if callable(sd) and not isinstance(obj, torch.Tensor):
+    if callable(sd) and not lazy_torch.is_tensor(obj):
         return sd()
     return obj
 
 
 def rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    """The generators' states: Python's always; NumPy's and torch's (CUDA's too) when the script
+    has imported them (one imported later starts from the same state in a resumed run as in an
+    uninterrupted one, so there is nothing to carry for it)."""
+    state: dict[str, Any] = {"python": random.getstate()}
     np = sys.modules.get("numpy")
     if np is not None:
         state["numpy"] = np.random.get_state()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    torch = lazy_torch.loaded()
+    if torch is not None:
+        state["torch"] = torch.get_rng_state()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
@@ -119,13 +132,31 @@ def set_rng_state(state: dict[str, Any]) -> None:
     they may be views into a shared buffer, and torch.set_rng_state reads a tensor that does not
     begin its storage wrongly ("Invalid mt19937 state", or a SIGSEGV; torch 2.13)."""
     random.setstate(state["python"])
-    torch.set_rng_state(state["torch"].clone())
     if "numpy" in state:
         import numpy as np
 
         np.random.set_state(state["numpy"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.clone() for s in state["cuda"]])
+    if "torch" in state:
+        torch = lazy_torch.require()
+        torch.set_rng_state(state["torch"].clone())
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([s.clone() for s in state["cuda"]])
+
+
+HostBuffer = Any  # a flat uint8 torch.Tensor, or a bytearray where there is no tensor and no torch
+
+
+def host_buffer(nbytes: int) -> HostBuffer:
+    torch = lazy_torch.loaded()
+    return bytearray(nbytes) if torch is None else torch.empty(nbytes, dtype=torch.uint8)
+
+
+def _size(buf: HostBuffer) -> int:
+    return len(buf) if isinstance(buf, bytearray) else int(buf.numel())
+
+
+def _bytes(buf: HostBuffer) -> memoryview:
+    return memoryview(buf) if isinstance(buf, bytearray) else memoryview(buf.numpy()).cast("B")
 
 
 @dataclass
@@ -134,7 +165,7 @@ class Snapshot:
 
     step: int
     meta: dict[str, Any]
-    sections: dict[str, torch.Tensor]  # object name -> flat uint8 buffer
+    sections: dict[str, HostBuffer]  # object name -> its flat bytes
     ready: list[Any] = field(default_factory=list)  # events of copies still in flight (CUDA)
 
 
@@ -193,7 +224,7 @@ _stagers = staging.Stagers()
 
 
 def capture(
-    step: int, objects: dict[str, Any], reuse: dict[str, torch.Tensor], stagers: staging.Stagers | None = None
+    step: int, objects: dict[str, Any], reuse: dict[str, HostBuffer], stagers: staging.Stagers | None = None
 ) -> Snapshot:
     """Copy every object's state into host buffers (reusing `reuse` where the sizes match).
 
@@ -204,7 +235,7 @@ def capture(
     """
     stagers = _stagers if stagers is None else stagers
     skeleton: dict[str, Any] = {}
-    sections: dict[str, torch.Tensor] = {}
+    sections: dict[str, HostBuffer] = {}
     begun: dict[int, staging.Stager] = {}
     jobs: list[tuple[torch.Tensor, torch.Tensor]] = []
     for name, obj in objects.items():
@@ -219,8 +250,8 @@ def capture(
         staged = [stagers.for_tensor(t) for t in tensors]
         pinner = next((s for s in staged if s is not None), None)
         buf = reuse.get(name)
-        if buf is None or buf.numel() != offset or (pinner is not None and not pinner.usable(buf)):
-            buf = pinner.alloc(offset) if pinner is not None else torch.empty(offset, dtype=torch.uint8)
+        if buf is None or _size(buf) != offset or (pinner is not None and not pinner.usable(buf)):
+            buf = pinner.alloc(offset) if pinner is not None else host_buffer(offset)
             _zero_padding(buf, refs)
         for t, ref, stager in zip(tensors, refs, staged, strict=True):
             if not ref.nbytes:
@@ -240,7 +271,7 @@ def capture(
         skeleton[name] = _resolve(tree, refs)
         sections[name] = buf
     if jobs:
-        with torch.no_grad():
+        with lazy_torch.require().no_grad():
             list(io_pool().map(lambda job: job[0].copy_(job[1]), jobs))
     ready = [stager.finish() for stager in begun.values()]
     # No clock in the payload: the same state saved twice gives the same bytes (the commit record
@@ -249,7 +280,7 @@ def capture(
     return Snapshot(step, meta, sections, ready)
 
 
-def _zero_padding(buf: torch.Tensor, refs: list[TensorRef]) -> None:
+def _zero_padding(buf: HostBuffer, refs: list[TensorRef]) -> None:
     """Zero the alignment slack after each tensor of a new buffer: it is written out with the
     tensors, and uninitialised memory there would make files differ for the same state (and
     could carry stale bytes of this process into storage). Reused buffers keep their zeros."""
@@ -259,8 +290,8 @@ def _zero_padding(buf: torch.Tensor, refs: list[TensorRef]) -> None:
             buf[ref.offset + ref.nbytes : end].zero_()
 
 
-def _shards(name: str, buf: torch.Tensor) -> list[tuple[str, memoryview]]:
-    view = memoryview(buf.numpy()).cast("B")  # type: ignore[arg-type]
+def _shards(name: str, buf: HostBuffer) -> list[tuple[str, memoryview]]:
+    view = _bytes(buf)
     size = shard_bytes()
     if len(view) == 0:
         return [(f"{name}.0000.bin", view)]
@@ -274,9 +305,7 @@ def write(
     staging.wait_all(snap.ready)  # the host bytes are complete only once the staged copies landed
     ckpt = CheckpointName(snap.step, epoch)
     base = f"checkpoints/{ckpt.dirname}"
-    meta_blob = io.BytesIO()
-    torch.save(snap.meta, meta_blob)
-    files: list[tuple[str, memoryview]] = [(META, memoryview(meta_blob.getvalue()))]
+    files: list[tuple[str, memoryview]] = [(META, memoryview(_dump_meta(snap.meta)))]
     for name, buf in snap.sections.items():
         files.extend(_shards(name, buf))
 
@@ -297,10 +326,19 @@ def write(
         "parent": parent,
         "time": time.time(),
         "files": dict(pool.map(put, files)),
-        "sections": {name: int(buf.numel()) for name, buf in snap.sections.items()},
+        "sections": {name: _size(buf) for name, buf in snap.sections.items()},
     }
     folder.commit_checkpoint(epoch, ckpt, record)
     return ckpt
+
+
+def _dump_meta(meta: dict[str, Any]) -> bytes:
+    torch = lazy_torch.loaded()
+    if torch is None:
+        return pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
+    blob = io.BytesIO()
+    torch.save(meta, blob)
+    return blob.getvalue()
 
 
 LARGE_BYTES = 1 << 20  # restore gives each tensor from this size up a buffer of its own
@@ -360,8 +398,14 @@ class _Section:
         self.total = total
         self.spans, sizes = _layout(tree, total)
         self.starts = [span.start for span in self.spans]
-        self.buffers = [torch.empty(n, dtype=torch.uint8) for n in sizes]
-        self._mem = [memoryview(b.numpy()).cast("B") for b in self.buffers]  # type: ignore[arg-type]
+        refs: list[TensorRef] = []
+        _collect_refs(tree, refs)
+        if refs:  # tensors are views of these buffers
+            torch = lazy_torch.require()
+            self.buffers: list[HostBuffer] = [torch.empty(n, dtype=torch.uint8) for n in sizes]
+        else:
+            self.buffers = [bytearray(n) for n in sizes]
+        self._mem = [_bytes(b) for b in self.buffers]
 
     def _span_at(self, offset: int) -> int:
         return max(0, bisect.bisect_right(self.starts, offset) - 1)
@@ -387,6 +431,7 @@ class _Section:
 
 def _materialize(value: Any, section: _Section | None) -> Any:
     if isinstance(value, TensorRef):
+        torch = lazy_torch.require()
         dtype = getattr(torch, value.dtype.removeprefix("torch."))
         if value.nbytes == 0:
             return torch.empty(value.shape, dtype=dtype)
@@ -410,7 +455,9 @@ def _load_meta(folder: RunFolder, ckpt: CheckpointName, files: dict[str, dict[st
     meta_buf = bytearray(int(files[META]["size"]))
     folder.read_verified(ckpt, META, files[META], memoryview(meta_buf))
     try:  # our own verified file; it may hold any picklable user state, hence weights_only=False
-        return dict(torch.load(io.BytesIO(bytes(meta_buf)), weights_only=False))
+        if not meta_buf.startswith(ZIP_MAGIC):
+            return dict(pickle.loads(meta_buf))
+        return dict(lazy_torch.require().load(io.BytesIO(bytes(meta_buf)), weights_only=False))
     except Exception as exc:
         raise StorageError(
             f"cannot load {folder.url(f'checkpoints/{ckpt.dirname}/{META}')}: {exc}: it was written by "
@@ -458,8 +505,8 @@ def apply(name: str, obj: Any, state: Any) -> None:
     load = getattr(obj, "load_state_dict", None)
     if callable(load):
         load(state)
-    elif isinstance(obj, torch.Tensor):
-        with torch.no_grad():
+    elif lazy_torch.is_tensor(obj):
+        with lazy_torch.require().no_grad():
             obj.copy_(state)
     elif isinstance(obj, dict):
         obj.clear()
@@ -482,7 +529,8 @@ def restorable(name: str, obj: Any) -> None:
     """Refuse up front an object that restore could not update in place (an int, a str...)."""
     ok = (
         callable(getattr(obj, "load_state_dict", None))
-        or isinstance(obj, torch.Tensor | dict | list | set | bytearray)
+        or lazy_torch.is_tensor(obj)
+        or isinstance(obj, dict | list | set | bytearray)
         or (hasattr(obj, "__dict__") and not isinstance(obj, type))
     )
     if not ok:

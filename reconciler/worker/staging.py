@@ -18,15 +18,18 @@ another with the same methods), one `Stager` per device.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # a stager exists only for a tensor, so torch is imported by then
+    import torch
 
 
 class Stager:
     """Stages the tensors of one device for one save after another (its side stream is kept)."""
 
     def __init__(self, device: torch.device, cuda: Any = None) -> None:
+        import torch
+
         self.device = device
         self.cuda = torch.cuda if cuda is None else cuda
         self._stream: Any = None
@@ -34,6 +37,8 @@ class Stager:
 
     def alloc(self, nbytes: int) -> torch.Tensor:
         """A pinned host buffer (page-locked, so that copies into it are asynchronous)."""
+        import torch
+
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
 
     def usable(self, buf: torch.Tensor) -> bool:

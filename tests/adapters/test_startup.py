@@ -24,4 +24,4 @@ def test_the_startup_bench_ends_with_its_figures() -> None:
     assert res.returncode == 0, res.stderr
     last = res.stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"supervisor_cpu_s=[\d.]+ local_adapter_cpu_s=[\d.]+ cli_cpu_s=[\d.]+ sdk_cpu_s=[\d.]+ "
-                        r"bare_cpu_s=[\d.]+", last), last
+                        r"sdk_with_torch_cpu_s=[\d.]+ bare_cpu_s=[\d.]+", last), last

@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, TensorDataset
 
 from reconciler.worker import Carry, ResumableLoader, open_run
-from reconciler.worker.data import Position
+from reconciler.worker.loop import Position
 from tests.worker.harness import References, Store, assert_same, free_port, join_ranks, load, spawn
 from tests.worker.workloads.data_train import rank_child
 
