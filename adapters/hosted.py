@@ -48,6 +48,7 @@ SDK_FILES = (
     "reconciler/worker/terms.py",
     "reconciler/worker/snapshot.py",
     "reconciler/worker/staging.py",
+    "reconciler/worker/lazy_torch.py",
     "reconciler/worker/data.py",
     "reconciler/worker/loop.py",
     "reconciler/worker/carried.py",
