@@ -171,6 +171,12 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
                 "LogLevel ERROR",
                 "MaxStartups 100",
                 "MaxSessions 100",
+                # bash sources ~/.bashrc for a command sshd starts unless it is a nested shell
+                # (SHLVL >= 2 once bash has counted itself: bash's shell.c, run_startup_files).
+                # This machine's root .bashrc runs `pyenv init` (about 30 processes, 0.9 s), which
+                # would be paid by every session of every SSH and git-over-SSH test; the adapter
+                # names the worker's python by path and needs nothing from it.
+                "SetEnv SHLVL=1",
                 "",
             ]
         )
