@@ -250,7 +250,8 @@ def capture(
         staged = [stagers.for_tensor(t) for t in tensors]
         pinner = next((s for s in staged if s is not None), None)
         buf = reuse.get(name)
-        if buf is None or _size(buf) != offset or (pinner is not None and not pinner.usable(buf)):
+        if buf is None or _size(buf) != offset or (
+                pinner is not None and (isinstance(buf, bytearray) or not pinner.usable(buf))):
             buf = pinner.alloc(offset) if pinner is not None else host_buffer(offset)
             _zero_padding(buf, refs)
         for t, ref, stager in zip(tensors, refs, staged, strict=True):

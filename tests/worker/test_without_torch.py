@@ -93,3 +93,23 @@ def test_a_checkpoint_with_torchs_state_names_the_missing_package_where_torch_ca
     assert "import of torch halted" in proc.stderr or "No module named 'torch'" in proc.stderr, proc.stderr
     assert "install the same packages as the job that saved it" in proc.stderr
 
+
+
+def test_a_buffer_kept_from_a_save_without_torch_is_not_reused_for_a_device_tensor() -> None:
+    """Saves before torch was imported keep bytearrays; a device tensor needs a pinned buffer, so a
+    bytearray of the right size (an empty tensor's: 0 bytes) is replaced, never asked if it is pinned."""
+    import torch
+
+    from reconciler.worker import snapshot, staging
+
+    class PlainPinned(staging.Stager):  # the real `usable`; a plain allocation, as no CUDA is here
+        def alloc(self, nbytes: int) -> torch.Tensor:
+            return torch.empty(nbytes, dtype=torch.uint8)
+
+    class EveryTensorStaged(staging.Stagers):
+        def for_tensor(self, t: torch.Tensor) -> staging.Stager:
+            return PlainPinned(torch.device("cpu"), cuda=object())
+
+    kept = {"x": bytearray(0)}
+    snap = snapshot.capture(1, {"x": {"t": torch.empty(0)}}, kept, EveryTensorStaged())
+    assert isinstance(snap.sections["x"], torch.Tensor)
