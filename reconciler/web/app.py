@@ -129,7 +129,7 @@ def create_app(repo: str | Path, *, token: str | None = None, refresh_seconds: i
         name = request.path_params["name"]
         snap = data.snapshot()
         if name not in snap.names:
-            return PlainTextResponse(f"no job named {name}", status_code=404, headers=_HEADERS)
+            return PlainTextResponse(one_line(f"no job named {name}"), status_code=404, headers=_HEADERS)
         return render(snap, "job.html", **_job_context(data, snap, name, commit_url))
 
     def output_file(request: Request) -> Response:
@@ -141,8 +141,8 @@ def create_app(repo: str | Path, *, token: str | None = None, refresh_seconds: i
             why = f"the outputs of {name} cannot be read from run storage now ({exc}); try again later"
             return PlainTextResponse(snap.redactor.redact(why), status_code=503, headers=_HEADERS)
         if found is None:
-            return PlainTextResponse(f"{name} has no completed run with an output {path}; its page lists the "
-                                     "outputs there are", status_code=404, headers=_HEADERS)
+            return PlainTextResponse(one_line(f"{name} has no completed run with an output {path}; its page lists "
+                                              "the outputs there are"), status_code=404, headers=_HEADERS)
         return _stream_output(*found, snap.redactor, name)
 
     routes = [

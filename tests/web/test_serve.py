@@ -132,6 +132,10 @@ def test_a_job_not_reconciled_yet_has_a_page_and_an_unknown_one_is_404(server) -
     assert "No attempt yet." in res.text and "not reconciled yet" in res.text
     missing = httpx.get(server.url + "/job/nope")
     assert missing.status_code == 404 and missing.text == "no job named nope"
+    # the name comes from the URL: a terminal escape or a newline in it comes back as a visible escape
+    hostile = httpx.get(server.url + "/job/nope%1b%5b2J%0aforged")
+    assert hostile.status_code == 404 and "\x1b" not in hostile.text and "\n" not in hostile.text
+    assert hostile.text.startswith("no job named nope") and "forged" in hostile.text
 
 
 def test_the_page_loads_nothing_from_elsewhere(server) -> None:
