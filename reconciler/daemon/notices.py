@@ -21,7 +21,7 @@ Events:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from desired.models import Notifications, NotifyTarget
 from status.models import JobStatus, Outcome, Phase
@@ -42,6 +42,7 @@ class Event:
     how: str = ""  # its own level, where the kind alone does not say (a drill that passed, or did not)
     sweep: str = ""  # the sweep whose members these jobs are, for an event rolled up from theirs
     parts: tuple[Event, ...] = ()  # a rolled-up event's member events, to narrow it to a target's jobs
+    member_of: str = ""  # the sweep whose member `job` is, for an event of one member (not rolled up)
 
     @property
     def title(self) -> str:
@@ -108,7 +109,7 @@ def by_sweep(found: list[Event], after: Mapping[str, JobStatus]) -> list[Event]:
         st = after.get(e.job)
         group = groups.get((st.sweep, e.kind), []) if st is not None and st.sweep and not e.jobs else []
         if len(group) < 2:
-            out.append(e)
+            out.append(replace(e, member_of=st.sweep or "") if st is not None and not e.jobs else e)
         elif e is group[0]:
             out.append(_rolled_up(after[e.job].sweep or "", group))
     return out
@@ -170,17 +171,18 @@ def job_events(old: JobStatus | None, new: JobStatus, budget: float | None, rule
 
 
 def wants(target: NotifyTarget, event: Event) -> bool:
-    jobs = event.jobs or (event.job,)
-    return event.kind in target.events and (not target.jobs or any(j in target.jobs for j in jobs))
+    """Whether `target` asked for `event`: its kind, and one of its jobs, or its sweep, by name."""
+    names = {*(event.jobs or (event.job,)), event.sweep, event.member_of} - {""}
+    return event.kind in target.events and (not target.jobs or any(n in target.jobs for n in names))
 
 
 def for_target(target: NotifyTarget, event: Event) -> Event | None:
     """The event as `target` hears it, or None when it did not ask for it. A sweep's roll-up goes
     to a target with `jobs:` narrowed to its members there: a target for one member hears of that
-    member alone, and never of members it did not name."""
+    member alone, and never of members it did not name; one that names the sweep hears all of it."""
     if not wants(target, event):
         return None
-    if not event.parts or not target.jobs:
+    if not event.parts or not target.jobs or event.sweep in target.jobs:
         return event
     chosen = [e for e in event.parts if e.job in target.jobs]
     return chosen[0] if len(chosen) == 1 else _rolled_up(event.sweep, chosen)

@@ -155,6 +155,16 @@ def test_members_of_one_sweep_that_end_alike_in_a_tick_are_one_event_naming_them
     assert [m.title for m in messages(found, every)][1] == rolled.title
 
 
+def test_a_target_that_names_a_sweep_hears_of_its_members_rolled_up_or_alone() -> None:
+    names = [f"lr-{i}" for i in range(3)]
+    before = {n: member(n, "lr") for n in names} | {"other": member("other", None)}
+    after = {n: member(n, "lr", Phase.SUCCEEDED) for n in names[:2]} | {
+        "lr-2": member("lr-2", "lr", Phase.FAILED), "other": member("other", None, Phase.SUCCEEDED)}
+    sweep = Notifications(targets=[NotifyTarget(url_env="HOOK", jobs=["lr"])])
+    assert [m.title for m in messages(events(before, after, {}, RULES), sweep)] == [
+        "reconciler: sweep lr: 2 members succeeded", "reconciler: lr-2 failed"]
+
+
 def test_a_sweep_member_alone_in_its_kind_this_tick_is_its_own_event() -> None:
     before = {"lr-0": member("lr-0", "lr"), "lr-1": member("lr-1", "lr")}
     after = {"lr-0": member("lr-0", "lr", Phase.SUCCEEDED),
