@@ -5,7 +5,7 @@ CPU-seconds of `python -c "import MODULE"` in a fresh process, as a ratio to a b
 measured in the same run (this machine is noisy; the ratio is what to compare between runs).
 
     python bench/startup.py            # 10 processes each
-    python bench/startup.py --quick    # 3 each: a smoke run (tests/)
+    python bench/startup.py --quick    # 1 each: a smoke run (tests/)
 
 The last line: supervisor_cpu_s=A local_adapter_cpu_s=B cli_cpu_s=C sdk_cpu_s=D sdk_with_torch_cpu_s=E
 bare_cpu_s=F
@@ -39,8 +39,8 @@ def cpu_of(code: str, n: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="3 processes each instead of 10")
-    n = 3 if parser.parse_args().quick else 10
+    parser.add_argument("--quick", action="store_true", help="1 process each instead of 10")
+    n = 1 if parser.parse_args().quick else 10
     bare = cpu_of("pass", n)
     figures = {name: cpu_of(f"import {module}", n) for name, module in MODULES.items()}
     print("| process | CPU-s | × bare python |")
