@@ -62,10 +62,12 @@ def test_a_run_where_torch_cannot_be_imported_resumes_after_sigkills_bit_identic
     assert folder.done() is not None
 
 
-def test_checkpoints_with_and_without_torch_resume_each_other(store: Store, tmp_path: Path) -> None:
+def test_checkpoints_with_and_without_torch_resume_each_other(tmp_path: Path) -> None:
     """A checkpoint written where torch was not imported (its meta a plain pickle) is resumed by a
     script that imports torch, and one written with torch imported (torch's archive) by a script
-    that does not: the SDK imports torch then, to read it and put torch's generator back."""
+    that does not: the SDK imports torch then, to read it and put torch's generator back. (The
+    meta file's form does not depend on the store: local disk only.)"""
+    store = Store("file", str(tmp_path / "runs"))
     reference = tmp_path / "reference.pkl"
     assert _attempt(store, store.folder(), {"out": str(reference)}) == 0
     assert _finished(reference)["torch_imported"] is False
@@ -81,8 +83,9 @@ def test_checkpoints_with_and_without_torch_resume_each_other(store: Store, tmp_
 
 
 def test_a_checkpoint_with_torchs_state_names_the_missing_package_where_torch_cannot_be_imported(
-    store: Store, tmp_path: Path
+    tmp_path: Path
 ) -> None:
+    store = Store("file", str(tmp_path / "runs"))
     folder = store.folder()
     assert _attempt(store, folder, {"with_torch": True, "die_at": 6}) == -9
     env = {**os.environ, **store.env(folder, folder.bump_lease(), RECONCILER_CHECKPOINT_EVERY=EVERY)}
