@@ -21,8 +21,8 @@ def loaded() -> ModuleType | None:
 
 
 def is_tensor(value: Any) -> bool:
-    torch = loaded()
-    return torch is not None and isinstance(value, torch.Tensor)
+    tensor = getattr(loaded(), "Tensor", None)  # None too while another thread is still importing torch
+    return tensor is not None and isinstance(value, tensor)
 
 
 def is_instance(value: Any, module: str, name: str) -> bool:
