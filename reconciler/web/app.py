@@ -139,7 +139,7 @@ def create_app(repo: str | Path, *, token: str | None = None, refresh_seconds: i
             found = data.output(snap, name, path) if name in snap.names else None
         except (StorageError, OSError, ValueError) as exc:
             why = f"the outputs of {name} cannot be read from run storage now ({exc}); try again later"
-            return PlainTextResponse(snap.redactor.redact(why), status_code=503, headers=_HEADERS)
+            return PlainTextResponse(one_line(snap.redactor.redact(why)), status_code=503, headers=_HEADERS)
         if found is None:
             return PlainTextResponse(one_line(f"{name} has no completed run with an output {path}; its page lists "
                                               "the outputs there are"), status_code=404, headers=_HEADERS)
@@ -159,7 +159,7 @@ def create_app(repo: str | Path, *, token: str | None = None, refresh_seconds: i
 
 async def _unreadable(request: Request, exc: Exception) -> Response:
     """The repository cannot be read now (no commit yet, a damaged clone): its sentence, not a traceback."""
-    return PlainTextResponse(str(exc), status_code=503, headers=_HEADERS)
+    return PlainTextResponse(one_line(str(exc)), status_code=503, headers=_HEADERS)
 
 
 # Read-only pages: nothing may frame them, and the page loads nothing from elsewhere.

@@ -1,7 +1,7 @@
 """torch as the training script has it: the SDK never imports torch of its own accord.
 
 A script that does not use torch (NumPy, scikit-learn or JAX training, an evaluation that reads
-files) does not pay torch's import (about 1.7 CPU-seconds, `bench/startup.py`) nor need it
+files) does not pay torch's import (about 1.8 CPU-seconds, `bench/startup.py`) nor need it
 installed. This is safe because a tensor cannot exist before torch is imported: while
 `loaded()` is None there is no tensor to save and no torch generator whose state a resume must
 carry (torch seeds its generator the same way whenever it is imported, so a script that imports
