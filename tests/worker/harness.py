@@ -67,6 +67,14 @@ class Store:
         return env
 
 
+
+def child_env(store: Store, folder: RunFolder, epoch: int, every: int) -> dict[str, str]:
+    """The environment of a worker started as a fresh process (not a fork of the fork server):
+    this one's, the run's variables, and the worktree on PYTHONPATH."""
+    root = str(Path(__file__).resolve().parents[2])
+    pythonpath = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, **store.env(folder, epoch, RECONCILER_CHECKPOINT_EVERY=every), "PYTHONPATH": pythonpath}
+
 class IgnoringStore(BaseStore):
     """Another store with its conditions dropped: creation and swaps simply write (as some
     S3-compatible stores do with If-None-Match/If-Match). Fencing must refuse it."""

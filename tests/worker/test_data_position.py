@@ -25,7 +25,16 @@ from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Te
 
 from reconciler.worker import Carry, ResumableLoader, open_run
 from reconciler.worker.loop import Position
-from tests.worker.harness import References, Store, assert_same, free_port, join_ranks, load, spawn
+from tests.worker.harness import (
+    References,
+    Store,
+    assert_same,
+    child_env,
+    free_port,
+    join_ranks,
+    load,
+    spawn,
+)
 from tests.worker.workloads.data_train import rank_child
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -230,11 +239,6 @@ def test_progress_past_the_target_is_warned(tmp_path: Path, caplog: pytest.LogCa
 
 
 # ---- real processes, SIGKILLed ---------------------------------------------------------------------------
-def child_env(store: Store, folder: Any, epoch: int, every: int) -> dict[str, str]:
-    pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, **store.env(folder, epoch, RECONCILER_CHECKPOINT_EVERY=every), "PYTHONPATH": pythonpath}
-
-
 def start_child(module: str, env: dict[str, str], cfg: dict[str, Any]) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", module, json.dumps(cfg)], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -4,7 +4,6 @@ without loading it, and needs no torch installed (reconciler/worker/lazy_torch.p
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.storage import RunFolder
-from tests.worker.harness import Store
+from tests.worker.harness import Store, child_env
 
 ROOT = Path(__file__).parents[2]
 PLAIN = str(Path(__file__).parent / "workloads" / "plain_train.py")
@@ -21,8 +20,7 @@ EVERY = 3
 
 
 def _attempt(store: Store, folder: RunFolder, cfg: dict[str, Any]) -> int:
-    env = {**os.environ, **store.env(folder, folder.bump_lease(), RECONCILER_CHECKPOINT_EVERY=EVERY)}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env = child_env(store, folder, folder.bump_lease(), EVERY)
     proc = subprocess.run([sys.executable, PLAIN, json.dumps({"steps": STEPS, "seed": 7, **cfg})], env=env,
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode in (0, -9), proc.stderr
@@ -88,8 +86,7 @@ def test_a_checkpoint_with_torchs_state_names_the_missing_package_where_torch_ca
     store = Store("file", str(tmp_path / "runs"))
     folder = store.folder()
     assert _attempt(store, folder, {"with_torch": True, "die_at": 6}) == -9
-    env = {**os.environ, **store.env(folder, folder.bump_lease(), RECONCILER_CHECKPOINT_EVERY=EVERY)}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env = child_env(store, folder, folder.bump_lease(), EVERY)
     proc = subprocess.run([sys.executable, PLAIN, json.dumps({"steps": STEPS, "seed": 7, "no_torch": True})],
                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
