@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +37,7 @@ from tests.worker.harness import (
     spawn,
 )
 from tests.worker.workloads.data_train import rank_child
+from tests.worker.zygote import Child, zygote
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 37  # not a multiple of the batch size: the last batch is short
@@ -239,20 +241,24 @@ def test_progress_past_the_target_is_warned(tmp_path: Path, caplog: pytest.LogCa
 
 
 # ---- real processes, SIGKILLed ---------------------------------------------------------------------------
-def start_child(module: str, env: dict[str, str], cfg: dict[str, Any]) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", module, json.dumps(cfg)], env=env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def start_child(module: str, env: dict[str, str], cfg: dict[str, Any]) -> Child:
+    """`python -m module cfg`, forked from a server that has imported torch (tests/worker/zygote.py)."""
+    log = Path(tempfile.mkstemp(prefix="data-position-", suffix=".log")[1])
+    return zygote("torch", "torch.utils.data", "numpy").start(module, [json.dumps(cfg)], env, log)
 
 
-def wait_child(proc: subprocess.Popen[str], module: str, timeout: float = 240) -> int:
+def wait_child(proc: Child, module: str, timeout: float = 240) -> int:
     try:
-        _, stderr = proc.communicate(timeout=timeout)
+        code = proc.wait(timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         raise
-    if proc.returncode not in (0, -9):
-        raise AssertionError(f"{module} exited {proc.returncode}:\n{stderr[-3000:]}")
-    return proc.returncode
+    assert proc.log is not None
+    output = proc.log.read_text(errors="replace")
+    proc.log.unlink()
+    if code not in (0, -9):
+        raise AssertionError(f"{module} exited {code}:\n{output[-3000:]}")
+    return code
 
 
 def run_child(module: str, env: dict[str, str], cfg: dict[str, Any], timeout: float = 240) -> int:

@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -25,6 +24,7 @@ from adapters.storage import RunFolder
 from reconciler.worker import Run, open_run
 from reconciler.worker.integrations import files
 from tests.worker.harness import References, Store, assert_same, load
+from tests.worker.zygote import Child, zygote
 
 ROOT = Path(__file__).resolve().parents[2]
 # package, workload, steps, checkpoint every. Lightning's job has 8 batches an epoch: its
@@ -45,15 +45,18 @@ def need(package: str) -> None:
         pytest.skip(f"{package} is not installed")
 
 
-def launch(module: str, env: dict[str, str], cfg: dict[str, Any], out: Path) -> subprocess.Popen[bytes]:
-    """One training attempt, a real process running the worktree's code."""
+# Lightning and transformers are imported once, by the server every attempt is forked from.
+PRELOAD = ("torch", "lightning.pytorch", "torchdata.stateful_dataloader", "transformers.trainer",
+           "transformers.models.gpt2.modeling_gpt2")
+
+
+def launch(module: str, env: dict[str, str], cfg: dict[str, Any], out: Path) -> Child:
+    """One training attempt: a real process of its own, running the worktree's code."""
     full = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
-    with open(out, "ab") as log:
-        return subprocess.Popen([sys.executable, "-m", module, json.dumps(cfg)], env=full, cwd=ROOT,
-                                stdout=log, stderr=subprocess.STDOUT)
+    return zygote(*PRELOAD).start(module, [json.dumps(cfg)], full, out)
 
 
-def finish(proc: subprocess.Popen[bytes], timeout: float = 300) -> int:
+def finish(proc: Child, timeout: float = 300) -> int:
     try:
         return proc.wait(timeout)
     except subprocess.TimeoutExpired:
@@ -62,7 +65,7 @@ def finish(proc: subprocess.Popen[bytes], timeout: float = 300) -> int:
         raise AssertionError(f"training attempt did not finish within {timeout}s") from None
 
 
-def wait_for(predicate: Any, proc: subprocess.Popen[bytes], what: str, timeout: float = 300) -> None:
+def wait_for(predicate: Any, proc: Child, what: str, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if proc.poll() is not None:
@@ -84,7 +87,7 @@ def temporary(folder: RunFolder, epoch: int, tmp: Path) -> Path:
 
 
 def attempt(store: Store, folder: RunFolder, module: str, cfg: dict[str, Any], tmp: Path,
-            tag: str = "") -> subprocess.Popen[bytes]:
+            tag: str = "") -> Child:
     """`tag` names its log and the trainer's own output folder, for one that runs beside another."""
     epoch = folder.bump_lease()
     scratch = temporary(folder, epoch, tmp)
