@@ -6,14 +6,16 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
 from reconciler.cli.status import compact
-from reconciler.planner.tick import SweepChange
 from reconciler.trust.shown import escape
 from status.models import JobStatus, money
+
+if TYPE_CHECKING:
+    from reconciler.planner.tick import SweepChange
 
 NAMES_SHOWN = 5  # members named on a line of `plan`; the rest are counted
 
