@@ -241,10 +241,14 @@ def test_progress_past_the_target_is_warned(tmp_path: Path, caplog: pytest.LogCa
 
 
 # ---- real processes, SIGKILLed ---------------------------------------------------------------------------
+# What every workload here imports (an optimizer's first step imports torch._dynamo: 1.4 CPU-seconds)
+PRELOAD = ("torch", "torch._dynamo", "torch.optim", "torch.utils.data", "numpy")
+
+
 def start_child(module: str, env: dict[str, str], cfg: dict[str, Any]) -> Child:
     """`python -m module cfg`, forked from a server that has imported torch (tests/worker/zygote.py)."""
     log = Path(tempfile.mkstemp(prefix="data-position-", suffix=".log")[1])
-    return zygote("torch", "torch.utils.data", "numpy").start(module, [json.dumps(cfg)], env, log)
+    return zygote(*PRELOAD).start(module, [json.dumps(cfg)], env, log)
 
 
 def wait_child(proc: Child, module: str, timeout: float = 240) -> int:
