@@ -1,8 +1,9 @@
 """A warm start for workload processes: a server that has imported heavy modules once (torch,
 Lightning, transformers), and forks a real process for each workload run as ``python -m``.
 
-Importing Lightning costs about 6 CPU-seconds here and transformers' Trainer about 7; the trainer
-and data-position tests start a dozen such processes. A fork of this server is still a real
+Importing Lightning costs about 6 CPU-seconds here, transformers' Trainer about 7, and torch with
+the `torch._dynamo` an optimizer imports about 3.5; the trainer and data-position tests start a
+couple of dozen such processes between them. A fork of this server is still a real
 process of its own (a pid to SIGKILL or SIGTERM, its own exit code, DataLoader workers of its
 own), and it runs the workload module from the top as `python -m` would. What it does not repeat
 is the import. Unlike the stdlib forkserver (one per process, children daemonic), a test process
@@ -77,9 +78,10 @@ def _become(request: dict[str, Any]) -> None:
 
 
 def main() -> None:
+    answer = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # what the imports print goes to stderr, never into the answers
     for name in sys.argv[1:]:
         __import__(name)
-    answer = os.fdopen(os.dup(1), "w")
     request = _serve(sys.stdin, answer)
     if request is not None:
         answer.close()
