@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
+from tests import zygote
 from tests.conftest import StateRepoFixture
 
 COUNTER = str(Path(__file__).parents[1] / "daemon" / "workloads" / "counter.py")
@@ -53,7 +54,7 @@ def start_daemon(repo: StateRepoFixture, log: Path) -> subprocess.Popen:
     """The daemon as users run it, watching the repository as well as ticking on an interval (1 s:
     at 0.5 s the daemons of these tests spent a tenth more CPU, on store reads, for the same runs)."""
     cmd = [sys.executable, "-m", "reconciler", "run", "--repo", str(repo.path), "--until-done", "--tick-seconds", "1"]
-    return subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    return zygote.popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
 
 
 @contextmanager

@@ -20,6 +20,7 @@ import yaml
 from adapters.compute import ComputeAdapter, LaunchSpec, WatchesEndings, worker_folder_name
 from adapters.slurm import SlurmAdapter
 from adapters.ssh import SshAdapter
+from tests import zygote
 from tests.adapters.conftest import Slurm, Sshd
 from tests.adapters.e2e import job_manifest, progress_step, provider_manifest, wait_for
 from tests.adapters.test_contract import OWNER, pid_alive
@@ -120,7 +121,7 @@ def relaunch_after_sigkill(repo: StateRepoFixture, provider: str, settings_yaml:
     repo.write("desired/count.yaml", yaml.safe_dump(job))
     repo.commit("count, ticking hourly")
     cmd = [sys.executable, "-m", "reconciler", "run", "--repo", str(repo.path), "--tick-seconds", f"{HOURLY:g}"]
-    daemon = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    daemon = zygote.popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
     try:
         folder = wait_for(lambda: next(iter(workdir.glob("workers/*.count.*.e1")), None), 60, "the first worker",
                           daemon, log)

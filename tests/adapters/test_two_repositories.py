@@ -22,6 +22,7 @@ import yaml
 from adapters.compute import ComputeAdapter, WorkerPhase
 from adapters.local import LocalAdapter
 from reconciler.daemon.loop import Reconciler, TickReport
+from tests import zygote
 from tests.adapters.e2e import provider_manifest
 from tests.conftest import StateRepoFixture
 
@@ -138,8 +139,8 @@ def test_two_daemons_as_users_run_them_leave_each_other_s_worker_alone(local_wor
         for name, seconds in (("repo-a", 300), ("repo-b", 301))
     ]
     daemons = [
-        subprocess.Popen([sys.executable, "-m", "reconciler", "run", "--repo", str(r.path), "--tick-seconds", "0.5"],
-                         stdout=open(tmp_path / f"daemon-{i}.log", "wb"), stderr=subprocess.STDOUT)
+        zygote.popen([sys.executable, "-m", "reconciler", "run", "--repo", str(r.path), "--tick-seconds", "0.5"],
+                     stdout=open(tmp_path / f"daemon-{i}.log", "wb"), stderr=subprocess.STDOUT)
         for i, r in enumerate(repos)
     ]
     try:

@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from reconciler.daemon.loop import Reconciler
+from tests import zygote
 from tests.conftest import StateRepoFixture
 from tests.daemon.test_loop_local import counter, job, live_workers, tick_until
 from tests.worker.conftest import make_bucket, s3_endpoint  # noqa: F401 - a fixture
@@ -20,8 +21,8 @@ from tests.worker.harness import S3_CREDENTIALS
 
 
 def cli(*args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-    res = subprocess.run([sys.executable, "-m", "reconciler", *args], capture_output=True, text=True,
-                         env={**os.environ, **(env or {}), "COLUMNS": "240"}, timeout=120)
+    res = zygote.run([sys.executable, "-m", "reconciler", *args], capture_output=True, text=True,
+                     env={**os.environ, **(env or {}), "COLUMNS": "240"}, timeout=120)
     if check:
         assert res.returncode == 0, res.stdout + res.stderr
     return res
@@ -93,8 +94,8 @@ def test_init_creates_a_repository_that_validates(tmp_path: Path) -> None:
 def test_stopping_the_daemon_leaves_workers_running(state_repo: StateRepoFixture, local_workdir: Path) -> None:
     state_repo.write("desired/count.yaml", job("count", counter(1.0)))
     state_repo.commit("add count")
-    daemon = subprocess.Popen([sys.executable, "-m", "reconciler", "run", "--repo", str(state_repo.path),
-                               "--tick-seconds", "0.5"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    daemon = zygote.popen([sys.executable, "-m", "reconciler", "run", "--repo", str(state_repo.path),
+                           "--tick-seconds", "0.5"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 30
         while not live_workers(local_workdir):

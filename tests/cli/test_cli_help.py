@@ -4,7 +4,6 @@ taken, and each command that reads manifests says which copy of them it read."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 import typer
 
 from reconciler.cli.main import app
+from tests import zygote
 from tests.conftest import StateRepoFixture
 from tests.daemon.test_loop_local import counter, job
 
@@ -21,8 +21,8 @@ def commands() -> dict[str, Any]:
 
 
 def helped(*args: str) -> str:
-    return subprocess.run([sys.executable, "-m", "reconciler", *args, "--help"], capture_output=True, text=True,
-                          env={**os.environ, "COLUMNS": "200"}, check=True).stdout
+    return zygote.run([sys.executable, "-m", "reconciler", *args, "--help"], capture_output=True, text=True,
+                      env={**os.environ, "COLUMNS": "200"}, check=True).stdout
 
 
 def test_every_option_of_every_command_says_what_it_does() -> None:
@@ -53,8 +53,8 @@ def test_validate_and_plan_say_which_copy_of_the_manifests_they_read(state_repo:
     head = state_repo.commit("add count")
 
     def run(*args: str) -> str:
-        return subprocess.run([sys.executable, "-m", "reconciler", *args, "--repo", str(state_repo.path)],
-                              capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"}, check=True).stdout
+        return zygote.run([sys.executable, "-m", "reconciler", *args, "--repo", str(state_repo.path)],
+                          capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"}, check=True).stdout
 
     assert "in the working tree (uncommitted changes included" in run("validate")
     assert f"plan for commit {head[:12]}, the last commit; uncommitted changes are not read" in run("plan")
@@ -62,8 +62,8 @@ def test_validate_and_plan_say_which_copy_of_the_manifests_they_read(state_repo:
 
 def test_the_daemon_says_where_run_data_and_workers_go_in_one_line(state_repo: StateRepoFixture,
                                                                    local_workdir: Path) -> None:
-    res = subprocess.run([sys.executable, "-m", "reconciler", "run", "--once", "--repo", str(state_repo.path)],
-                         capture_output=True, text=True, env={**os.environ, "COLUMNS": "400"}, check=True)
+    res = zygote.run([sys.executable, "-m", "reconciler", "run", "--once", "--repo", str(state_repo.path)],
+                     capture_output=True, text=True, env={**os.environ, "COLUMNS": "400"}, check=True)
     line = next(x for x in res.stderr.splitlines() if "run data" in x)
     assert f"is stored in {state_repo.storage} on this machine, outside the repository" in line
     assert f"local workers' folders in {local_workdir / 'workers'}" in line

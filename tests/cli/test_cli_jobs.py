@@ -16,6 +16,7 @@ import pytest
 from reconciler.cli.jobs import announce
 from reconciler.daemon.loop import Reconciler
 from status.models import Phase
+from tests import zygote
 from tests.cli.test_cli import cli
 from tests.cli.test_cli_logs import SECRET, printing_job
 from tests.conftest import StateRepoFixture
@@ -228,8 +229,8 @@ def test_describe_at_80_columns_lists_attempts_as_lines_without_cut_cells(state_
     state_repo.write("desired/count.yaml", job("count", counter(0.01)))
     state_repo.commit("add count")
     st = tick_until(Reconciler(state_repo.path), lambda r: r.statuses["count"].phase.terminal).statuses["count"]
-    out = subprocess.run([sys.executable, "-m", "reconciler", "describe", "count", "--repo", str(state_repo.path)],
-                         capture_output=True, text=True, env={**os.environ, "COLUMNS": "80"}, check=True).stdout
+    out = zygote.run([sys.executable, "-m", "reconciler", "describe", "count", "--repo", str(state_repo.path)],
+                     capture_output=True, text=True, env={**os.environ, "COLUMNS": "80"}, check=True).stdout
     attempts = out.split(f"attempts of run {st.run_id} (this run)")[1].split("events (")[0]
     assert "…" not in attempts, out
     assert "1. succeeded on local, steps 0→60 (gained 60, lost 0)" in " ".join(attempts.split()), out

@@ -15,6 +15,7 @@ from adapters.storage import RunFolder
 from reconciler.daemon.logs import locate, new_lines
 from reconciler.daemon.loop import Reconciler
 from status.models import Attempt, JobStatus, Outcome, Phase, render_status
+from tests import zygote
 from tests.adapters.conftest import free_port
 from tests.cli.test_cli import cli
 from tests.conftest import StateRepoFixture
@@ -87,9 +88,9 @@ def test_follow_prints_new_lines_and_ctrl_c_stops_it_cleanly(state_repo: StateRe
     state_repo.write("desired/ticker.yaml", job("ticker", [sys.executable, "-c", code]))
     state_repo.commit("add ticker")
     tick_until(Reconciler(state_repo.path), lambda r: r.statuses["ticker"].phase is Phase.RUNNING)
-    proc = subprocess.Popen([sys.executable, "-m", "reconciler", "logs", "ticker", "-f", "--tail", "1", "--poll",
-                             "0.3", "--repo", str(state_repo.path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = zygote.popen([sys.executable, "-m", "reconciler", "logs", "ticker", "-f", "--tail", "1", "--poll",
+                         "0.3", "--repo", str(state_repo.path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        text=True)
     try:
         assert proc.stdout is not None
         seen = [proc.stdout.readline() for _ in range(8)]  # more lines than --tail: they came while following
@@ -170,9 +171,9 @@ def test_a_printed_secret_is_masked_in_the_stored_log_and_in_logs_run_from_an_em
     tick_until(rec, lambda r: r.statuses["leak"].phase.terminal)
     stored = b"".join(p.read_bytes() for p in local_workdir.rglob("*") if p.is_file())
     assert b"plain ***\nurl ***\nhtml ***\njson \"***\"\n" in stored and b"split *** end\n" in stored
-    shown = subprocess.run([sys.executable, "-m", "reconciler", "logs", "leak", "--repo", str(state_repo.path)],
-                           env={"PATH": os.environ["PATH"], "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
-                           capture_output=True, text=True, timeout=120)
+    shown = zygote.run([sys.executable, "-m", "reconciler", "logs", "leak", "--repo", str(state_repo.path)],
+                       env={"PATH": os.environ["PATH"], "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
+                       capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0 and "split *** end" in shown.stdout, shown.stdout + shown.stderr
     for name, encode in ENCODINGS.items():
         form = encode(HARD)

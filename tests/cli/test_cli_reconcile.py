@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import zygote
 from tests.cli.test_cli import cli
 from tests.conftest import StateRepoFixture
 from tests.daemon.test_loop_local import counter, job
@@ -19,9 +20,9 @@ from tests.daemon.test_loop_local import counter, job
 
 def test_reconcile_makes_a_running_daemon_tick_now_and_says_what_it_did(state_repo: StateRepoFixture,
                                                                         local_workdir: Path) -> None:
-    daemon = subprocess.Popen([sys.executable, "-m", "reconciler", "run", "--repo", str(state_repo.path),
-                               "--tick-seconds", "3600", "--no-watch"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    daemon = zygote.popen([sys.executable, "-m", "reconciler", "run", "--repo", str(state_repo.path),
+                           "--tick-seconds", "3600", "--no-watch"],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         socket = state_repo.path / ".git" / "reconciler.sock"
         deadline = time.time() + 60

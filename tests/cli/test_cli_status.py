@@ -10,7 +10,6 @@ import pty
 import re
 import select
 import struct
-import subprocess
 import sys
 import termios
 import time
@@ -26,6 +25,7 @@ from status.models import (
     render_ledger,
     render_status,
 )
+from tests import zygote
 from tests.conftest import StateRepoFixture
 from tests.daemon.test_loop_local import counter, job
 
@@ -96,8 +96,8 @@ def test_status_fits_an_80_column_terminal_without_cutting_a_cell(state_repo: St
 def test_status_piped_is_as_readable_as_in_a_terminal(state_repo: StateRepoFixture) -> None:
     recorded_repo(state_repo)
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    out = subprocess.run([sys.executable, "-m", "reconciler", "status", "--repo", str(state_repo.path)],
-                         capture_output=True, text=True, env=env, check=True).stdout
+    out = zygote.run([sys.executable, "-m", "reconciler", "status", "--repo", str(state_repo.path)],
+                     capture_output=True, text=True, env=env, check=True).stdout
     assert "…" not in out and "Running" in out and len(table_rows(out, "train-demo ")) == 1, out
 
 
@@ -105,8 +105,8 @@ def test_status_output_wide_plain_and_json(state_repo: StateRepoFixture) -> None
     recorded_repo(state_repo)
 
     def status(*args: str) -> str:
-        return subprocess.run([sys.executable, "-m", "reconciler", "status", "--repo", str(state_repo.path),
-                               *args], capture_output=True, text=True, check=True).stdout
+        return zygote.run([sys.executable, "-m", "reconciler", "status", "--repo", str(state_repo.path),
+                           *args], capture_output=True, text=True, check=True).stdout
 
     wide = status("-o", "wide")
     row = [line for line in wide.splitlines() if "train-demo" in line]
@@ -122,8 +122,8 @@ def test_status_output_wide_plain_and_json(state_repo: StateRepoFixture) -> None
 
 
 def test_status_help_names_every_option(state_repo: StateRepoFixture) -> None:
-    out = subprocess.run([sys.executable, "-m", "reconciler", "status", "--help"], capture_output=True, text=True,
-                         env={**os.environ, "COLUMNS": "200"}, check=True).stdout
+    out = zygote.run([sys.executable, "-m", "reconciler", "status", "--help"], capture_output=True, text=True,
+                     env={**os.environ, "COLUMNS": "200"}, check=True).stdout
     json_line = next(line for line in out.splitlines() if "--json" in line)
     assert "the same as --output json" in json_line and "wide" in out and "plain" in out
     assert Path(state_repo.path).exists()

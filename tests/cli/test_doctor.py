@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ from adapters.registry import make_adapter
 from adapters.stores import open_store
 from desired.parse import parse_desired
 from reconciler.cli.doctor import examine
+from tests import zygote
 from tests.conftest import StateRepoFixture
 from tests.fakes.kaggle import FakeKaggle
 from tests.fakes.lightning import API_KEY as LIGHTNING_KEY
@@ -113,13 +113,13 @@ def test_doctor_reads_every_provider_and_finds_the_missing_image(
     oci_registry.push("team/trainer", "v1")
     write_scenario(state_repo, fakes, oci_registry.host)
     env = {**os.environ, "HF_TOKEN": "hf-secret-value", "COLUMNS": "118"}  # S3 keys set by `storage`
-    res = subprocess.run([sys.executable, "-m", "reconciler", "doctor", "--repo", str(state_repo.path)],
-                         capture_output=True, text=True, env=env, timeout=120)
+    res = zygote.run([sys.executable, "-m", "reconciler", "doctor", "--repo", str(state_repo.path)],
+                     capture_output=True, text=True, env=env, timeout=120)
     assert res.returncode == 1, res.stdout + res.stderr
     assert "does not exist" in res.stdout and "team/trainer:v9" in res.stdout
     assert "hf-secret-value" not in res.stdout
-    as_json = subprocess.run([sys.executable, "-m", "reconciler", "doctor", "--json", "--repo",
-                              str(state_repo.path)], capture_output=True, text=True, env=env, timeout=120)
+    as_json = zygote.run([sys.executable, "-m", "reconciler", "doctor", "--json", "--repo",
+                          str(state_repo.path)], capture_output=True, text=True, env=env, timeout=120)
     answer = json.loads(as_json.stdout)
     assert as_json.returncode == 1 and answer["ok"] is False
     rows = {(c["target"], c["what"]): c["outcome"] for c in answer["checks"]}

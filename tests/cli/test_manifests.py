@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
@@ -11,6 +10,7 @@ import pytest
 from desired.parse import MAX_FILE_BYTES, parse_desired
 from reconciler.daemon.loop import Reconciler
 from status.models import Phase
+from tests import zygote
 from tests.conftest import StateRepoFixture
 
 GOOD = """
@@ -127,19 +127,19 @@ def test_broken_files_do_not_stop_other_jobs_in_a_real_tick(state_repo: StateRep
 
 def test_validate_command_exits_1_and_names_file_and_field(state_repo: StateRepoFixture) -> None:
     state_repo.write("desired/typo.yaml", GOOD.replace("command:", "comand:"))
-    res = subprocess.run([sys.executable, "-m", "reconciler", "validate", "--repo", str(state_repo.path)],
-                         capture_output=True, text=True)
+    res = zygote.run([sys.executable, "-m", "reconciler", "validate", "--repo", str(state_repo.path)],
+                     capture_output=True, text=True)
     assert res.returncode == 1
     assert "desired/typo.yaml" in res.stderr and "spec.comand" in res.stderr
     assert "Traceback" not in res.stderr
     state_repo.write("desired/typo.yaml", GOOD)
-    ok = subprocess.run([sys.executable, "-m", "reconciler", "validate", "--repo", str(state_repo.path)],
-                        capture_output=True, text=True)
+    ok = zygote.run([sys.executable, "-m", "reconciler", "validate", "--repo", str(state_repo.path)],
+                    capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
 
 
 def test_schema_command_prints_json_schema_of_job_and_provider() -> None:
-    res = subprocess.run([sys.executable, "-m", "reconciler", "schema"], capture_output=True, text=True, check=True)
+    res = zygote.run([sys.executable, "-m", "reconciler", "schema"], capture_output=True, text=True, check=True)
     doc = json.loads(res.stdout)
     assert set(doc) == {"Job", "Provider", "Settings"}
     assert "spec" in doc["Job"]["properties"]
@@ -288,7 +288,7 @@ def test_a_cycle_holds_its_jobs_in_a_real_tick_and_validate_names_them(state_rep
     assert sorted(report.statuses) == ["a-too", "b-too", "good"]  # a and b are neither started nor failed
     assert {st.phase for st in report.statuses.values()} <= {Phase.LAUNCHING, Phase.PENDING}
     assert any("desired/a.yaml field spec.after" in e and "a waits for b" in e for e in report.errors)
-    res = subprocess.run([sys.executable, "-m", "reconciler", "validate", "--repo", str(state_repo.path)],
-                         capture_output=True, text=True)
+    res = zygote.run([sys.executable, "-m", "reconciler", "validate", "--repo", str(state_repo.path)],
+                     capture_output=True, text=True)
     assert res.returncode == 1
     assert "desired/b.yaml field spec.after: `after` makes a cycle" in " ".join(res.stderr.split())

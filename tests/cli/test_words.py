@@ -9,6 +9,7 @@ from reconciler.daemon.subjects import SUBJECT_LIMIT, status_message
 from reconciler.planner.judge import classify
 from reconciler.planner.plan import Launch, Observed, RunObservation, plan
 from status.models import Attempt, JobStatus, Outcome, Phase, Progress
+from tests import zygote
 from tests.conftest import StateRepoFixture
 from tests.planner.test_plan import NOW, desired, job_yaml, with_attempt
 
@@ -129,7 +130,6 @@ def test_the_docs_show_subjects_as_they_are_written() -> None:
 
 def test_describe_tells_each_change_of_a_status_commit_once_and_whole(state_repo: StateRepoFixture) -> None:
     import os
-    import subprocess
     import sys
 
     from status.models import render_status
@@ -142,8 +142,8 @@ def test_describe_tells_each_change_of_a_status_commit_once_and_whole(state_repo
     state_repo.write("status/train.yaml", render_status(new))
     state_repo.commit(status_message([line, "eval: Pending (new job)"], [(old, new), (None, other)],
                                      [message, "new job"]))
-    out = subprocess.run([sys.executable, "-m", "reconciler", "describe", "train", "--repo", str(state_repo.path)],
-                         capture_output=True, text=True, env={**os.environ, "COLUMNS": "400"}, check=True).stdout
+    out = zygote.run([sys.executable, "-m", "reconciler", "describe", "train", "--repo", str(state_repo.path)],
+                     capture_output=True, text=True, env={**os.environ, "COLUMNS": "400"}, check=True).stdout
     events = out.split("events (status commits, newest first)")[1]
     assert events.count("train: Running -> Pending") == 1 and message in events, events
     assert "eval" not in events

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 from reconciler.daemon.loop import Reconciler, TickReport
 from status.models import Phase
+from tests import zygote
 from tests.conftest import StateRepoFixture
 from tests.daemon.test_loop_local import counter, job, tick_until
 
@@ -24,8 +24,8 @@ def test_a_job_after_another_starts_only_once_that_one_has_succeeded(state_repo:
     state_repo.write("desired/a.yaml", job("a", counter(0.02)))
     state_repo.write("desired/b.yaml", job("b", counter(0.02), "after: [a]"))
     state_repo.commit("b runs after a")
-    plan = subprocess.run([sys.executable, "-m", "reconciler", "plan", "--repo", str(state_repo.path)],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "240"})
+    plan = zygote.run([sys.executable, "-m", "reconciler", "plan", "--repo", str(state_repo.path)],
+                      capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "240"})
     assert plan.returncode == 0, plan.stderr
     lines = plan.stdout.splitlines()
     b_at = lines.index("  b: Pending — waiting for: a (New)")

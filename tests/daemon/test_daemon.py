@@ -14,15 +14,16 @@ from pathlib import Path
 
 import yaml
 
+from tests import zygote
 from tests.conftest import StateRepoFixture, _git
 from tests.daemon.test_loop_local import counter, job, live_workers
 
 
 def daemon(repo: Path, log: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     with open(log, "wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "reconciler", "run", "--repo", str(repo), *args],
-                                stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "COLUMNS": "300", **(env or {})})
+        return zygote.popen([sys.executable, "-m", "reconciler", "run", "--repo", str(repo), *args],
+                            stdout=out, stderr=subprocess.STDOUT,
+                            env={**os.environ, "COLUMNS": "300", **(env or {})})
 
 
 def wait_for(what: str, cond: Callable[[], bool], timeout: float = 60) -> None:

@@ -18,12 +18,13 @@ import yaml
 from desired.models import REPOSITORY_STORAGE
 from reconciler.daemon.loop import Reconciler
 from status.models import Phase
+from tests import zygote
 from tests.daemon.test_loop_local import counter, job, phase, tick_until
 
 
 def init(path: Path) -> Path:
-    res = subprocess.run([sys.executable, "-m", "reconciler", "init", str(path)], capture_output=True, text=True,
-                         timeout=60)
+    res = zygote.run([sys.executable, "-m", "reconciler", "init", str(path)], capture_output=True, text=True,
+                     timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
     return path
 

@@ -14,6 +14,7 @@ import yaml
 
 from adapters.gitrepo import GitError, StateRepo
 from reconciler.daemon.loop import Reconciler
+from tests import zygote
 from tests.conftest import _git
 
 JOB = """apiVersion: reconciler.dev/v1
@@ -25,8 +26,8 @@ spec:
 
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "reconciler", *args], capture_output=True, text=True,
-                          env={**os.environ, "COLUMNS": "300", **env}, timeout=120)
+    return zygote.run([sys.executable, "-m", "reconciler", *args], capture_output=True, text=True,
+                      env={**os.environ, "COLUMNS": "300", **env}, timeout=120)
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from reconciler.daemon.loop import Reconciler, TickReport
 from reconciler.web.app import create_app
 from status.models import Drill as DrillStatus
 from status.models import DrillPhase, JobStatus, Outcome, Phase
+from tests import zygote
 from tests.cli.test_cli import cli
 from tests.conftest import StateRepoFixture
 from tests.daemon.test_loop_local import tick_until
@@ -57,9 +58,9 @@ def waiting_cli(state_repo: StateRepoFixture, *args: str) -> subprocess.Popen[st
     """`reconciler drill ...` started as a user would, waiting for its verdict; returns once its
     request is committed (so that the test's ticks never race its commit)."""
     head = state_repo.git("rev-parse", "HEAD")
-    proc = subprocess.Popen([sys.executable, "-m", "reconciler", "drill", *args, "--repo", str(state_repo.path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "COLUMNS": "240"})
+    proc = zygote.popen([sys.executable, "-m", "reconciler", "drill", *args, "--repo", str(state_repo.path)],
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                        env={**os.environ, "COLUMNS": "240"})
     deadline = time.time() + 60
     while state_repo.git("rev-parse", "HEAD") == head:
         assert proc.poll() is None and time.time() < deadline, proc.communicate()

@@ -16,6 +16,7 @@ from adapters.compute import WorkerPhase
 from adapters.local import LocalAdapter
 from reconciler.daemon.loop import Reconciler, TickReport
 from status.models import Outcome, Phase
+from tests import zygote
 from tests.conftest import StateRepoFixture
 
 WORKLOAD = Path(__file__).parent / "workloads" / "counter.py"
@@ -98,7 +99,7 @@ def test_daemon_killed_while_worker_runs_adopts_it_on_restart(state_repo: StateR
     state_repo.write("desired/count.yaml", job("count", counter(0.1)))
     state_repo.commit("add count")
     cmd = [sys.executable, "-m", "reconciler", "run", "--repo", str(state_repo.path), "--tick-seconds", "0.3"]
-    daemon = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    daemon = zygote.popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 30
         while time.time() < deadline:
@@ -207,10 +208,10 @@ def test_command_change_replaces_the_run_placement_change_keeps_it(state_repo: S
 
 def test_only_one_daemon_per_repository(state_repo: StateRepoFixture) -> None:
     cmd = [sys.executable, "-m", "reconciler", "run", "--repo", str(state_repo.path)]
-    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = zygote.popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         time.sleep(3)
-        second = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        second = zygote.run(cmd, capture_output=True, text=True, timeout=30)
         assert second.returncode == 1
         assert "another reconciler is already running" in second.stderr
     finally:
@@ -220,7 +221,7 @@ def test_only_one_daemon_per_repository(state_repo: StateRepoFixture) -> None:
 
 def test_daemon_ticks_at_once_when_a_manifest_is_committed(state_repo: StateRepoFixture) -> None:
     cmd = [sys.executable, "-m", "reconciler", "run", "--repo", str(state_repo.path), "--tick-seconds", "3600"]
-    daemon = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    daemon = zygote.popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         time.sleep(3)
         state_repo.write("desired/count.yaml", job("count", counter(1.0)))
@@ -241,7 +242,7 @@ def test_commits_while_the_daemon_ticks_never_break_a_tick(state_repo: StateRepo
     state_repo.commit("add count")
     cmd = [sys.executable, "-m", "reconciler", "run", "--repo", str(state_repo.path), "--tick-seconds", "0.2",
            "--until-done"]
-    daemon = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    daemon = zygote.popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for i in range(15):
         state_repo.write(f"desired/note-{i}.yaml", f"# note {i}\n")
         for _ in range(20):  # the daemon's status commit may hold the index lock for a moment

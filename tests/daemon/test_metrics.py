@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from adapters.notify import Notifier
 from reconciler.daemon.loop import Reconciler, TickReport
 from reconciler.daemon.metrics import Metrics, error_class, serve
+from tests import zygote
 from tests.conftest import StateRepoFixture
 from tests.daemon.receiver import Receiver
 from tests.daemon.test_loop_local import counter, job, phase
@@ -121,9 +122,9 @@ def test_run_with_metrics_serves_the_daemons_jobs_on_loopback(state_repo: StateR
     port = free_port()
     log = tmp_path / "daemon.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "reconciler", "run", "--repo", str(state_repo.path),
-                                 "--tick-seconds", "0.5", "--metrics", f":{port}"], stdout=out,
-                                stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "300"})
+        proc = zygote.popen([sys.executable, "-m", "reconciler", "run", "--repo", str(state_repo.path),
+                             "--tick-seconds", "0.5", "--metrics", f":{port}"], stdout=out,
+                            stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "300"})
     try:
         deadline = time.time() + 60
         samples: Samples = {}
@@ -145,16 +146,16 @@ def test_run_with_metrics_serves_the_daemons_jobs_on_loopback(state_repo: StateR
 
 def test_metrics_with_once_or_a_bad_address_is_one_clear_error(state_repo: StateRepoFixture) -> None:
     base = [sys.executable, "-m", "reconciler", "run", "--repo", str(state_repo.path)]
-    once = subprocess.run([*base, "--once", "--metrics", ":9108"], capture_output=True, text=True, timeout=60)
+    once = zygote.run([*base, "--once", "--metrics", ":9108"], capture_output=True, text=True, timeout=60)
     assert once.returncode == 2 and "--metrics serves the daemon" in once.stderr
-    bad = subprocess.run([*base, "--metrics", "nonsense"], capture_output=True, text=True, timeout=60)
+    bad = zygote.run([*base, "--metrics", "nonsense"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "is not HOST:PORT" in bad.stderr
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        busy = subprocess.run([*base, "--metrics", f"127.0.0.1:{port}"], capture_output=True, text=True,
-                              timeout=60)
+        busy = zygote.run([*base, "--metrics", f"127.0.0.1:{port}"], capture_output=True, text=True,
+                          timeout=60)
     assert busy.returncode == 1 and "cannot listen on 127.0.0.1" in busy.stderr, busy.stderr
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from adapters.notify import Notifier
 from reconciler.daemon.loop import Reconciler, TickReport
+from tests import zygote
 from tests.conftest import StateRepoFixture
 from tests.daemon.receiver import Receiver
 from tests.daemon.test_loop_local import counter, job, phase, tick_until
@@ -70,9 +71,9 @@ def test_a_notification_reaches_the_receiver_when_a_job_succeeds_and_when_one_fa
 
 
 def daemon_until_done(repo: Path, log: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "reconciler", "run", "--repo", str(repo), "--until-done",
-                           "--tick-seconds", "0.3", "--verbose"], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "COLUMNS": "300", **env})
+    return zygote.run([sys.executable, "-m", "reconciler", "run", "--repo", str(repo), "--until-done",
+                       "--tick-seconds", "0.3", "--verbose"], capture_output=True, text=True, timeout=120,
+                      env={**os.environ, "COLUMNS": "300", **env})
 
 
 def test_no_notification_is_sent_twice_after_a_daemon_restart_and_the_token_stays_out_of_logs_and_git(

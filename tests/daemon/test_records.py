@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from reconciler.daemon.loop import Reconciler
+from tests import zygote
 from tests.cli.test_cli import cli
 from tests.conftest import StateRepoFixture
 from tests.daemon.test_loop_local import counter, job, live_workers, phase, tick_until
@@ -79,9 +80,9 @@ def test_a_daemon_stopped_by_sigterm_to_its_process_group_logs_no_failure(state_
     for i in range(30):  # enough jobs that a tick is nearly always under way
         state_repo.write(f"desired/j{i}.yaml", job(f"j{i}", ["true"], "suspend: true"))
     state_repo.commit("thirty suspended jobs")
-    proc = subprocess.Popen([sys.executable, "-m", "reconciler", "run", "--repo", str(state_repo.path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "300"})
+    proc = zygote.popen([sys.executable, "-m", "reconciler", "run", "--repo", str(state_repo.path)],
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                        env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "300"})
     wait_until(lambda: (state_repo.path / "status" / "j0.yaml").exists() or
                "status" in state_repo.git("log", "-1", "--format=%s"))
     time.sleep(1.0)

@@ -16,6 +16,7 @@ import yaml
 
 from adapters.gitrepo import StateRepo
 from reconciler.daemon.loop import Reconciler
+from tests import zygote
 from tests.conftest import StateRepoFixture, _git
 
 STATUS = "reconciler/status"
@@ -84,8 +85,8 @@ def test_user_pushes_are_never_rejected_while_the_daemon_runs(state_repo: StateR
     daemon_head = _git(shared.daemon, "rev-parse", "HEAD")
     log = tmp_path / "daemon.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "reconciler", "run", "--repo", str(shared.daemon)],
-                                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "300"})
+        proc = zygote.popen([sys.executable, "-m", "reconciler", "run", "--repo", str(shared.daemon)],
+                            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "300"})
     rejected = []
     try:
         for i in range(12):
@@ -182,12 +183,12 @@ def test_a_fresh_clone_reads_recorded_status_from_the_remote_copy(
     first = tick_until(Reconciler(shared.daemon), lambda r: r.statuses["a"].phase.value == "Running")
     # `reconciler status` in a user's clone: no local status branch, only origin's after a fetch.
     _git(shared.user, "fetch", "-q", "origin")
-    out = subprocess.run([sys.executable, "-m", "reconciler", "status", "--repo", str(shared.user), "--json"],
-                         capture_output=True, text=True, check=True, env={**os.environ, "COLUMNS": "300"}).stdout
+    out = zygote.run([sys.executable, "-m", "reconciler", "status", "--repo", str(shared.user), "--json"],
+                     capture_output=True, text=True, check=True, env={**os.environ, "COLUMNS": "300"}).stdout
     rows = json.loads(out)
     assert [(r["job"], r["phase"], r["attempts"]) for r in rows] == [("a", "Running", 1)]
-    described = subprocess.run([sys.executable, "-m", "reconciler", "describe", "a", "--repo", str(shared.user)],
-                               capture_output=True, text=True, env={**os.environ, "COLUMNS": "300"})
+    described = zygote.run([sys.executable, "-m", "reconciler", "describe", "a", "--repo", str(shared.user)],
+                           capture_output=True, text=True, env={**os.environ, "COLUMNS": "300"})
     assert described.returncode == 0 and "a: Running" in described.stdout, described.stderr
     # A new daemon clone carries on from the recorded status: same run, same attempt, no relaunch.
     fresh = tmp_path / "fresh-clone"

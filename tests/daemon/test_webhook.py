@@ -12,7 +12,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -36,6 +35,7 @@ from reconciler.daemon.webhook import (
     pushed_at,
 )
 from reconciler.daemon.webhook_server import WebhookServer
+from tests import zygote
 from tests.conftest import StateRepoFixture
 from tests.daemon.test_daemon import commit, daemon, phase_of, wait_for
 from tests.daemon.test_loop_local import counter, job
@@ -337,9 +337,9 @@ def test_webhooks_make_an_hourly_daemon_launch_a_new_job_within_seconds(state_re
 
 def test_listen_without_a_secret_is_refused_before_anything_starts(state_repo: StateRepoFixture) -> None:
     env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
-    res = subprocess.run([sys.executable, "-m", "reconciler", "run", "--repo", str(state_repo.path),
-                          "--listen", ":0"], capture_output=True, text=True, env={**env, "COLUMNS": "300"},
-                         timeout=60)
+    res = zygote.run([sys.executable, "-m", "reconciler", "run", "--repo", str(state_repo.path),
+                      "--listen", ":0"], capture_output=True, text=True, env={**env, "COLUMNS": "300"},
+                     timeout=60)
     assert res.returncode == 1, res.stdout + res.stderr
     assert f"set {SECRET_ENV}" in res.stderr
     assert not (state_repo.path / "status").exists()

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 
 import pytest
 from rich.console import Console
 
 from reconciler.demo.week import Week, WeekRun, hours_of, render, simulate
+from tests import zygote
 
 SUMMARY = re.compile(r"deadline (met|missed): finished (\w{3} \d\d:\d\d) \((\d+\.\d) h (before|after) the deadline\), "
                      r"cost \$(\d+\.\d\d), on-demand only would cost \$(\d+\.\d\d)")
@@ -54,13 +54,13 @@ def test_the_output_shows_each_hour_s_provider_and_ends_with_the_summary(
 
 
 def test_the_cli_runs_the_week_and_keeps_chaos_as_the_default() -> None:
-    res = subprocess.run([sys.executable, "-m", "reconciler", "demo", "--scenario", "week"],
-                         capture_output=True, text=True, timeout=300)
+    res = zygote.run([sys.executable, "-m", "reconciler", "demo", "--scenario", "week"],
+                     capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     lines = res.stdout.strip().splitlines()
     assert lines[0].startswith("Simulated providers.")
     assert SUMMARY.fullmatch(lines[-1]), lines[-1]
     assert "launched" not in res.stderr  # the loop's log lines stay out of the story
-    helped = subprocess.run([sys.executable, "-m", "reconciler", "demo", "--help"], capture_output=True, text=True,
-                            timeout=60, env={**os.environ, "COLUMNS": "200"})
+    helped = zygote.run([sys.executable, "-m", "reconciler", "demo", "--help"], capture_output=True, text=True,
+                        timeout=60, env={**os.environ, "COLUMNS": "200"})
     assert re.search(r"--scenario\s+<chaos\|week>.*\[default: chaos\]", helped.stdout, re.S), helped.stdout

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 from desired.parse import parse_desired
 from reconciler.daemon.loop import Reconciler
 from status.models import Phase
+from tests import zygote
 from tests.conftest import StateRepoFixture
 
 CORPUS = Path(__file__).parent.parent / "corpus" / "hostile"
@@ -90,9 +90,9 @@ def test_validate_on_a_hostile_repository_names_every_bad_file_without_a_traceba
     for name, data in corpus().items():
         (state_repo.path / "desired" / name).write_bytes(data)
     state_repo.write("desired/good.yaml", GOOD)
-    res = subprocess.run([sys.executable, "-m", "reconciler", "validate", "--repo", str(state_repo.path)],
-                         capture_output=True, text=True, errors="replace", timeout=120,
-                         env={**os.environ, "COLUMNS": "200"})
+    res = zygote.run([sys.executable, "-m", "reconciler", "validate", "--repo", str(state_repo.path)],
+                     capture_output=True, text=True, errors="replace", timeout=120,
+                     env={**os.environ, "COLUMNS": "200"})
     assert res.returncode == 1, res.stdout + res.stderr
     assert "Traceback" not in res.stderr + res.stdout
     for name in corpus():
@@ -126,8 +126,8 @@ def test_validate_reads_only_regular_files_inside_the_repository(state_repo: Sta
     shared.parent.mkdir()
     shared.write_text(GOOD.replace("name: good", "name: other"))
     (desired / "linked.yaml").symlink_to(shared)
-    done = subprocess.run([sys.executable, "-m", "reconciler", "validate", "--repo", str(state_repo.path)],
-                          capture_output=True, text=True, timeout=60, env={**os.environ, "LEAK_CANARY": "c4n4ry-9q"})
+    done = zygote.run([sys.executable, "-m", "reconciler", "validate", "--repo", str(state_repo.path)],
+                      capture_output=True, text=True, timeout=60, env={**os.environ, "LEAK_CANARY": "c4n4ry-9q"})
     said = " ".join(done.stderr.split())
     assert done.returncode == 1 and "2 job(s)" in done.stdout  # good and other (through the link inside)
     assert "desired/leak.yaml is a symbolic link to /proc/" in said and "outside the repository" in said
@@ -138,11 +138,11 @@ def test_validate_reads_only_regular_files_inside_the_repository(state_repo: Sta
     (state_repo.path / "reconciler.yaml").symlink_to(tmp_path / "elsewhere.yaml")
     (tmp_path / "elsewhere.yaml").write_text("tick_seconds: 1\n")
     (state_repo.path / "outside").symlink_to(tmp_path)
-    settings = subprocess.run([sys.executable, "-m", "reconciler", "validate", "--repo", str(state_repo.path)],
-                              capture_output=True, text=True, timeout=60)
+    settings = zygote.run([sys.executable, "-m", "reconciler", "validate", "--repo", str(state_repo.path)],
+                          capture_output=True, text=True, timeout=60)
     assert "reconciler.yaml is a symbolic link to" in " ".join(settings.stderr.split())
-    folder = subprocess.run([sys.executable, "-m", "reconciler", "validate", "--repo", str(state_repo.path),
-                             "--path", "outside"], capture_output=True, text=True, timeout=60)
+    folder = zygote.run([sys.executable, "-m", "reconciler", "validate", "--repo", str(state_repo.path),
+                         "--path", "outside"], capture_output=True, text=True, timeout=60)
     assert folder.returncode == 2 and "--path outside is a symbolic link to" in " ".join(folder.stderr.split())
 
 

@@ -11,7 +11,6 @@ import base64
 import json
 import os
 import re
-import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from urllib.parse import quote, quote_plus
 import pytest
 import yaml
 
+from tests import zygote
 from tests.conftest import StateRepoFixture, kill_local_workers
 
 CANARY = "canary-7Hq/x+Zr=9secret"
@@ -76,9 +76,9 @@ def canary_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CanaryRun]:
     env = {**os.environ, "CANARY": CANARY, "RECONCILER_LOCAL_WORKDIR": str(workers),
            "RECONCILER_GRACE_SECONDS": "3", "COLUMNS": "200"}
     try:
-        res = subprocess.run([sys.executable, "-m", "reconciler", "run", "--repo", str(repo.path), "--until-done",
-                              "--no-watch", "--tick-seconds", "0.5", "--verbose"],
-                             env=env, capture_output=True, text=True, timeout=240)
+        res = zygote.run([sys.executable, "-m", "reconciler", "run", "--repo", str(repo.path), "--until-done",
+                          "--no-watch", "--tick-seconds", "0.5", "--verbose"],
+                         env=env, capture_output=True, text=True, timeout=240)
         yield CanaryRun(repo, res.stdout + res.stderr, res.returncode, env_dump, workers)
     finally:
         kill_local_workers(workers)
@@ -118,10 +118,10 @@ def test_no_canary_in_the_stored_worker_logs_and_none_in_logs_from_a_shell_witho
     assert any(p.name == "log" and b"secret ***" in p.read_bytes() for p in files)  # not vacuous
     for path in files:
         assert not leaks(path.read_bytes().decode("utf-8", "replace")), path
-    shown = subprocess.run([sys.executable, "-m", "reconciler", "logs", "leaky-fail", "--repo",
-                            str(canary_run.repo.path)], capture_output=True, text=True, timeout=120,
-                           env={"PATH": os.environ["PATH"], "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
-                                "RECONCILER_LOCAL_WORKDIR": str(canary_run.workers)})
+    shown = zygote.run([sys.executable, "-m", "reconciler", "logs", "leaky-fail", "--repo",
+                        str(canary_run.repo.path)], capture_output=True, text=True, timeout=120,
+                       env={"PATH": os.environ["PATH"], "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+                            "RECONCILER_LOCAL_WORKDIR": str(canary_run.workers)})
     assert "secret ***" in shown.stdout, shown.stdout + shown.stderr
     assert not leaks(shown.stdout + shown.stderr)
 
@@ -143,8 +143,8 @@ def test_plan_output_masks_a_secret_value_recorded_in_a_status(state_repo: State
                                                         "manifest": "desired/old.yaml",
                                                         "message": f"token {FORMS['base64']} rejected"}))
     state_repo.commit("a status that holds the canary")
-    res = subprocess.run([sys.executable, "-m", "reconciler", "plan", "--repo", str(state_repo.path)],
-                         env={**os.environ, "CANARY": CANARY}, capture_output=True, text=True, timeout=120)
+    res = zygote.run([sys.executable, "-m", "reconciler", "plan", "--repo", str(state_repo.path)],
+                     env={**os.environ, "CANARY": CANARY}, capture_output=True, text=True, timeout=120)
     assert "old: Failed" in res.stdout, res.stdout + res.stderr
     assert "token *** rejected" in res.stdout
     assert not leaks(res.stdout + res.stderr)

@@ -16,6 +16,7 @@ from adapters.gitrepo import GitError
 from reconciler.daemon.loop import Reconciler
 from reconciler.daemon.source import Source, open_state, remote_of
 from reconciler.sim.repo import SimRepo
+from tests import zygote
 from tests.conftest import StateRepoFixture, _git
 from tests.daemon.test_loop_local import job
 from tests.trust.test_signatures import SLEEP, launched, need, ssh_key
@@ -70,9 +71,9 @@ def author_repo(tmp_path: Path, mode: str, alice: Path, signer: Path | None) -> 
 def tick(tmp_path: Path, mode: str, work: Path, folder: str) -> set[str]:
     """The jobs one tick launches, with the state named the way `mode` says."""
     if mode == "path-cli":  # the command of the report: `reconciler run --once --path infra/jobs`
-        done = subprocess.run([sys.executable, "-m", "reconciler", "run", "--once", "--repo", str(work),
-                               "--path", folder], capture_output=True, text=True, timeout=120,
-                              env={**os.environ, "PYTHONPATH": os.getcwd()})
+        done = zygote.run([sys.executable, "-m", "reconciler", "run", "--once", "--repo", str(work),
+                           "--path", folder], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.getcwd()})
         assert done.returncode == 0, done.stderr
         workers = Path(os.environ["RECONCILER_LOCAL_WORKDIR"]) / "workers"
         return {p.name.split(".")[1] for p in workers.iterdir()} if workers.exists() else set()

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests import zygote
 from tests.web.scenario import CANARY, CANARY_ENV, Scenario, build
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,9 +47,9 @@ def start_server(repo: Path, *args: str, env: dict[str, str] | None = None) -> S
     """`reconciler serve` for `repo`, ready when /healthz answers (or failing with its output)."""
     port = free_port()
     environ = {**os.environ, "PYTHONPATH": str(ROOT), CANARY_ENV: CANARY, **(env or {})}
-    proc = subprocess.Popen([sys.executable, "-m", "reconciler", "serve", "--repo", str(repo),
-                             "--listen", f"127.0.0.1:{port}", *args], env=environ, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = zygote.popen([sys.executable, "-m", "reconciler", "serve", "--repo", str(repo),
+                         "--listen", f"127.0.0.1:{port}", *args], env=environ, stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+from tests import zygote
 from tests.conftest import StateRepoFixture
 from tests.web.conftest import ROOT, free_port
 
@@ -24,9 +25,9 @@ def _daemon(state_repo: StateRepoFixture, log: Path, *args: str,
         "spec": {"command": [sys.executable, "-c", "import time; time.sleep(60)"], "target_steps": 10}}))
     state_repo.commit("sleeper")
     with open(log, "wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "reconciler", "run", "--repo", str(state_repo.path), *args],
-                                stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "300", **(env or {})})
+        return zygote.popen([sys.executable, "-m", "reconciler", "run", "--repo", str(state_repo.path), *args],
+                            stdout=out, stderr=subprocess.STDOUT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "300", **(env or {})})
 
 
 def test_run_with_serve_shows_the_daemon_s_job_on_the_page(state_repo: StateRepoFixture, tmp_path: Path) -> None:
@@ -86,10 +87,10 @@ def test_listen_without_the_web_extra_is_one_sentence(state_repo: StateRepoFixtu
     (tmp_path / "uvicorn.py").write_text("raise ImportError('not installed', name='uvicorn')\n")
     from reconciler.daemon.webhook import SECRET_ENV
 
-    res = subprocess.run([sys.executable, "-m", "reconciler", "run", "--repo", str(state_repo.path), "--listen", ":0"],
-                         capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "COLUMNS": "300",
-                              SECRET_ENV: "s3cret"})
+    res = zygote.run([sys.executable, "-m", "reconciler", "run", "--repo", str(state_repo.path), "--listen", ":0"],
+                     capture_output=True, text=True, timeout=60,
+                     env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "COLUMNS": "300",
+                          SECRET_ENV: "s3cret"})
     assert res.returncode == 1, res.stdout + res.stderr
     assert "--listen needs the web extra (uvicorn is missing): pip install 'reconciler[web]'" in res.stderr
     assert "Traceback" not in res.stderr

@@ -18,6 +18,7 @@ import pytest
 from reconciler.web.app import TOKEN_ENV, check_bind, local_path
 from reconciler.web.views import commit_url_template, merge_attempts, timeline
 from status.models import Attempt, JobStatus, Outcome
+from tests import zygote
 from tests.web.conftest import ROOT, start_server, stop_server
 from tests.web.scenario import Scenario
 
@@ -57,8 +58,8 @@ def test_a_token_in_the_address_becomes_a_cookie_and_leaves_the_address(gated) -
 
 
 def _serve(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "reconciler", "serve", *args], capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+    return zygote.run([sys.executable, "-m", "reconciler", "serve", *args], capture_output=True, text=True,
+                      timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT), **env})
 
 
 def test_serving_beyond_loopback_without_a_token_refuses_to_start(scenario: Scenario) -> None:

@@ -70,7 +70,7 @@ class Store:
 
 def child_env(store: Store, folder: RunFolder, epoch: int, every: int) -> dict[str, str]:
     """The environment of a worker run as a program of its own (`python -m`, or forked from
-    tests/worker/zygote.py): this one's, the run's variables, and the worktree on PYTHONPATH."""
+    tests/zygote.py): this one's, the run's variables, and the worktree on PYTHONPATH."""
     root = str(Path(__file__).resolve().parents[2])
     pythonpath = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
     return {**os.environ, **store.env(folder, epoch, RECONCILER_CHECKPOINT_EVERY=every), "PYTHONPATH": pythonpath}

@@ -37,7 +37,7 @@ from tests.worker.harness import (
     spawn,
 )
 from tests.worker.workloads.data_train import rank_child
-from tests.worker.zygote import Child, zygote
+from tests.zygote import ForkedPopen, start
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 37  # not a multiple of the batch size: the last batch is short
@@ -245,13 +245,13 @@ def test_progress_past_the_target_is_warned(tmp_path: Path, caplog: pytest.LogCa
 PRELOAD = ("torch", "torch._dynamo", "torch.optim", "torch.utils.data", "numpy")
 
 
-def start_child(module: str, env: dict[str, str], cfg: dict[str, Any]) -> Child:
-    """`python -m module cfg`, forked from a server that has imported torch (tests/worker/zygote.py)."""
+def start_child(module: str, env: dict[str, str], cfg: dict[str, Any]) -> ForkedPopen:
+    """`python -m module cfg`, forked from a server that has imported torch (tests/zygote.py)."""
     log = Path(tempfile.mkstemp(prefix="data-position-", suffix=".log")[1])
-    return zygote(*PRELOAD).start(module, [json.dumps(cfg)], env, log)
+    return start(module, [json.dumps(cfg)], env, log, PRELOAD)
 
 
-def wait_child(proc: Child, module: str, timeout: float = 240) -> int:
+def wait_child(proc: ForkedPopen, module: str, timeout: float = 240) -> int:
     try:
         code = proc.wait(timeout)
     except subprocess.TimeoutExpired:

@@ -24,7 +24,7 @@ from adapters.storage import RunFolder
 from reconciler.worker import Run, open_run
 from reconciler.worker.integrations import files
 from tests.worker.harness import References, Store, assert_same, load
-from tests.worker.zygote import Child, zygote
+from tests.zygote import ForkedPopen, start
 
 ROOT = Path(__file__).resolve().parents[2]
 # package, workload, steps, checkpoint every. Lightning's job has 8 batches an epoch: its
@@ -50,13 +50,13 @@ PRELOAD = ("torch", "lightning.pytorch", "torchdata.stateful_dataloader", "trans
            "transformers.models.gpt2.modeling_gpt2")
 
 
-def launch(module: str, env: dict[str, str], cfg: dict[str, Any], out: Path) -> Child:
+def launch(module: str, env: dict[str, str], cfg: dict[str, Any], out: Path) -> ForkedPopen:
     """One training attempt: a real process of its own, running the worktree's code."""
     full = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
-    return zygote(*PRELOAD).start(module, [json.dumps(cfg)], full, out)
+    return start(module, [json.dumps(cfg)], full, out, PRELOAD)
 
 
-def finish(proc: Child, timeout: float = 300) -> int:
+def finish(proc: ForkedPopen, timeout: float = 300) -> int:
     try:
         return proc.wait(timeout)
     except subprocess.TimeoutExpired:
@@ -65,7 +65,7 @@ def finish(proc: Child, timeout: float = 300) -> int:
         raise AssertionError(f"training attempt did not finish within {timeout}s") from None
 
 
-def wait_for(predicate: Any, proc: Child, what: str, timeout: float = 300) -> None:
+def wait_for(predicate: Any, proc: ForkedPopen, what: str, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if proc.poll() is not None:
@@ -87,7 +87,7 @@ def temporary(folder: RunFolder, epoch: int, tmp: Path) -> Path:
 
 
 def attempt(store: Store, folder: RunFolder, module: str, cfg: dict[str, Any], tmp: Path,
-            tag: str = "") -> Child:
+            tag: str = "") -> ForkedPopen:
     """`tag` names its log and the trainer's own output folder, for one that runs beside another."""
     epoch = folder.bump_lease()
     scratch = temporary(folder, epoch, tmp)
