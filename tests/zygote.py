@@ -12,7 +12,7 @@ instead of exec'd here, so `communicate`, `wait`, `poll`, `send_signal` and the 
 own. The child runs the module from the top, as `python -m` would, with exactly the environment,
 folder and arguments given; what it does not repeat is the import. So a module may not read its
 environment at import time (the forks would all see the server's): the preload lists below leave out
-the modules that do (the command line's rich consoles read COLUMNS and NO_COLOR when created), and the
+the modules that do (the command line's rich consoles are made at import and read NO_COLOR then), and the
 server refuses to serve if a preload has started a thread, which a fork would not carry. A process
 whose environment would start Python differently (another PYTHON* setting, or a folder on PYTHONPATH
 the server lacks, as a test that hides a module behind a stand-in has) is started fresh instead.
