@@ -1,14 +1,15 @@
 """CPU a process pays to start, for the processes the reconciler starts most: the local provider's
-supervisor (one per local worker), the command line, and the worker SDK (alone, as a script that does
-not use torch imports it, and after torch, as a PyTorch script does). Each is measured as the
+supervisor (one per local worker), the command line, the daemon (what `reconciler run` imports before
+its first tick), and the worker SDK (alone, as a script that does not use torch imports it, and after
+torch, as a PyTorch script does). Each is measured as the
 CPU-seconds of `python -c "import MODULE"` in a fresh process, as a ratio to a bare `python -c pass`
 measured in the same run (this machine is noisy; the ratio is what to compare between runs).
 
     python bench/startup.py            # 10 processes each
     python bench/startup.py --quick    # 1 each: a smoke run (tests/)
 
-The last line: supervisor_cpu_s=A local_adapter_cpu_s=B cli_cpu_s=C sdk_cpu_s=D sdk_with_torch_cpu_s=E
-bare_cpu_s=F
+The last line: supervisor_cpu_s=A local_adapter_cpu_s=B cli_cpu_s=C daemon_cpu_s=D sdk_cpu_s=E
+sdk_with_torch_cpu_s=F bare_cpu_s=G
 (means; the supervisor is what a local launch pays, the local adapter what it paid while the
 supervisor imported it).
 """
@@ -24,7 +25,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULES = {"supervisor": "adapters.local_supervisor", "local_adapter": "adapters.local",
-           "cli": "reconciler.cli.main", "sdk": "reconciler.worker", "sdk_with_torch": "torch, reconciler.worker"}
+           "cli": "reconciler.cli.main", "daemon": "reconciler.cli.main, reconciler.daemon.service",
+           "sdk": "reconciler.worker", "sdk_with_torch": "torch, reconciler.worker"}
 
 
 def cpu_of(code: str, n: int) -> float:

@@ -1,9 +1,10 @@
 """A warm start for the processes the tests run as `python -m module`: a server that has imported the
 heavy modules once, and forks a real process from itself for each run.
 
-What it saves, per process started: the daemon's imports (`reconciler run`) about 0.7 CPU-seconds,
-the other commands' about 0.35, Lightning about 6, transformers' Trainer about 7, torch with the
-`torch._dynamo` an optimizer imports about 3.5. The tests start a few hundred such processes.
+What it saves, per process started: the daemon's imports (`reconciler run`) about 0.5 CPU-seconds,
+the other commands' about 0.24 (bench/startup.py, on an idle machine; more under the suite's load),
+Lightning about 6, transformers' Trainer about 7, torch with the `torch._dynamo` an optimizer imports
+about 3.5. The tests start a few hundred such processes.
 
 A fork of the server is still a real process of its own: its own pid to signal, its own exit code,
 its own children, and the standard streams the test asked for (pipes, files, /dev/null), passed to
@@ -254,15 +255,18 @@ def popen(args: list[str], *, preload: tuple[str, ...] = CLI_PRELOAD, **kwargs: 
     """As `subprocess.Popen(args, **kwargs)` for `args` = [sys.executable, "-m", module, ...]: forked
     warm, or started fresh where its environment would start Python otherwise than the server."""
     server = zygote(*preload)
-    if not server.starts_alike(kwargs.get("env") or os.environ):
+    env = kwargs.get("env")
+    if not server.starts_alike(os.environ if env is None else env):
         return subprocess.Popen(args, **kwargs)
     return ForkedPopen(args, server=server, **kwargs)
 
 
 def run(args: list[str], *, input: Any = None, capture_output: bool = False, timeout: float | None = None,
         check: bool = False, preload: tuple[str, ...] = CLI_PRELOAD, **kwargs: Any) -> subprocess.CompletedProcess[Any]:
-    """As `subprocess.run(args, ...)` for `args` = [sys.executable, "-m", module, ...], forked warm."""
+    """As `subprocess.run(args, ...)` for `args` = [sys.executable, "-m", module, ...], started by `popen`."""
     if input is not None:
+        if "stdin" in kwargs:
+            raise ValueError("stdin and input may not both be used")
         kwargs["stdin"] = subprocess.PIPE
     if capture_output:
         kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE

@@ -23,5 +23,5 @@ def test_the_startup_bench_ends_with_its_figures() -> None:
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     last = res.stdout.strip().splitlines()[-1]
-    assert re.fullmatch(r"supervisor_cpu_s=[\d.]+ local_adapter_cpu_s=[\d.]+ cli_cpu_s=[\d.]+ sdk_cpu_s=[\d.]+ "
-                        r"sdk_with_torch_cpu_s=[\d.]+ bare_cpu_s=[\d.]+", last), last
+    assert re.fullmatch(r"supervisor_cpu_s=[\d.]+ local_adapter_cpu_s=[\d.]+ cli_cpu_s=[\d.]+ daemon_cpu_s=[\d.]+ "
+                        r"sdk_cpu_s=[\d.]+ sdk_with_torch_cpu_s=[\d.]+ bare_cpu_s=[\d.]+", last), last
