@@ -54,6 +54,7 @@ for the optimum.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import math
@@ -68,6 +69,9 @@ from dataclasses import dataclass
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import lookahead as la  # noqa: E402
 
 from adapters.sim import JobModel, PreemptionTrace, ProviderModel  # noqa: E402
 from reconciler.planner.outlook.deadline import RISK_INFEASIBLE, Choice, Option, PlacementPolicy, Situation  # noqa: E402
@@ -89,6 +93,7 @@ FREE_QUOTA_FRACTION = 0.25  # --free: quota as a fraction of W
 SESSION_LIMIT = 12 * 3600.0
 DEADLINES = (1.1, 1.5, 2.0)
 POLICIES = ("ours", "greedy", "uniform-progress", "on-demand")
+REPORTED = (*POLICIES, "lookahead")  # --lookahead adds the reference policy of bench/lookahead.py
 UNIT = 60.0  # the optimum's time step, s
 
 
@@ -176,13 +181,15 @@ class Greedy:
 
 
 class UniformProgress:
-    """Uniform Progress (Wu et al., NSDI'24), from its rules. ep(t) = W (t - start) / (D - start)
-    is the straight line from no progress at the first launch to all of it at the deadline; d is
-    the changeover.
+    """Uniform Progress (Wu et al., NSDI'24), from its rules as the paper's simulator writes them
+    (skypilot-org/can-be-late, `sky_spot/strategies`). ep(t) = W (t - start) / (D - start) is the
+    straight line from no progress when the job is submitted (the benchmark's start) to all of it at
+    the deadline; d is the changeover.
 
     1. Idle and behind ep(now): on-demand, and stay to catch up (rule 3).
     2. Spot whenever it is available, even when behind; on spot, stay until preempted.
-    3. Hysteresis: on on-demand, stay until progress >= ep(now + 2d).
+    3. Hysteresis: on on-demand, stay until progress >= ep(now + 2d); then, with no spot and not
+       behind ep(now), stop it and wait idle (`Choice.leave`).
     4. Safety net: once the time left < the work left + 2d, on-demand to the end.
     """
 
@@ -194,8 +201,8 @@ class UniformProgress:
 
     def _expected(self, s: Situation, at: float) -> float:
         assert s.deadline is not None and s.target_steps is not None
-        span = max(1.0, s.deadline - s.window_start)
-        return s.target_steps * min(1.0, max(0.0, (at - s.window_start) / span))
+        span = max(1.0, s.deadline - START)
+        return s.target_steps * min(1.0, max(0.0, (at - START) / span))
 
     def __call__(self, s: Situation) -> Choice:
         assert s.deadline is not None and s.remaining_steps is not None
@@ -213,18 +220,66 @@ class UniformProgress:
         taken = take_cheap(s, "uniform progress")
         if taken is not None:
             return taken
-        if od is not None and not on_od and done < self._expected(s, s.now):
+        if od is not None and done < self._expected(s, s.now):
             return Choice(od.provider, "uniform progress: behind ep(t), on-demand")
-        return Choice(None, "uniform progress: ahead of ep(t), waiting for spot")
+        return Choice(None, "uniform progress: ahead of ep(t), idle until spot", leave=on_od)
+
+
+class Lookahead:
+    """Not a published baseline and not the product's policy: the expected-cost lookahead of
+    bench/lookahead.py, told the trace's mean available and unavailable periods (`--lookahead`).
+    It shows what an online policy that knew a zone's statistics, not its future, could reach."""
+
+    name = "lookahead"
+
+    def __init__(self, known: Known, up_seconds: float, down_seconds: float) -> None:
+        self.known = known
+        self.model = la.Model(step_seconds=known.tick, spot_price=SPOT_PRICE, fallback_price=ON_DEMAND_PRICE,
+                              changeover_spot=known.changeover, changeover_fallback=known.changeover,
+                              up_seconds=up_seconds, down_seconds=down_seconds,
+                              unsaved_seconds=known.checkpoint_interval / 2)
+
+    def __call__(self, s: Situation) -> Choice:
+        assert s.deadline is not None and s.remaining_steps is not None
+        od, spot = on_demand(s), next(o for o in s.options if o.interruptible)
+        assert od is not None
+        loc = la.NOWHERE if s.current is None else la.SPOT if s.current == spot.provider else la.FALLBACK
+        durable, left = self.known.work_seconds(s.remaining_steps), s.deadline - s.now
+        act, _ = la.choose(self.model, left, max(0.0, durable - s.unsaved_seconds), durable, loc,
+                           spot.available or loc == la.SPOT)
+        if act == la.STOP:
+            act = la.then(self.model, left, durable, spot.available)
+            if act == {la.SPOT: la.RUN_SPOT, la.FALLBACK: la.RUN_FALLBACK}.get(loc):
+                act = la.WAIT
+        if act == la.RUN_SPOT:
+            return Choice(spot.provider, "lookahead: spot")
+        if act == la.RUN_FALLBACK:
+            return Choice(od.provider, "lookahead: on-demand")
+        return Choice(None, "lookahead: wait", leave=s.current is not None)
 
 
 BASELINES: dict[str, type[OnDemandOnly] | type[Greedy] | type[UniformProgress]] = {
     "greedy": Greedy, "uniform-progress": UniformProgress, "on-demand": OnDemandOnly}
 
 
-def policy_for(name: str, known: Known) -> PlacementPolicy | None:
+def periods(trace: PreemptionTrace) -> tuple[float, float]:
+    """The trace's mean available and unavailable periods, seconds (a whole trace as one period
+    where it never changes)."""
+    runs: dict[bool, list[int]] = {True: [], False: []}
+    for up, group in itertools.groupby(x >= 1 for x in trace.data):
+        runs[up].append(sum(1 for _ in group))
+    mean = {k: trace.gap_seconds * (sum(v) / len(v)) if v else trace.gap_seconds for k, v in runs.items()}
+    return mean[True], mean[False]
+
+
+def policy_for(name: str, known: Known, case: Case | None = None) -> PlacementPolicy | None:
     """None: the product's own (reconciler.planner.outlook.deadline.choose)."""
-    return None if name == "ours" else BASELINES[name](known)
+    if name == "ours":
+        return None
+    if name == "lookahead":
+        assert case is not None
+        return Lookahead(known, *periods(case.trace))
+    return BASELINES[name](known)
 
 
 # ---- traces -------------------------------------------------------------------------------------
@@ -370,7 +425,7 @@ def simulate(args: tuple[str, Case]) -> dict[str, Any]:
     job = JobPlan("job", target_steps=case.target_steps, model=model(), max_retries=1000,
                   deadline_seconds=case.deadline, step_seconds=STEP if case.declared and name == "ours" else None)
     config = SimConfig(providers=providers(case), jobs=[job], seed=case.seed, tick_seconds=TICK,
-                       placement_policy=policy_for(name, known))
+                       placement_policy=policy_for(name, known, case))
     sim = Simulation(config)
     t0 = time.perf_counter()
     settled = infeasible = False
@@ -453,9 +508,9 @@ def summarize(results: list[dict[str, Any]], ratios: Sequence[float]) -> tuple[l
     worst_opt = worst_up = 0.0
     met = total = 0
     for r in ratios:
-        rows = {p: [x for x in results if x["ratio"] == r and x["policy"] == p] for p in (*POLICIES, "optimum")}
+        rows = {p: [x for x in results if x["ratio"] == r and x["policy"] == p] for p in (*REPORTED, "optimum")}
         mean = {p: sum(x["cost"] for x in xs) / len(xs) for p, xs in rows.items() if xs}
-        for p in (*POLICIES, "optimum"):
+        for p in (*REPORTED, "optimum"):
             xs = rows[p]
             if not xs:
                 continue
@@ -480,7 +535,7 @@ def breakdown_lines(results: list[dict[str, Any]], ratios: Sequence[float]) -> l
         for seed in sorted({x["seed"] for x in results if x["ratio"] == r}):
             rows = {x["policy"]: x for x in results if x["ratio"] == r and x["seed"] == seed}
             best = rows.get("optimum", {}).get("cost", math.nan)
-            for p in POLICIES:
+            for p in REPORTED:
                 x = rows.get(p)
                 if x is None:
                     continue
@@ -504,6 +559,8 @@ def main() -> None:
                                                                   "on-demand hours, attempts and lost work")
     ap.add_argument("--declared-step-time", action="store_true",
                     help="ours' manifest states the step time (step_seconds), as the baselines are told it")
+    ap.add_argument("--lookahead", action="store_true",
+                    help="also run bench/lookahead.py's reference policy, told each trace's mean periods")
     ap.add_argument("--processes", type=int, default=min(2, os.cpu_count() or 1))
     a = ap.parse_args()
     hours = a.hours or (8.0 if a.quick else 24.0)
@@ -513,7 +570,9 @@ def main() -> None:
     traces = [rotated(base, seed) if base else synthetic_trace(seed, length) for seed in range(1, n + 1)]
     cases = [Case(hours, r, tr, a.free, seed, a.declared_step_time)
              for seed, tr in enumerate(traces, start=1) for r in DEADLINES]
-    tasks = [(p, c) for c in cases for p in (*POLICIES, "optimum")]
+    if a.lookahead and a.free:
+        ap.error("--lookahead models spot and on-demand only, not a free provider")
+    tasks = [(p, c) for c in cases for p in (*POLICIES, *(("lookahead",) if a.lookahead else ()), "optimum")]
     tasks.sort(key=lambda t: -t[1].ratio)  # the longest runs first
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=a.processes) as pool:

@@ -15,8 +15,10 @@ if os.environ.get("CI") != "true":  # in CI numpy (the torch extra) must be ther
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
 
 import deadline as bench  # noqa: E402
+import lookahead as la  # noqa: E402
 
 from adapters.sim import PreemptionTrace  # noqa: E402
+from reconciler.planner.outlook.deadline import Option, Situation  # noqa: E402
 
 HOUR = 3600.0
 MIN = 60.0  # the optimum's step: costs below count steps of a minute
@@ -72,11 +74,11 @@ def test_every_policy_runs_through_the_real_tick_and_the_baselines_meet_a_loose_
     # Spot for the first 40 minutes, then gone for an hour, then back: one preemption at least.
     trace = PreemptionTrace(300.0, (1,) * 8 + (0,) * 12 + (1,) * 40)
     case = bench.Case(hours=1.0, ratio=3.0, trace=trace, seed=1)
-    results = {name: bench.simulate((name, case)) for name in bench.POLICIES}
+    results = {name: bench.simulate((name, case)) for name in bench.REPORTED}
     for name, r in results.items():
         assert r["violations"] == 0 and r["tick_exceptions"] == 0 and r["settled"], (name, r)
         assert r["cost"] >= 0
-    for name in ("greedy", "uniform-progress", "on-demand"):
+    for name in ("greedy", "uniform-progress", "on-demand", "lookahead"):
         assert results[name]["met"], (name, results[name]["message"])
     # The simulation bills what the optimum's model counts: on-demand alone costs one changeover
     # and the work, checkpoints included, at the on-demand price.
@@ -102,3 +104,48 @@ def test_the_breakdown_says_where_the_money_went_trace_by_trace() -> None:
     assert greedy["cost"] == pytest.approx(greedy["spot_h"] * bench.SPOT_PRICE)
     lines = bench.breakdown_lines([greedy, bench.optimum(case)], [3.0])
     assert lines[2].startswith("| 3 W | 1 | greedy |") and lines[3].startswith("| 3 W | 1 | optimum |")
+
+
+def _situation(now: float, done: int, current: str | None, spot_there: bool) -> Situation:
+    """One job of 1 h of steps due 3 h after the benchmark's start, on the benchmark's two pools."""
+    options = tuple(Option(name, price, name == "spot", False, there, 1.0, True, 3 * HOUR, bench.CHANGEOVER)
+                    for name, price, there in (("spot", 1.0, spot_there), ("ondemand", 3.0, True)))
+    return Situation(job="job", now=bench.START + now, deadline=bench.START + 3 * HOUR, budget_left=None,
+                     done_steps=done, target_steps=3600, window_start=bench.START + now, current=current,
+                     options=options)
+
+
+def test_uniform_progress_draws_its_line_from_the_submission_and_stops_on_demand_once_ahead() -> None:
+    """As the paper's simulator (skypilot-org/can-be-late, sky_spot/strategies) writes it: ep(t)
+    starts when the job is submitted, not at its first launch, and a run ahead of the line with no
+    spot is idle, its on-demand machine stopped."""
+    up = bench.UniformProgress(bench.Known())
+    # Nothing launched yet, 30 min in, spot gone: behind the line from the start, so on-demand
+    # (the line from the first launch would read 0 expected and wait).
+    behind = up(_situation(30 * MIN, 0, None, spot_there=False))
+    assert behind.provider == "ondemand"
+    # On on-demand and ahead of ep(t + 2d), spot still gone: stop it and wait.
+    ahead = up(_situation(HOUR, 2400, "ondemand", spot_there=False))
+    assert ahead.provider is None and ahead.leave
+    # On on-demand but behind ep(t + 2d): stay (the hysteresis).
+    assert up(_situation(HOUR, 1200, "ondemand", spot_there=True)).provider == "ondemand"
+
+
+def test_a_traces_mean_periods_are_its_runs_of_availability() -> None:
+    trace = PreemptionTrace(300.0, (1, 1, 0, 1, 1, 1, 1, 0, 0, 0))
+    assert bench.periods(trace) == (3 * 300.0, 2 * 300.0)  # available 2 then 4 ticks; gone 1 then 3
+    assert bench.periods(PreemptionTrace(60.0, (1, 1))) == (120.0, 60.0)  # never gone: one tick stands in
+
+
+def test_the_lookahead_takes_spot_that_lasts_and_on_demand_when_the_deadline_is_near() -> None:
+    model = la.Model(step_seconds=300.0, spot_price=1.0, fallback_price=3.0, changeover_spot=180.0,
+                     changeover_fallback=180.0, up_seconds=6 * HOUR, down_seconds=HOUR, unsaved_seconds=300.0)
+    loose, _ = la.choose(model, 6 * HOUR, 2 * HOUR, 2 * HOUR, la.NOWHERE, room=True)
+    assert loose == la.RUN_SPOT
+    waits, costs = la.choose(model, 6 * HOUR, 2 * HOUR, 2 * HOUR, la.NOWHERE, room=False)
+    assert waits == la.WAIT and costs[la.WAIT] < costs[la.RUN_FALLBACK]  # 4 h of slack: spot will come back
+    tight, _ = la.choose(model, 2 * HOUR + 10 * MIN, 2 * HOUR, 2 * HOUR, la.NOWHERE, room=False)
+    assert tight == la.RUN_FALLBACK
+    # On spot, a stop loses the work since the checkpoint: with spot there, it stays.
+    stays, _ = la.choose(model, 6 * HOUR, 2 * HOUR - 250.0, 2 * HOUR, la.SPOT, room=True)
+    assert stays == la.RUN_SPOT
