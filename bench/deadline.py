@@ -15,8 +15,11 @@ Each run is the real `Reconciler.tick()` in simulated time (reconciler/sim), one
 - greedy: spot (or free) whenever there is some; on-demand only once the time left is down to the
   work left plus a changeover, and then to the end;
 - uniform-progress: the Uniform Progress policy of Wu et al., "Can't Be Late" (NSDI'24), written
-  here from the paper's rules (see `UniformProgress`);
+  here from the paper's rules as its simulator writes them (see `UniformProgress`);
 - on-demand: on-demand only;
+- lookahead (with --lookahead): not a published baseline and not the product's policy; the
+  expected-cost lookahead of bench/lookahead.py, told each trace's mean available and unavailable
+  periods (see `Lookahead`);
 - optimum: not simulated but computed: the cheapest schedule that knows the whole trace and
   finishes by D (dynamic programming in one-minute steps, with the same changeover, the same
   prices and the same work, checkpoints included; see `optimum_cost`). It is a lower bound: it
@@ -27,8 +30,8 @@ interval) and the changeover; they see everything else through the `Situation` t
 hands them. Where a rule says "when the time left equals the work left", they add two ticks:
 the planner asks the policy once a tick, and a move stops the worker on one tick and launches
 on the next. A policy that answers "wait" (provider None) for a running attempt keeps it, unless
-its Choice says `leave` (then the worker is stopped and the run waits); the baselines never say
-`leave`, so as before a baseline on on-demand stays there until spot comes back.
+its Choice says `leave` (then the worker is stopped and the run waits): Uniform Progress says it
+once it is ahead of its line with no spot, as its reference code goes idle; greedy never does.
 
 A run meets its deadline when its completion (sim.cloud.completions) is at or before start + D
 and the job is Succeeded. Cost is what the providers billed (SimCloud.spent_usd), missed runs
@@ -44,6 +47,7 @@ seeded start offsets instead.
     python bench/deadline.py --free             # add a free provider with a quota
     python bench/deadline.py --quick --declared-step-time  # ours' manifest states step_seconds
     python bench/deadline.py --quick --breakdown # and, trace by trace, where each policy's money went
+    python bench/deadline.py --quick --lookahead # and the reference lookahead, told each trace's mean periods
 
 Prints a markdown table, then one line: deadline_met=M/N cost_vs_optimum=X
 cost_vs_uniform_progress=Y (M/N: ours' runs that met their deadline; X and Y: the worst over the
