@@ -11,14 +11,17 @@ an interruption loses the work since its last checkpoint.
 Each run is the real `Reconciler.tick()` in simulated time (reconciler/sim), one tick every
 300 s, the invariant checker on; only the placement policy changes (`SimConfig.placement_policy`):
 
-- ours: the product's policy, reconciler.planner.outlook.deadline.choose;
+- ours: the product's policy, reconciler.planner.outlook.deadline.choose, as configured by default
+  (`deadline_policy: rules`);
+- ours-lookahead: the same with `deadline_policy: lookahead` (its expected-cost lookahead for spot,
+  reconciler.planner.outlook.lookahead, from what the run has measured);
 - greedy: spot (or free) whenever there is some; on-demand only once the time left is down to the
   work left plus a changeover, and then to the end;
 - uniform-progress: the Uniform Progress policy of Wu et al., "Can't Be Late" (NSDI'24), written
   here from the paper's rules as its simulator writes them (see `UniformProgress`);
 - on-demand: on-demand only;
 - lookahead (with --lookahead): not a published baseline and not the product's policy; the
-  expected-cost lookahead of bench/lookahead.py, told each trace's mean available and unavailable
+  expected-cost lookahead of reconciler.planner.outlook.lookahead, told each trace's mean available and unavailable
   periods (see `Lookahead`);
 - optimum: not simulated but computed: the cheapest schedule that knows the whole trace and
   finishes by D (dynamic programming in one-minute steps, with the same changeover, the same
@@ -51,8 +54,8 @@ seeded start offsets instead.
 
 Prints a markdown table, then one line: deadline_met=M/N cost_vs_optimum=X
 cost_vs_uniform_progress=Y (M/N: ours' runs that met their deadline; X and Y: the worst over the
-deadlines of ours' mean cost against the optimum's and against Uniform Progress's). Needs numpy
-for the optimum.
+deadlines of ours' mean cost against the optimum's and against Uniform Progress's), just after the
+same line for ours-lookahead. Needs numpy for the optimum.
 """
 
 from __future__ import annotations
@@ -69,16 +72,22 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import lookahead as la  # noqa: E402
-
 from adapters.sim import JobModel, PreemptionTrace, ProviderModel  # noqa: E402
-from reconciler.planner.outlook.deadline import RISK_INFEASIBLE, Choice, Option, PlacementPolicy, Situation  # noqa: E402
+from reconciler.planner.outlook import lookahead as la  # noqa: E402
+from reconciler.planner.outlook.deadline import (  # noqa: E402
+    RISK_INFEASIBLE,
+    Choice,
+    Option,
+    PlacementPolicy,
+    Situation,
+    choose,
+)
 from reconciler.planner.plan import MOVING  # noqa: E402
 from reconciler.sim.driver import START, JobPlan, ProviderPlan, SimConfig, Simulation  # noqa: E402
 
@@ -96,8 +105,8 @@ SPOT_DOWN_MEAN = 2 * 3600.0  # mean unavailable period
 FREE_QUOTA_FRACTION = 0.25  # --free: quota as a fraction of W
 SESSION_LIMIT = 12 * 3600.0
 DEADLINES = (1.1, 1.5, 2.0)
-POLICIES = ("ours", "greedy", "uniform-progress", "on-demand")
-REPORTED = (*POLICIES, "lookahead")  # --lookahead adds the reference policy of bench/lookahead.py
+POLICIES = ("ours", "ours-lookahead", "greedy", "uniform-progress", "on-demand")
+REPORTED = (*POLICIES, "lookahead")  # --lookahead adds the reference: the lookahead told the trace's mean periods
 UNIT = 60.0  # the optimum's time step, s
 
 
@@ -231,8 +240,9 @@ class UniformProgress:
 
 class Lookahead:
     """Not a published baseline and not the product's policy: the expected-cost lookahead of
-    bench/lookahead.py, told the trace's mean available and unavailable periods (`--lookahead`).
-    It shows what an online policy that knew a zone's statistics, not its future, could reach."""
+    reconciler.planner.outlook.lookahead, told the trace's mean available and unavailable periods
+    (`--lookahead`). It shows what an online policy that knew a zone's statistics, not its future,
+    could reach."""
 
     name = "lookahead"
 
@@ -280,6 +290,8 @@ def policy_for(name: str, known: Known, case: Case | None = None) -> PlacementPo
     """None: the product's own (reconciler.planner.outlook.deadline.choose)."""
     if name == "ours":
         return None
+    if name == "ours-lookahead":
+        return lambda s: choose(replace(s, lookahead=True))
     if name == "lookahead":
         assert case is not None
         return Lookahead(known, *periods(case.trace))
@@ -505,8 +517,8 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b > 0 else (1.0 if a == 0 else math.inf)
 
 
-def summarize(results: list[dict[str, Any]], ratios: Sequence[float]) -> tuple[list[str], str]:
-    """The markdown table and the last line."""
+def summarize(results: list[dict[str, Any]], ratios: Sequence[float], who: str = "ours") -> tuple[list[str], str]:
+    """The markdown table and the last line, of `who`."""
     lines = ["| deadline D | policy | deadlines met | mean cost ($) | cost / optimum | mean finish (h) |",
              "|---|---|---|---|---|---|"]
     worst_opt = worst_up = 0.0
@@ -522,11 +534,11 @@ def summarize(results: list[dict[str, Any]], ratios: Sequence[float]) -> tuple[l
             ratio = _ratio(mean[p], mean["optimum"]) if "optimum" in mean else math.nan
             lines.append(f"| {r:g} W | {p} | {sum(1 for x in xs if x['met'])}/{len(xs)} | {mean[p]:.2f} "
                          f"| {ratio:.2f} | {sum(finishes) / len(finishes) if finishes else math.nan:.1f} |")
-        ours = rows["ours"]
+        ours = rows[who]
         met += sum(1 for x in ours if x["met"])
         total += len(ours)
-        worst_opt = max(worst_opt, _ratio(mean["ours"], mean["optimum"]))
-        worst_up = max(worst_up, _ratio(mean["ours"], mean["uniform-progress"]))
+        worst_opt = max(worst_opt, _ratio(mean[who], mean["optimum"]))
+        worst_up = max(worst_up, _ratio(mean[who], mean["uniform-progress"]))
     last = f"deadline_met={met}/{total} cost_vs_optimum={worst_opt:.2f} cost_vs_uniform_progress={worst_up:.2f}"
     return lines, last
 
@@ -564,7 +576,7 @@ def main() -> None:
     ap.add_argument("--declared-step-time", action="store_true",
                     help="ours' manifest states the step time (step_seconds), as the baselines are told it")
     ap.add_argument("--lookahead", action="store_true",
-                    help="also run bench/lookahead.py's reference policy, told each trace's mean periods")
+                    help="also run the reference lookahead, told each trace's mean periods")
     ap.add_argument("--processes", type=int, default=min(2, os.cpu_count() or 1))
     a = ap.parse_args()
     hours = a.hours or (8.0 if a.quick else 24.0)
@@ -611,6 +623,7 @@ def main() -> None:
     if a.breakdown:
         print()
         print("\n".join(breakdown_lines(results, DEADLINES)))
+    print(f"ours-lookahead: {summarize(results, DEADLINES, 'ours-lookahead')[1]}")
     print(last)
 
 

@@ -687,6 +687,11 @@ class Settings(Strict):
                                 f"{REPOSITORY_STORAGE.format(key='<identity>')}, a folder of this repository's own "
                                 "on the daemon's machine")
     tick_seconds: float = Field(default=30.0, gt=0, description="seconds between ticks of the daemon")
+    deadline_policy: Literal["rules", "lookahead"] = Field(
+        default="rules",
+        description="how a job with a deadline chooses between spot, its reliable fallback and a wait: `rules` "
+                    "keeps a cover for the next interruption; `lookahead` picks what it expects to finish for "
+                    "least from the measured rates (docs/guides/deadlines-budgets.md)")
     provider_deadline_seconds: float = Field(
         default=20.0, gt=0, le=600,
         description="how long a tick waits for each provider's answer (all are asked at once); one that takes "

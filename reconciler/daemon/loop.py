@@ -37,7 +37,9 @@ from reconciler.daemon.subjects import status_message
 from reconciler.planner.dependencies import held_by_dependency
 from reconciler.planner.ledger import build_ledger
 from reconciler.planner.outlook.deadline import PlacementPolicy, choose
+from reconciler.planner.outlook.reliability import RoomWatch
 from reconciler.planner.plan import Observed, Plan, RunObservation, apply_results, cancelled_by, confirms_cancel, plan
+from reconciler.planner.tick import live
 from reconciler.trust.policy import act_on, hold_note
 from reconciler.trust.redaction import secret_values
 from reconciler.trust.signatures import SignedHistory, with_hold
@@ -114,6 +116,7 @@ class Reconciler:
         self.conditions = Conditions(log)  # tick errors and warnings: said when they start and end
         self._lock: IO[str] | None = None
         self._heartbeats: dict[tuple[str, str], tuple[object, float, int]] = {}
+        self.room = RoomWatch()  # how long each provider stays without room (the deadline policy's lookahead)
         # Status commits a push did not deliver go out with the next push, even in a tick that
         # changes nothing; a new process pushes once, for what an earlier one left unpushed.
         self._push_pending = True
@@ -275,11 +278,14 @@ class Reconciler:
                 observed.allowances[name] = answer.allowance
             if answer.free_slots is not None:
                 observed.free_slots[name] = answer.free_slots
+                ours = any(ref.provider == name and live(state) for ref, state in answer.workers.items())
+                self.room.see(name, self.clock.now(), answer.free_slots > 0 or ours)
             self._note_foreign(name, answer.foreign)
         for name, age in self.provider_calls.busy().items():
             adapters[name] = cast(ComputeAdapter, Busy(name, age))
         runs = {(name, job.run_id()) for name, job in desired.jobs.items()}
         runs |= {(st.job, st.run_id) for st in recorded.values() if st.run_id and not st.phase.terminal}
+        observed.room_waits = self.room.waits()
         settings = desired.settings
         # A run is read where its status says its folder is (a changed `storage:` moves it later).
         observed.run_storage = {(st.job, st.run_id): st.storage for st in recorded.values() if st.storage}

@@ -70,7 +70,8 @@ def _ask(t: JobTick, policy: Callable[[Situation], Choice] | None, launch: bool 
         done_step=max(t.run.durable_step, t.st.progress.step), live_step=beat,
         current=cur.provider if cur is not None else None, recorded=t.recorded, capacity=t.observed.capacity,
         allowances=t.observed.allowances, health=t.health, reliability=t.reliability, available=available,
-        policy=policy, launch=launch))
+        policy=policy, launch=launch, tick_seconds=t.desired.settings.tick_seconds,
+        lookahead=t.desired.settings.deadline_policy == "lookahead"))
 
 
 def reconsider(t: JobTick) -> bool:

@@ -40,6 +40,7 @@ class Observed:
     # be stopped and billed, never launched on.
     retired: dict[str, Provider] = field(default_factory=dict)
     free_slots: dict[str, int] = field(default_factory=dict)  # provider -> workers it can take now, where it says
+    room_waits: dict[str, float] = field(default_factory=dict)  # provider -> mean seconds without room (RoomWatch)
     # What this tick's probe of run storage found wrong with it (full, read-only, ...), or None:
     # while it holds, nothing is charged and nothing that needs the store is launched.
     store_fault: StoreFault | None = None

@@ -15,9 +15,9 @@ if os.environ.get("CI") != "true":  # in CI numpy (the torch extra) must be ther
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
 
 import deadline as bench  # noqa: E402
-import lookahead as la  # noqa: E402
 
 from adapters.sim import PreemptionTrace  # noqa: E402
+from reconciler.planner.outlook import lookahead as la  # noqa: E402
 from reconciler.planner.outlook.deadline import Option, Situation  # noqa: E402
 
 HOUR = 3600.0

@@ -39,6 +39,10 @@ Its rules, in order:
    both ends of the trip; the stop: the work since the last checkpoint, where its save is cut
    short), and stops to wait only when such a stay would also pay for a wait in vain (the way
    back), at a tick with at most half a checkpoint interval unsaved.
+
+With `deadline_policy: lookahead` in reconciler.yaml (`Situation.lookahead`), rules 3 to 6 give way,
+for priced spot, to the expected-cost lookahead (`_looked_ahead`, reconciler.planner.outlook.lookahead);
+rule 1 and rule 2's safety net of two changeovers still hold, and free capacity keeps the rules.
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from reconciler.planner.outlook import lookahead
+from reconciler.planner.outlook.reliability import PRIOR_ROOM_WAIT_SECONDS
 from status.models import hours as _h
 
 RISK_OK = "on track"
@@ -73,6 +79,7 @@ class Option:
     changeover_seconds: float  # launch to first heartbeat
     hours_left: float | None = None  # attempt hours its quota or credits can still carry (None: no limit)
     mtbf_shape: float = 1.0  # the interruptions the MTBF rests on, weighed by age, its prior's included
+    room_wait_seconds: float = PRIOR_ROOM_WAIT_SECONDS  # mean time it stays without room once it has none
 
     def hours_for(self, steps: int, moving: bool = True) -> float | None:
         """Attempt hours to do `steps` here, with the changeover when the run must move here."""
@@ -131,6 +138,8 @@ class Situation:
     checkpoint_seconds: float | None = None  # attempt seconds between checkpoints (declared or measured); None: unknown
     unsaved_seconds: float = 0.0  # the live attempt's work since its last checkpoint (lost if a stop's save is cut)
     rate_stated: bool = False  # the options' rates are the manifest's step_seconds (nothing measured yet)
+    tick_seconds: float = 30.0  # the daemon's pace: the policy is asked once a tick
+    lookahead: bool = False  # reconciler.yaml's `deadline_policy: lookahead`: spot, fallback or wait by expected cost
 
     @property
     def remaining_steps(self) -> int | None:
@@ -249,6 +258,9 @@ def choose(s: Situation) -> Choice:
         return room > reserve + way_in + lost, (f"{_h(room)} of slack covers one more interruption "
                                                f"({_h(way_in + lost)}; {_h(expected)} expected over the rest)")
 
+    spot = _lookahead_spot(s, fb)
+    if s.lookahead and spot is not None and remaining > 0:  # at the target, the live attempt saves its last steps
+        return _looked_ahead(s, spot, fb, slack, risk)
     current = next((o for o in s.options if o.provider == s.current), None)
     if current is not None and current is not fb:
         ok, why = covers(current)
@@ -265,6 +277,65 @@ def choose(s: Situation) -> Choice:
         if ok and pays:
             return Choice(o.provider, f"on {o.provider}: {why}", risk, slack)
     return _nothing_cheap(s, fb, slack, off_fb, risk)
+
+
+def _lookahead_spot(s: Situation, fb: Option) -> Option | None:
+    """The spot capacity the lookahead weighs against the fallback: the live attempt's, else the
+    first priced interruptible option that can start, else the first such one (a wait is for it).
+    None where free capacity is in play (its quota runs out, which the lookahead does not model) or
+    the live attempt is on other cheap capacity: the rules decide there."""
+    if any(o.free and (o.available or o.provider == s.current) for o in s.options if o is not fb):
+        return None
+    spots = [o for o in s.options if o is not fb and o.interruptible and not o.free and o.price < fb.price
+             and o.rate is not None]
+    if s.current is not None and s.current != fb.provider:
+        return next((o for o in spots if o.provider == s.current), None)
+    return next((o for o in spots if o.available), spots[0] if spots else None)
+
+
+def _looked_ahead(s: Situation, spot: Option, fb: Option, slack: float, risk: str) -> Choice:
+    """`deadline_policy: lookahead`: spot, the fallback or a wait, whichever the lookahead
+    (reconciler.planner.outlook.lookahead) expects to finish for least, from this run's measured
+    rate, checkpoint interval and changeovers, spot's MTBF and its wait for room. Spot or a wait
+    only above the safety net (two changeovers of slack); the deadline's risk is the lookahead's
+    to weigh, so rule 2's cover for the next interruption does not apply."""
+    assert s.deadline is not None and spot.rate is not None and fb.rate is not None
+    model = lookahead.Model(
+        step_seconds=s.tick_seconds, spot_price=spot.price, fallback_price=fb.price,
+        changeover_spot=spot.changeover_seconds, changeover_fallback=fb.changeover_seconds,
+        up_seconds=spot.mtbf_seconds, down_seconds=spot.room_wait_seconds,
+        unsaved_seconds=spot.unsaved_seconds(s.checkpoint_seconds), fallback_speed=fb.rate / spot.rate)
+    loc = lookahead.SPOT if s.current == spot.provider else \
+        lookahead.FALLBACK if s.current == fb.provider else lookahead.NOWHERE
+    durable = (s.remaining_steps or 0) / spot.rate
+    unsaved = s.unsaved_seconds * (fb.rate / spot.rate if loc == lookahead.FALLBACK else 1.0)
+    room = spot.available or loc == lookahead.SPOT
+    left = s.deadline - s.now
+    act, cost = lookahead.choose(model, left, max(0.0, durable - unsaved), durable, loc, room)
+    expected = "; ".join(f"{k} ${cost[k]:.2f}" for k in sorted(cost, key=lambda k: cost[k]))
+    figures = f"{_h(slack)} of slack; expected to finish: {expected}" if cost else f"{_h(slack)} of slack"
+    reserve = 2 * fb.changeover_seconds / 3600.0
+    if act == lookahead.STOP:  # a move is a stop, then a launch where the run is expected to go a tick later
+        act = lookahead.then(model, left, durable, spot.available)
+        if act == _keeping(loc):
+            act = lookahead.WAIT
+    if act == lookahead.RUN_SPOT and slack > reserve:
+        verb = "moving to" if loc == lookahead.FALLBACK else "on"
+        return Choice(spot.provider, f"{verb} {spot.provider}: {figures}", risk, slack)
+    if act == lookahead.WAIT and slack > reserve:
+        if loc == lookahead.NOWHERE:
+            return Choice(None, f"waiting for cheaper capacity: {figures}", risk, slack)
+        return Choice(None, f"leaving {s.current} to wait for cheaper capacity: {figures}", risk, slack, leave=True)
+    if loc == lookahead.SPOT:
+        return Choice(fb.provider, f"moving to {fb.provider}: {figures}", RISK_AT_RISK, slack)
+    if loc == lookahead.FALLBACK or fb.available:
+        return Choice(fb.provider, f"on {fb.provider}: {figures}", risk, slack)
+    return Choice(None, f"waiting for {fb.provider}: {figures}, nothing can start", risk, slack)
+
+
+def _keeping(loc: int) -> str:
+    """The action that keeps a live attempt where it is."""
+    return {lookahead.SPOT: lookahead.RUN_SPOT, lookahead.FALLBACK: lookahead.RUN_FALLBACK}.get(loc, "")
 
 
 def stay_gain(s: Situation, o: Option, fb: Option) -> float:

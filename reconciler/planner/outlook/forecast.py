@@ -27,7 +27,13 @@ from math import floor, log10
 from statistics import median
 
 from desired.models import Provider
-from reconciler.planner.outlook.reliability import PRIOR_SPOT_MTBF_SECONDS, mtbf, prior_mtbf, records
+from reconciler.planner.outlook.reliability import (
+    PRIOR_ROOM_WAIT_SECONDS,
+    PRIOR_SPOT_MTBF_SECONDS,
+    mtbf,
+    prior_mtbf,
+    records,
+)
 from status.models import Attempt, JobStatus, Outcome
 
 MIN_MEASURED_SECONDS = 900.0  # less attempt time than this, all providers together, measures nothing yet
@@ -75,6 +81,7 @@ class Reliability:
     exposure_seconds: float = 0.0  # machine time, weighed by its age
     prior_seconds: float = PRIOR_SPOT_MTBF_SECONDS  # the MTBF it starts from, for its kind
     interruptible: bool = False  # its kind: machines that can be taken away (spot)
+    room_wait_seconds: float = PRIOR_ROOM_WAIT_SECONDS  # mean time without room once it has none (RoomWatch)
 
 
 def _gained(attempt: Attempt, durable_step: int) -> int:

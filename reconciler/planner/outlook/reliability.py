@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from reconciler.checkpoint_policy import estimate_mtbf
 from status.models import Attempt, JobStatus
@@ -28,6 +28,8 @@ from status.models import Attempt, JobStatus
 HALF_LIFE_SECONDS = 6 * 3600.0  # an interruption (or an hour of machine time) this old counts half
 PRIOR_SPOT_MTBF_SECONDS = 6 * 3600.0
 PRIOR_RELIABLE_MTBF_SECONDS = 30 * 24 * 3600.0  # machines nobody takes away still die, rarely
+PRIOR_ROOM_WAIT_SECONDS = 3600.0  # how long a provider stays without room, until the daemon has seen it
+ROOM_PRIOR_WEIGHT = 0.5  # the prior counts as half a return of room
 
 
 @dataclass(frozen=True)
@@ -83,3 +85,37 @@ def change(before: JobStatus | None, after: JobStatus, provider: str, now: float
     interruption it has just closed, which the relaunch it causes must count."""
     mine = records([after], now).get(provider, Record())
     return mine - records([before], now).get(provider, Record()) if before is not None else mine
+
+
+@dataclass
+class RoomWatch:
+    """How long each provider stays without room for a worker once it has none: the mean wait the
+    lookahead (reconciler.planner.outlook.lookahead) prices a wait for spot with. The daemon shows it
+    every tick whether the provider said it had a free slot (or runs a worker of ours); time seen
+    without room is exposure and each return of room an event, both weighed by age as the MTBF's
+    record is, the prior counting as half a return. Kept in the daemon's memory: a restart starts
+    again from the prior. A provider that never says whether it has room keeps the prior."""
+
+    exposure: dict[str, float] = field(default_factory=dict)  # seconds without room, age-weighted
+    returns: dict[str, float] = field(default_factory=dict)  # times room came back, age-weighted
+    last: dict[str, tuple[float, bool]] = field(default_factory=dict)  # provider -> (when seen, had room)
+
+    def see(self, provider: str, now: float, room: bool) -> None:
+        before = self.last.get(provider)
+        self.last[provider] = (now, room)
+        if before is None or now <= before[0]:
+            return
+        fade = weight(now - before[0])
+        self.exposure[provider] = self.exposure.get(provider, 0.0) * fade
+        self.returns[provider] = self.returns.get(provider, 0.0) * fade
+        if not before[1]:  # without room since the last look
+            self.exposure[provider] += now - before[0]
+            self.returns[provider] += 1.0 if room else 0.0
+
+    def mean_wait(self, provider: str) -> float:
+        """Seconds: the Gamma posterior's mean of the wait, its prior PRIOR_ROOM_WAIT_SECONDS."""
+        exposure, returns = self.exposure.get(provider, 0.0), self.returns.get(provider, 0.0)
+        return (exposure + ROOM_PRIOR_WEIGHT * PRIOR_ROOM_WAIT_SECONDS) / (returns + ROOM_PRIOR_WEIGHT)
+
+    def waits(self) -> dict[str, float]:
+        return {name: self.mean_wait(name) for name in self.last}

@@ -70,7 +70,8 @@ def build_options(order: list[str], providers: dict[str, Provider], tracks: dict
             available=name in available, rate=provider_rate(own, overall),
             rate_measured=own is not None and own.rate is not None,
             mtbf_seconds=rel.mtbf_seconds, changeover_seconds=rel.changeover_seconds,
-            hours_left=hours_left(prov, allowances.get(name), gpus), mtbf_shape=_mtbf_shape(rel)))
+            hours_left=hours_left(prov, allowances.get(name), gpus), mtbf_shape=_mtbf_shape(rel),
+            room_wait_seconds=rel.room_wait_seconds))
     return tuple(out)
 
 
@@ -84,7 +85,8 @@ def _mtbf_shape(rel: Reliability) -> float:
 
 def outlook(job: Job, st: JobStatus, durable_step: int, order: list[str], providers: dict[str, Provider],
             reliability: dict[str, Reliability], available: set[str], now: float,
-            live_step: int | None = None, allowances: dict[str, Allowance] | None = None) -> Outlook:
+            live_step: int | None = None, allowances: dict[str, Allowance] | None = None,
+            tick_seconds: float = 30.0, lookahead: bool = False) -> Outlook:
     tracks = job_tracks(st, durable_step, now, live_step)
     options = build_options(order, providers, tracks, reliability, available, allowances, job.spec.resources.gpus,
                             job.spec.step_seconds)
@@ -100,7 +102,8 @@ def outlook(job: Job, st: JobStatus, durable_step: int, order: list[str], provid
         options=options, lost_work_seconds=_worst_loss(st, job_rate(tracks), job.spec.checkpoint_every),
         checkpoint_seconds=_checkpoint_seconds(st, job_rate(tracks), job.spec.checkpoint_every),
         unsaved_seconds=_unsaved_seconds(durable_step, live_step if cur is not None else None, job_rate(tracks)),
-        rate_stated=job_rate(tracks) is None and bool(job.spec.step_seconds))
+        rate_stated=job_rate(tracks) is None and bool(job.spec.step_seconds), tick_seconds=tick_seconds,
+        lookahead=lookahead)
     note = ""
     if job.spec.target_steps is None:
         note = "no target_steps: the work left is unknown, so there is no ETA"

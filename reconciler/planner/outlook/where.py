@@ -42,6 +42,8 @@ class Question:
     available: frozenset[str] = frozenset()  # providers that could take a worker of this job now
     policy: Callable[[Situation], Choice] | None = None  # None: only the forecast is wanted
     launch: bool = True  # where the next attempt goes; False: whether a running attempt should move
+    tick_seconds: float = 30.0  # the daemon's pace (the placement policy is asked once a tick)
+    lookahead: bool = False  # reconciler.yaml's `deadline_policy: lookahead`
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,7 @@ def _outlook(q: Question, placement: Placement) -> Outlook:
         order.append(q.current)
     available = set(q.available) & set(placement.order)  # the live attempt's provider counts only as a candidate
     return outlook(q.job, q.status, q.done_step, order, dict(q.providers), dict(q.reliability),
-                   available, q.now, q.live_step, dict(q.allowances))
+                   available, q.now, q.live_step, dict(q.allowances), q.tick_seconds, q.lookahead)
 
 
 def _with_mtbf(q: Question, answer: Answer) -> Answer:

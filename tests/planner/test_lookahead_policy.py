@@ -1,0 +1,107 @@
+"""`deadline_policy: lookahead` (reconciler.planner.outlook.deadline with Situation.lookahead, over
+reconciler.planner.outlook.lookahead), and how long spot stays without room as the daemon learns it
+(reconciler.planner.outlook.reliability.RoomWatch). Situations worked out by hand, then the daemon's
+own loop in simulated time."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from desired.parse import parse_settings
+from reconciler.planner.outlook.deadline import Option, Situation, choose
+from reconciler.planner.outlook.reliability import PRIOR_ROOM_WAIT_SECONDS, RoomWatch, weight
+
+HOUR = 3600.0
+
+
+def situation(left_h: float, work_h: float, current: str | None = None, spot_there: bool = True,
+              unsaved: float = 0.0) -> Situation:
+    """A job of `work_h` hours of steps left (one step a second) and `left_h` hours to its deadline,
+    a 300 s tick, spot ($1/h, a 6 h MTBF, room back within an hour) and on-demand ($3/h)."""
+    spot = Option("spot", 1.0, True, False, spot_there, 1.0, True, 6 * HOUR, 180.0, room_wait_seconds=HOUR)
+    ondemand = Option("ondemand", 3.0, False, False, True, 1.0, True, 30 * 24 * HOUR, 180.0)
+    return Situation(job="train", now=0.0, deadline=left_h * HOUR, budget_left=None, done_steps=0,
+                     target_steps=int(work_h * HOUR), window_start=0.0, current=current,
+                     options=(spot, ondemand), checkpoint_seconds=600.0, unsaved_seconds=unsaved,
+                     tick_seconds=300.0, lookahead=True)
+
+
+def test_with_slack_it_takes_spot_and_waits_for_it_when_it_is_gone() -> None:
+    on = choose(situation(6, 2))
+    assert on.provider == "spot" and "expected to finish" in on.reason
+    gone = choose(situation(6, 2, spot_there=False))
+    assert gone.provider is None and gone.headline == "waiting for cheaper capacity" and not gone.leave
+
+
+def test_with_the_deadline_near_it_runs_on_demand() -> None:
+    choice = choose(situation(2 + 10 / 60, 2, spot_there=False))
+    assert choice.provider == "ondemand"
+
+
+def test_a_live_spot_attempt_stays_and_one_on_demand_leaves_when_spot_has_room_and_time_allows() -> None:
+    assert choose(situation(6, 2, current="spot", unsaved=250.0)).provider == "spot"
+    moving = choose(situation(6, 2, current="ondemand"))
+    assert moving.provider == "spot" and moving.headline == "moving to spot"
+    # With half an hour of slack and spot gone, on-demand keeps the run (a wait in vain would make it late).
+    assert choose(situation(2.5, 2, current="ondemand", spot_there=False)).provider == "ondemand"
+
+
+def test_rules_stay_the_default_and_the_lookahead_leaves_a_run_saving_its_last_steps_alone() -> None:
+    rules = choose(replace(situation(6, 2), lookahead=False))
+    assert "expected to finish" not in rules.reason
+    done = replace(situation(1, 2, current="spot"), done_steps=int(2 * HOUR))
+    assert choose(done).provider == "spot"
+
+
+def test_the_setting_reads_rules_or_lookahead_and_nothing_else() -> None:
+    assert parse_settings("deadline_policy: lookahead\n")[0].deadline_policy == "lookahead"
+    assert parse_settings("")[0].deadline_policy == "rules"
+    settings, errors = parse_settings("deadline_policy: fastest\n")
+    assert settings.deadline_policy == "rules"
+    assert [(e.field, e.message) for e in errors] == [("deadline_policy", "Input should be 'rules' or 'lookahead'")]
+
+
+def test_room_watch_learns_how_long_room_stays_away() -> None:
+    watch = RoomWatch()
+    assert watch.mean_wait("spot") == PRIOR_ROOM_WAIT_SECONDS  # nothing seen: the prior
+    t = 0.0
+    for _ in range(4):  # four spells of 2 h without room, each followed by room
+        watch.see("spot", t, room=False)
+        watch.see("spot", t + 2 * HOUR, room=True)
+        t += 3 * HOUR
+    # Four returns over 8 h without room, weighed by age, with the prior as half a return.
+    assert 1.5 * HOUR < watch.mean_wait("spot") < 2.2 * HOUR
+    # Time with room counts for nothing; a spell still under way counts as waiting.
+    watch.see("spot", t, room=False)
+    watch.see("spot", t + 5 * HOUR, room=False)
+    assert watch.mean_wait("spot") > 2.2 * HOUR
+    assert watch.waits() == {"spot": watch.mean_wait("spot")}
+
+
+def test_room_watch_forgets_with_the_mtbf_half_life() -> None:
+    watch = RoomWatch()
+    watch.see("spot", 0.0, room=False)
+    watch.see("spot", HOUR, room=True)
+    fresh = watch.exposure["spot"]
+    watch.see("spot", 7 * HOUR, room=True)
+    assert watch.exposure["spot"] == fresh * weight(6 * HOUR)  # half after 6 h
+
+
+def test_the_daemon_learns_spots_wait_for_room_from_its_free_slots() -> None:
+    """The simulated spot pool has no room for the first hour: the daemon's watch sees it tick by tick."""
+    from adapters.sim import PreemptionTrace, ProviderModel
+    from reconciler.sim.driver import JobPlan, ProviderPlan, SimConfig, Simulation
+
+    trace = PreemptionTrace(300.0, (0,) * 12 + (1,) * 60)
+    spot = ProviderModel("spot", launch_delay_seconds=60.0, price_per_hour=1.0, trace=trace)
+    config = SimConfig(providers=[ProviderPlan(spot, concurrency=1, interruptible=True)],
+                       jobs=[JobPlan("job", target_steps=100_000)], tick_seconds=300.0)
+    sim = Simulation(config)
+    try:
+        for _ in range(16):
+            sim.step()
+        watch = sim.reconciler.room
+        assert watch.returns["spot"] > 0.9  # room came back once
+        assert 0.75 * HOUR < watch.exposure["spot"] < HOUR  # up to an hour without room, weighed by age
+    finally:
+        sim.close()
