@@ -105,3 +105,20 @@ def test_the_daemon_learns_spots_wait_for_room_from_its_free_slots() -> None:
         assert 0.75 * HOUR < watch.exposure["spot"] < HOUR  # up to an hour without room, weighed by age
     finally:
         sim.close()
+
+
+def test_a_first_heartbeat_before_the_restore_is_not_read_as_progress() -> None:
+    """Seen in bench/deadline.py (us-east-1c, 1.5 W, ours-lookahead): a spot attempt from a checkpoint
+    at step 6000, interrupted within a tick, whose only heartbeat said step 0. Counted from 0, its
+    6000 steps in a second made the job's measured rate jump and its slack read hours too long."""
+    from reconciler.planner.outlook.forecast import attempt_rate, job_tracks
+    from status.models import Attempt, JobStatus, Outcome
+
+    steady = Attempt(epoch=1, provider="spot", worker="w1", started=0.0, ended=6000.0 + 100.0,
+                     outcome=Outcome.INTERRUPTION, step_start=0, step_end=6000, first_beat=100.0, first_beat_step=0)
+    early = Attempt(epoch=2, provider="spot", worker="w2", started=6200.0, ended=6360.0, outcome=Outcome.INTERRUPTION,
+                    step_start=6000, step_end=6000, first_beat=6360.0, first_beat_step=0)
+    st = JobStatus(job="train", run_id="r1", attempts=[steady, early])
+    track = job_tracks(st, 6000, 6400.0)["spot"]
+    assert track.steps == 6000 and track.rate is not None and track.rate < 1.01  # one step a second, not 2
+    assert attempt_rate(early) is None

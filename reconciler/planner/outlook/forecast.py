@@ -84,10 +84,16 @@ class Reliability:
     room_wait_seconds: float = PRIOR_ROOM_WAIT_SECONDS  # mean time without room once it has none (RoomWatch)
 
 
+def first_step(a: Attempt) -> int:
+    """The step an attempt's work is counted from: its first heartbeat's, never below the
+    checkpoint it started from (a worker's first beat may come before its restore, at step 0: read
+    as progress, it made a spot attempt interrupted within a tick look thousands of steps fast)."""
+    return a.step_start if a.first_beat_step is None else max(a.step_start, a.first_beat_step)
+
+
 def _gained(attempt: Attempt, durable_step: int) -> int:
     end = attempt.step_end if attempt.step_end is not None else durable_step
-    start = attempt.first_beat_step if attempt.first_beat_step is not None else attempt.step_start
-    return max(0, end - start)
+    return max(0, end - first_step(attempt))
 
 
 def job_tracks(st: JobStatus, durable_step: int, now: float, live_step: int | None = None,
@@ -113,7 +119,7 @@ def attempt_rate(a: Attempt) -> float | None:
     """A closed attempt's own steps per second from its first heartbeat (the work it lost included)."""
     if a.ended is None or a.first_beat is None or a.step_end is None or a.ended - a.first_beat < 60.0:
         return None
-    steps = a.step_end + a.steps_lost - (a.first_beat_step or a.step_start)
+    steps = a.step_end + a.steps_lost - first_step(a)
     return steps / (a.ended - a.first_beat) if steps > 0 else None
 
 
@@ -123,7 +129,7 @@ def changeover(a: Attempt, speed: float | None) -> float | None:
     began, which would count that tick in every changeover). None before a first heartbeat."""
     if a.first_beat is None:
         return None
-    done = (a.first_beat_step or a.step_start) - a.step_start
+    done = first_step(a) - a.step_start
     back = done / speed if done > 0 and speed else 0.0
     return max(0.0, a.first_beat - back - a.started)
 

@@ -23,6 +23,7 @@ from reconciler.planner.outlook.forecast import (
     Track,
     attempt_rate,
     changeover,
+    first_step,
     job_rate,
     job_tracks,
     lost_interval_steps,
@@ -194,7 +195,7 @@ def _whole_saves(st: JobStatus, ckpt: float, save: float) -> dict[str, float]:
     out: dict[str, float] = {}
     ckpt = max(1.0, ckpt)
     for a in st.attempts:
-        b0 = a.first_beat_step if a.first_beat_step is not None else a.step_start
+        b0 = first_step(a)
         b1 = max(st.progress.step, _live_beat(st) or 0) if a.open else (a.step_end or b0) + a.steps_lost
         if a.first_beat is None or b1 <= b0:
             continue
@@ -342,7 +343,7 @@ def _position(st: JobStatus, lane: Lane, now: float, target: int) -> tuple[int, 
     if beat is not None and st.progress.seen_at is not None:
         base, at = beat, st.progress.seen_at
     elif cur.first_beat is not None:
-        base, at = cur.first_beat_step if cur.first_beat_step is not None else cur.step_start, cur.first_beat
+        base, at = first_step(cur), cur.first_beat
     else:
         return st.progress.step, 0.0
     ckpt = max(1.0, lane.checkpoint_steps)
