@@ -28,7 +28,7 @@ def situation(left_h: float, work_h: float, current: str | None = None, spot_the
 
 def test_with_slack_it_takes_spot_and_waits_for_it_when_it_is_gone() -> None:
     on = choose(situation(6, 2))
-    assert on.provider == "spot" and "expected to finish" in on.reason
+    assert on.provider == "spot" and "expected cost to finish: on spot $" in on.reason
     gone = choose(situation(6, 2, spot_there=False))
     assert gone.provider is None and gone.headline == "waiting for cheaper capacity" and not gone.leave
 
@@ -48,7 +48,7 @@ def test_a_live_spot_attempt_stays_and_one_on_demand_leaves_when_spot_has_room_a
 
 def test_rules_stay_the_default_and_the_lookahead_leaves_a_run_saving_its_last_steps_alone() -> None:
     rules = choose(replace(situation(6, 2), lookahead=False))
-    assert "expected to finish" not in rules.reason
+    assert "expected cost to finish" not in rules.reason
     done = replace(situation(1, 2, current="spot"), done_steps=int(2 * HOUR))
     assert choose(done).provider == "spot"
 
@@ -69,7 +69,7 @@ def test_room_watch_learns_how_long_room_stays_away() -> None:
         watch.see("spot", t, room=False)
         watch.see("spot", t + 2 * HOUR, room=True)
         t += 3 * HOUR
-    # Four returns over 8 h without room, weighed by age, with the prior as half a return.
+    # Four returns over 8 h without room, weighed by age, the 1 h prior weighing one wait at most.
     assert 1.5 * HOUR < watch.mean_wait("spot") < 2.2 * HOUR
     # Time with room counts for nothing; a spell still under way counts as waiting.
     watch.see("spot", t, room=False)

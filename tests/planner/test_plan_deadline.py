@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 import pytest
 
 from adapters.compute import Allowance, WorkerPhase, WorkerRef, WorkerState
+from desired.parse import parse_desired
 from reconciler.planner.outlook.view import outlook
 from reconciler.planner.plan import (
     Launch,
@@ -410,3 +411,24 @@ def test_the_pace_line_starts_at_the_first_launch_after_older_attempts_are_trimm
     assert st.first_launched == NOW - 12 * HOUR
     situation = outlook(d.jobs["train"], st, 0, ["spot", "ondemand"], d.providers, {}, set(), NOW).situation
     assert situation.window_start == NOW - 12 * HOUR
+
+
+@pytest.mark.parametrize(("room_wait", "leaves"), [(600.0, True), (1000 * HOUR, False)],
+                         ids=["spot-back-soon", "spot-gone-for-good"])
+def test_deadline_policy_lookahead_in_reconciler_yaml_weighs_the_daemons_room_waits(room_wait: float,
+                                                                                   leaves: bool) -> None:
+    """`deadline_policy: lookahead` reaches the placement policy through the planner, and so does the
+    wait for room the daemon measured (Observed.room_waits). A run on on-demand, just past a
+    checkpoint, with spot full: if spot has room again within minutes, stopping to wait for it is
+    worth a changeover; if it never has, the run stays where it is."""
+    files = {"desired/job0.yaml": job(deadline_in=12 * HOUR, providers="[spot, ondemand]"),
+             "desired/providers.yaml": PROVIDERS}
+    d = parse_desired(files, "deadline_policy: lookahead\ntick_seconds: 300\n")
+    assert not d.errors, d.errors
+    st, seen = live_on(d, history(d, done_on("spot", 4, 14_400, ago=2 * HOUR)), "ondemand", since=NOW - HOUR,
+                       durable=18_000, step_start=14_400)
+    seen = dataclasses.replace(seen, free_slots={"spot": 0}, room_waits={"spot": room_wait})
+    p = plan(d, seen, {"train": st}, NOW)
+    decision = p.statuses["train"].forecast.decision  # type: ignore[union-attr]
+    assert "expected cost to finish:" in decision, decision
+    assert stopped(p) == (["ondemand"] if leaves else []), decision

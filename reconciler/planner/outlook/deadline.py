@@ -312,8 +312,10 @@ def _looked_ahead(s: Situation, spot: Option, fb: Option, slack: float, risk: st
     room = spot.available or loc == lookahead.SPOT
     left = s.deadline - s.now
     act, cost = lookahead.choose(model, left, max(0.0, durable - unsaved), durable, loc, room)
-    expected = "; ".join(f"{k} ${cost[k]:.2f}" for k in sorted(cost, key=lambda k: cost[k]))
-    figures = f"{_h(slack)} of slack; expected to finish: {expected}" if cost else f"{_h(slack)} of slack"
+    said = {lookahead.RUN_SPOT: f"on {spot.provider}", lookahead.RUN_FALLBACK: f"on {fb.provider}",
+            lookahead.WAIT: "waiting", lookahead.STOP: f"leaving {s.current}"}
+    expected = ", ".join(f"{said[k]} ${cost[k]:.2f}" for k in sorted(cost, key=lambda k: cost[k]))
+    figures = f"{_h(slack)} of slack; expected cost to finish: {expected}" if cost else f"{_h(slack)} of slack"
     reserve = 2 * fb.changeover_seconds / 3600.0
     if act == lookahead.STOP:  # a move is a stop, then a launch where the run is expected to go a tick later
         act = lookahead.then(model, left, durable, spot.available)
@@ -327,7 +329,7 @@ def _looked_ahead(s: Situation, spot: Option, fb: Option, slack: float, risk: st
             return Choice(None, f"waiting for cheaper capacity: {figures}", risk, slack)
         return Choice(None, f"leaving {s.current} to wait for cheaper capacity: {figures}", risk, slack, leave=True)
     if loc == lookahead.SPOT:
-        return Choice(fb.provider, f"moving to {fb.provider}: {figures}", RISK_AT_RISK, slack)
+        return Choice(fb.provider, f"moving to {fb.provider}: {figures}", risk, slack)
     if loc == lookahead.FALLBACK or fb.available:
         return Choice(fb.provider, f"on {fb.provider}: {figures}", risk, slack)
     return Choice(None, f"waiting for {fb.provider}: {figures}, nothing can start", risk, slack)

@@ -14,8 +14,8 @@ cheapest plan meets the deadline wherever the fallback still can.
 
 The expected cost of every state is computed backwards from the deadline each time it is asked
 (dynamic programming, the work in tenths of a step, two layers of the table in memory at once); a
-window longer than MAX_STEPS ticks is cut into MAX_STEPS longer steps, so a call costs the same
-whatever the tick and the window.
+window longer than MAX_STEPS ticks is cut into MAX_STEPS longer steps, so the table has at most
+MAX_STEPS layers whatever the tick and the window, each of six rows of ten cells per step of work left.
 
 Where Uniform Progress (Wu et al., NSDI'24) keeps a straight line and ROSS (Bhuyan et al.,
 INFOCOM'26) a threshold on the ratio of time left to work left, this prices each choice from the

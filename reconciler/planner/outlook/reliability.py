@@ -29,7 +29,6 @@ HALF_LIFE_SECONDS = 6 * 3600.0  # an interruption (or an hour of machine time) t
 PRIOR_SPOT_MTBF_SECONDS = 6 * 3600.0
 PRIOR_RELIABLE_MTBF_SECONDS = 30 * 24 * 3600.0  # machines nobody takes away still die, rarely
 PRIOR_ROOM_WAIT_SECONDS = 3600.0  # how long a provider stays without room, until the daemon has seen it
-ROOM_PRIOR_WEIGHT = 0.5  # the prior counts as half a return of room
 
 
 @dataclass(frozen=True)
@@ -93,8 +92,9 @@ class RoomWatch:
     lookahead (reconciler.planner.outlook.lookahead) prices a wait for spot with. The daemon shows it
     every tick whether the provider said it had a free slot (or runs a worker of ours); time seen
     without room is exposure and each return of room an event, both weighed by age as the MTBF's
-    record is, the prior counting as half a return. Kept in the daemon's memory: a restart starts
-    again from the prior. A provider that never says whether it has room keeps the prior."""
+    record is, and the mean wait is estimated as the MTBF is (`estimate_mtbf`: the prior weighs one
+    wait at most). Kept in the daemon's memory: a restart starts again from the prior. A provider
+    that never says whether it has room keeps the prior."""
 
     exposure: dict[str, float] = field(default_factory=dict)  # seconds without room, age-weighted
     returns: dict[str, float] = field(default_factory=dict)  # times room came back, age-weighted
@@ -113,9 +113,9 @@ class RoomWatch:
             self.returns[provider] += 1.0 if room else 0.0
 
     def mean_wait(self, provider: str) -> float:
-        """Seconds: the Gamma posterior's mean of the wait, its prior PRIOR_ROOM_WAIT_SECONDS."""
-        exposure, returns = self.exposure.get(provider, 0.0), self.returns.get(provider, 0.0)
-        return (exposure + ROOM_PRIOR_WEIGHT * PRIOR_ROOM_WAIT_SECONDS) / (returns + ROOM_PRIOR_WEIGHT)
+        """Seconds: the mean wait for room there, from the prior PRIOR_ROOM_WAIT_SECONDS."""
+        return estimate_mtbf(self.exposure.get(provider, 0.0), self.returns.get(provider, 0.0),
+                             PRIOR_ROOM_WAIT_SECONDS)
 
     def waits(self) -> dict[str, float]:
         return {name: self.mean_wait(name) for name in self.last}
