@@ -21,8 +21,8 @@ Each run is the real `Reconciler.tick()` in simulated time (reconciler/sim), one
   here from the paper's rules as its simulator writes them (see `UniformProgress`);
 - on-demand: on-demand only;
 - lookahead (with --lookahead): not a published baseline and not the product's policy; the
-  expected-cost lookahead of reconciler.planner.outlook.lookahead, told each trace's mean available and unavailable
-  periods (see `Lookahead`);
+  expected-cost lookahead of reconciler.planner.outlook.lookahead, told each trace's mean available
+  and unavailable periods (see `Lookahead`);
 - optimum: not simulated but computed: the cheapest schedule that knows the whole trace and
   finishes by D (dynamic programming in one-minute steps, with the same changeover, the same
   prices and the same work, checkpoints included; see `optimum_cost`). It is a lower bound: it
@@ -76,7 +76,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from adapters.sim import JobModel, PreemptionTrace, ProviderModel  # noqa: E402
 from reconciler.planner.outlook import lookahead as la  # noqa: E402
@@ -259,12 +258,8 @@ class Lookahead:
         assert od is not None
         loc = la.NOWHERE if s.current is None else la.SPOT if s.current == spot.provider else la.FALLBACK
         durable, left = self.known.work_seconds(s.remaining_steps), s.deadline - s.now
-        act, _ = la.choose(self.model, left, max(0.0, durable - s.unsaved_seconds), durable, loc,
-                           spot.available or loc == la.SPOT)
-        if act == la.STOP:
-            act = la.then(self.model, left, durable, spot.available)
-            if act == {la.SPOT: la.RUN_SPOT, la.FALLBACK: la.RUN_FALLBACK}.get(loc):
-                act = la.WAIT
+        act, _ = la.decide(self.model, left, max(0.0, durable - s.unsaved_seconds), durable, loc,
+                           spot.available or loc == la.SPOT, spot.available)
         if act == la.RUN_SPOT:
             return Choice(spot.provider, "lookahead: spot")
         if act == la.RUN_FALLBACK:

@@ -78,7 +78,7 @@ def test_every_policy_runs_through_the_real_tick_and_the_baselines_meet_a_loose_
     for name, r in results.items():
         assert r["violations"] == 0 and r["tick_exceptions"] == 0 and r["settled"], (name, r)
         assert r["cost"] >= 0
-    for name in ("greedy", "uniform-progress", "on-demand", "lookahead"):
+    for name in ("greedy", "uniform-progress", "on-demand", "lookahead", "ours-lookahead"):
         assert results[name]["met"], (name, results[name]["message"])
     # The simulation bills what the optimum's model counts: on-demand alone costs one changeover
     # and the work, checkpoints included, at the on-demand price.

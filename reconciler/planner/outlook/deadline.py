@@ -311,16 +311,12 @@ def _looked_ahead(s: Situation, spot: Option, fb: Option, slack: float, risk: st
     unsaved = s.unsaved_seconds * (fb.rate / spot.rate if loc == lookahead.FALLBACK else 1.0)
     room = spot.available or loc == lookahead.SPOT
     left = s.deadline - s.now
-    act, cost = lookahead.choose(model, left, max(0.0, durable - unsaved), durable, loc, room)
+    act, cost = lookahead.decide(model, left, max(0.0, durable - unsaved), durable, loc, room, spot.available)
     said = {lookahead.RUN_SPOT: f"on {spot.provider}", lookahead.RUN_FALLBACK: f"on {fb.provider}",
             lookahead.WAIT: "waiting", lookahead.STOP: f"leaving {s.current}"}
     expected = ", ".join(f"{said[k]} ${cost[k]:.2f}" for k in sorted(cost, key=lambda k: cost[k]))
     figures = f"{_h(slack)} of slack; expected cost to finish: {expected}" if cost else f"{_h(slack)} of slack"
     reserve = 2 * fb.changeover_seconds / 3600.0
-    if act == lookahead.STOP:  # a move is a stop, then a launch where the run is expected to go a tick later
-        act = lookahead.then(model, left, durable, spot.available)
-        if act == _keeping(loc):
-            act = lookahead.WAIT
     if act == lookahead.RUN_SPOT and slack > reserve:
         verb = "moving to" if loc == lookahead.FALLBACK else "on"
         return Choice(spot.provider, f"{verb} {spot.provider}: {figures}", risk, slack)
@@ -333,11 +329,6 @@ def _looked_ahead(s: Situation, spot: Option, fb: Option, slack: float, risk: st
     if loc == lookahead.FALLBACK or fb.available:
         return Choice(fb.provider, f"on {fb.provider}: {figures}", risk, slack)
     return Choice(None, f"waiting for {fb.provider}: {figures}, nothing can start", risk, slack)
-
-
-def _keeping(loc: int) -> str:
-    """The action that keeps a live attempt where it is."""
-    return {lookahead.SPOT: lookahead.RUN_SPOT, lookahead.FALLBACK: lookahead.RUN_FALLBACK}.get(loc, "")
 
 
 def stay_gain(s: Situation, o: Option, fb: Option) -> float:

@@ -146,6 +146,20 @@ def choose(m: Model, seconds_left: float, live_work: float, durable_work: float,
     return min(out, key=lambda k: out[k]), out
 
 
+def decide(m: Model, seconds_left: float, live_work: float, durable_work: float, loc: int, room: bool,
+           room_for_another: bool) -> tuple[str, dict[str, float]]:
+    """`choose`, with a stop resolved into where the run goes next: spot, the fallback (a move) or
+    a wait; a stop whose next step is back where it was reads as a wait (it stops, then waits).
+    `room`: spot has room for this run (a live attempt there counts); `room_for_another`: it could
+    take a new worker now."""
+    act, cost = choose(m, seconds_left, live_work, durable_work, loc, room)
+    if act == STOP:
+        act = then(m, seconds_left, durable_work, room_for_another)
+        if act == {SPOT: RUN_SPOT, FALLBACK: RUN_FALLBACK}.get(loc):
+            act = WAIT
+    return act, cost
+
+
 def then(m: Model, seconds_left: float, durable_work: float, room: bool) -> str:
     """After a stop: what the run is expected to do a tick later, from nowhere (spot where it has
     room now, else the fallback or a wait)."""
