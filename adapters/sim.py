@@ -225,6 +225,9 @@ class SimWorker:
                                   "time": self.t, "metrics": {}, "stopping": self.stopping}
         if self.save_seconds is not None:  # as the SDK says it: the last save, from its start until durable
             record["save_seconds"] = self.save_seconds
+        if self.model.checkpoint_interval_seconds or not self.spec.env.get("RECONCILER_CHECKPOINT_EVERY"):
+            # As the SDK says it where no step count pins it: from one save's start to the next.
+            record["save_every_seconds"] = self.interval + self.model.checkpoint_cost_seconds
         try:
             if self.model.fencing:
                 self.folder.write_progress(self.ref.epoch, record)

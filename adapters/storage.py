@@ -94,6 +94,7 @@ class Progress:
     stopping: str | None = None  # the worker's last beat before a stop: "deadline", "signal" or "request"
     reached: int | None = None  # the highest step this epoch is known to have passed (>= step)
     save_seconds: float | None = None  # the worker's last save, until durable: what its final save costs
+    save_every_seconds: float | None = None  # from one save's start to the next (none when a step count pins them)
 
 
 @dataclass(frozen=True)
@@ -297,6 +298,8 @@ class RunFolder:
                 metrics={k: float(v) for k, v in (data.get("metrics") or {}).items()},
                 stopping=str(data["stopping"]) if data.get("stopping") else None,
                 save_seconds=float(data["save_seconds"]) if data.get("save_seconds") is not None else None,
+                save_every_seconds=(float(data["save_every_seconds"])
+                                    if data.get("save_every_seconds") is not None else None),
                 reached=max(int(data.get("step", 0)),
                             (self.reached(int(data.get("epoch", 0))) if with_reached else None) or 0),
             )

@@ -120,6 +120,10 @@ class Progress(Model):
     # What one save of the run costs, until durable, as its worker last said (whole seconds): the
     # forecast's futures pay it before the completion. Written with `seen_at`, never alone.
     save_seconds: float | None = None
+    # Seconds from one of the worker's saves to the next, as it last said (whole seconds; none when
+    # a step count pins them): an interruption loses half of it on average. Written with `seen_at`,
+    # and at once when the run's first worker first says it.
+    save_every_seconds: float | None = None
 
     def percent(self) -> float | None:
         if not self.target:

@@ -194,8 +194,7 @@ def identify(job: Job, rec: JobStatus | None, desired: DesiredState, observed: O
         return st
     st = rec.model_copy(deep=True)
     st.manifest, st.sweep = manifest, sweep
-    st.progress = Progress(step=st.progress.step, target=target, seen_at=st.progress.seen_at,
-                           heartbeat_step=st.progress.heartbeat_step, save_seconds=st.progress.save_seconds)
+    st.progress = st.progress.model_copy(update={"target": target})
     if st.phase == Phase.CANCELLED and st.current is None:
         st.phase = Phase.PENDING
         st.message = f"manifest restored: the run resumes from its durable progress (step {st.progress.step})"
@@ -231,16 +230,26 @@ def read_storage(t: JobTick) -> bool:
         return True
     target = t.job.spec.target_steps
     step = _status_step(t.st.progress.step, t.run.durable_step, target)
-    save = t.st.progress.save_seconds
-    if step == t.st.progress.step:
-        seen_at, beat = t.st.progress.seen_at, t.st.progress.heartbeat_step
-    else:  # the live worker's step goes with it, so that git changes no more often than before
-        live = t.current is not None and t.run.heartbeat_epoch == t.current.epoch and t.run.heartbeat_step is not None
+    was = t.st.progress
+    live = t.current is not None and t.run.heartbeat_epoch == t.current.epoch and t.run.heartbeat_step is not None
+    save, every = was.save_seconds, was.save_every_seconds
+    if live and (step != was.step or save is None or every is None):
+        # The worker's word goes with a new step, so that git changes no more often than before;
+        # its first word at once, as the deadline policy weighs it from the run's first save.
+        save = _whole(t.run.heartbeat_save_seconds, save)
+        every = _whole(t.run.heartbeat_save_every_seconds, every)
+    if step == was.step:
+        seen_at, beat = was.seen_at, was.heartbeat_step
+    else:  # the live worker's step goes with it
         seen_at, beat = t.now, max(step, t.run.heartbeat_step or 0) if live else None
-        said = t.run.heartbeat_save_seconds if live else None
-        save = float(round(said)) if said is not None else save
-    t.st.progress = Progress(step=step, target=target, seen_at=seen_at, heartbeat_step=beat, save_seconds=save)
+    t.st.progress = Progress(step=step, target=target, seen_at=seen_at, heartbeat_step=beat, save_seconds=save,
+                             save_every_seconds=every)
     return False
+
+
+def _whole(said: float | None, before: float | None) -> float | None:
+    """What the worker said, in whole seconds; else what the status had."""
+    return float(round(said)) if said is not None else before
 
 
 def adopt(t: JobTick) -> bool:

@@ -18,6 +18,7 @@ class RunObservation:
     heartbeat_time: float | None = None
     heartbeat_stopping: str | None = None  # the SDK's last beat said why it stops: deadline, signal, request
     heartbeat_save_seconds: float | None = None  # the worker's last save, until durable (its final save's cost)
+    heartbeat_save_every_seconds: float | None = None  # from one save's start to the next (unless steps pin them)
     # Each metric's newest value the worker reported (adapters/series.py): shown, never judged.
     heartbeat_metrics: dict[str, float] = field(default_factory=dict, compare=False)
     # The highest step the heartbeat's epoch finished, from the heartbeat and the worker's cheap

@@ -501,6 +501,9 @@ class Run:
             "metrics": self._reported.beat(step, metrics),
             **({"stopping": self._stopping} if self._stopping else {}),
             **({"save_seconds": round(self._save_seconds, 1)} if self._save_seconds is not None else {}),
+            # Seconds from one save's start to the next (unless a step count pins them): the planner
+            # weighs what an interruption loses by it.
+            **({"save_every_seconds": round(self._period(), 1)} if not self.checkpoint_every else {}),
         }
         try:
             self._progress_tag = self.folder.write_progress(self.epoch, record, self._progress_tag)

@@ -11,6 +11,7 @@ import pytest
 
 from adapters.compute import Allowance, WorkerPhase, WorkerRef, WorkerState
 from desired.parse import parse_desired
+from reconciler.planner.outlook.forecast import job_rate, job_tracks
 from reconciler.planner.outlook.view import outlook
 from reconciler.planner.plan import (
     Launch,
@@ -170,6 +171,37 @@ def test_the_status_keeps_the_workers_save_time_with_its_step_and_across_a_worke
                                          heartbeat_save_seconds=None)
     later = plan(d, seen, {"train": first}, NOW + 3600).statuses["train"]
     assert later.progress.step == 7200 and later.progress.save_seconds == 12.0
+
+
+def test_the_workers_save_period_is_kept_at_once_and_is_what_the_deadline_policy_expects_to_lose() -> None:
+    """A worker that says how often it saves (no step count pins it) is taken at its word from its
+    first beat, not from the next tenth of progress: an interruption loses half that on average,
+    where the work lost so far (one unlucky loss of a whole interval) would say twice as much."""
+    d = desired(job(deadline_in=20 * HOUR, providers="[spot, ondemand]"), providers=PROVIDERS)
+    st, seen = live_on(d, history(d, done_on("spot", 1, 3600, ago=600)), "ondemand", since=NOW - 540,
+                       durable=3600, step_start=3600)
+    st.attempts[0].steps_lost = 900  # the interruption lost 900 steps: "an interval of 1,800"
+    key = next(iter(seen.runs))
+    seen.runs[key] = dataclasses.replace(seen.runs[key], heartbeat_step=3700, heartbeat_save_every_seconds=930.4)
+    first = plan(d, seen, {"train": st}, NOW).statuses["train"]
+    assert first.progress.step == 3600 and first.progress.save_every_seconds == 930.0
+    seen.runs[key] = dataclasses.replace(seen.runs[key], heartbeat_step=4000, heartbeat_save_every_seconds=700.0)
+    later = plan(d, seen, {"train": first}, NOW + 300).statuses["train"]
+    assert later.progress == first.progress  # a new word in the same tenth: nothing new to commit
+
+    def between_saves(status: JobStatus, checkpoint_every: int | None = None) -> tuple[float | None, float]:
+        """The outlook's seconds between checkpoints, and the run's rate (steps a second)."""
+        j = d.jobs["train"]
+        if checkpoint_every:
+            j = j.model_copy(update={"spec": j.spec.model_copy(update={"checkpoint_every": checkpoint_every})})
+        s = outlook(j, status, 3600, ["spot", "ondemand"], d.providers, {}, {"spot"}, NOW).situation
+        return s.checkpoint_seconds, job_rate(job_tracks(status, 3600, NOW)) or 0.0
+
+    assert between_saves(later)[0] == pytest.approx(930.0)  # the worker's word
+    seconds, rate = between_saves(st)
+    assert seconds == pytest.approx(2 * 900 / rate)  # without it: twice the mean lost, at the run's rate
+    seconds, rate = between_saves(later, checkpoint_every=600)
+    assert seconds == pytest.approx(600 / rate)  # a pinned interval wins
 
 
 def test_the_forecast_shows_spent_and_projected_cost() -> None:

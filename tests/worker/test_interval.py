@@ -147,6 +147,21 @@ def test_the_sdk_saves_at_the_young_daly_interval_of_its_measured_cost(
     assert due_after(run, clock, tau + 2.0 + 0.5, 4)
 
 
+def test_the_heartbeat_says_how_often_the_worker_saves_unless_a_step_count_pins_it(
+        make_run: Any, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reconciler weighs what an interruption loses by the seconds from one save's start to
+    the next: the Young/Daly interval plus the blocked copy, as the worker plans them."""
+    run = make_run(mtbf=M)
+    SlowSaves(clock, monkeypatch).save(run, 2, blocked=2.0, durable=5.0)
+    run._heartbeat(3, {}, force=True)
+    said = run.folder.progress()
+    assert said is not None and said.save_every_seconds == pytest.approx(daly_interval(2.0, M) + 2.0, abs=0.05)
+    pinned = make_run(mtbf=M, checkpoint_every=100)
+    pinned._heartbeat(1, {}, force=True)
+    beat = pinned.folder.progress()
+    assert beat is not None and beat.save_every_seconds is None  # steps pin it: the interval is checkpoint_every
+
+
 def test_a_slower_save_lengthens_the_interval(make_run: Any, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
     run = make_run(mtbf=M)
     slow = SlowSaves(clock, monkeypatch)

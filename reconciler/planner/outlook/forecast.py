@@ -134,6 +134,14 @@ def changeover(a: Attempt, speed: float | None) -> float | None:
     return max(0.0, a.first_beat - back - a.started)
 
 
+def said_interval_steps(st: JobStatus, rate: float) -> float | None:
+    """Steps between checkpoints as the worker says it saves (seconds from one save's start to the
+    next, at the run's rate in steps per attempt second), or None where it has not said. Where
+    interruptions only sample it: one loss tells anything from nothing to twice the interval."""
+    every = st.progress.save_every_seconds
+    return every * rate if every is not None and rate > 0 else None
+
+
 def lost_interval_steps(st: JobStatus) -> tuple[float, int] | None:
     """Steps between checkpoints read from the work interruptions lost: twice the mean (lost work
     is spread evenly over the interval; a low bound, as only the steps up to the last heartbeat

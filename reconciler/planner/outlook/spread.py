@@ -29,6 +29,7 @@ from reconciler.planner.outlook.forecast import (
     lost_interval_steps,
     open_cost,
     provider_rate,
+    said_interval_steps,
 )
 from reconciler.planner.outlook.futures import Evidence, Lane, Run, Spread, seed_of, spread
 from reconciler.planner.outlook.placement import place
@@ -277,10 +278,12 @@ def _changeover(statuses: list[JobStatus], name: str, st: JobStatus, rate: float
 
 def _checkpoint(job: Job, st: JobStatus, rate: float) -> tuple[float, str, str]:
     """Steps between durable checkpoints: the manifest's checkpoint_every where it pins the
-    interval, else twice the mean work an interruption lost (lost work is spread evenly over the
-    interval; a low bound: only the steps up to the last heartbeat seen are known lost), else a prior."""
+    interval, else the worker's word on its interval, else twice the mean work an interruption lost
+    (lost work is spread evenly over the interval), else a prior."""
     if job.spec.checkpoint_every:
         return float(job.spec.checkpoint_every), DECLARED, "checkpoint_every"
+    if (said := said_interval_steps(st, rate)) is not None:
+        return said, MEASURED, "the worker's save interval, plus a save"
     if measured := lost_interval_steps(st):
         return measured[0], MEASURED, f"twice the mean work lost over {measured[1]} interruptions"
     return rate * FALLBACK_CHECKPOINT_SECONDS, BORROWED, "a prior of one checkpoint per 30 min of work"

@@ -21,6 +21,7 @@ from reconciler.planner.outlook.forecast import (
     provider_rate,
     round_sig,
     round_time,
+    said_interval_steps,
 )
 from status.models import Forecast, JobStatus, Outcome, ProviderForecast
 
@@ -129,13 +130,16 @@ def _worst_loss(st: JobStatus, rate: float | None, checkpoint_every: int | None)
 
 
 def _checkpoint_seconds(st: JobStatus, rate: float | None, checkpoint_every: int | None) -> float | None:
-    """Attempt seconds between checkpoints: the job's checkpoint_every at its rate, else twice the
-    mean work an interruption lost (lost work is spread evenly over the interval; the forecast's
-    futures read it the same way), else None (unknown)."""
+    """Attempt seconds between checkpoints: the job's checkpoint_every at its rate, else the
+    worker's own word (its interval plus a save), else twice the mean work an interruption lost
+    (lost work is spread evenly over the interval), else None (unknown). The forecast's futures
+    read it the same way."""
     if not rate:
         return None
     if checkpoint_every:
         return checkpoint_every / rate
+    if (said := said_interval_steps(st, rate)) is not None:
+        return said / rate
     measured = lost_interval_steps(st)
     return measured[0] / rate if measured else None
 
