@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from desired.parse import parse_settings
+from reconciler.checkpoint_policy import estimate_mtbf
 from reconciler.planner.outlook.deadline import Option, Situation, choose
-from reconciler.planner.outlook.reliability import PRIOR_ROOM_WAIT_SECONDS, RoomWatch, weight
+from reconciler.planner.outlook.reliability import PRIOR_ROOM_WAIT_SECONDS, RoomWatch, expected_mean, weight
 
 HOUR = 3600.0
 
@@ -46,6 +47,19 @@ def test_a_live_spot_attempt_stays_and_one_on_demand_leaves_when_spot_has_room_a
     assert choose(situation(2.5, 2, current="ondemand", spot_there=False)).provider == "ondemand"
 
 
+def test_one_early_interruption_does_not_read_as_spots_steady_rate_to_the_lookahead() -> None:
+    """An interruption 30 minutes into spot's 6 h prior: the MTBF the status shows (capped: 0.9 h)
+    would keep a run on on-demand for the rest of its 4 h of work; the lookahead plans with the
+    posterior mean (2.3 h) and leaves on-demand to wait for spot, with 2 h of slack."""
+    capped, expected = estimate_mtbf(1800.0, 1, 6 * HOUR), expected_mean(1800.0, 1, 6 * HOUR)
+    assert round(capped / HOUR, 2) == 0.92 and round(expected / HOUR, 2) == 2.33
+    s = situation(6, 4, current="ondemand", spot_there=False)
+    spot, ondemand = s.options
+    told = replace(s, options=(replace(spot, mtbf_seconds=capped, mtbf_expected_seconds=expected), ondemand))
+    assert choose(told).leave and choose(told).headline == "leaving ondemand to wait for cheaper capacity"
+    assert choose(replace(told, options=(replace(spot, mtbf_seconds=capped), ondemand))).provider == "ondemand"
+
+
 def test_rules_stay_the_default_and_the_lookahead_leaves_a_run_saving_its_last_steps_alone() -> None:
     rules = choose(replace(situation(6, 2), lookahead=False))
     assert "expected cost to finish" not in rules.reason
@@ -69,7 +83,7 @@ def test_room_watch_learns_how_long_room_stays_away() -> None:
         watch.see("spot", t, room=False)
         watch.see("spot", t + 2 * HOUR, room=True)
         t += 3 * HOUR
-    # Four returns over 8 h without room, weighed by age, the 1 h prior weighing one wait at most.
+    # Four returns over 8 h without room, weighed by age, the 1 h prior weighing half a wait.
     assert 1.5 * HOUR < watch.mean_wait("spot") < 2.2 * HOUR
     # Time with room counts for nothing; a spell still under way counts as waiting.
     watch.see("spot", t, room=False)

@@ -11,7 +11,9 @@ import pytest
 
 from adapters.compute import Allowance, WorkerPhase, WorkerRef, WorkerState
 from desired.parse import parse_desired
-from reconciler.planner.outlook.forecast import job_rate, job_tracks
+from reconciler.checkpoint_policy import estimate_mtbf
+from reconciler.planner.outlook.forecast import Reliability, job_rate, job_tracks
+from reconciler.planner.outlook.reliability import expected_mean
 from reconciler.planner.outlook.view import outlook
 from reconciler.planner.plan import (
     Launch,
@@ -202,6 +204,18 @@ def test_the_workers_save_period_is_kept_at_once_and_is_what_the_deadline_policy
     assert seconds == pytest.approx(2 * 900 / rate)  # without it: twice the mean lost, at the run's rate
     seconds, rate = between_saves(later, checkpoint_every=600)
     assert seconds == pytest.approx(600 / rate)  # a pinned interval wins
+
+
+def test_the_lookahead_is_handed_spots_mtbf_as_the_posterior_mean_and_the_rules_the_capped_one() -> None:
+    d = desired(job(deadline_in=20 * HOUR, providers="[spot, ondemand]"), providers=PROVIDERS)
+    record = {"spot": Reliability(estimate_mtbf(1800.0, 1, 6 * HOUR), 180.0, True, interruptions=1.0,
+                                  exposure_seconds=1800.0, prior_seconds=6 * HOUR, interruptible=True),
+              "ondemand": Reliability(30 * 24 * HOUR, 180.0, False, prior_seconds=30 * 24 * HOUR)}
+    spot, ondemand = outlook(d.jobs["train"], JobStatus(job="train"), 0, ["spot", "ondemand"], d.providers,
+                             record, {"spot"}, NOW).situation.options
+    assert spot.mtbf_seconds == pytest.approx(estimate_mtbf(1800.0, 1, 6 * HOUR))  # 0.9 h
+    assert spot.mtbf_expected_seconds == pytest.approx(expected_mean(1800.0, 1, 6 * HOUR))  # 2.3 h
+    assert ondemand.mtbf_expected_seconds is None  # the lookahead models spot only
 
 
 def test_the_forecast_shows_spent_and_projected_cost() -> None:

@@ -80,6 +80,9 @@ class Option:
     hours_left: float | None = None  # attempt hours its quota or credits can still carry (None: no limit)
     mtbf_shape: float = 1.0  # the interruptions the MTBF rests on, weighed by age, its prior's included
     room_wait_seconds: float = PRIOR_ROOM_WAIT_SECONDS  # mean time it stays without room once it has none
+    # The MTBF the lookahead plans with: the same record's posterior mean, its prior never capped
+    # (reliability.expected_mean); None: mtbf_seconds.
+    mtbf_expected_seconds: float | None = None
 
     def hours_for(self, steps: int, moving: bool = True) -> float | None:
         """Attempt hours to do `steps` here, with the changeover when the run must move here."""
@@ -303,7 +306,8 @@ def _looked_ahead(s: Situation, spot: Option, fb: Option, slack: float, risk: st
     model = lookahead.Model(
         step_seconds=s.tick_seconds, spot_price=spot.price, fallback_price=fb.price,
         changeover_spot=spot.changeover_seconds, changeover_fallback=fb.changeover_seconds,
-        up_seconds=spot.mtbf_seconds, down_seconds=spot.room_wait_seconds,
+        up_seconds=spot.mtbf_seconds if spot.mtbf_expected_seconds is None else spot.mtbf_expected_seconds,
+        down_seconds=spot.room_wait_seconds,
         unsaved_seconds=spot.unsaved_seconds(s.checkpoint_seconds), fallback_speed=fb.rate / spot.rate)
     loc = lookahead.SPOT if s.current == spot.provider else \
         lookahead.FALLBACK if s.current == fb.provider else lookahead.NOWHERE

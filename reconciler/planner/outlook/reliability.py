@@ -14,6 +14,12 @@ The estimate is `checkpoint_policy.estimate_mtbf`: a Gamma posterior whose prior
 interruptible machines, PRIOR_RELIABLE for others) weighs one pseudo-interruption at most, so that
 five interruptions a few seconds apart read as a few seconds. Weighed as the prior's own length of
 exposure (30 days), it had outweighed twelve interruptions in ten minutes.
+
+The deadline lookahead prices hours of a run ahead with `expected_mean`, the same record's
+posterior mean with the prior weighed as half an event whatever the record: one interruption 30
+minutes into a 6 h prior reads 0.9 h with the cap (right for a checkpoint interval, where reading
+too long loses work) and 2.3 h without it, and the lookahead, reading the first as spot's steady
+rate, gave spot up for hours after one early interruption (docs/guides/deadlines-budgets.md).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ HALF_LIFE_SECONDS = 6 * 3600.0  # an interruption (or an hour of machine time) t
 PRIOR_SPOT_MTBF_SECONDS = 6 * 3600.0
 PRIOR_RELIABLE_MTBF_SECONDS = 30 * 24 * 3600.0  # machines nobody takes away still die, rarely
 PRIOR_ROOM_WAIT_SECONDS = 3600.0  # how long a provider stays without room, until the daemon has seen it
+EXPECTED_PRIOR_EVENTS = 0.5  # what the prior weighs in `expected_mean`: half an event (Jeffreys' prior for a rate)
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,12 @@ def prior_mtbf(interruptible: bool) -> float:
 def mtbf(record: Record, interruptible: bool) -> float:
     """The provider's MTBF now: what RECONCILER_MTBF_SECONDS tells its next worker."""
     return estimate_mtbf(record.exposure_seconds, record.interruptions, prior_mtbf(interruptible))
+
+
+def expected_mean(exposure_seconds: float, events: float, prior_seconds: float) -> float:
+    """Mean seconds between events at the posterior mean rate: a Gamma prior of EXPECTED_PRIOR_EVENTS events
+    with the prior's mean, never capped (see the module's docstring for why the lookahead uses it)."""
+    return (exposure_seconds + EXPECTED_PRIOR_EVENTS * prior_seconds) / (events + EXPECTED_PRIOR_EVENTS)
 
 
 def weight(age: float) -> float:
@@ -92,9 +105,9 @@ class RoomWatch:
     lookahead (reconciler.planner.outlook.lookahead) prices a wait for spot with. The daemon shows it
     every tick whether the provider said it had a free slot (or runs a worker of ours); time seen
     without room is exposure and each return of room an event, both weighed by age as the MTBF's
-    record is, and the mean wait is estimated as the MTBF is (`estimate_mtbf`: the prior weighs one
-    wait at most). Kept in the daemon's memory: a restart starts again from the prior. A provider
-    that never says whether it has room keeps the prior."""
+    record is, and the mean wait is estimated as the lookahead's MTBF is (`expected_mean`). Kept in
+    the daemon's memory: a restart starts again from the prior. A provider that never says whether
+    it has room keeps the prior."""
 
     exposure: dict[str, float] = field(default_factory=dict)  # seconds without room, age-weighted
     returns: dict[str, float] = field(default_factory=dict)  # times room came back, age-weighted
@@ -114,7 +127,7 @@ class RoomWatch:
 
     def mean_wait(self, provider: str) -> float:
         """Seconds: the mean wait for room there, from the prior PRIOR_ROOM_WAIT_SECONDS."""
-        return estimate_mtbf(self.exposure.get(provider, 0.0), self.returns.get(provider, 0.0),
+        return expected_mean(self.exposure.get(provider, 0.0), self.returns.get(provider, 0.0),
                              PRIOR_ROOM_WAIT_SECONDS)
 
     def waits(self) -> dict[str, float]:
