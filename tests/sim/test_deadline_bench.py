@@ -149,3 +149,13 @@ def test_the_lookahead_takes_spot_that_lasts_and_on_demand_when_the_deadline_is_
     # On spot, a stop loses the work since the checkpoint: with spot there, it stays.
     stays, _ = la.choose(model, 6 * HOUR, 2 * HOUR - 250.0, 2 * HOUR, la.SPOT, room=True)
     assert stays == la.RUN_SPOT
+
+
+def test_the_lookahead_does_not_launch_on_spot_when_the_safety_net_would_take_it_off_again() -> None:
+    """The full bench's eleventh synthetic trace at 1.1 W: with 9 minutes of slack the lookahead
+    took spot (rule 2's net is two changeovers, 6 minutes), a tick later 4 were left, the net moved
+    the run to on-demand, and it finished 30 s late. The lookahead now plans with the net."""
+    hours = 24.0
+    trace = bench.synthetic_trace(11, max(bench.DEADLINES) * hours * 3600.0 + 40 * bench.TICK)
+    result = bench.simulate(("ours-lookahead", bench.Case(hours, 1.1, trace, False, 11)))
+    assert result["met"] and result["violations"] == 0

@@ -308,7 +308,8 @@ def _looked_ahead(s: Situation, spot: Option, fb: Option, slack: float, risk: st
         changeover_spot=spot.changeover_seconds, changeover_fallback=fb.changeover_seconds,
         up_seconds=spot.mtbf_seconds if spot.mtbf_expected_seconds is None else spot.mtbf_expected_seconds,
         down_seconds=spot.room_wait_seconds,
-        unsaved_seconds=spot.unsaved_seconds(s.checkpoint_seconds), fallback_speed=fb.rate / spot.rate)
+        unsaved_seconds=spot.unsaved_seconds(s.checkpoint_seconds), fallback_speed=fb.rate / spot.rate,
+        reserve_seconds=2 * fb.changeover_seconds)
     loc = lookahead.SPOT if s.current == spot.provider else \
         lookahead.FALLBACK if s.current == fb.provider else lookahead.NOWHERE
     durable = (s.remaining_steps or 0) / spot.rate

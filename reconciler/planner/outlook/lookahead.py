@@ -10,7 +10,10 @@ trace's own mean periods). A launch pays its changeover, billed, before any work
 loses, on average, `unsaved_seconds` of work and leaves the run nowhere; a stop keeps only the
 durable work and leaves the run nowhere until the next tick (a move is a stop, then a launch).
 Work left at the deadline, one tick early, costs MISS_PENALTY per unit, far above any price, so the
-cheapest plan meets the deadline wherever the fallback still can.
+cheapest plan meets the deadline wherever the fallback still can. Where the slack is not above the
+policy's safety net (`reserve_seconds`), the plan has the run on the fallback, as the policy will:
+planned without it, a launch on spot just above the net was moved off a tick later at the price
+of two changeovers, and a run finished 30 s late.
 
 The expected cost of every state is computed backwards from the deadline each time it is asked
 (dynamic programming, the work in tenths of a step, two layers of the table in memory at once); a
@@ -51,6 +54,9 @@ class Model:
     down_seconds: float  # mean time spot stays without room once it has none
     unsaved_seconds: float  # work an interruption loses on average
     fallback_speed: float = 1.0
+    # The safety net the policy keeps (deadline.py, rule 2): where the slack (the time left beyond
+    # the rest on the fallback, a changeover to it included) is not above it, the run is on the fallback.
+    reserve_seconds: float = 0.0
 
     @property
     def unit(self) -> float:
@@ -70,9 +76,10 @@ class Model:
         return 1.0 - math.exp(-self.step_seconds / self.down_seconds) if self.down_seconds > 0 else 1.0
 
 
-def _solve(m: Model, steps: int, work_units: int) -> np.ndarray:
+def _solve(m: Model, steps: int, work_units: int, beyond: float) -> np.ndarray:
     """The least expected cost V[loc, room, w] with `steps` steps left, at `loc`, spot with room (1)
-    or not, and w units of work left; only two layers of the table are ever kept."""
+    or not, and w units of work left; only two layers of the table are ever kept. `beyond`: the
+    seconds the deadline is past the last step (the safety net is judged on the time left to it)."""
     w = np.arange(work_units + 1)
     nxt = np.broadcast_to((w * MISS_PENALTY)[None, None, :], (3, 2, work_units + 1)).copy()
 
@@ -85,18 +92,23 @@ def _solve(m: Model, steps: int, work_units: int) -> np.ndarray:
     fb_in = m.units((m.step_seconds - m.changeover_fallback) * m.fallback_speed)
     c_spot, c_fb = m.spot_price * m.step_seconds / 3600, m.fallback_price * m.step_seconds / 3600
     back = _back(m, work_units)
-    for _ in range(steps):
+    need = w * m.unit / m.fallback_speed  # the rest on the fallback (a changeover more from elsewhere)
+    for k in range(1, steps + 1):
         v = np.empty_like(nxt)
+        slack = k * m.step_seconds + beyond - need
+        net, net_fb = slack - m.changeover_fallback <= m.reserve_seconds, slack <= m.reserve_seconds
         for room in (0, 1):
             p = (m.p_up, 1 - m.p_down)[room]  # room at the next step
             idle = p * nxt[NOWHERE, 1] + (1 - p) * nxt[NOWHERE, 0]
             fb_next = p * nxt[FALLBACK, 1] + (1 - p) * nxt[FALLBACK, 0]
-            best = np.minimum(idle, c_fb + done(fb_next, fb_in))
+            launch = c_fb + done(fb_next, fb_in)
+            best = np.minimum(idle, launch)
             if room:
                 best = np.minimum(best, _on_spot(m, nxt, done, spot_in, c_spot, back))
-            v[NOWHERE, room] = best
-            v[FALLBACK, room] = np.minimum(c_fb + done(fb_next, fb_full), idle)
-        v[SPOT, 1] = np.minimum(_on_spot(m, nxt, done, full, c_spot, back), v[NOWHERE, 1])
+            v[NOWHERE, room] = np.where(net, launch, best)
+            stay = c_fb + done(fb_next, fb_full)
+            v[FALLBACK, room] = np.where(net_fb, stay, np.minimum(stay, idle))
+        v[SPOT, 1] = np.where(net, v[NOWHERE, 1], np.minimum(_on_spot(m, nxt, done, full, c_spot, back), v[NOWHERE, 1]))
         v[SPOT, 0] = v[NOWHERE, 0]
         nxt = v
     return nxt
@@ -129,7 +141,7 @@ def choose(m: Model, seconds_left: float, live_work: float, durable_work: float,
     if steps <= 2:
         return RUN_FALLBACK, {}
     units = max(live, durable) + 1
-    nxt = _solve(m, steps - 1, units)
+    nxt = _solve(m, steps - 1, units, seconds_left - steps * m.step_seconds)
     if loc == NOWHERE:
         out = _launches(m, nxt, live, room)
         return min(out, key=lambda k: out[k]), out
@@ -167,7 +179,7 @@ def then(m: Model, seconds_left: float, durable_work: float, room: bool) -> str:
     durable = int(math.ceil(durable_work / m.unit))
     if steps <= 3:
         return RUN_FALLBACK
-    out = _launches(m, _solve(m, steps - 2, durable + 1), durable, room)
+    out = _launches(m, _solve(m, steps - 2, durable + 1, seconds_left - steps * m.step_seconds), durable, room)
     return min(out, key=lambda k: out[k])
 
 
