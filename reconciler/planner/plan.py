@@ -233,11 +233,13 @@ def read_storage(t: JobTick) -> bool:
     was = t.st.progress
     live = t.current is not None and t.run.heartbeat_epoch == t.current.epoch and t.run.heartbeat_step is not None
     save, every = was.save_seconds, was.save_every_seconds
-    if live and (step != was.step or save is None or every is None):
+    if live:
         # The worker's word goes with a new step, so that git changes no more often than before;
-        # its first word at once, as the deadline policy weighs it from the run's first save.
-        save = _whole(t.run.heartbeat_save_seconds, save)
-        every = _whole(t.run.heartbeat_save_every_seconds, every)
+        # each figure's first word at once, as the deadline policy weighs it from the run's first
+        # save (a worker whose saves a step count pins never says how often: that alone changes nothing).
+        new = step != was.step
+        save = _whole(t.run.heartbeat_save_seconds, save) if new or save is None else save
+        every = _whole(t.run.heartbeat_save_every_seconds, every) if new or every is None else every
     if step == was.step:
         seen_at, beat = was.seen_at, was.heartbeat_step
     else:  # the live worker's step goes with it

@@ -169,6 +169,11 @@ def test_the_status_keeps_the_workers_save_time_with_its_step_and_across_a_worke
     seen.runs[key] = dataclasses.replace(seen.runs[key], heartbeat_step=3900, heartbeat_save_seconds=12.4)
     first = plan(d, seen, {"train": st}, NOW).statuses["train"]
     assert first.progress.save_seconds == 12.0
+    # A step count pins its saves, so it never says how often it saves: a new save time in the same
+    # tenth waits for the next step, as before (its first word was written at once).
+    seen.runs[key] = dataclasses.replace(seen.runs[key], heartbeat_step=4000, heartbeat_save_seconds=15.2)
+    same = plan(d, seen, {"train": first}, NOW + 300).statuses["train"]
+    assert same.progress == first.progress and same.progress.save_every_seconds is None
     seen.runs[key] = dataclasses.replace(seen.runs[key], durable_step=7200, heartbeat_step=7300,
                                          heartbeat_save_seconds=None)
     later = plan(d, seen, {"train": first}, NOW + 3600).statuses["train"]

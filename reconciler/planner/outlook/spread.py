@@ -283,7 +283,7 @@ def _checkpoint(job: Job, st: JobStatus, rate: float) -> tuple[float, str, str]:
     if job.spec.checkpoint_every:
         return float(job.spec.checkpoint_every), DECLARED, "checkpoint_every"
     if (said := said_interval_steps(st, rate)) is not None:
-        return said, MEASURED, "the worker's save interval, plus a save"
+        return said, MEASURED, "the worker's word: from one save's start to the next"
     if measured := lost_interval_steps(st):
         return measured[0], MEASURED, f"twice the mean work lost over {measured[1]} interruptions"
     return rate * FALLBACK_CHECKPOINT_SECONDS, BORROWED, "a prior of one checkpoint per 30 min of work"

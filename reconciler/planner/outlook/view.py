@@ -134,7 +134,7 @@ def _worst_loss(st: JobStatus, rate: float | None, checkpoint_every: int | None)
 
 def _checkpoint_seconds(st: JobStatus, rate: float | None, checkpoint_every: int | None) -> float | None:
     """Attempt seconds between checkpoints: the job's checkpoint_every at its rate, else the
-    worker's own word (its interval plus a save), else twice the mean work an interruption lost
+    worker's own word (from one save's start to the next), else twice the mean work an interruption lost
     (lost work is spread evenly over the interval), else None (unknown). The forecast's futures
     read it the same way."""
     if not rate:
