@@ -285,7 +285,7 @@ class Reconciler:
             adapters[name] = cast(ComputeAdapter, Busy(name, age))
         runs = {(name, job.run_id()) for name, job in desired.jobs.items()}
         runs |= {(st.job, st.run_id) for st in recorded.values() if st.run_id and not st.phase.terminal}
-        observed.room_waits = self.room.waits()
+        observed.room_waits, observed.room_shapes = self.room.waits(), self.room.shapes()
         settings = desired.settings
         # A run is read where its status says its folder is (a changed `storage:` moves it later).
         observed.run_storage = {(st.job, st.run_id): st.storage for st in recorded.values() if st.storage}

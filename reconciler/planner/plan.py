@@ -104,7 +104,8 @@ def plan(desired: DesiredState, observed: Observed, recorded: dict[str, JobStatu
     that cancels most jobs at once is meant (otherwise it is held, as Argo CD guards pruning).
     `policy` places runs that have a deadline (reconciler.planner.outlook.deadline; benchmarks pass baselines)."""
     out = Plan()
-    reliability = {name: replace(rel, room_wait_seconds=observed.room_waits.get(name, rel.room_wait_seconds))
+    reliability = {name: replace(rel, room_wait_seconds=observed.room_waits.get(name, rel.room_wait_seconds),
+                                 room_shape=observed.room_shapes.get(name, rel.room_shape))
                    for name, rel in provider_reliabilities(desired.providers, recorded.values(), now).items()}
     observed = replace(observed, allowances={**own_quotas(desired, recorded, observed, now), **observed.allowances},
                        bad_hosts=observed.bad_hosts | bad_hosts(recorded.values(), now))

@@ -18,6 +18,7 @@ from reconciler.planner.health import ProviderHealth, Trouble
 from reconciler.planner.judge import PROVIDER_ENDED, close, record_close
 from reconciler.planner.outlook.deadline import PlacementPolicy, choose
 from reconciler.planner.outlook.forecast import Reliability
+from reconciler.planner.outlook.reliability import RoomShape
 from reconciler.planner.run_observation import RunObservation
 from status.models import Attempt, JobStatus, Outcome, Phase
 
@@ -41,6 +42,7 @@ class Observed:
     retired: dict[str, Provider] = field(default_factory=dict)
     free_slots: dict[str, int] = field(default_factory=dict)  # provider -> workers it can take now, where it says
     room_waits: dict[str, float] = field(default_factory=dict)  # provider -> mean seconds without room (RoomWatch)
+    room_shapes: dict[str, RoomShape] = field(default_factory=dict)  # provider -> its room periods (RoomWatch)
     # What this tick's probe of run storage found wrong with it (full, read-only, ...), or None:
     # while it holds, nothing is charged and nothing that needs the store is launched.
     store_fault: StoreFault | None = None

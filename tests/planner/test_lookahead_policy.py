@@ -10,7 +10,13 @@ from dataclasses import replace
 from desired.parse import parse_settings
 from reconciler.checkpoint_policy import estimate_mtbf
 from reconciler.planner.outlook.deadline import Option, Situation, choose
-from reconciler.planner.outlook.reliability import PRIOR_ROOM_WAIT_SECONDS, RoomWatch, expected_mean, weight
+from reconciler.planner.outlook.reliability import (
+    PRIOR_ROOM_WAIT_SECONDS,
+    RoomShape,
+    RoomWatch,
+    expected_mean,
+    weight,
+)
 
 HOUR = 3600.0
 
@@ -92,6 +98,49 @@ def test_room_watch_learns_how_long_room_stays_away() -> None:
     assert watch.waits() == {"spot": watch.mean_wait("spot")}
 
 
+def test_a_move_onto_room_just_back_waits_where_room_that_comes_back_often_goes_again() -> None:
+    """Seen in bench/deadline.py (us-west-2a, 2022, 1.5 W): spot came back after three hours, the
+    run left on-demand for it with under an hour of slack, and it was gone a tick later. On the AWS
+    traces a quarter to a half of the room periods are short; the lookahead weighs that by how long
+    room has been back."""
+    def choice(shape: RoomShape) -> str | None:
+        s = situation(5 + 40 / 60, 5, current="ondemand")  # 40 minutes of slack, on on-demand
+        return choose(replace(s, options=(replace(s.options[0], room_shape=shape), s.options[1]))).provider
+
+    assert choice(RoomShape(short_share=0.3, age_seconds=0.0)) == "ondemand"  # just back: it stays
+    assert choice(RoomShape(short_share=0.3, age_seconds=1800.0)) == "spot"  # back for half an hour: it moves
+    assert choice(RoomShape(short_share=0.0, age_seconds=0.0)) == "spot"  # memoryless room: it moves at once
+
+
+def test_room_watch_learns_how_often_room_goes_again_soon_after_it_came_back() -> None:
+    def watched(pattern: list[int]) -> RoomWatch:
+        """Spot's room at each 300 s tick, the pattern over and over for a week."""
+        watch, t = RoomWatch(), 0.0
+        while t < 7 * 24 * HOUR:
+            for room in pattern:
+                watch.see("spot", t, bool(room))
+                t += 300.0
+        return watch
+
+    # Every other room period lasts one tick, the rest 4 h: far more short ones than 2 h memoryless periods.
+    flaky = watched([1] + [0] * 12 + [1] * 48 + [0] * 12)
+    assert 0.35 < flaky.short_share("spot") < 0.6
+    # Periods of 3 h every time: no more short ones than memoryless periods would have (none).
+    steady = watched([1] * 36 + [0] * 12)
+    assert steady.short_share("spot") == 0.0
+    assert RoomWatch().short_share("spot") == 0.0  # nothing seen: memoryless
+    # How long room has been back: from the look that first saw it; unknown if it was there at the first look.
+    watch = RoomWatch()
+    watch.see("spot", 0.0, room=True)
+    watch.see("spot", 600.0, room=True)
+    assert watch.shapes()["spot"].age_seconds is None
+    watch.see("spot", 900.0, room=False)
+    watch.see("spot", 1200.0, room=True)
+    watch.see("spot", 1800.0, room=True)
+    assert watch.shapes()["spot"] == RoomShape(short_share=0.0, age_seconds=600.0)
+    assert watch.periods.get("spot") is None  # the first period began before the first look: not counted
+
+
 def test_room_watch_forgets_with_the_mtbf_half_life() -> None:
     watch = RoomWatch()
     watch.see("spot", 0.0, room=False)
@@ -104,7 +153,7 @@ def test_room_watch_forgets_with_the_mtbf_half_life() -> None:
 def test_the_daemon_learns_spots_wait_for_room_from_its_free_slots() -> None:
     """The simulated spot pool has no room for the first hour: the daemon's watch sees it tick by tick."""
     from adapters.sim import PreemptionTrace, ProviderModel
-    from reconciler.sim.driver import JobPlan, ProviderPlan, SimConfig, Simulation
+    from reconciler.sim.driver import START, JobPlan, ProviderPlan, SimConfig, Simulation
 
     trace = PreemptionTrace(300.0, (0,) * 12 + (1,) * 60)
     spot = ProviderModel("spot", launch_delay_seconds=60.0, price_per_hour=1.0, trace=trace)
@@ -117,6 +166,8 @@ def test_the_daemon_learns_spots_wait_for_room_from_its_free_slots() -> None:
         watch = sim.reconciler.room
         assert watch.returns["spot"] > 0.9  # room came back once
         assert 0.75 * HOUR < watch.exposure["spot"] < HOUR  # up to an hour without room, weighed by age
+        age = watch.shapes()["spot"].age_seconds  # room back since the first tick at or after the hour
+        assert age is not None and watch.last["spot"][0] - age == START + HOUR
     finally:
         sim.close()
 

@@ -52,7 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from reconciler.planner.outlook import lookahead
-from reconciler.planner.outlook.reliability import PRIOR_ROOM_WAIT_SECONDS
+from reconciler.planner.outlook.reliability import PRIOR_ROOM_WAIT_SECONDS, RoomShape
 from status.models import hours as _h
 
 RISK_OK = "on track"
@@ -80,6 +80,7 @@ class Option:
     hours_left: float | None = None  # attempt hours its quota or credits can still carry (None: no limit)
     mtbf_shape: float = 1.0  # the interruptions the MTBF rests on, weighed by age, its prior's included
     room_wait_seconds: float = PRIOR_ROOM_WAIT_SECONDS  # mean time it stays without room once it has none
+    room_shape: RoomShape = RoomShape()  # how its room periods spread, and how long it has had room now
     # The MTBF the lookahead plans with: the same record's posterior mean, its prior never capped
     # (reliability.expected_mean); None: mtbf_seconds.
     mtbf_expected_seconds: float | None = None
@@ -299,7 +300,8 @@ def _lookahead_spot(s: Situation, fb: Option) -> Option | None:
 def _looked_ahead(s: Situation, spot: Option, fb: Option, slack: float, risk: str) -> Choice:
     """`deadline_policy: lookahead`: spot, the fallback or a wait, whichever the lookahead
     (reconciler.planner.outlook.lookahead) expects to finish for least, from this run's measured
-    rate, checkpoint interval and changeovers, spot's MTBF and its wait for room. Spot or a wait
+    rate, checkpoint interval and changeovers, spot's MTBF, its wait for room and how its room periods
+    spread (RoomWatch: how many are short, and how long room has been back now). Spot or a wait
     only above the safety net (two changeovers of slack); the deadline's risk is the lookahead's
     to weigh, so rule 2's cover for the next interruption does not apply."""
     assert s.deadline is not None and spot.rate is not None and fb.rate is not None
@@ -309,7 +311,8 @@ def _looked_ahead(s: Situation, spot: Option, fb: Option, slack: float, risk: st
         up_seconds=spot.mtbf_seconds if spot.mtbf_expected_seconds is None else spot.mtbf_expected_seconds,
         down_seconds=spot.room_wait_seconds,
         unsaved_seconds=spot.unsaved_seconds(s.checkpoint_seconds), fallback_speed=fb.rate / spot.rate,
-        reserve_seconds=2 * fb.changeover_seconds)
+        reserve_seconds=2 * fb.changeover_seconds, short_share=spot.room_shape.short_share,
+        room_age_seconds=spot.room_shape.age_seconds)
     loc = lookahead.SPOT if s.current == spot.provider else \
         lookahead.FALLBACK if s.current == fb.provider else lookahead.NOWHERE
     durable = (s.remaining_steps or 0) / spot.rate

@@ -30,6 +30,7 @@ from desired.models import Provider
 from reconciler.planner.outlook.reliability import (
     PRIOR_ROOM_WAIT_SECONDS,
     PRIOR_SPOT_MTBF_SECONDS,
+    RoomShape,
     mtbf,
     prior_mtbf,
     records,
@@ -82,6 +83,7 @@ class Reliability:
     prior_seconds: float = PRIOR_SPOT_MTBF_SECONDS  # the MTBF it starts from, for its kind
     interruptible: bool = False  # its kind: machines that can be taken away (spot)
     room_wait_seconds: float = PRIOR_ROOM_WAIT_SECONDS  # mean time without room once it has none (RoomWatch)
+    room_shape: RoomShape = RoomShape()  # how its room periods spread, and how long it has had room (RoomWatch)
 
 
 def first_step(a: Attempt) -> int:

@@ -3,12 +3,17 @@ to finish the run for least. Pure.
 
 The window left before the deadline is cut into steps of one tick. At each step the run is nowhere,
 on spot or on the fallback (never interrupted), and spot has room or not. Spot's room comes and goes
-as a two-state Markov chain: a machine there lasts a mean of `up_seconds` (its MTBF) and, once spot
-has no room, room comes back after a mean of `down_seconds` (what the daemon has seen:
-reconciler.planner.outlook.reliability.RoomWatch; bench/deadline.py's reference gives it the
-trace's own mean periods). A launch pays its changeover, billed, before any work; an interruption
-loses, on average, `unsaved_seconds` of work and leaves the run nowhere; a stop keeps only the
-durable work and leaves the run nowhere until the next tick (a move is a stop, then a launch).
+as a Markov chain: once spot has no room, room comes back after a mean of `down_seconds` (what the
+daemon has seen: reconciler.planner.outlook.reliability.RoomWatch; bench/deadline.py's reference
+gives it the trace's own mean periods), and a machine there lasts a mean of `up_seconds` (its
+MTBF). Where the daemon has seen more short room periods than memoryless ones would give (RoomWatch;
+on the public AWS spot traces a quarter to a half of them end within 20 minutes), a room period is
+short (mean `short_seconds`) with chance `short_share` and long otherwise, so room that has just
+come back is likelier to go soon: the chain then counts the steps since room came back, one state
+a step for three short means, before room is taken as settled. A launch pays its changeover,
+billed, before any work; an interruption loses, on average, `unsaved_seconds` of work and leaves
+the run nowhere; a stop keeps only the durable work and leaves the run nowhere until the next tick
+(a move is a stop, then a launch).
 Work left at the deadline, one tick early, costs MISS_PENALTY per unit, far above any price, so the
 cheapest plan meets the deadline wherever the fallback still can. Where the slack is not above the
 policy's safety net (`reserve_seconds`), the plan has the run on the fallback, as the policy will:
@@ -18,7 +23,8 @@ of two changeovers, and a run finished 30 s late.
 The expected cost of every state is computed backwards from the deadline each time it is asked
 (dynamic programming, the work in tenths of a step, two layers of the table in memory at once); a
 window longer than MAX_STEPS ticks is cut into MAX_STEPS longer steps, so the table has at most
-MAX_STEPS layers whatever the tick and the window, each of six rows of ten cells per step of work left.
+MAX_STEPS layers whatever the tick and the window, each of three rows per room state (two, or up to
+eight with short room periods) of ten cells per step of work left.
 
 Where Uniform Progress (Wu et al., NSDI'24) keeps a straight line and ROSS (Bhuyan et al.,
 INFOCOM'26) a threshold on the ratio of time left to work left, this prices each choice from the
@@ -30,6 +36,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -38,6 +45,8 @@ WAIT, RUN_SPOT, RUN_FALLBACK, STOP = "wait", "spot", "fallback", "stop"
 MISS_PENALTY = 1000.0  # dollars per unit of work left at the deadline
 UNITS_PER_STEP = 10  # the grain of work: a tenth of a tick
 MAX_STEPS = 288  # a window longer than 288 ticks is solved in longer steps (a day at 5 minutes)
+SHORT_ROOM_SECONDS = 600.0  # the mean of spot's short room periods (docs/guides/deadlines-budgets.md)
+MAX_FRESH_STEPS = 6  # at most this many room states for room that came back recently
 
 
 @dataclass(frozen=True)
@@ -65,10 +74,70 @@ class Model:
     def units(self, seconds: float) -> int:
         return max(0, int(round(seconds / self.unit)))
 
+    # Spot's room periods as a mix of two kinds (hyperexponential): a share `short_share` of them
+    # short, of mean `short_seconds`, the rest long, with `up_seconds` the mean of all; 0 reads as
+    # one kind (memoryless). Room that came back recently is then likelier to go again soon: the room
+    # state counts the steps since it came back, up to a few short means (`fresh_steps`).
+    short_share: float = 0.0
+    short_seconds: float = SHORT_ROOM_SECONDS
+    room_age_seconds: float | None = None  # how long spot has had room now (None: long enough)
+
+    @cached_property
+    def _share(self) -> float:
+        """The short share, none where the mean leaves no room for a long kind longer than the short."""
+        q, s, mean = self.short_share, self.short_seconds, self.up_seconds
+        return q if 0 < q < 1 and s > 0 and mean > 2 * s else 0.0
+
+    @cached_property
+    def long_seconds(self) -> float:
+        """The mean of the long room periods: what is left of `up_seconds` beside the short ones."""
+        q = self._share
+        return (self.up_seconds - q * self.short_seconds) / (1 - q)
+
+    def _lasts(self, seconds: float) -> float:
+        """The chance a room period lasts beyond `seconds` after room came back."""
+        q = self._share
+        short = q * math.exp(-seconds / self.short_seconds) if q else 0.0
+        return short + (1 - q) * math.exp(-seconds / self.long_seconds) if self.long_seconds > 0 else short
+
+    @cached_property
+    def fresh_steps(self) -> int:
+        """The room states for room that came back recently: one a step, for three short means."""
+        return min(MAX_FRESH_STEPS, math.ceil(3 * self.short_seconds / self.step_seconds)) if self._share else 0
+
+    @property
+    def rooms(self) -> int:
+        """Room states: 0 no room, 1..fresh_steps room back that many steps ago (less one), then settled."""
+        return self.fresh_steps + 2
+
+    @cached_property
+    def keeps(self) -> tuple[float, ...]:
+        """For each room state, the chance spot has room a step later."""
+        t = self.step_seconds
+        fresh = tuple(self._lasts((j + 1) * t) / self._lasts(j * t) for j in range(self.fresh_steps))
+        return (self.p_up, *fresh, 1.0 - self.p_down)
+
+    def after(self, room: int) -> int:
+        """The room state a step after `room`, where spot has room then."""
+        return min(room + 1, self.fresh_steps + 1)
+
+    def mix(self, nxt: np.ndarray, loc: int, room: int) -> np.ndarray:
+        """The next layer at `loc`, weighed by whether spot has room then."""
+        keep = self.keeps[room]
+        return keep * nxt[loc, self.after(room)] + (1 - keep) * nxt[loc, 0]
+
+    def room_now(self, room: bool) -> int:
+        """The room state now: none, fresh (by `room_age_seconds`) or settled."""
+        if not room:
+            return 0
+        if self.room_age_seconds is None:
+            return self.fresh_steps + 1
+        return min(1 + int(self.room_age_seconds // self.step_seconds), self.fresh_steps + 1)
+
     @property
     def p_down(self) -> float:
-        """The chance a machine on spot is interrupted within one step."""
-        return 1.0 - math.exp(-self.step_seconds / self.up_seconds) if self.up_seconds > 0 else 1.0
+        """The chance a machine on spot on settled room is interrupted within one step."""
+        return 1.0 - math.exp(-self.step_seconds / self.long_seconds) if self.long_seconds > 0 else 1.0
 
     @property
     def p_up(self) -> float:
@@ -77,50 +146,49 @@ class Model:
 
 
 def _solve(m: Model, steps: int, work_units: int, beyond: float) -> np.ndarray:
-    """The least expected cost V[loc, room, w] with `steps` steps left, at `loc`, spot with room (1)
-    or not, and w units of work left; only two layers of the table are ever kept. `beyond`: the
-    seconds the deadline is past the last step (the safety net is judged on the time left to it)."""
+    """The least expected cost V[loc, room, w] with `steps` steps left, at `loc`, in room state `room`
+    (Model.rooms) and with w units of work left; only two layers of the table are ever kept, each
+    computed for every room state at once. `beyond`: the seconds the deadline is past the last step
+    (the safety net is judged on the time left to it)."""
     w = np.arange(work_units + 1)
-    nxt = np.broadcast_to((w * MISS_PENALTY)[None, None, :], (3, 2, work_units + 1)).copy()
-
-    def done(x: np.ndarray, k: int) -> np.ndarray:
-        """x with k more units of work done."""
-        return x[np.maximum(w - k, 0)]
-
+    nxt = np.broadcast_to((w * MISS_PENALTY)[None, None, :], (3, m.rooms, work_units + 1)).copy()
+    done = _shifter(work_units)
     full, spot_in = m.units(m.step_seconds), m.units(m.step_seconds - m.changeover_spot)
     fb_full = m.units(m.step_seconds * m.fallback_speed)
     fb_in = m.units((m.step_seconds - m.changeover_fallback) * m.fallback_speed)
     c_spot, c_fb = m.spot_price * m.step_seconds / 3600, m.fallback_price * m.step_seconds / 3600
     back = _back(m, work_units)
     need = w * m.unit / m.fallback_speed  # the rest on the fallback (a changeover more from elsewhere)
+    keep, after = np.array(m.keeps)[:, None], [m.after(r) for r in range(m.rooms)]
     for k in range(1, steps + 1):
         v = np.empty_like(nxt)
         slack = k * m.step_seconds + beyond - need
         net, net_fb = slack - m.changeover_fallback <= m.reserve_seconds, slack <= m.reserve_seconds
-        for room in (0, 1):
-            p = (m.p_up, 1 - m.p_down)[room]  # room at the next step
-            idle = p * nxt[NOWHERE, 1] + (1 - p) * nxt[NOWHERE, 0]
-            fb_next = p * nxt[FALLBACK, 1] + (1 - p) * nxt[FALLBACK, 0]
-            launch = c_fb + done(fb_next, fb_in)
-            best = np.minimum(idle, launch)
-            if room:
-                best = np.minimum(best, _on_spot(m, nxt, done, spot_in, c_spot, back))
-            v[NOWHERE, room] = np.where(net, launch, best)
-            stay = c_fb + done(fb_next, fb_full)
-            v[FALLBACK, room] = np.where(net_fb, stay, np.minimum(stay, idle))
-        v[SPOT, 1] = np.where(net, v[NOWHERE, 1], np.minimum(_on_spot(m, nxt, done, full, c_spot, back), v[NOWHERE, 1]))
-        v[SPOT, 0] = v[NOWHERE, 0]
+        idle = keep * nxt[NOWHERE][after] + (1 - keep) * nxt[NOWHERE, 0]
+        fb_next = keep * nxt[FALLBACK][after] + (1 - keep) * nxt[FALLBACK, 0]
+        spot_next, gone = nxt[SPOT][after], (1 - keep) * (c_spot / 2 + nxt[NOWHERE, 0][back])
+        launch = c_fb + done(fb_next, fb_in)
+        best = np.minimum(idle, launch)
+        # A step on spot from each room state (room state 0 has none: its row is not used).
+        best[1:] = np.minimum(best[1:], (keep * (c_spot + done(spot_next, spot_in)) + gone)[1:])
+        v[NOWHERE] = np.where(net, launch, best)
+        stay = c_fb + done(fb_next, fb_full)
+        v[FALLBACK] = np.where(net_fb, stay, np.minimum(stay, idle))
+        stay_spot = keep * (c_spot + done(spot_next, full)) + gone
+        stay_spot[0] = v[NOWHERE, 0]
+        v[SPOT] = np.where(net, v[NOWHERE], np.minimum(stay_spot, v[NOWHERE]))
         nxt = v
     return nxt
 
 
 def _on_spot(m: Model, nxt: np.ndarray, done: Callable[[np.ndarray, int], np.ndarray], progress: int, c_spot: float,
-             back: np.ndarray) -> np.ndarray:
-    """A step on spot: it lasts (the work is done) or it is interrupted (half the step billed, the
-    work since the last checkpoint lost, nowhere and no room after)."""
-    kept = c_spot + done(nxt[SPOT, 1], progress)
+             back: np.ndarray, room: int) -> np.ndarray:
+    """A step on spot in room state `room`: it lasts (the work is done) or it is interrupted (half
+    the step billed, the work since the last checkpoint lost, nowhere and no room after)."""
+    keep = m.keeps[room]
+    kept = c_spot + done(nxt[SPOT, m.after(room)], progress)
     gone = c_spot / 2 + nxt[NOWHERE, 0][back]
-    return (1 - m.p_down) * kept + m.p_down * gone
+    return keep * kept + (1 - keep) * gone
 
 
 def _steps(m: Model, seconds_left: float) -> tuple[Model, int]:
@@ -145,15 +213,15 @@ def choose(m: Model, seconds_left: float, live_work: float, durable_work: float,
     if loc == NOWHERE:
         out = _launches(m, nxt, live, room)
         return min(out, key=lambda k: out[k]), out
-    p = (m.p_up, 1 - m.p_down)[room]
-    stopped = p * nxt[NOWHERE, 1][durable] + (1 - p) * nxt[NOWHERE, 0][durable]
+    now = m.room_now(room)
+    stopped = m.mix(nxt, NOWHERE, now)[durable]
     if loc == FALLBACK:
-        fb_next = p * nxt[FALLBACK, 1] + (1 - p) * nxt[FALLBACK, 0]
         done = max(0, live - m.units(m.step_seconds * m.fallback_speed))
-        out = {RUN_FALLBACK: m.fallback_price * m.step_seconds / 3600 + float(fb_next[done]), STOP: float(stopped)}
+        out = {RUN_FALLBACK: m.fallback_price * m.step_seconds / 3600 + float(m.mix(nxt, FALLBACK, now)[done]),
+               STOP: float(stopped)}
     else:
         stay = _on_spot(m, nxt, _shifter(units), m.units(m.step_seconds), m.spot_price * m.step_seconds / 3600,
-                        _back(m, units))
+                        _back(m, units), now)
         out = {RUN_SPOT: float(stay[live]), STOP: float(stopped)}
     return min(out, key=lambda k: out[k]), out
 
@@ -185,26 +253,24 @@ def then(m: Model, seconds_left: float, durable_work: float, room: bool) -> str:
 
 def _launches(m: Model, nxt: np.ndarray, work: int, room: bool) -> dict[str, float]:
     """From nowhere, the next layer being `nxt`: wait, launch on the fallback or, with room, on spot."""
-    units = nxt.shape[-1] - 1
-    p = (m.p_up, 1 - m.p_down)[room]
-
-    def mix(at: int) -> np.ndarray:
-        return p * nxt[at, 1] + (1 - p) * nxt[at, 0]
-
+    units, now = nxt.shape[-1] - 1, m.room_now(room)
     fb_in = m.units((m.step_seconds - m.changeover_fallback) * m.fallback_speed)
-    out = {WAIT: float(mix(NOWHERE)[work]),
-           RUN_FALLBACK: m.fallback_price * m.step_seconds / 3600 + float(mix(FALLBACK)[max(0, work - fb_in)])}
+    on_fb = m.fallback_price * m.step_seconds / 3600 + m.mix(nxt, FALLBACK, now)[max(0, work - fb_in)]
+    out = {WAIT: float(m.mix(nxt, NOWHERE, now)[work]), RUN_FALLBACK: float(on_fb)}
     if room:
         out[RUN_SPOT] = float(_on_spot(m, nxt, _shifter(units), m.units(m.step_seconds - m.changeover_spot),
-                                       m.spot_price * m.step_seconds / 3600, _back(m, units))[work])
+                                       m.spot_price * m.step_seconds / 3600, _back(m, units), now)[work])
     return out
 
 
 def _shifter(units: int) -> Callable[[np.ndarray, int], np.ndarray]:
-    w = np.arange(units + 1)
-
+    """`done(x, k)`: x with k more units of work done (work never below none)."""
     def done(x: np.ndarray, k: int) -> np.ndarray:
-        return x[np.maximum(w - k, 0)]
+        if k <= 0:
+            return x
+        k, out = min(k, units + 1), np.empty_like(x)
+        out[..., k:], out[..., :k] = x[..., :units + 1 - k], x[..., :1]
+        return out
     return done
 
 

@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from reconciler.checkpoint_policy import estimate_mtbf
+from reconciler.planner.outlook.lookahead import SHORT_ROOM_SECONDS
 from status.models import Attempt, JobStatus
 
 HALF_LIFE_SECONDS = 6 * 3600.0  # an interruption (or an hour of machine time) this old counts half
@@ -36,6 +37,10 @@ PRIOR_SPOT_MTBF_SECONDS = 6 * 3600.0
 PRIOR_RELIABLE_MTBF_SECONDS = 30 * 24 * 3600.0  # machines nobody takes away still die, rarely
 PRIOR_ROOM_WAIT_SECONDS = 3600.0  # how long a provider stays without room, until the daemon has seen it
 EXPECTED_PRIOR_EVENTS = 0.5  # what the prior weighs in `expected_mean`: half an event (Jeffreys' prior for a rate)
+SHORT_WITHIN_SECONDS = 2 * SHORT_ROOM_SECONDS  # a room period that ends this soon counts as short (RoomWatch)
+PRIOR_PERIODS = 10.0  # the short share's prior: this many room periods as memoryless ones would end
+MAX_SHORT_SHARE = 0.9
+SHAPE_HALF_LIFE_SECONDS = 7 * 24 * 3600.0  # a room period this old counts half toward the short share
 
 
 @dataclass(frozen=True)
@@ -99,24 +104,52 @@ def change(before: JobStatus | None, after: JobStatus, provider: str, now: float
     return mine - records([before], now).get(provider, Record()) if before is not None else mine
 
 
+@dataclass(frozen=True)
+class RoomShape:
+    """What the lookahead knows of a provider's room periods beside their mean (lookahead.Model)."""
+
+    short_share: float = 0.0  # the share of room periods of the short kind
+    age_seconds: float | None = None  # how long it has had room now; None: no room, or since before the first look
+
+
 @dataclass
 class RoomWatch:
-    """How long each provider stays without room for a worker once it has none: the mean wait the
-    lookahead (reconciler.planner.outlook.lookahead) prices a wait for spot with. The daemon shows it
-    every tick whether the provider said it had a free slot (or runs a worker of ours); time seen
-    without room is exposure and each return of room an event, both weighed by age as the MTBF's
-    record is, and the mean wait is estimated as the lookahead's MTBF is (`expected_mean`). Kept in
-    the daemon's memory: a restart starts again from the prior. A provider that never says whether
-    it has room keeps the prior."""
+    """How long each provider stays without room for a worker once it has none, and how its room
+    periods are spread: the lookahead (reconciler.planner.outlook.lookahead) prices a wait for spot
+    with the first, and a move onto room that has just come back with the second. The daemon shows
+    it every tick whether the provider said it had a free slot (or runs a worker of ours).
+
+    The wait: time seen without room is exposure and each return of room an event, both weighed by
+    age as the MTBF's record is, and the mean wait is estimated as the lookahead's MTBF is
+    (`expected_mean`).
+
+    The spread: each room period seen from its start to its end counts, and so does whether it ended
+    within SHORT_WITHIN_SECONDS. On the public AWS spot traces far more of them do than a memoryless
+    period of the same mean would: a quarter to a half of them, holding a few percent of the time
+    with room (docs/guides/deadlines-budgets.md). `short_share` is the share of short periods (of
+    mean lookahead.SHORT_ROOM_SECONDS) that explains the excess, with PRIOR_PERIODS memoryless
+    periods as the prior; periods are weighed by age with a half-life of a week (SHAPE_HALF_LIFE_SECONDS),
+    as the shape of a market changes slower than its rate.
+
+    Kept in the daemon's memory: a restart starts again from the priors. A provider that never says
+    whether it has room keeps them."""
 
     exposure: dict[str, float] = field(default_factory=dict)  # seconds without room, age-weighted
     returns: dict[str, float] = field(default_factory=dict)  # times room came back, age-weighted
     last: dict[str, tuple[float, bool]] = field(default_factory=dict)  # provider -> (when seen, had room)
+    since: dict[str, float | None] = field(default_factory=dict)  # when the last state began (None: unseen)
+    periods: dict[str, float] = field(default_factory=dict)  # room periods seen whole, age-weighted
+    shorts: dict[str, float] = field(default_factory=dict)  # those of them that ended within SHORT_WITHIN_SECONDS
+    room_seconds: dict[str, float] = field(default_factory=dict)  # their length, age-weighted
+    period_seen: dict[str, float] = field(default_factory=dict)  # when the last of them ended
 
     def see(self, provider: str, now: float, room: bool) -> None:
         before = self.last.get(provider)
         self.last[provider] = (now, room)
-        if before is None or now <= before[0]:
+        if before is None:
+            self.since[provider] = None
+            return
+        if now <= before[0]:
             return
         fade = weight(now - before[0])
         self.exposure[provider] = self.exposure.get(provider, 0.0) * fade
@@ -124,11 +157,44 @@ class RoomWatch:
         if not before[1]:  # without room since the last look
             self.exposure[provider] += now - before[0]
             self.returns[provider] += 1.0 if room else 0.0
+        if room != before[1]:
+            start = self.since.get(provider)
+            if before[1] and start is not None:  # a room period seen whole has ended
+                self._period(provider, now, now - start)
+            self.since[provider] = now
+
+    def _period(self, provider: str, now: float, seconds: float) -> None:
+        fade = 0.5 ** (max(0.0, now - self.period_seen.get(provider, now)) / SHAPE_HALF_LIFE_SECONDS)
+        self.period_seen[provider] = now
+        self.periods[provider] = self.periods.get(provider, 0.0) * fade + 1.0
+        self.shorts[provider] = self.shorts.get(provider, 0.0) * fade + (seconds <= SHORT_WITHIN_SECONDS)
+        self.room_seconds[provider] = self.room_seconds.get(provider, 0.0) * fade + seconds
 
     def mean_wait(self, provider: str) -> float:
         """Seconds: the mean wait for room there, from the prior PRIOR_ROOM_WAIT_SECONDS."""
         return expected_mean(self.exposure.get(provider, 0.0), self.returns.get(provider, 0.0),
                              PRIOR_ROOM_WAIT_SECONDS)
 
+    def short_share(self, provider: str) -> float:
+        """The share of short room periods that explains how many ended within SHORT_WITHIN_SECONDS
+        beyond what memoryless periods of the same mean would: 0 until periods are seen."""
+        n = self.periods.get(provider, 0.0)
+        if n <= 0:
+            return 0.0
+        memoryless = 1.0 - math.exp(-SHORT_WITHIN_SECONDS * n / self.room_seconds[provider])
+        seen = (self.shorts[provider] + PRIOR_PERIODS * memoryless) / (n + PRIOR_PERIODS)
+        short_kind = 1.0 - math.exp(-SHORT_WITHIN_SECONDS / SHORT_ROOM_SECONDS)
+        if short_kind <= memoryless:
+            return 0.0
+        return min(MAX_SHORT_SHARE, max(0.0, (seen - memoryless) / (short_kind - memoryless)))
+
     def waits(self) -> dict[str, float]:
         return {name: self.mean_wait(name) for name in self.last}
+
+    def shapes(self) -> dict[str, RoomShape]:
+        """Each provider's RoomShape at its last look."""
+        out = {}
+        for name, (when, room) in self.last.items():
+            start = self.since.get(name)
+            out[name] = RoomShape(self.short_share(name), when - start if room and start is not None else None)
+        return out

@@ -73,7 +73,7 @@ def build_options(order: list[str], providers: dict[str, Provider], tracks: dict
             rate_measured=own is not None and own.rate is not None,
             mtbf_seconds=rel.mtbf_seconds, changeover_seconds=rel.changeover_seconds,
             hours_left=hours_left(prov, allowances.get(name), gpus), mtbf_shape=_mtbf_shape(rel),
-            room_wait_seconds=rel.room_wait_seconds,
+            room_wait_seconds=rel.room_wait_seconds, room_shape=rel.room_shape,
             mtbf_expected_seconds=expected_mean(rel.exposure_seconds, rel.interruptions, rel.prior_seconds)
             if rel.interruptible else None))
     return tuple(out)
