@@ -44,6 +44,13 @@ trace in the spot-traces format ({"metadata": {"gap_seconds": S}, "data": [n0, n
 instances available, the gap also read at the top level; spot is available while n >= 1) from
 seeded start offsets instead.
 
+By default the daemon starts with the job, knowing nothing of spot. With --watched-days N it has
+watched spot for N days before: its RoomWatch, which only the lookahead reads (the wait for room,
+and how often room that comes back goes again soon), is shown those days of the trace, tick by
+tick, before the first tick (for a replayed trace, the days before its offset; for a synthetic one,
+days more of the same kind). The job's own record (its rate, spot's MTBF) starts empty either way,
+as a new job's does.
+
     python bench/deadline.py --quick            # W = 8 h, 6 traces, under a minute on 2 cores
     python bench/deadline.py                    # W = 24 h, 12 traces, about 2 minutes
     python bench/deadline.py --trace trace.json # replay a trace instead of the synthetic ones
@@ -51,6 +58,7 @@ seeded start offsets instead.
     python bench/deadline.py --quick --declared-step-time  # ours' manifest states step_seconds
     python bench/deadline.py --quick --breakdown # and, trace by trace, where each policy's money went
     python bench/deadline.py --quick --lookahead # and the reference lookahead, told each trace's mean periods
+    python bench/deadline.py --quick --watched-days 7  # the daemon watched spot for a week before the job
 
 Prints a markdown table, then one line: deadline_met=M/N cost_vs_optimum=X
 cost_vs_uniform_progress=Y (M/N: ours' runs that met their deadline; X and Y: the worst over the
@@ -107,6 +115,7 @@ DEADLINES = (1.1, 1.5, 2.0)
 POLICIES = ("ours", "ours-lookahead", "greedy", "uniform-progress", "on-demand")
 REPORTED = (*POLICIES, "lookahead")  # --lookahead adds the reference: the lookahead told the trace's mean periods
 UNIT = 60.0  # the optimum's time step, s
+HISTORY_SEED = 10_000  # a synthetic trace's days before the start are drawn with its seed plus this
 
 
 # ---- what the baselines know about the job ------------------------------------------------------
@@ -406,6 +415,7 @@ class Case:
     free: bool = False
     seed: int = 0
     declared: bool = False  # ours' manifest declares the step time (step_seconds), as the baselines know it
+    history: PreemptionTrace | None = None  # spot in the week before the start, as the daemon watched it
 
     @property
     def deadline(self) -> float:
@@ -438,6 +448,7 @@ def simulate(args: tuple[str, Case]) -> dict[str, Any]:
     config = SimConfig(providers=providers(case), jobs=[job], seed=case.seed, tick_seconds=TICK,
                        placement_policy=policy_for(name, known, case))
     sim = Simulation(config)
+    watched(sim, case.history)
     t0 = time.perf_counter()
     settled = infeasible = False
     moves = astray = launched = 0
@@ -475,6 +486,22 @@ def simulate(args: tuple[str, Case]) -> dict[str, Any]:
     }
     sim.close()
     return out
+
+
+def watched(sim: Simulation, history: PreemptionTrace | None) -> None:
+    """Show the daemon's RoomWatch spot's room in the days before the start, once a tick, as the
+    daemon would have seen it had it been running."""
+    if history is None:
+        return
+    seconds = len(history.data) * history.gap_seconds
+    for i in range(int(seconds // TICK)):
+        sim.reconciler.room.see("spot", START - seconds + i * TICK, history.live_at(i * TICK) >= 1)
+
+
+def history(trace: PreemptionTrace, seconds: float) -> PreemptionTrace:
+    """The `seconds` before a replayed trace's start (the trace wraps around)."""
+    n = min(len(trace.data), math.ceil(seconds / trace.gap_seconds))
+    return PreemptionTrace(trace.gap_seconds, trace.data[-n:])
 
 
 def breakdown(sim: Simulation) -> dict[str, float]:
@@ -572,6 +599,8 @@ def main() -> None:
                     help="ours' manifest states the step time (step_seconds), as the baselines are told it")
     ap.add_argument("--lookahead", action="store_true",
                     help="also run the reference lookahead, told each trace's mean periods")
+    ap.add_argument("--watched-days", type=float, default=0.0,
+                    help="days the daemon watched spot before the job (its RoomWatch; 0: it starts with the job)")
     ap.add_argument("--processes", type=int, default=min(2, os.cpu_count() or 1))
     a = ap.parse_args()
     hours = a.hours or (8.0 if a.quick else 24.0)
@@ -579,8 +608,11 @@ def main() -> None:
     base = load_trace(a.trace) if a.trace else None
     length = max(DEADLINES) * hours * 3600.0 + 40 * TICK
     traces = [rotated(base, seed) if base else synthetic_trace(seed, length) for seed in range(1, n + 1)]
-    cases = [Case(hours, r, tr, a.free, seed, a.declared_step_time)
-             for seed, tr in enumerate(traces, start=1) for r in DEADLINES]
+    days = a.watched_days * 24 * 3600.0
+    before = [None if not days else history(tr, days) if base else synthetic_trace(HISTORY_SEED + seed, days)
+              for seed, tr in enumerate(traces, start=1)]
+    cases = [Case(hours, r, tr, a.free, seed, a.declared_step_time, past)
+             for seed, (tr, past) in enumerate(zip(traces, before, strict=True), start=1) for r in DEADLINES]
     if a.lookahead and a.free:
         ap.error("--lookahead models spot and on-demand only, not a free provider")
     tasks = [(p, c) for c in cases for p in (*POLICIES, *(("lookahead",) if a.lookahead else ()), "optimum")]

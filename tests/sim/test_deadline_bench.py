@@ -137,6 +137,23 @@ def test_a_traces_mean_periods_are_its_runs_of_availability() -> None:
     assert bench.periods(PreemptionTrace(60.0, (1, 1))) == (120.0, 60.0)  # never gone: one tick stands in
 
 
+def test_with_watched_days_the_daemon_has_watched_spot_before_a_replayed_traces_start() -> None:
+    trace = PreemptionTrace(600.0, tuple([1, 0] * 504 + [1] * 1008))  # 1 h flicker for a week, then steady
+    week = bench.history(trace, 7 * 24 * HOUR)
+    assert week.data == trace.data[-1008:]  # the week before the start: the trace wraps around
+    assert len(bench.history(bench.rotated(trace, 3), 7 * 24 * HOUR).data) == 1008
+    sim = bench.Simulation(bench.SimConfig(providers=bench.providers(bench.Case(1.0, 2.0, trace)), jobs=[],
+                                           tick_seconds=bench.TICK))
+    try:
+        bench.watched(sim, PreemptionTrace(600.0, tuple([1, 1, 0] * 336)))  # room 20 min in every 30
+        watch = sim.reconciler.room
+        assert watch.last["spot"][0] < bench.START  # all of it before the first tick
+        assert 200 < watch.periods["spot"] < 336  # 336 periods of 20 minutes, the oldest weighing half
+        assert watch.short_share("spot") > 0.5  # all of them short
+    finally:
+        sim.close()
+
+
 def test_the_lookahead_takes_spot_that_lasts_and_on_demand_when_the_deadline_is_near() -> None:
     model = la.Model(step_seconds=300.0, spot_price=1.0, fallback_price=3.0, changeover_spot=180.0,
                      changeover_fallback=180.0, up_seconds=6 * HOUR, down_seconds=HOUR, unsaved_seconds=300.0)

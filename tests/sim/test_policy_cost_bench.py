@@ -1,5 +1,6 @@
 """bench/policy_cost.py at its smallest: the situations of a real run, each decided by both
-policies, a table row a deadline and the summary line. No timing is checked."""
+policies (the lookahead also with short room periods on spot), a table row a deadline and the
+summary line. No timing is checked."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-ROW = re.compile(r"\| 1 h \| (\S+) W \| (\d+) \| (\d+) \| ([\d.]+) \| ([\d.]+) \| (\d+)x \|")
-LINE = re.compile(r"lookahead_ms_per_call=([\d.]+) lookahead_vs_rules=(\d+)")
+ROW = re.compile(r"\| 1 h \| (\S+) W \| (\d+) \| (\d+) \| ([\d.]+) \| ([\d.]+) \| (\d+)x \| ([\d.]+) \| ([\d.]+) \|")
+LINE = re.compile(r"lookahead_ms_per_call=([\d.]+) lookahead_vs_rules=(\d+) lookahead_short_ms_per_call=([\d.]+)")
 
 
 def test_the_smallest_policy_cost_bench_times_both_policies_on_every_deadline() -> None:
