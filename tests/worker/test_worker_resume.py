@@ -6,7 +6,7 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tests.worker.harness import Store, assert_same, attempt, load
+from tests.worker.harness import References, Store, assert_same, attempt, load
 
 STEPS = 40
 EVERY = 4
@@ -14,15 +14,22 @@ SEEDS = [0, 1, 2]
 KILLS_PER_SEED = 7
 
 
-def reference(store: Store, seed: int, out: Path) -> object:
-    folder = store.folder()
-    epoch = folder.bump_lease()
-    env = store.env(folder, epoch, RECONCILER_CHECKPOINT_EVERY=EVERY, RECONCILER_HEARTBEAT_INTERVAL=1000)
-    assert attempt(env, {"steps": STEPS, "seed": seed, "out": str(out)}) == 0
-    return load(str(out))
+def reference(references: References, seed: int) -> object:
+    """The uninterrupted run of `seed`, made once per session on local disk and shared by the [file]
+    and [s3] cases: its final state does not depend on the store the run folder is on (the resumed
+    runs, on each store, are what must equal it)."""
+
+    def produce(folder: Path) -> None:
+        store = Store("file", str(folder / "runs"))
+        run = store.folder()
+        env = store.env(run, run.bump_lease(), RECONCILER_CHECKPOINT_EVERY=EVERY, RECONCILER_HEARTBEAT_INTERVAL=1000)
+        assert attempt(env, {"steps": STEPS, "seed": seed, "out": str(folder / "ref.pt")}) == 0
+
+    return load(str(references.get(f"resume-steps{STEPS}-every{EVERY}-seed{seed}", produce) / "ref.pt"))
 
 
-def test_resume_after_sigkill_at_random_steps_is_bitwise_equal_to_uninterrupted(store: Store, tmp_path: Path) -> None:
+def test_resume_after_sigkill_at_random_steps_is_bitwise_equal_to_uninterrupted(
+        store: Store, tmp_path: Path, references: References) -> None:
     rng = random.Random(20261202)
     plans = {
         seed: [
@@ -33,7 +40,7 @@ def test_resume_after_sigkill_at_random_steps_is_bitwise_equal_to_uninterrupted(
     assert sum(len(p) for p in plans.values()) >= 20
 
     def one_seed(seed: int) -> None:
-        expected = reference(store, seed, tmp_path / f"ref-{seed}.pt")
+        expected = reference(references, seed)
         folder = store.folder()
         log = tmp_path / f"log-{seed}.txt"
         for step, phase in plans[seed]:
