@@ -24,7 +24,7 @@ from adapters.storage import COMMIT_FILE, RunFolder
 from reconciler.daemon.loop import read_run
 from reconciler.planner.judge import classify
 from status.models import Attempt, Outcome
-from tests.worker.harness import Store, assert_same, join_ranks, load, run_ranks, start_ranks
+from tests.worker.harness import References, Store, assert_same, join_ranks, load, run_ranks, start_ranks
 
 STEPS = 12
 EVERY = 4
@@ -57,10 +57,21 @@ def ranks_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     return Store("file", str(tmp_path_factory.mktemp("runs")))
 
 
+def shared_reference(references: References, mode: str, world: int) -> Any:
+    """`reference` on local disk, made once per test session (across the xdist workers) and shared by
+    this module and tests/worker/test_worker_sharded_background.py, which compare against the same run."""
+
+    def produce(folder: Path) -> None:
+        reference(Store("file", str(folder / "runs")), folder, mode, world)  # leaves ref-{mode}-{world}.pt
+
+    return load(str(references.get(f"dist-{mode}-{world}-steps{STEPS}-every{EVERY}-seed3", produce)
+                    / f"ref-{mode}-{world}.pt"))
+
+
 @pytest.fixture(scope="module")
-def sharded_on_two(ranks_store: Store, tmp_path_factory: pytest.TempPathFactory) -> Any:
+def sharded_on_two(references: References) -> Any:
     """The sharded job run start to end on 2 ranks: what any resume on 2 ranks must equal."""
-    return reference(ranks_store, tmp_path_factory.mktemp("ref"), "sharded", 2)
+    return shared_reference(references, "sharded", 2)
 
 
 def test_ddp_on_two_ranks_commits_once_per_checkpoint_and_survives_rank0_killed_mid_save(

@@ -17,8 +17,8 @@ import pytest
 from adapters import digest
 from adapters.storage import COMMIT_FILE, RunFolder
 from tests.worker.conftest import make_bucket
-from tests.worker.harness import S3_CREDENTIALS, Store, assert_same, load, run_ranks
-from tests.worker.test_worker_distributed import EVERY, QUIET, STEPS, checkpoint_dirs, notes, reference
+from tests.worker.harness import S3_CREDENTIALS, References, Store, assert_same, load, run_ranks
+from tests.worker.test_worker_distributed import EVERY, QUIET, STEPS, checkpoint_dirs, notes, shared_reference
 
 
 @pytest.fixture(scope="module")
@@ -27,9 +27,10 @@ def local_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
 
 
 @pytest.fixture(scope="module")
-def sharded_reference(local_store: Store, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """The sharded job run start to end on 2 ranks, on local disk: what every resume must equal."""
-    return reference(local_store, tmp_path_factory.mktemp("ref"), "sharded", 2)
+def sharded_reference(references: References) -> Any:
+    """The sharded job run start to end on 2 ranks, on local disk: what every resume must equal (the
+    same run tests/worker/test_worker_distributed.py compares against, made once per session)."""
+    return shared_reference(references, "sharded", 2)
 
 
 @pytest.fixture
