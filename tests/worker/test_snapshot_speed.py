@@ -27,12 +27,16 @@ from adapters.storage import CheckpointName, CorruptCheckpoint, RunFolder, Stora
 from reconciler.worker import open_run, snapshot, staging
 from tests.worker.harness import Store, assert_same
 
+SHARD_BYTES = 1 << 20
+
 
 def big_state(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """Tensors of several sizes: on restore the small ones share a buffer, the large have their own."""
+    """Tensors of several sizes: on restore the small ones share a buffer, the large (from
+    snapshot.LARGE_BYTES, 1 MiB, up) have their own. 4.3 MB of parameters: with SHARD_BYTES that is
+    five shards of the model and nine of the optimizer, as with 14 MB and 3 MiB shards before."""
     torch.manual_seed(seed)
     model = torch.nn.ParameterList(
-        [torch.nn.Parameter(torch.randn(n)) for n in (3, 700_000, 17, 2_500_000, 1, 300_000)]
+        [torch.nn.Parameter(torch.randn(n)) for n in (3, 300_000, 17, 500_000, 1, 280_000)]
     )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for p in model.parameters():
@@ -44,7 +48,7 @@ def big_state(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 def save_twice(store: Store, monkeypatch: pytest.MonkeyPatch, algorithm: str) -> tuple[RunFolder, dict[str, Any]]:
     """Checkpoints at steps 1 and 2 written with `algorithm`; returns the folder and step 1's model state."""
     monkeypatch.setenv(digest.DIGEST_ENV, algorithm)
-    monkeypatch.setenv("RECONCILER_SHARD_BYTES", str(3 << 20))  # several shards per object
+    monkeypatch.setenv("RECONCILER_SHARD_BYTES", str(SHARD_BYTES))  # several shards per object
     folder = store.folder()
     model, opt = big_state()
     with open_run(uri=folder.uri, storage_options=store.options, epoch=folder.bump_lease(),
