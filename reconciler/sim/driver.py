@@ -36,7 +36,7 @@ from reconciler.planner.plan import CONFIRM_CANCEL_TRAILER
 from reconciler.sim.invariants import InvariantChecker
 from reconciler.sim.repo import RepoFaults, SimRepo
 from reconciler.sim.storage import PROTOCOL, drop_world, world_store
-from status.models import JobStatus, iso, parse_status
+from status.models import JobStatus, Phase, iso, parse_status
 
 START = 1_800_000_000.0
 _ids = itertools.count(1)
@@ -181,6 +181,7 @@ class Simulation:
         repo_faults = RepoFaults(push_reject_rate=f.push_reject_rate, pull_error_rate=f.pull_error_rate,
                                  rng=random.Random(config.seed + 3), hook=self._hook)
         self.repo = SimRepo(files, repo_faults)
+        self._parsed_phases: dict[str, tuple[bytes, tuple[str, Phase] | None]] = {}
         self.calls = 0
         self.crash_at: int | None = None
         self.in_tick = False
@@ -321,8 +322,25 @@ class Simulation:
                 if p != "desired/providers.yaml"}
 
     def all_settled(self) -> bool:
-        sts = self.statuses()
-        return all(j in sts and sts[j].phase.terminal for j in self.desired_jobs())
+        phases = self._phases()
+        return all(j in phases and phases[j].terminal for j in self.desired_jobs())
+
+    def _phases(self) -> dict[str, Phase]:
+        """Each job's phase at HEAD, as `statuses()` reads it, parsing a status file only when its
+        bytes changed: `run_to_completion` asks after every step, and a commit's unchanged files are
+        the same bytes objects (the checker's `statuses` caches the same way)."""
+        out: dict[str, Phase] = {}
+        for path, blob in self.repo.read_files(self.repo.head(), "status").items():
+            if not path.endswith(".yaml"):
+                continue
+            cached = self._parsed_phases.get(path)
+            if cached is None or cached[0] is not blob:
+                st = parse_status(blob)
+                cached = (blob, None if st is None else (st.job, st.phase))
+                self._parsed_phases[path] = cached
+            if cached[1] is not None:
+                out[cached[1][0]] = cached[1][1]
+        return out
 
     def heal(self) -> None:
         """Stops every fault, so that liveness can be judged: the world becomes merely slow."""
