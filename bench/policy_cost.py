@@ -9,8 +9,10 @@ ticks of 300 s), recorded while the lookahead decides. Each is then decided by b
 The lookahead solves a table of at most MAX_STEPS layers a call (two calls when it stops a
 worker), so its cost grows with the window until the window is cut into longer steps, and with
 the work left, and with the room states: two, or up to eight where the daemon has seen short room
-periods on spot (RoomWatch). The synthetic traces have none (their periods are memoryless), so each
-situation is timed a third time with spot's short share set to SHORT_SHARE, as on the AWS traces.
+periods on spot (RoomWatch). So the lookahead is timed twice on each situation: with memoryless room
+(spot's short share 0, two room states), and with spot's short share set to SHORT_SHARE, as
+RoomWatch learns on the AWS traces (the synthetic traces' periods are memoryless, and the share a
+run learns there is noise).
 
     python bench/policy_cost.py --quick     # W = 8 h, 2 traces, under a minute
     python bench/policy_cost.py             # W = 8 h and 24 h, 3 traces
@@ -59,9 +61,9 @@ def situations(case: bench.Case) -> list[Situation]:
 SHORT_SHARE = 0.3  # spot's share of short room periods in the third timing (RoomWatch learns 0.1-0.5 on AWS)
 
 
-def with_short_rooms(s: Situation) -> Situation:
-    """The same situation where spot's room periods are often short, room settled now."""
-    return replace(s, options=tuple(replace(o, room_shape=RoomShape(SHORT_SHARE)) if o.interruptible else o
+def with_rooms(s: Situation, share: float) -> Situation:
+    """The same situation with spot's short share of room periods set, room settled now."""
+    return replace(s, options=tuple(replace(o, room_shape=RoomShape(share)) if o.interruptible else o
                                     for o in s.options))
 
 
@@ -92,8 +94,8 @@ def main() -> None:
             found = [s for seed in seeds for s in situations(
                 bench.Case(hours, ratio, bench.synthetic_trace(seed, length), False, seed))]
             rules = [cpu_seconds(s, False, a.repeat) for s in found]
-            ahead = [cpu_seconds(s, True, a.repeat) for s in found]
-            short = [cpu_seconds(with_short_rooms(s), True, a.repeat) for s in found]
+            ahead = [cpu_seconds(with_rooms(s, 0.0), True, a.repeat) for s in found]
+            short = [cpu_seconds(with_rooms(s, SHORT_SHARE), True, a.repeat) for s in found]
             rules_all += rules
             ahead_all += ahead
             short_all += short
