@@ -139,6 +139,9 @@ def test_room_watch_learns_how_often_room_goes_again_soon_after_it_came_back() -
     watch.see("spot", 1800.0, room=True)
     assert watch.shapes()["spot"] == RoomShape(short_share=0.0, age_seconds=600.0)
     assert watch.periods.get("spot") is None  # the first period began before the first look: not counted
+    watch.see("spot", 1000.0, room=False)  # the clock went back: room gone since 1000 s, no period counted
+    watch.see("spot", 2400.0, room=True)
+    assert watch.periods.get("spot") is None and watch.shapes()["spot"].age_seconds == 0.0
 
 
 def test_room_watch_forgets_with_the_mtbf_half_life() -> None:

@@ -149,7 +149,9 @@ class RoomWatch:
         if before is None:
             self.since[provider] = None
             return
-        if now <= before[0]:
+        if now <= before[0]:  # the clock went back: the new state is dated now, nothing is counted
+            if room != before[1]:
+                self.since[provider] = now
             return
         fade = weight(now - before[0])
         self.exposure[provider] = self.exposure.get(provider, 0.0) * fade
