@@ -66,14 +66,6 @@ class Model:
     # The safety net the policy keeps (deadline.py, rule 2): where the slack (the time left beyond
     # the rest on the fallback, a changeover to it included) is not above it, the run is on the fallback.
     reserve_seconds: float = 0.0
-
-    @property
-    def unit(self) -> float:
-        return self.step_seconds / UNITS_PER_STEP
-
-    def units(self, seconds: float) -> int:
-        return max(0, int(round(seconds / self.unit)))
-
     # Spot's room periods as a mix of two kinds (hyperexponential): a share `short_share` of them
     # short, of mean `short_seconds`, the rest long, with `up_seconds` the mean of all; 0 reads as
     # one kind (memoryless). Room that came back recently is then likelier to go again soon: the room
@@ -81,6 +73,13 @@ class Model:
     short_share: float = 0.0
     short_seconds: float = SHORT_ROOM_SECONDS
     room_age_seconds: float | None = None  # how long spot has had room now (None: long enough)
+
+    @property
+    def unit(self) -> float:
+        return self.step_seconds / UNITS_PER_STEP
+
+    def units(self, seconds: float) -> int:
+        return max(0, int(round(seconds / self.unit)))
 
     @cached_property
     def _share(self) -> float:
