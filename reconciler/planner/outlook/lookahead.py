@@ -7,7 +7,7 @@ as a Markov chain: once spot has no room, room comes back after a mean of `down_
 daemon has seen: reconciler.planner.outlook.reliability.RoomWatch; bench/deadline.py's reference
 gives it the trace's own mean periods), and a machine there lasts a mean of `up_seconds` (its
 MTBF). Where the daemon has seen more short room periods than memoryless ones would give (RoomWatch;
-on the public AWS spot traces a quarter to a half of them end within 20 minutes), a room period is
+on the public AWS spot traces 29 to 51 % of them end within 20 minutes), a room period is
 short (mean `short_seconds`) with chance `short_share` and long otherwise, so room that has just
 come back is likelier to go soon: the chain then counts the steps since room came back, one state
 a step for three short means, before room is taken as settled. A launch pays its changeover,

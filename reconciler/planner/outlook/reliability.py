@@ -125,7 +125,7 @@ class RoomWatch:
 
     The spread: each room period seen from its start to its end counts, and so does whether it ended
     within SHORT_WITHIN_SECONDS. On the public AWS spot traces far more of them do than a memoryless
-    period of the same mean would: a quarter to a half of them, holding a few percent of the time
+    period of the same mean would: 29 to 51 % of them, holding a small share of the time
     with room (docs/guides/deadlines-budgets.md). `short_share` is the share of short periods (of
     mean lookahead.SHORT_ROOM_SECONDS) that explains the excess, with PRIOR_PERIODS memoryless
     periods as the prior; periods are weighed by age with a half-life of a week (SHAPE_HALF_LIFE_SECONDS),
