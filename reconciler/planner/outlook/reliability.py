@@ -73,9 +73,9 @@ def expected_mean(exposure_seconds: float, events: float, prior_seconds: float) 
     return (exposure_seconds + EXPECTED_PRIOR_EVENTS * prior_seconds) / (events + EXPECTED_PRIOR_EVENTS)
 
 
-def weight(age: float) -> float:
+def weight(age: float, half_life: float = HALF_LIFE_SECONDS) -> float:
     """What one item of evidence `age` seconds old counts for (1 when new)."""
-    return 0.5 ** (max(0.0, age) / HALF_LIFE_SECONDS)
+    return 0.5 ** (max(0.0, age) / half_life)
 
 
 def attempt_record(a: Attempt, now: float) -> Record:
@@ -166,7 +166,7 @@ class RoomWatch:
             self.since[provider] = now
 
     def _period(self, provider: str, now: float, seconds: float) -> None:
-        fade = 0.5 ** (max(0.0, now - self.period_seen.get(provider, now)) / SHAPE_HALF_LIFE_SECONDS)
+        fade = weight(now - self.period_seen.get(provider, now), SHAPE_HALF_LIFE_SECONDS)
         self.period_seen[provider] = now
         self.periods[provider] = self.periods.get(provider, 0.0) * fade + 1.0
         self.shorts[provider] = self.shorts.get(provider, 0.0) * fade + (seconds <= SHORT_WITHIN_SECONDS)
