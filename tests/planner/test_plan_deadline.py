@@ -12,8 +12,9 @@ import pytest
 from adapters.compute import Allowance, WorkerPhase, WorkerRef, WorkerState
 from desired.parse import parse_desired
 from reconciler.checkpoint_policy import estimate_mtbf
+from reconciler.planner.outlook.deadline import Choice, Situation, choose
 from reconciler.planner.outlook.forecast import Reliability, job_rate, job_tracks
-from reconciler.planner.outlook.reliability import expected_mean
+from reconciler.planner.outlook.reliability import RoomShape, expected_mean
 from reconciler.planner.outlook.view import outlook
 from reconciler.planner.plan import (
     Launch,
@@ -483,3 +484,27 @@ def test_deadline_policy_lookahead_in_reconciler_yaml_weighs_the_daemons_room_wa
     decision = p.statuses["train"].forecast.decision  # type: ignore[union-attr]
     assert "expected cost to finish:" in decision, decision
     assert stopped(p) == (["ondemand"] if leaves else []), decision
+
+
+def test_the_daemons_room_shape_reaches_the_deadline_policy_through_the_planner() -> None:
+    """Observed.room_shapes (RoomWatch: the share of short room periods, how long room has been back)
+    is on the Option of the provider it was seen on, for the lookahead to weigh; a provider the
+    daemon has no shape for keeps memoryless room."""
+    files = {"desired/job0.yaml": job(deadline_in=12 * HOUR, providers="[spot, ondemand]"),
+             "desired/providers.yaml": PROVIDERS}
+    d = parse_desired(files, "deadline_policy: lookahead\ntick_seconds: 300\n")
+    assert not d.errors, d.errors
+    st, seen = live_on(d, history(d, done_on("spot", 4, 14_400, ago=2 * HOUR)), "ondemand", since=NOW - HOUR,
+                       durable=18_000, step_start=14_400)
+    shape = RoomShape(short_share=0.3, age_seconds=600.0)
+    seen = dataclasses.replace(seen, free_slots={"spot": 1}, room_shapes={"spot": shape})
+    asked: list[Situation] = []
+
+    def spy(s: Situation) -> Choice:
+        asked.append(s)
+        return choose(s)
+
+    plan(d, seen, {"train": st}, NOW, policy=spy)
+    options = {o.provider: o for o in asked[-1].options}
+    assert options["spot"].room_shape == shape
+    assert options["ondemand"].room_shape == RoomShape()
