@@ -415,7 +415,7 @@ class Case:
     free: bool = False
     seed: int = 0
     declared: bool = False  # ours' manifest declares the step time (step_seconds), as the baselines know it
-    history: PreemptionTrace | None = None  # spot in the week before the start, as the daemon watched it
+    history: PreemptionTrace | None = None  # spot in the days before the start, as the daemon watched it
 
     @property
     def deadline(self) -> float:

@@ -58,7 +58,7 @@ def situations(case: bench.Case) -> list[Situation]:
     return [s for s in seen if s.deadline is not None and s.remaining_steps]
 
 
-SHORT_SHARE = 0.3  # spot's share of short room periods in the third timing (RoomWatch learns 0.03-0.52 on AWS)
+SHORT_SHARE = 0.3  # spot's short share in the lookahead's second timing (RoomWatch learns 0.03-0.52 on AWS)
 
 
 def with_rooms(s: Situation, share: float) -> Situation:
