@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import pytest
 
 from adapters.compute import Allowance, WorkerPhase, WorkerRef, WorkerState
-from desired.parse import parse_desired
+from desired.parse import DesiredState, parse_desired
 from reconciler.checkpoint_policy import estimate_mtbf
 from reconciler.planner.outlook.deadline import Choice, Situation, choose
 from reconciler.planner.outlook.forecast import Reliability, job_rate, job_tracks
@@ -465,6 +465,18 @@ def test_the_pace_line_starts_at_the_first_launch_after_older_attempts_are_trimm
     assert situation.window_start == NOW - 12 * HOUR
 
 
+def on_demand_under_lookahead() -> tuple[DesiredState, JobStatus, Observed]:
+    """`deadline_policy: lookahead` in reconciler.yaml; a run on on-demand for an hour, just past a
+    checkpoint, after four hours on spot, twelve hours before its deadline."""
+    files = {"desired/job0.yaml": job(deadline_in=12 * HOUR, providers="[spot, ondemand]"),
+             "desired/providers.yaml": PROVIDERS}
+    d = parse_desired(files, "deadline_policy: lookahead\ntick_seconds: 300\n")
+    assert not d.errors, d.errors
+    st, seen = live_on(d, history(d, done_on("spot", 4, 14_400, ago=2 * HOUR)), "ondemand", since=NOW - HOUR,
+                       durable=18_000, step_start=14_400)
+    return d, st, seen
+
+
 @pytest.mark.parametrize(("room_wait", "leaves"), [(600.0, True), (1000 * HOUR, False)],
                          ids=["spot-back-soon", "spot-gone-for-good"])
 def test_deadline_policy_lookahead_in_reconciler_yaml_weighs_the_daemons_room_waits(room_wait: float,
@@ -473,12 +485,7 @@ def test_deadline_policy_lookahead_in_reconciler_yaml_weighs_the_daemons_room_wa
     wait for room the daemon measured (Observed.room_waits). A run on on-demand, just past a
     checkpoint, with spot full: if spot has room again within minutes, stopping to wait for it is
     worth a changeover; if it never has, the run stays where it is."""
-    files = {"desired/job0.yaml": job(deadline_in=12 * HOUR, providers="[spot, ondemand]"),
-             "desired/providers.yaml": PROVIDERS}
-    d = parse_desired(files, "deadline_policy: lookahead\ntick_seconds: 300\n")
-    assert not d.errors, d.errors
-    st, seen = live_on(d, history(d, done_on("spot", 4, 14_400, ago=2 * HOUR)), "ondemand", since=NOW - HOUR,
-                       durable=18_000, step_start=14_400)
+    d, st, seen = on_demand_under_lookahead()
     seen = dataclasses.replace(seen, free_slots={"spot": 0}, room_waits={"spot": room_wait})
     p = plan(d, seen, {"train": st}, NOW)
     decision = p.statuses["train"].forecast.decision  # type: ignore[union-attr]
@@ -490,12 +497,7 @@ def test_the_daemons_room_shape_reaches_the_deadline_policy_through_the_planner(
     """Observed.room_shapes (RoomWatch: the share of short room periods, how long room has been back)
     is on the Option of the provider it was seen on, for the lookahead to weigh; a provider the
     daemon has no shape for keeps memoryless room."""
-    files = {"desired/job0.yaml": job(deadline_in=12 * HOUR, providers="[spot, ondemand]"),
-             "desired/providers.yaml": PROVIDERS}
-    d = parse_desired(files, "deadline_policy: lookahead\ntick_seconds: 300\n")
-    assert not d.errors, d.errors
-    st, seen = live_on(d, history(d, done_on("spot", 4, 14_400, ago=2 * HOUR)), "ondemand", since=NOW - HOUR,
-                       durable=18_000, step_start=14_400)
+    d, st, seen = on_demand_under_lookahead()
     shape = RoomShape(short_share=0.3, age_seconds=600.0)
     seen = dataclasses.replace(seen, free_slots={"spot": 1}, room_shapes={"spot": shape})
     asked: list[Situation] = []
