@@ -53,9 +53,12 @@ from status.models import (
     render_status,
 )
 from status.redact import Redactor, redact_data
+from status.room import ROOM_ALONE_SECONDS, ROOM_FILE, parse_room, render_room
 from status.text import one_line
 
 log = logging.getLogger("reconciler")
+ROOM_PATH = f"{STATUS_DIR}/{ROOM_FILE}"
+ROOM_SUBJECT = "Save what the daemon has seen of each provider's room (status/room.yaml)"
 
 AdapterFactory = Callable[[Provider, str], ComputeAdapter]  # (provider, owner identity)
 
@@ -117,6 +120,9 @@ class Reconciler:
         self._lock: IO[str] | None = None
         self._heartbeats: dict[tuple[str, str], tuple[object, float, int]] = {}
         self.room = RoomWatch()  # how long each provider stays without room (the deadline policy's lookahead)
+        self._room_blob: bytes | None = None  # status/room.yaml as last read from git
+        self._room_read: bytes | None = None  # the one last taken up (or found unreadable)
+        self._room_written: float | None = None  # the last look saved to git (or the first look)
         # Status commits a push did not deliver go out with the next push, even in a tick that
         # changes nothing; a new process pushes once, for what an earlier one left unpushed.
         self._push_pending = True
@@ -223,6 +229,9 @@ class Reconciler:
         for path, blob in self.repo.read_files(commit, STATUS_DIR).items():
             if not path.endswith(".yaml"):
                 continue
+            if path == ROOM_PATH:
+                self._room_blob = blob
+                continue
             st = self._status_cache[blob] if blob in self._status_cache else parse_status(blob)
             cache[blob] = st  # shared with the planner, which copies before it changes anything
             if st is not None and path == f"{STATUS_DIR}/{st.job}.yaml":
@@ -319,6 +328,38 @@ class Reconciler:
         """The tail a hosted bootstrap copied into the run folder, for providers with no log API."""
         text = RunFolder.for_run(store, ref.job, ref.run_id, store_options(store, settings)).attempt_log(ref.epoch)
         return "\n".join(text.splitlines()[-lines:])
+
+    def _recall_room(self, now: float) -> None:
+        """Takes up status/room.yaml where it is newer than this process's own looks: after a
+        restart, or after another daemon led for a while."""
+        blob = self._room_blob
+        if blob is None or blob == self._room_read:
+            return
+        self._room_read = blob
+        try:
+            saved = parse_room(blob)
+        except ValueError as exc:
+            log.warning("%s cannot be read: %s; the deadline policy learns each provider's room afresh, and the "
+                        "next status commit rewrites the file", ROOM_PATH, exc)
+            return
+        newest = max((ev.seen_at for ev in saved.values()), default=None)
+        latest = self.room.latest()
+        if newest is not None and (latest is None or newest > latest):
+            self.room = RoomWatch.recalled(saved, now)
+            self._room_written = newest
+
+    def _room_file(self, with_status: bool) -> str | None:
+        """status/room.yaml, when it is to be written: with every status change, and alone when
+        the last one written is ROOM_ALONE_SECONDS old (a week of watching survives a restart)."""
+        latest = self.room.latest()
+        if latest is None:
+            return None
+        if self._room_written is None:
+            self._room_written = latest
+        if not with_status and latest - self._room_written < ROOM_ALONE_SECONDS:
+            return None
+        self._room_written = latest
+        return self.redactor.redact(render_room(self.room.evidence()))
 
     def _note_foreign(self, provider: str, count: int) -> None:
         """One log line when the number of other repositories' workers on a provider changes."""
@@ -449,6 +490,7 @@ class Reconciler:
         view = replace(desired, providers={**retired, **desired.providers})
         adapters = self.adapters_for(view, report.errors)
         now = self.clock.now()
+        self._recall_room(now)
         observed = self.observe(view, recorded, adapters, report.errors, now)
         report.provider_calls = dict(self.provider_calls.calls)
         observed.retired = retired
@@ -536,14 +578,19 @@ class Reconciler:
             files[f"{STATUS_DIR}/{name}.yaml"] = text
             changes.append(one_line(self.redactor.redact(_change_line(old, st))))  # a commit message line
             changed.append((old, st))
+        room = self._room_file(with_status=bool(files))
         if not files:
-            if self._push_pending:
+            if room is not None:
+                self._commit_files({ROOM_PATH: room}, self._status_message(ROOM_SUBJECT, commit), report)
+            elif self._push_pending:
                 try:
                     self.repo.push()
                     self._push_pending = False
                 except GitError as exc:
                     report.errors.append(str(exc))
             return
+        if room is not None:
+            files[ROOM_PATH] = room
         deadlines = {name: job.spec.deadline.timestamp() for name, job in desired.jobs.items() if job.spec.deadline}
         index = render_index([self._redacted(st) for st in the_plan.statuses.values()],
                              [str(e) for e in desired.errors], ledger or [], deadlines,
@@ -553,8 +600,11 @@ class Reconciler:
         files[f"{STATUS_DIR}/README.md"] = self.redactor.redact(index)
         report.changed = changes
         message = status_message(changes, changed, [one_line(self.redactor.redact(new.message)) for _, new in changed])
+        self._commit_files(files, self._status_message(message, commit), report)
+
+    def _commit_files(self, files: dict[str, str | None], message: str, report: TickReport) -> None:
         try:
-            report.status_commit = self.repo.commit_status(files, self._status_message(message, commit))
+            report.status_commit = self.repo.commit_status(files, message)
             self.repo.push()
             self._push_pending = False
         except GitError as exc:

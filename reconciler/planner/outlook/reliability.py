@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from reconciler.checkpoint_policy import estimate_mtbf
 from reconciler.planner.outlook.lookahead import SHORT_ROOM_SECONDS
 from status.models import Attempt, JobStatus
+from status.room import RoomEvidence
 
 HALF_LIFE_SECONDS = 6 * 3600.0  # an interruption (or an hour of machine time) this old counts half
 PRIOR_SPOT_MTBF_SECONDS = 6 * 3600.0
@@ -41,6 +42,7 @@ SHORT_WITHIN_SECONDS = 2 * SHORT_ROOM_SECONDS  # a room period that ends this so
 PRIOR_PERIODS = 10.0  # the short share's prior: this many room periods as memoryless ones would end
 MAX_SHORT_SHARE = 0.9
 SHAPE_HALF_LIFE_SECONDS = 7 * 24 * 3600.0  # a room period this old counts half toward the short share
+RESUME_GAP_SECONDS = 900.0  # a daemon back within this long goes on with the state it last saw (RoomWatch.recall)
 
 
 @dataclass(frozen=True)
@@ -131,12 +133,13 @@ class RoomWatch:
     periods as the prior; periods are weighed by age with a half-life of a week (SHAPE_HALF_LIFE_SECONDS),
     as the shape of a market changes slower than its rate.
 
-    Kept in the daemon's memory: a restart starts again from the priors. A provider that never says
-    whether it has room keeps them."""
+    Kept in git (status/room.yaml, `evidence` and `recall`), so that a restarted daemon goes on
+    from what it had seen. A provider that never says whether it has room keeps the priors."""
 
     exposure: dict[str, float] = field(default_factory=dict)  # seconds without room, age-weighted
     returns: dict[str, float] = field(default_factory=dict)  # times room came back, age-weighted
-    last: dict[str, tuple[float, bool]] = field(default_factory=dict)  # provider -> (when seen, had room)
+    # provider -> (when seen, had room); None: not known then (a recalled look after a gap)
+    last: dict[str, tuple[float, bool | None]] = field(default_factory=dict)
     since: dict[str, float | None] = field(default_factory=dict)  # when the last state began (None: unseen)
     periods: dict[str, float] = field(default_factory=dict)  # room periods seen whole, age-weighted
     shorts: dict[str, float] = field(default_factory=dict)  # those of them that ended within SHORT_WITHIN_SECONDS
@@ -146,16 +149,16 @@ class RoomWatch:
     def see(self, provider: str, now: float, room: bool) -> None:
         before = self.last.get(provider)
         self.last[provider] = (now, room)
-        if before is None:
+        if before is None or before[1] is None:  # the first look, or the first after a gap nobody saw
             self.since[provider] = None
+            if before is not None:
+                self._fade(provider, now - before[0])
             return
         if now <= before[0]:  # the clock went back: the new state is dated now, nothing is counted
             if room != before[1]:
                 self.since[provider] = now
             return
-        fade = weight(now - before[0])
-        self.exposure[provider] = self.exposure.get(provider, 0.0) * fade
-        self.returns[provider] = self.returns.get(provider, 0.0) * fade
+        self._fade(provider, now - before[0])
         if not before[1]:  # without room since the last look
             self.exposure[provider] += now - before[0]
             self.returns[provider] += 1.0 if room else 0.0
@@ -164,6 +167,11 @@ class RoomWatch:
             if before[1] and start is not None:  # a room period seen whole has ended
                 self._period(provider, now, now - start)
             self.since[provider] = now
+
+    def _fade(self, provider: str, seconds: float) -> None:
+        fade = weight(seconds)
+        self.exposure[provider] = self.exposure.get(provider, 0.0) * fade
+        self.returns[provider] = self.returns.get(provider, 0.0) * fade
 
     def _period(self, provider: str, now: float, seconds: float) -> None:
         fade = weight(now - self.period_seen.get(provider, now), SHAPE_HALF_LIFE_SECONDS)
@@ -189,6 +197,40 @@ class RoomWatch:
         if short_kind <= memoryless:
             return 0.0
         return min(MAX_SHORT_SHARE, max(0.0, (seen - memoryless) / (short_kind - memoryless)))
+
+    def evidence(self) -> dict[str, RoomEvidence]:
+        """Every provider's evidence as of its last look, for status/room.yaml."""
+        out = {}
+        for name, (when, room) in self.last.items():
+            out[name] = RoomEvidence(
+                seen_at=when, had_room=room, state_since=self.since.get(name),
+                seconds_without_room=self.exposure.get(name, 0.0), room_returns=self.returns.get(name, 0.0),
+                room_periods=self.periods.get(name, 0.0), short_room_periods=self.shorts.get(name, 0.0),
+                room_period_seconds=self.room_seconds.get(name, 0.0), last_period_end=self.period_seen.get(name),
+                mean_wait_hours=self.mean_wait(name) / 3600.0, short_share=self.short_share(name))
+        return out
+
+    def latest(self) -> float | None:
+        """When any provider was last looked at (None: never)."""
+        return max((when for when, _ in self.last.values()), default=None)
+
+    @classmethod
+    def recalled(cls, saved: dict[str, RoomEvidence], now: float) -> RoomWatch:
+        """A watch that goes on from saved evidence. The state at a provider's last look goes on only
+        where that look is at most RESUME_GAP_SECONDS old; after a longer gap, whose room nobody saw,
+        the next look fades the evidence over the gap and starts a new state."""
+        watch = cls()
+        for name, ev in saved.items():
+            watch.exposure[name], watch.returns[name] = ev.seconds_without_room, ev.room_returns
+            watch.periods[name], watch.shorts[name] = ev.room_periods, ev.short_room_periods
+            watch.room_seconds[name] = ev.room_period_seconds
+            if ev.last_period_end is not None:
+                watch.period_seen[name] = ev.last_period_end
+            if now - ev.seen_at <= RESUME_GAP_SECONDS:
+                watch.last[name], watch.since[name] = (ev.seen_at, ev.had_room), ev.state_since
+            else:
+                watch.last[name], watch.since[name] = (ev.seen_at, None), None
+        return watch
 
     def waits(self) -> dict[str, float]:
         return {name: self.mean_wait(name) for name in self.last}

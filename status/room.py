@@ -1,0 +1,90 @@
+"""`status/room.yaml`: what the daemon has seen of each provider's room for a worker (whether it
+said it had a free slot), so that a restarted daemon, or the next leader, goes on from it instead
+of the priors. The deadline lookahead prices a wait for spot and a move onto room just back with
+it (reconciler.planner.outlook.reliability.RoomWatch); a week of watching is what makes it useful.
+
+Each figure is RoomWatch's evidence as of the provider's last look (`seen_at`), already weighed by
+age; `mean_wait_hours` and `short_share` are what it made of them, for people reading the file, and
+are not read back. Written with status changes, and alone where none came for ROOM_ALONE_SECONDS.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from status.models import Model, _LiteralDumper, _Loader, from_iso, iso
+
+ROOM_FILE = "room.yaml"  # in the status folder
+ROOM_ALONE_SECONDS = 6 * 3600.0  # the file is committed on its own when its last write is this old
+MAX_ROOM_BYTES = 200_000
+
+
+class RoomEvidence(Model):
+    """One provider's line in `status/room.yaml`."""
+
+    seen_at: float  # the last look
+    had_room: bool | None = None  # what it said then; None: not known (a gap nobody saw)
+    state_since: float | None = None  # when that state began; None: before the first look
+    seconds_without_room: float = 0.0
+    room_returns: float = 0.0  # times room came back
+    room_periods: float = 0.0  # room periods seen from start to end
+    short_room_periods: float = 0.0  # those of them that ended within RoomWatch's SHORT_WITHIN_SECONDS
+    room_period_seconds: float = 0.0  # their length
+    last_period_end: float | None = None
+    mean_wait_hours: float | None = None  # for people: RoomWatch's mean wait for room
+    short_share: float | None = None  # for people: RoomWatch's short share
+
+
+_TIMES = ("seen_at", "state_since", "last_period_end")
+
+
+def render_room(lines: dict[str, RoomEvidence]) -> str:
+    """Canonical YAML for `status/room.yaml`."""
+    rows: dict[str, Any] = {}
+    for name in sorted(lines):
+        data = lines[name].model_dump(mode="json", exclude_none=True)
+        for key, value in data.items():
+            if key in _TIMES:
+                data[key] = iso(value)
+            elif isinstance(value, float):
+                data[key] = round(value, 4)
+        rows[name] = data
+    header = ("# Written by the reconciler; do not edit. What the daemon has seen of each provider's room\n"
+              "# for a worker, which the deadline policy's lookahead learns from (RoomWatch).\n")
+    return header + yaml.dump({"providers": rows}, Dumper=_LiteralDumper, sort_keys=True, width=100)
+
+
+def parse_room(text: bytes | str) -> dict[str, RoomEvidence]:
+    """Reads `status/room.yaml` back. Raises ValueError with what is wrong (the daemon then
+    starts from the priors and rewrites the file)."""
+    raw = text.encode() if isinstance(text, str) else text
+    if len(raw) > MAX_ROOM_BYTES:
+        raise ValueError(f"it is larger than {MAX_ROOM_BYTES:,} bytes")
+    try:
+        data = yaml.load(raw, Loader=_Loader)  # noqa: S506 - a safe loader
+    except yaml.YAMLError as exc:
+        raise ValueError(f"it is not YAML ({one_problem(exc)})") from None
+    rows = data.get("providers") if isinstance(data, dict) else None
+    if not isinstance(rows, dict):
+        raise ValueError("it has no `providers:` mapping")
+    out = {}
+    for name, row in rows.items():
+        try:
+            if not isinstance(row, dict):
+                raise ValueError("not a mapping")
+            out[str(name)] = RoomEvidence.model_validate(
+                {k: from_iso(v) if k in _TIMES else v for k, v in row.items()})
+        except (ValidationError, ValueError) as exc:
+            raise ValueError(f"provider {name!r}: {one_problem(exc)}") from None
+    return out
+
+
+def one_problem(exc: Exception) -> str:
+    """The first line of an error, for a one-sentence message."""
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
