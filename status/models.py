@@ -393,9 +393,11 @@ def parse_status(text: str | bytes) -> JobStatus | None:
 
 
 def render_index(statuses: list[JobStatus], errors: list[str], ledger: list[ProviderLedger] | None = None,
-                 deadlines: dict[str, float] | None = None, store_fault: str | None = None) -> str:
+                 deadlines: dict[str, float] | None = None, store_fault: str | None = None,
+                 room: dict[str, str] | None = None) -> str:
     """`status/README.md`: one table of all jobs (and the provider ledger), for people browsing the
-    repository; `store_fault` says what is wrong with run storage, when something is."""
+    repository; `store_fault` says what is wrong with run storage, when something is; `room` what the
+    daemon has seen of each provider's room (status.room.room_words)."""
     lines = [
         "# Status",
         "",
@@ -417,7 +419,7 @@ def render_index(statuses: list[JobStatus], errors: list[str], ledger: list[Prov
             f"| {st.job} | {st.phase.value} | {prog} | {st.total_attempts} | {st.interruptions} | "
             f"{st.failures} | {eta} | {cost} | {cell(risk)} | {msg} |"
         )
-    lines += render_ledger_table(ledger or [])
+    lines += render_ledger_table(ledger or [], room or {})
     # A held change (a cancel waiting for its confirmation), once; one already among the errors is not repeated.
     held = sorted({st.held for st in statuses if st.held and not any(st.held in e for e in errors)})
     if held:
@@ -549,17 +551,18 @@ def render_ledger(ledger: list[ProviderLedger]) -> str:
     return header + yaml.dump({"providers": rows}, Dumper=_LiteralDumper, sort_keys=True, width=100)
 
 
-def render_ledger_table(ledger: list[ProviderLedger]) -> list[str]:
-    """The ledger as markdown lines for `status/README.md`."""
+def render_ledger_table(ledger: list[ProviderLedger], room: dict[str, str] | None = None) -> list[str]:
+    """The ledger as markdown lines for `status/README.md`, with what the daemon has seen of each
+    provider's room where it has (`room`)."""
     if not ledger:
         return []
     lines = ["", "## Providers", "",
-             "| provider | left (provider's word) | refills | used this period | cost | answers |",
-             "|---|---|---|---|---|---|"]
+             "| provider | left (provider's word) | refills | used this period | cost | answers | room for a worker |",
+             "|---|---|---|---|---|---|---|"]
     for x in sorted(ledger, key=lambda x: x.provider):
         left = "" if x.remaining is None else (f"${x.remaining:.2f} credits" if x.unit == "credits"
                                               else f"{x.remaining:.1f} {x.unit}")
         used = f"{x.worker_hours:.1f} h" + (f" ({x.gpu_hours:.1f} GPU h)" if x.gpu_hours else "")
         lines.append(f"| {x.provider} | {left} | {iso(x.resets_at) or ''} | {used} | ${x.cost_usd:.2f} "
-                     f"| {cell(x.answers or '')} |")
+                     f"| {cell(x.answers or '')} | {cell((room or {}).get(x.provider, ''))} |")
     return lines

@@ -31,7 +31,8 @@ class RoomEvidence(Model):
     seconds_without_room: float = 0.0
     room_returns: float = 0.0  # times room came back
     room_periods: float = 0.0  # room periods seen from start to end
-    short_room_periods: float = 0.0  # those of them that ended within RoomWatch's SHORT_WITHIN_SECONDS
+    short_room_periods: float = 0.0  # those of them that ended within `short_within_seconds`
+    short_within_seconds: float | None = None  # RoomWatch's SHORT_WITHIN_SECONDS
     room_period_seconds: float = 0.0  # their length
     last_period_end: float | None = None
     mean_wait_hours: float | None = None  # for people: RoomWatch's mean wait for room
@@ -88,3 +89,13 @@ def one_problem(exc: Exception) -> str:
         first = exc.errors()[0]
         return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def room_words(ev: RoomEvidence) -> str:
+    """One provider's room in words, for status/README.md: how long it stays without room, and how
+    many of its room periods end soon after room came back (both weighed by age, as RoomWatch weighs them)."""
+    words = [] if ev.mean_wait_hours is None else [f"without room for {ev.mean_wait_hours:.1f} h on average"]
+    if ev.room_periods >= 1 and ev.short_within_seconds:
+        share = ev.short_room_periods / ev.room_periods
+        words.append(f"{100 * share:.0f} % of room periods end within {ev.short_within_seconds / 60:g} min")
+    return "; ".join(words)

@@ -53,7 +53,7 @@ from status.models import (
     render_status,
 )
 from status.redact import Redactor, redact_data
-from status.room import ROOM_ALONE_SECONDS, ROOM_FILE, parse_room, render_room
+from status.room import ROOM_ALONE_SECONDS, ROOM_FILE, parse_room, render_room, room_words
 from status.text import one_line
 
 log = logging.getLogger("reconciler")
@@ -594,7 +594,8 @@ class Reconciler:
         deadlines = {name: job.spec.deadline.timestamp() for name, job in desired.jobs.items() if job.spec.deadline}
         index = render_index([self._redacted(st) for st in the_plan.statuses.values()],
                              [str(e) for e in desired.errors], ledger or [], deadlines,
-                             store_fault.describe() if store_fault else None)
+                             store_fault.describe() if store_fault else None,
+                             {name: room_words(ev) for name, ev in self.room.evidence().items()})
         if ledger:
             files[f"{STATUS_DIR}/providers.yaml"] = self.redactor.redact(render_ledger(ledger))
         files[f"{STATUS_DIR}/README.md"] = self.redactor.redact(index)

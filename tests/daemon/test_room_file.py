@@ -42,6 +42,9 @@ def test_a_restarted_daemon_goes_on_from_what_it_had_seen(sim: Simulation) -> No
     before = sim.reconciler.room
     saved = room_file(sim)
     assert saved is not None and parse_room(saved)["spot"].room_returns > 0.9  # rode along with the statuses
+    readme = sim.repo.read_file(sim.reconciler.status_source(sim.repo.head()), "status/README.md")
+    wait = before.mean_wait("spot") / HOUR  # an hour without room seen, the one-hour prior weighing half a wait
+    assert readme is not None and f"| without room for {wait:.1f} h on average |" in readme.decode()
     sim.step(fresh=True)
     after = sim.reconciler.room
     assert after is not before

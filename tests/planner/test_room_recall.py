@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from reconciler.planner.outlook.reliability import RESUME_GAP_SECONDS, RoomWatch, weight
-from status.room import parse_room, render_room
+from status.room import parse_room, render_room, room_words
 
 HOUR = 3600.0
 TICK = 300.0
@@ -69,6 +69,19 @@ def test_the_file_says_what_the_daemon_made_of_it_and_reads_back_as_written() ->
     assert back.short_share == pytest.approx(watch.short_share("spot"), abs=1e-4)
     assert back.mean_wait_hours == pytest.approx(watch.mean_wait("spot") / HOUR, abs=1e-4)
     assert render_room(parse_room(text)) == text
+
+
+def test_the_status_index_says_it_in_words() -> None:
+    watch = RoomWatch()
+    flaky_week(watch)
+    words = room_words(watch.evidence()["spot"])
+    share = watch.shorts["spot"] / watch.periods["spot"]  # every other room period lasts one tick
+    assert 0.45 < share < 0.55
+    assert words == (f"without room for {watch.mean_wait('spot') / HOUR:.1f} h on average; "
+                     f"{100 * share:.0f} % of room periods end within 20 min")
+    watch = RoomWatch()
+    watch.see("spot", 0.0, room=True)  # no room period seen whole yet
+    assert room_words(watch.evidence()["spot"]) == "without room for 1.0 h on average"
 
 
 @pytest.mark.parametrize(("text", "says"), [

@@ -207,6 +207,7 @@ class RoomWatch:
                 seconds_without_room=self.exposure.get(name, 0.0), room_returns=self.returns.get(name, 0.0),
                 room_periods=self.periods.get(name, 0.0), short_room_periods=self.shorts.get(name, 0.0),
                 room_period_seconds=self.room_seconds.get(name, 0.0), last_period_end=self.period_seen.get(name),
+                short_within_seconds=SHORT_WITHIN_SECONDS,
                 mean_wait_hours=self.mean_wait(name) / 3600.0, short_share=self.short_share(name))
         return out
 
