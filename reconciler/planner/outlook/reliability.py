@@ -42,7 +42,7 @@ SHORT_WITHIN_SECONDS = 2 * SHORT_ROOM_SECONDS  # a room period that ends this so
 PRIOR_PERIODS = 10.0  # the short share's prior: this many room periods as memoryless ones would end
 MAX_SHORT_SHARE = 0.9
 SHAPE_HALF_LIFE_SECONDS = 7 * 24 * 3600.0  # a room period this old counts half toward the short share
-RESUME_GAP_SECONDS = 900.0  # a daemon back within this long goes on with the state it last saw (RoomWatch.recall)
+RESUME_GAP_SECONDS = 900.0  # a daemon back within this long goes on with the state it last saw (RoomWatch.recalled)
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,7 @@ class RoomWatch:
     periods as the prior; periods are weighed by age with a half-life of a week (SHAPE_HALF_LIFE_SECONDS),
     as the shape of a market changes slower than its rate.
 
-    Kept in git (status/room.yaml, `evidence` and `recall`), so that a restarted daemon goes on
+    Kept in git (status/room.yaml, `evidence` and `recalled`), so that a restarted daemon goes on
     from what it had seen. A provider that never says whether it has room keeps the priors."""
 
     exposure: dict[str, float] = field(default_factory=dict)  # seconds without room, age-weighted
