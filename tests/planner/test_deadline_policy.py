@@ -41,6 +41,39 @@ def test_on_demand_well_above_what_is_kept_stops_to_wait_and_not_before_the_firs
     assert early.provider == "ondemand" and not early.leave
 
 
+def test_a_move_off_on_demand_counts_the_tick_it_takes_and_the_work_the_stop_may_lose() -> None:
+    """Seen in bench/deadline.py (us-west-2b, 2023, 1.5 W, under the rules): on on-demand, the run
+    moved to spot on 11 minutes of slack once it had left (two changeovers taken off), which
+    covered the expected 3 minutes of losses there. But the move also took a tick, and the stop
+    lost the work since the last checkpoint: the run went back to on-demand a tick later, and
+    finished late. Now 11 minutes of slack so counted keeps it on on-demand; 27 do not."""
+    spot, ondemand = options(spot_available=True)
+
+    def where(slack_minutes: float) -> str | None:
+        left = HOUR + slack_minutes * 60 + 180  # an hour of work on on-demand, its way back in included
+        s = Situation(job="train", now=0.0, deadline=left, budget_left=None, done_steps=int(9 * HOUR),
+                      target_steps=int(10 * HOUR), window_start=-10 * HOUR, current="ondemand",
+                      options=(replace(spot, mtbf_seconds=30 * 24 * HOUR), ondemand), checkpoint_seconds=600.0,
+                      unsaved_seconds=300.0, tick_seconds=300.0)
+        return choose(s).provider
+
+    assert where(11 + 6) == "ondemand"  # 11 minutes once it has left, as the bench's run had
+    assert where(27 + 6) == "spot"
+
+
+def test_a_wait_is_judged_on_the_slack_a_tick_later() -> None:
+    """Seen in bench/deadline.py (us-west-2a, 2022, 2 W, under the rules): spot was taken away as
+    the run made its last save, so all that was left was a launch to record its completion. It
+    waited for spot with 7 minutes of slack, above the net of two changeovers (6 minutes); a tick
+    later 2 minutes were left, too few to launch anywhere, and the deadline passed."""
+    spot, ondemand = options(spot_available=False)
+    s = Situation(job="train", now=0.0, deadline=600.0, budget_left=None, done_steps=int(10 * HOUR),
+                  target_steps=int(10 * HOUR), window_start=-20 * HOUR, current=None, options=(spot, ondemand),
+                  checkpoint_seconds=600.0, tick_seconds=300.0)
+    assert choose(s).provider == "ondemand"
+    assert choose(replace(s, deadline=600.0 + 300.0)).provider is None  # a tick more: it can wait
+
+
 def spot_lasting(mtbf_h: float, checkpoint_h: float | None, seen: float = 20.0) -> Situation:
     """On demand at 4 h with 3 h done (9 h of slack, well ahead), spot available, lasting `mtbf_h`
     on average over `seen` interruptions, the job checkpointing every `checkpoint_h` hours of work."""

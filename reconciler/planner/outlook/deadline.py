@@ -246,8 +246,11 @@ def choose(s: Situation) -> Choice:
 
     # Leaving the fallback is judged on the slack the run will have once it has left: the way back
     # is a changeover again (judged on today's slack, runs flapped off the fallback and straight
-    # back to it). Stopping the worker loses nothing: it saves when told to stop.
-    stop_cost = 2 * fb.changeover_seconds / 3600
+    # back to it), the move takes a tick (the worker stops on one, the launch comes on the next),
+    # and the stop may lose the work since the last checkpoint, where its save is cut short (as
+    # `_stop_loss` counts it). Without the last two, a run left on-demand with 11 minutes of slack
+    # for spot and missed its deadline (bench/deadline.py, us-west-2b, 2023, 1.5 W, rotation 22).
+    stop_cost = (2 * fb.changeover_seconds + s.tick_seconds + s.unsaved_seconds) / 3600
     off_fb = left - (fb.hours_for(remaining, moving=True) or 0.0) - stop_cost
 
     def covers(o: Option) -> tuple[bool, str]:
@@ -365,7 +368,10 @@ def _nothing_cheap(s: Situation, fb: Option, slack: float, off_fb: float, risk: 
     """With nothing cheap that may start: the fallback while the slack is below what is kept for
     the rest (`_kept`), else wait; a run on the fallback well above it stops there and waits."""
     reserve = 2 * fb.changeover_seconds / 3600.0
-    if slack <= reserve:
+    # A wait lasts a tick before the next look: judged on the slack left then, or a run waiting with
+    # its last save to redo found 2 minutes of slack a tick later, too few to launch (bench/deadline.py,
+    # us-west-2a, 2022, 2 W).
+    if slack - s.tick_seconds / 3600 <= reserve:
         return Choice(fb.provider, f"on {fb.provider} to the end: {_h(slack)} of slack is all that is left",
                       RISK_AT_RISK, slack)
     kept = _h(_kept(s, fb, s.remaining_steps or 0))
