@@ -18,7 +18,7 @@ Its rules, in order:
    Cheap capacity is used while the slack covers two changeovers to the fallback plus the next
    interruption there (the work since the last checkpoint: the worst this run has lost, else two
    changeovers). Below that, the run goes to the fallback and stays to the end; a wait is judged
-      on the slack a tick later, when the next look comes. The status also says how much the rest
+   on the slack a tick later, when the next look comes. The status also says how much the rest
    is expected to lose on cheap capacity (interruptions from the measured
    MTBF, each a changeover plus half a checkpoint interval of work).
 3. Exploit: a live attempt on cheap capacity stays there while rule 2 allows it.
@@ -32,7 +32,7 @@ Its rules, in order:
    waiting for spot would have saved. A run on the fallback leaves it for cheap capacity that can
    start when rule 2 allows it on the slack it will have once it has left (the way back costs a
    changeover, the move a tick, and the stop may lose the work since the last checkpoint) and the
-      slack is above what is kept by two changeovers (the paper's hysteresis); with nothing cheap,
+   slack is above what is kept by two changeovers (the paper's hysteresis); with nothing cheap,
    it stops there and waits (`Choice.leave`) once that slack is above what is
    kept by LEAVE_LEAD_SECONDS, after the job's first hour. Without that, a run sent to the
    fallback stayed there until cheap capacity came back, however far ahead it was.
