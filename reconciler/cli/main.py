@@ -18,7 +18,7 @@ from rich.table import Table
 
 from reconciler.cli.common import RepoOption, VerboseOption, _fail, _reconciler, _setup_logging, app, console, err
 from reconciler.cli.pr_check import WORKFLOW_PATH
-from reconciler.cli.status import StatusOutput, ledger_rows, ledger_table
+from reconciler.cli.status import StatusOutput, ledger_rows, ledger_table, room_lines
 from reconciler.cli.status import show as show_status
 from reconciler.daemon.source import BranchOption, PathOption, UrlOption
 from reconciler.trust.shown import escape
@@ -575,6 +575,8 @@ def status(repo: RepoOption = Path("."),
     ledger = ledger_rows(rec.repo.read_file(status_at, "status/providers.yaml"))
     if ledger and output is not StatusOutput.PLAIN:  # plain is one line a job, for scripts
         console.print(ledger_table(ledger))
+        for line in room_lines(rec.repo.read_file(status_at, "status/room.yaml")):
+            console.print(line, overflow="fold")
     for note in sorted({st.held for st in recorded.values() if st.held}):
         err.print(f"[yellow]held:[/yellow] {escape(note)}")
     for e in desired.errors:

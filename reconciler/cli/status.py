@@ -135,6 +135,20 @@ def ledger_rows(text: bytes | None) -> list[dict]:
     return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
 
 
+def room_lines(text: bytes | None) -> list[str]:
+    """What the daemon has seen of each provider's room (status/room.yaml), a line a provider in
+    words (markup escaped); none where the file is absent or cannot be read (the daemon says why in
+    its log, and rewrites it)."""
+    from status.room import parse_room, room_words
+
+    try:
+        saved = parse_room(text) if text else {}
+    except ValueError:
+        return []
+    return [f"[bold]{escape(name)}[/bold]: {escape(room_words(ev))}" for name, ev in sorted(saved.items())
+            if room_words(ev)]
+
+
 def ledger_table(ledger: list[dict]) -> Table:
     from status.models import from_iso, when
 

@@ -25,6 +25,7 @@ from status.models import (
     render_ledger,
     render_status,
 )
+from status.room import RoomEvidence, render_room
 from tests import zygote
 from tests.conftest import StateRepoFixture
 from tests.daemon.test_loop_local import counter, job
@@ -50,6 +51,9 @@ def recorded_repo(state_repo: StateRepoFixture) -> None:
     state_repo.write("status/providers.yaml", render_ledger([ProviderLedger(
         provider="kaggle-free", type="kaggle", unit="gpu-hours", remaining=21.5, resets_at=now + 86400,
         period_start=now - 86400, worker_hours=8.5, gpu_hours=8.5)]))
+    state_repo.write("status/room.yaml", render_room({"kaggle-free": RoomEvidence(
+        seen_at=now, had_room=True, room_periods=10.0, short_room_periods=3.0, short_within_seconds=1200.0,
+        mean_wait_hours=1.3)}))
     state_repo.commit("jobs and their recorded status")
 
 
@@ -87,6 +91,9 @@ def test_status_fits_an_80_column_terminal_without_cutting_a_cell(state_repo: St
     assert all(len(line) <= 80 for line in out.splitlines()), out
     assert "Running" in out and "Pending" in out and "40/60 67%" in out, out
     assert "21.5 gpu-hours" in out and "8.5 h (8.5 GPU h)" in out, out  # the ledger too, whole
+    # and what the daemon has seen of the provider's room (status/room.yaml), wrapped but whole
+    assert "kaggle-free: without room for 1.3 h on average; 30 % of room periods end within 20 min" in " ".join(
+        out.split()), out
     row = [line for line in out.splitlines() if line.startswith("train-demo ")]
     assert len(row) == 1 and "Running" in row[0], out  # the row is one line, its cells whole
     said = " ".join(out.split())  # the message, wrapped on lines of its own, is all there
