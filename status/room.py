@@ -10,10 +10,10 @@ are not read back. Written with status changes, and alone where none came for RO
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from status.models import Model, _LiteralDumper, _Loader, from_iso, iso
 
@@ -22,22 +22,32 @@ ROOM_ALONE_SECONDS = 6 * 3600.0  # the file is committed on its own when its las
 MAX_ROOM_BYTES = 200_000
 
 
+Count = Annotated[float, Field(ge=0)]  # an age-weighted count or length: never below zero
+
+
 class RoomEvidence(Model):
-    """One provider's line in `status/room.yaml`."""
+    """One provider's line in `status/room.yaml`. Every figure finite, none below zero."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     seen_at: float  # the last look
     had_room: bool | None = None  # what it said then; None: not known (a gap nobody saw)
     state_since: float | None = None  # when that state began; None: before the first look
-    seconds_without_room: float = 0.0
-    room_returns: float = 0.0  # times room came back
-    room_periods: float = 0.0  # room periods seen from start to end
-    short_room_periods: float = 0.0  # those of them that ended within `short_within_seconds`
-    short_within_seconds: float | None = None  # RoomWatch's SHORT_WITHIN_SECONDS
-    room_period_seconds: float = 0.0  # their length
+    seconds_without_room: Count = 0.0
+    room_returns: Count = 0.0  # times room came back
+    room_periods: Count = 0.0  # room periods seen from start to end
+    short_room_periods: Count = 0.0  # those of them that ended within `short_within_seconds`
+    short_within_seconds: Count | None = None  # RoomWatch's SHORT_WITHIN_SECONDS
+    room_period_seconds: Count = 0.0  # their length
     last_period_end: float | None = None
     mean_wait_hours: float | None = None  # for people: RoomWatch's mean wait for room
     short_share: float | None = None  # for people: RoomWatch's short share
 
+    @model_validator(mode="after")
+    def _shorts_within_periods(self) -> RoomEvidence:
+        if self.short_room_periods > self.room_periods + 1e-9:
+            raise ValueError("short_room_periods is more than room_periods")
+        return self
 
 _TIMES = ("seen_at", "state_since", "last_period_end")
 
@@ -87,7 +97,8 @@ def one_problem(exc: Exception) -> str:
     """The first line of an error, for a one-sentence message."""
     if isinstance(exc, ValidationError):
         first = exc.errors()[0]
-        return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+        where, what = ".".join(str(p) for p in first["loc"]), first["msg"].removeprefix("Value error, ")
+        return f"{where}: {what}" if where else what
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 

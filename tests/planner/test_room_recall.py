@@ -90,6 +90,12 @@ def test_the_status_index_says_it_in_words() -> None:
     ("providers:\n  spot: 3\n", "provider 'spot': not a mapping"),
     ("providers:\n  spot:\n    had_room: true\n", "provider 'spot': seen_at: Field required"),
     ("providers:\n  spot:\n    seen_at: yesterday\n", "provider 'spot'"),
+    ("providers:\n  spot:\n    seen_at: 2026-12-07T00:00:00Z\n    room_returns: -3\n",
+     "provider 'spot': room_returns: Input should be greater than or equal to 0"),
+    ("providers:\n  spot:\n    seen_at: 2026-12-07T00:00:00Z\n    seconds_without_room: .nan\n",
+     "provider 'spot': seconds_without_room: Input should be a finite number"),
+    ("providers:\n  spot:\n    seen_at: 2026-12-07T00:00:00Z\n    room_periods: 1\n    short_room_periods: 2\n",
+     "provider 'spot': short_room_periods is more than room_periods"),
 ])
 def test_a_damaged_file_is_refused_with_what_is_wrong(text: str, says: str) -> None:
     with pytest.raises(ValueError) as caught:
