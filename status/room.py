@@ -110,3 +110,13 @@ def room_words(ev: RoomEvidence) -> str:
         share = ev.short_room_periods / ev.room_periods
         words.append(f"{100 * share:.0f} % of room periods end within {ev.short_within_seconds / 60:g} min")
     return "; ".join(words)
+
+
+def room_words_of(text: bytes | None) -> dict[str, str]:
+    """Each provider's room in words, from the file's text; none when it is absent or cannot be
+    read (the daemon says why in its log, and rewrites it). For `reconciler status` and the page."""
+    try:
+        saved = parse_room(text) if text else {}
+    except ValueError:
+        return {}
+    return {name: words for name, ev in saved.items() if (words := room_words(ev))}

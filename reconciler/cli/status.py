@@ -137,16 +137,10 @@ def ledger_rows(text: bytes | None) -> list[dict]:
 
 def room_lines(text: bytes | None) -> list[str]:
     """What the daemon has seen of each provider's room (status/room.yaml), a line a provider in
-    words (markup escaped); none where the file is absent or cannot be read (the daemon says why in
-    its log, and rewrites it)."""
-    from status.room import parse_room, room_words
+    words, markup escaped."""
+    from status.room import room_words_of
 
-    try:
-        saved = parse_room(text) if text else {}
-    except ValueError:
-        return []
-    return [f"[bold]{escape(name)}[/bold]: {escape(room_words(ev))}" for name, ev in sorted(saved.items())
-            if room_words(ev)]
+    return [f"[bold]{escape(name)}[/bold]: {escape(words)}" for name, words in sorted(room_words_of(text).items())]
 
 
 def ledger_table(ledger: list[dict]) -> Table:

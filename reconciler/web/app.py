@@ -120,7 +120,7 @@ def create_app(repo: str | Path, *, token: str | None = None, refresh_seconds: i
         return render(snap, "overview.html", rows=rows, counts=views.phase_counts(rows),
                       sweeps=views.sweep_rows(rows, snap.desired.sweep_of),
                       slow=snap.slow_providers,
-                      providers=views.provider_rows(health, learned, now), half_life=views.HALF_LIFE_TEXT,
+                      providers=views.provider_rows(health, learned, now, snap.room), half_life=views.HALF_LIFE_TEXT,
                       held=sorted({r.held for r in rows if r.held}),
                       errors=[snap.redactor.redact(str(e)) for e in snap.desired.errors],
                       storage_faults=sorted({st.storage_fault for st in snap.statuses.values() if st.storage_fault}))

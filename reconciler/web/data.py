@@ -26,6 +26,7 @@ from reconciler.daemon.loop import Reconciler
 from reconciler.trust.redaction import secret_values
 from status.models import JobStatus, parse_status
 from status.redact import Redactor, redact_data
+from status.room import room_words_of
 
 HISTORY_LIMIT = 100  # status commits read for one job's page (the chart and the commit list)
 
@@ -40,6 +41,7 @@ class Snapshot:
     redactor: Redactor
     names: list[str] = field(default_factory=list)  # recorded or desired, sorted
     slow_providers: list[tuple[str, str]] = field(default_factory=list)  # (provider, how it answers), redacted
+    room: dict[str, str] = field(default_factory=dict)  # provider -> its room in words (status/room.yaml), redacted
 
     def target(self, name: str) -> int | None:
         job = self.desired.jobs.get(name)
@@ -88,7 +90,9 @@ class PageData:
             names = sorted(set(statuses) | set(desired.jobs))
             slow = [(redactor.redact(p), redactor.redact(a)) for p, a in slow_providers(
                 self.rec.repo.read_file(status_at, f"{STATUS_DIR}/providers.yaml"))]
-            self._snapshot = Snapshot(head, desired, statuses, redactor, names, slow)
+            room = {redactor.redact(p): redactor.redact(words) for p, words in room_words_of(
+                self.rec.repo.read_file(status_at, f"{STATUS_DIR}/room.yaml")).items()}
+            self._snapshot = Snapshot(head, desired, statuses, redactor, names, slow, room)
             return self._snapshot
 
     def live(self, snap: Snapshot, name: str) -> Progress | None:

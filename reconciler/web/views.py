@@ -110,10 +110,11 @@ class ProviderRow:
     machine_time: str  # weighed by its age
     prior: str
     why: str  # the latest trouble, while a cool-down is in force
+    room: str = ""  # what the daemon has seen of its room for a worker (status/room.yaml), in words
 
 
 def provider_rows(health: dict[str, ProviderHealth], reliability: dict[str, Reliability],
-                  now: float) -> list[ProviderRow]:
+                  now: float, room: dict[str, str] | None = None) -> list[ProviderRow]:
     """One line per declared provider: its health now, and the MTBF its next worker is told, in whole
     seconds as the worker reads it, with the evidence it was learned from (older counts less)."""
     rows = []
@@ -124,7 +125,8 @@ def provider_rows(health: dict[str, ProviderHealth], reliability: dict[str, Reli
         rows.append(ProviderRow(name, h.state(now) if h is not None else "healthy",
                                 clock(until) if until is not None else "",
                                 h.refusals if h is not None else 0, h.losses if h is not None else 0, *rate,
-                                h.reason if h is not None and until is not None else ""))
+                                h.reason if h is not None and until is not None else "",
+                                (room or {}).get(name, "")))
     return rows
 
 

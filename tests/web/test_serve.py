@@ -180,6 +180,7 @@ def test_a_finished_job_s_timeline_ends_with_its_last_attempt() -> None:
 
 def test_the_overview_shows_each_provider_s_learned_mtbf(tmp_path: Path) -> None:
     from status.models import render_status
+    from status.room import RoomEvidence, render_room
     from tests.planner.test_plan import PROVIDERS
     from tests.planner.test_plan_interval import SPOT, history
 
@@ -190,6 +191,9 @@ def test_the_overview_shows_each_provider_s_learned_mtbf(tmp_path: Path) -> None
     (repo / "desired" / "providers.yaml").write_text(PROVIDERS + "---" + SPOT)
     stormy = history("old", "spot", [3 / 3600] * 5, Outcome.INTERRUPTION, end=time.time() - 1)  # 3 s each
     (repo / "status" / "old.yaml").write_text(render_status(stormy))
+    (repo / "status" / "room.yaml").write_text(render_room({"spot": RoomEvidence(
+        seen_at=time.time(), had_room=False, room_periods=4.0, short_room_periods=1.0,
+        short_within_seconds=1200.0, mean_wait_hours=2.0)}))
     scenario = Scenario(repo, tmp_path / "runs", time.time())
     scenario.git("init", "-q")
     scenario.git("add", "-A")
@@ -207,6 +211,9 @@ def test_the_overview_shows_each_provider_s_learned_mtbf(tmp_path: Path) -> None
     told = int(re.fullmatch(r"(\d+) s", cells["spot"][kind + 1])[1])
     assert 3 <= told <= 30 and cells["spot"][kind + 2] == "5.0"  # within ten times the 3 s observed
     assert cells["free"][kind:kind + 5] == ["reliable", "30 d (2,592,000 s)", "0.0", "none", "30 d"]
+    room = head.index("room for a worker")  # what the daemon has seen of spot's room (status/room.yaml)
+    assert cells["spot"][room] == "without room for 2.0 h on average; 25 % of room periods end within 20 min"
+    assert cells["free"][room] == ""  # it never said whether it had a free slot
 
 
 # Request targets whose path, as the server decodes it, a browser would follow to another host.
