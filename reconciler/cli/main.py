@@ -524,7 +524,8 @@ def status(repo: RepoOption = Path("."),
     """A table of every job with its phase and progress (live progress from storage), its ETA, cost
     spent and projected, and deadline risk (the forecast of the last status commit), then each sweep's
     members rolled up (counts by phase, cost spent), then the provider ledger of the last status commit
-    (quota or credits left, hours and cost this period)."""
+    (quota or credits left, hours and cost this period) and, under it, what the daemon has seen of each
+    provider's room for a worker (how long it stays without room; how many room periods end soon)."""
     from reconciler.cli.sweeps import rollup_rows, rollup_table
     from reconciler.daemon.loop import read_run
 
