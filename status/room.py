@@ -15,11 +15,11 @@ from typing import Annotated, Any
 import yaml
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
-from status.models import Model, _LiteralDumper, _Loader, from_iso, iso
+from desired.parse import load_documents
+from status.models import Model, _LiteralDumper, from_iso, iso
 
 ROOM_FILE = "room.yaml"  # in the status folder
 ROOM_ALONE_SECONDS = 6 * 3600.0  # the file is committed on its own when its last write is this old
-MAX_ROOM_BYTES = 200_000
 
 
 Count = Annotated[float, Field(ge=0)]  # an age-weighted count or length: never below zero
@@ -69,15 +69,11 @@ def render_room(lines: dict[str, RoomEvidence]) -> str:
 
 
 def parse_room(text: bytes | str) -> dict[str, RoomEvidence]:
-    """Reads `status/room.yaml` back. Raises ValueError with what is wrong (the daemon then
-    starts from the priors and rewrites the file)."""
-    raw = text.encode() if isinstance(text, str) else text
-    if len(raw) > MAX_ROOM_BYTES:
-        raise ValueError(f"it is larger than {MAX_ROOM_BYTES:,} bytes")
-    try:
-        data = yaml.load(raw, Loader=_Loader)  # noqa: S506 - a safe loader
-    except yaml.YAMLError as exc:
-        raise ValueError(f"it is not YAML ({one_problem(exc)})") from None
+    """Reads `status/room.yaml` back, with the manifests' safe loader (desired.parse: no aliases,
+    bounded size and nesting). Raises ValueError with what is wrong (the daemon then starts from
+    the priors and rewrites the file)."""
+    documents = load_documents(text)  # YamlProblem, a ValueError, says where the YAML breaks
+    data = documents[0] if len(documents) == 1 else None
     rows = data.get("providers") if isinstance(data, dict) else None
     if not isinstance(rows, dict):
         raise ValueError("it has no `providers:` mapping")

@@ -85,7 +85,8 @@ def test_the_status_index_says_it_in_words() -> None:
 
 
 @pytest.mark.parametrize(("text", "says"), [
-    ("providers: [1, 2", "not YAML"),
+    ("providers: [1, 2", "invalid YAML at line 1, column 17"),
+    ("a: &x [1]\nproviders: *x\n", "YAML aliases are not allowed (line 2)"),
     ("jobs: {}", "no `providers:` mapping"),
     ("providers:\n  spot: 3\n", "provider 'spot': not a mapping"),
     ("providers:\n  spot:\n    had_room: true\n", "provider 'spot': seen_at: Field required"),
