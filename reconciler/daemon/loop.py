@@ -348,9 +348,10 @@ class Reconciler:
             self.room = RoomWatch.recalled(saved, now)
             self._room_written = newest
 
-    def _room_file(self, with_status: bool) -> str | None:
-        """status/room.yaml, when it is to be written: with every status change, and alone when
-        the last one written is ROOM_ALONE_SECONDS old (a week of watching survives a restart)."""
+    def _room_file(self, with_status: bool) -> tuple[str, float] | None:
+        """status/room.yaml and the look it holds, when it is to be written: with every status
+        change, and alone when the last one written is ROOM_ALONE_SECONDS old (a week of watching
+        survives a restart). It counts as written once its commit is made (`_room_committed`)."""
         latest = self.room.latest()
         if latest is None:
             return None
@@ -358,8 +359,12 @@ class Reconciler:
             self._room_written = latest
         if not with_status and latest - self._room_written < ROOM_ALONE_SECONDS:
             return None
-        self._room_written = latest
-        return self.redactor.redact(render_room(self.room.evidence()))
+        return self.redactor.redact(render_room(self.room.evidence())), latest
+
+    def _room_committed(self, room: tuple[str, float] | None, committed: bool) -> None:
+        """A commit that failed leaves the file due: the next tick tries again, not six hours later."""
+        if room is not None and committed:
+            self._room_written = room[1]
 
     def _note_foreign(self, provider: str, count: int) -> None:
         """One log line when the number of other repositories' workers on a provider changes."""
@@ -581,7 +586,9 @@ class Reconciler:
         room = self._room_file(with_status=bool(files))
         if not files:
             if room is not None:
-                self._commit_files({ROOM_PATH: room}, self._status_message(ROOM_SUBJECT, commit), report)
+                committed = self._commit_files({ROOM_PATH: room[0]}, self._status_message(ROOM_SUBJECT, commit),
+                                               report)
+                self._room_committed(room, committed)
             elif self._push_pending:
                 try:
                     self.repo.push()
@@ -590,7 +597,7 @@ class Reconciler:
                     report.errors.append(str(exc))
             return
         if room is not None:
-            files[ROOM_PATH] = room
+            files[ROOM_PATH] = room[0]
         deadlines = {name: job.spec.deadline.timestamp() for name, job in desired.jobs.items() if job.spec.deadline}
         index = render_index([self._redacted(st) for st in the_plan.statuses.values()],
                              [str(e) for e in desired.errors], ledger or [], deadlines,
@@ -601,16 +608,24 @@ class Reconciler:
         files[f"{STATUS_DIR}/README.md"] = self.redactor.redact(index)
         report.changed = changes
         message = status_message(changes, changed, [one_line(self.redactor.redact(new.message)) for _, new in changed])
-        self._commit_files(files, self._status_message(message, commit), report)
+        self._room_committed(room, self._commit_files(files, self._status_message(message, commit), report))
 
-    def _commit_files(self, files: dict[str, str | None], message: str, report: TickReport) -> None:
+    def _commit_files(self, files: dict[str, str | None], message: str, report: TickReport) -> bool:
+        """Commits and pushes `files`; False where the commit could not be made (a push that fails
+        is tried again next tick, the commit kept)."""
         try:
             report.status_commit = self.repo.commit_status(files, message)
+        except GitError as exc:
+            self._push_pending = True
+            report.errors.append(str(exc))
+            return False
+        try:
             self.repo.push()
             self._push_pending = False
         except GitError as exc:
             self._push_pending = True
             report.errors.append(str(exc))
+        return True
 
 
     def _notify(self, recorded: dict[str, JobStatus], desired: DesiredState, report: TickReport) -> None:

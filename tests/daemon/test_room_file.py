@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from adapters.gitrepo import GitError
 from adapters.sim import PreemptionTrace, ProviderModel
 from reconciler.daemon.loop import ROOM_PATH, ROOM_SUBJECT
 from reconciler.sim.driver import JobPlan, ProviderPlan, SimConfig, Simulation
@@ -66,6 +67,28 @@ def test_a_daemon_with_nothing_to_commit_still_saves_every_few_hours() -> None:
         assert saved is not None and parse_room(saved)["spot"].seen_at == s.reconciler.room.latest()
         tip = s.reconciler.status_source(s.repo.head())
         assert s.repo.commits[tip].message.splitlines()[0] == ROOM_SUBJECT
+    finally:
+        s.close()
+
+
+def test_a_save_whose_commit_failed_is_tried_again_next_tick() -> None:
+    s = simulation([], tick=HOUR)
+    failures = []
+
+    def refuse_once(what: str) -> None:
+        if what == "git.commit" and not failures:
+            failures.append(what)
+            raise GitError("disk full")
+
+    try:
+        for _ in range(int(ROOM_ALONE_SECONDS / HOUR)):
+            s.step()
+        s.repo.faults.hook = refuse_once
+        s.step()  # the save is due: its commit fails
+        assert failures and room_file(s) is None
+        s.step()  # the next tick, not six hours later
+        saved = room_file(s)
+        assert saved is not None and parse_room(saved)["spot"].seen_at == s.reconciler.room.latest()
     finally:
         s.close()
 
