@@ -5,11 +5,15 @@ own loop in simulated time."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
+
+import numpy as np
 
 from desired.parse import parse_settings
 from reconciler.checkpoint_policy import estimate_mtbf
 from reconciler.planner.outlook.deadline import Option, Situation, choose
+from reconciler.planner.outlook.lookahead import Model, _most_done, _solve
 from reconciler.planner.outlook.reliability import (
     PRIOR_ROOM_WAIT_SECONDS,
     RoomShape,
@@ -190,3 +194,22 @@ def test_a_first_heartbeat_before_the_restore_is_not_read_as_progress() -> None:
     track = job_tracks(st, 6000, 6400.0)["spot"]
     assert track.steps == 6000 and track.rate is not None and track.rate < 1.01  # one step a second, not 2
     assert attempt_rate(early) is None
+
+
+def test_the_lookahead_table_skips_only_work_levels_the_run_cannot_reach() -> None:
+    """_solve leaves out the work levels below where the run is that no step reaches: what it
+    returns is the full table's, to the bit, at every level the caller reads."""
+    rng = random.Random(7)
+    for _ in range(40):
+        m = Model(step_seconds=rng.choice([30.0, 300.0, 450.0]), spot_price=rng.uniform(0.2, 2.0),
+                  fallback_price=rng.uniform(2.0, 4.0), changeover_spot=rng.uniform(30.0, 400.0),
+                  changeover_fallback=rng.uniform(30.0, 400.0), up_seconds=rng.uniform(600.0, 30_000.0),
+                  down_seconds=rng.uniform(60.0, 20_000.0), unsaved_seconds=rng.uniform(0.0, 900.0),
+                  fallback_speed=rng.choice([1.0, 0.5, 1.7]), reserve_seconds=rng.uniform(0.0, 900.0),
+                  short_share=rng.choice([0.0, 0.4]), short_seconds=rng.uniform(100.0, 900.0))
+        units, steps = rng.randint(2, 400), rng.randint(1, 120)
+        least, beyond = rng.randint(0, units), rng.uniform(0.0, m.step_seconds)
+        whole = _solve(m, steps, units, beyond, least=0)
+        part = _solve(m, steps, units, beyond, least=least)
+        lowest = max(0, least - _most_done(m))
+        assert np.array_equal(whole[..., lowest:], part[..., lowest:])
