@@ -177,7 +177,9 @@ def run_demo(root: Path, *, chaos: bool = True, seed: int | None = None, steps: 
     console.print("git log -- status/:")
     print(log, flush=True)
     outcome = status.phase.value.lower()
-    console.print(f"elapsed: {elapsed:.1f}s; status history: git -C {repo_dir} log -p -- status/{JOB}.yaml")
+    # A command to copy: never wrapped, whatever the width (rich wraps at 80 columns in a pipe).
+    console.print(f"elapsed: {elapsed:.1f}s; status history: git -C {repo_dir} log -p -- status/{JOB}.yaml",
+                  soft_wrap=True)
     print(f"demo: {outcome}: attempts={status.total_attempts} interruptions={status.interruptions} "
           f"lost_steps={status.steps_lost}", flush=True)
     return 0 if outcome == "succeeded" else 1

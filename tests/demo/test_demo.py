@@ -22,6 +22,8 @@ def test_demo_succeeds_under_chaos_and_prints_the_summary_last(tmp_path: Path) -
     assert interruptions >= 1 and attempts == interruptions + 1
     assert "final parameters equal an uninterrupted run: yes" in res.stdout
     assert "killed by SIGKILL" in res.stdout  # the git log of status commits is shown
+    history = f"git -C {tmp_path / 'demo' / 'repo'} log -p -- status/train-demo.yaml"
+    assert history in res.stdout.splitlines()[-2], res.stdout[-500:]  # on one line, to copy, even in a pipe
 
 
 def test_demo_attempt_table_keeps_rows_short_at_80_columns() -> None:
