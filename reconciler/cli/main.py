@@ -52,25 +52,13 @@ tick_seconds: 30
 """
 
 
-@app.command()
-def init(path: Annotated[Path, typer.Argument(help="folder for the new state repository")] = Path("."),
-         github_actions: Annotated[bool, typer.Option(help=f"also write the PR check, {WORKFLOW_PATH}")] = False,
-         fail_on: Annotated[str, typer.Option(help="with --github-actions: fail the check on restart, cancel")] = "",
-         package: Annotated[str | None, typer.Option(help="with --github-actions: what the check pip-installs "
-                                                          "(default: this version)")] = None) -> None:
-    """Create a state repository with an example job and default settings (and, with
-    --github-actions, a GitHub Actions workflow that comments `plan --base` on pull requests)."""
+def _initialise(path: Path, workflow: str | None) -> list[str]:
+    """The repository, its example job and settings (and the workflow) where missing: what it created."""
     import secrets
 
     from adapters.gitrepo import init_repo
-    from reconciler.cli.pr_check import WorkflowError, render_workflow, write_workflow
+    from reconciler.cli.pr_check import write_workflow
 
-    if not github_actions and (fail_on or package):
-        raise _fail("--fail-on and --package go with --github-actions", 2)
-    try:
-        workflow = render_workflow(package, fail_on) if github_actions else None
-    except WorkflowError as exc:
-        raise _fail(str(exc), 2) from exc
     repo = init_repo(path)
     (path / "desired").mkdir(exist_ok=True)
     (path / "status").mkdir(exist_ok=True)
@@ -88,8 +76,36 @@ def init(path: Annotated[Path, typer.Argument(help="folder for the new state rep
         repo.git.commit("-q", "-m", "reconciler init", env={
             "GIT_AUTHOR_NAME": "reconciler", "GIT_AUTHOR_EMAIL": "reconciler@localhost",
             "GIT_COMMITTER_NAME": "reconciler", "GIT_COMMITTER_EMAIL": "reconciler@localhost"})
-    console.print(f"state repository ready at {path.resolve()}; created: {', '.join(created) or 'nothing'}")
-    console.print(f"next: edit desired/*.yaml, commit, then `reconciler run --repo {path}`")
+    return created
+
+
+@app.command()
+def init(path: Annotated[Path, typer.Argument(help="folder for the new state repository")] = Path("."),
+         github_actions: Annotated[bool, typer.Option(help=f"also write the PR check, {WORKFLOW_PATH}")] = False,
+         fail_on: Annotated[str, typer.Option(help="with --github-actions: fail the check on restart, cancel")] = "",
+         package: Annotated[str | None, typer.Option(help="with --github-actions: what the check pip-installs "
+                                                          "(default: this version)")] = None) -> None:
+    """Create a state repository with an example job and default settings (and, with
+    --github-actions, a GitHub Actions workflow that comments `plan --base` on pull requests)."""
+    from git import GitCommandError
+
+    from reconciler.cli.pr_check import WorkflowError, render_workflow
+
+    if not github_actions and (fail_on or package):
+        raise _fail("--fail-on and --package go with --github-actions", 2)
+    try:
+        workflow = render_workflow(package, fail_on) if github_actions else None
+    except WorkflowError as exc:
+        raise _fail(str(exc), 2) from exc
+    try:
+        created = _initialise(path, workflow)
+    except (OSError, GitCommandError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).strip().splitlines()[-1]
+        raise _fail(f"cannot create a state repository at {path}: {why}; choose a folder you can write to") from exc
+    console.print(f"state repository ready at {escape(str(path.resolve()))}; created: "
+                  f"{escape(', '.join(created)) or 'nothing'}")
+    console.print(f"next: edit desired/*.yaml, commit, then `reconciler run --repo {escape(str(path))}`",
+                  soft_wrap=True)  # a command to copy: on one line whatever the width
 
 
 @app.command()

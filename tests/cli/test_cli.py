@@ -91,6 +91,20 @@ def test_init_creates_a_repository_that_validates(tmp_path: Path) -> None:
     assert spec["kind"] == "Job"
 
 
+def test_init_shows_the_next_command_whole_whatever_the_folder_is_called(tmp_path: Path) -> None:
+    where = tmp_path.joinpath(*["a-long-folder-name"] * 14, "[red]runs")  # over the 240 columns; markup is text
+    res = cli("init", str(where))
+    assert f"then `reconciler run --repo {where}`" in res.stdout.splitlines()[-1], res.stdout
+
+
+def test_init_where_no_folder_can_be_made_says_so_in_one_sentence(tmp_path: Path) -> None:
+    res = cli("init", str(tmp_path / ("x" * 300)), check=False)  # a name longer than any file system takes
+    said = " ".join(res.stderr.split())  # the terminal may wrap it
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert said.startswith("error: cannot create a state repository at "), said
+    assert said.endswith(": File name too long; choose a folder you can write to"), said
+
+
 def test_stopping_the_daemon_leaves_workers_running(state_repo: StateRepoFixture, local_workdir: Path) -> None:
     state_repo.write("desired/count.yaml", job("count", counter(1.0)))
     state_repo.commit("add count")
