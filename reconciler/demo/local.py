@@ -139,10 +139,10 @@ def run_demo(root: Path, *, chaos: bool = True, seed: int | None = None, steps: 
     try:
         repo_dir = create_demo_repo(root, steps)
     except FileExistsError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
-    console.print(f"demo state repository: {repo_dir}")
-    console.print(f"run storage: {root / 'runs'}   chaos: {'on' if chaos else 'off'}")
+    console.print(f"demo state repository: {escape(str(repo_dir))}")
+    console.print(f"run storage: {escape(str(root / 'runs'))}   chaos: {'on' if chaos else 'off'}")
     stop = threading.Event()
     chaos_thread = Chaos(root, rng, kills if kills is not None else rng.randint(2, 4), stop)
     if chaos:
@@ -178,8 +178,8 @@ def run_demo(root: Path, *, chaos: bool = True, seed: int | None = None, steps: 
     print(log, flush=True)
     outcome = status.phase.value.lower()
     # A command to copy: never wrapped, whatever the width (rich wraps at 80 columns in a pipe).
-    console.print(f"elapsed: {elapsed:.1f}s; status history: git -C {repo_dir} log -p -- status/{JOB}.yaml",
-                  soft_wrap=True)
+    history = f"git -C {escape(str(repo_dir))} log -p -- status/{JOB}.yaml"
+    console.print(f"elapsed: {elapsed:.1f}s; status history: {history}", soft_wrap=True)
     print(f"demo: {outcome}: attempts={status.total_attempts} interruptions={status.interruptions} "
           f"lost_steps={status.steps_lost}", flush=True)
     return 0 if outcome == "succeeded" else 1
