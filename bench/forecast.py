@@ -57,6 +57,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import yaml  # noqa: E402
 
 from desired.models import Job, Provider  # noqa: E402
+from reconciler.planner.outlook.forecast import open_cost  # noqa: E402
 from reconciler.planner.outlook.spread import job_spread  # noqa: E402
 from status.models import Attempt, JobStatus, Outcome, Phase, Progress  # noqa: E402
 
@@ -202,7 +203,9 @@ def trace_case(args: tuple[str, float, float, int]) -> dict[str, Any]:
                                      heartbeat_step=reached if live is not None else None))
     sp = job_spread(the_job, st, {"spot": provider()}, [st], t0, futures=futures)
     seconds, cost = replay(trace, t0, hours * H, live.first_beat if live is not None else None, reached - step)
-    return _row(rel, hours, sp, seconds, cost)
+    # The forecast's cost is the whole run's, spent included (the live attempt's time before the
+    # cutoff): so is the outcome's.
+    return _row(rel, hours, sp, seconds, open_cost(st, t0, {"spot": PRICE}) + cost)
 
 
 def _row(where: str, hours: float, sp: Any, seconds: float, cost: float) -> dict[str, Any]:
