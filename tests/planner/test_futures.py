@@ -264,6 +264,33 @@ def test_the_older_record_is_the_prior_of_the_recent_one() -> None:
     assert mtbf is not None and mtbf < 4 * H  # the 6 h prior would read 6.3 h
 
 
+def test_the_futures_mtbf_ages_its_record_only_while_a_machine_runs_there() -> None:
+    """Three machines of 2 h, each interrupted, then a wait, then a live one for an hour: however
+    long the last wait, the interruptions are as old as the machine time since them, and the
+    futures' MTBF is the same. Aged by the calendar, it read 2.8 h after a wait of 9 h and 2.4 h
+    after one of 30 minutes."""
+    now = 1_800_000_000.0
+    providers = {"spot": _provider("spot", price_per_hour=1.0, settings={"type": "sim", "interruptible": True})}
+    job = _job(placement={"providers": ["spot"]})
+
+    def mtbf(wait: float) -> float:
+        live_from = now - H
+        start = live_from - wait - 6 * H
+        old = [Attempt(epoch=k + 1, provider="spot", worker=f"w{k}", started=start + 2 * k * H, first_beat=None,
+                       step_start=0, ended=start + 2 * (k + 1) * H, outcome=Outcome.INTERRUPTION, step_end=0)
+               for k in range(3)]
+        live = Attempt(epoch=4, provider="spot", worker="w4", started=live_from, first_beat=live_from,
+                       first_beat_step=0, step_start=0)
+        st = JobStatus(job="train", phase=Phase.RUNNING, run_id=job.run_id(), attempts=[*old, live],
+                       progress=Progress(step=3600, target=100000, seen_at=now, heartbeat_step=3600))
+        value = next(i.value for i in job_spread(job, st, providers, [st], now).inputs if i.name == "mtbf")
+        assert value is not None
+        return value
+
+    assert mtbf(9 * H) == pytest.approx(mtbf(0.5 * H))
+    assert 2 * H < mtbf(9 * H) < 3 * H  # 3 interruptions in 7 h of machine time, the prior's half one besides
+
+
 def test_the_run_ends_once_its_final_save_is_durable() -> None:
     """With a 10 s save said, an uninterrupted rest finishes about one save later: the rate spreads
     the saves' cost over the steps (600 steps in 610 s), the worker pays a last one at the end."""

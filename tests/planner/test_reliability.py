@@ -5,11 +5,19 @@ observations in, the next worker's RECONCILER_MTBF_SECONDS (Launch.mtbf_seconds)
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from adapters.compute import WorkerPhase, WorkerState
 from reconciler.planner.outlook.forecast import provider_reliabilities
-from reconciler.planner.outlook.reliability import PRIOR_RELIABLE_MTBF_SECONDS, PRIOR_SPOT_MTBF_SECONDS
+from reconciler.planner.outlook.reliability import (
+    HALF_LIFE_SECONDS,
+    PRIOR_RELIABLE_MTBF_SECONDS,
+    PRIOR_SPOT_MTBF_SECONDS,
+    watched_records,
+    weight,
+)
 from reconciler.planner.plan import LOST_AFTER_SECONDS, Launch, Observed, RunObservation, plan
 from status.models import Attempt, JobStatus, Outcome, Phase
 from tests.planner.test_plan import NOW, PROVIDERS, desired, job_yaml, running
@@ -138,3 +146,18 @@ def test_a_providers_changeover_runs_from_launch_to_the_first_step_not_to_the_he
     rel = provider_reliabilities(desired(job_yaml(), providers=SPOT).providers, [st], NOW)["spot"]
     # 6,780 steps in 6,900 s after the heartbeat: 120 steps took about 120 s of the 300.
     assert rel.changeover_seconds == pytest.approx(300 - 120 * 6900 / 6780, abs=0.01)
+
+
+def test_a_wait_without_a_machine_ages_nothing_in_the_watched_record() -> None:
+    """watched_records: an interruption 1 h of machine time ago counts as 1 h old, whether the
+    calendar says 1 h or 10 h; two machines at once age it by the time either ran, not twice."""
+    ended = Attempt(epoch=1, provider="spot", worker="w1", started=NOW - 12 * 3600, ended=NOW - 10 * 3600,
+                    outcome=Outcome.INTERRUPTION)
+    live = Attempt(epoch=2, provider="spot", worker="w2", started=NOW - 3600)
+    beside = Attempt(epoch=3, provider="spot", worker="w3", started=NOW - 1800)
+    records = watched_records([ended, live, beside], NOW)
+    assert records[0].interruptions == pytest.approx(weight(3600.0))
+    assert records[0].exposure_seconds == pytest.approx(
+        HALF_LIFE_SECONDS / math.log(2.0) * (weight(3600.0) - weight(3 * 3600.0)))
+    assert records[1].interruptions == 0.0 and records[2].exposure_seconds == pytest.approx(
+        HALF_LIFE_SECONDS / math.log(2.0) * (1.0 - weight(1800.0)))

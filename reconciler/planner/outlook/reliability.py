@@ -24,6 +24,8 @@ rate, gave spot up for hours after one early interruption (docs/guides/deadlines
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -87,6 +89,40 @@ def attempt_record(a: Attempt, now: float) -> Record:
     start = min(a.started, end)
     exposure = HALF_LIFE_SECONDS / math.log(2.0) * (weight(now - end) - weight(now - start))
     return Record(exposure, weight(now - end) if a.provider_ended else 0.0)
+
+
+def watched_records(attempts: list[Attempt], now: float) -> list[Record]:
+    """Each attempt's record as `attempt_record` weighs it, but aged by the time the provider was
+    watched since (some machine of ours ran there), not by the calendar: a wait without a machine
+    ages nothing. Weighed by the calendar, the interruption that ends a machine falls behind the
+    wait that follows it, so while a machine runs, the last interruptions count less than the
+    machine time since and the MTBF reads long, and right after one it reads short (on
+    bench/forecast.py's synthetic traces the forecast's median was early for 68 % of the cutoffs
+    with a machine running)."""
+    spans = sorted((a.started, max(a.started, min(now, a.ended if a.ended is not None else now))) for a in attempts)
+    merged: list[list[float]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+
+    ends = [end for _, end in merged]
+    after = list(itertools.accumulate(reversed([end - start for start, end in merged])))[::-1] + [0.0]
+
+    def watched_since(t: float) -> float:
+        i = bisect.bisect_right(ends, t)  # the first span that ends after t
+        return after[i] if i == len(merged) else after[i + 1] + merged[i][1] - max(merged[i][0], t)
+
+    out = []
+    for a in attempts:
+        end = min(now, a.ended if a.ended is not None else now)
+        start = min(a.started, end)
+        age_end = watched_since(end)
+        age_start = age_end + (end - start)  # a machine ran all along
+        exposure = HALF_LIFE_SECONDS / math.log(2.0) * (weight(age_end) - weight(age_start))
+        out.append(Record(exposure, weight(age_end) if a.provider_ended else 0.0))
+    return out
 
 
 def records(statuses: Iterable[JobStatus], now: float) -> dict[str, Record]:

@@ -33,7 +33,7 @@ from reconciler.planner.outlook.forecast import (
 )
 from reconciler.planner.outlook.futures import Evidence, Lane, Run, Spread, seed_of, spread
 from reconciler.planner.outlook.placement import place
-from reconciler.planner.outlook.reliability import attempt_record, prior_mtbf
+from reconciler.planner.outlook.reliability import prior_mtbf, watched_records
 from status.models import Attempt, JobStatus, Outcome, ProviderLedger
 
 MEASURED, BORROWED, DECLARED = "measured", "borrowed", "declared"
@@ -208,12 +208,13 @@ def _whole_saves(st: JobStatus, ckpt: float, save: float) -> dict[str, float]:
 def _interruptions(statuses: list[JobStatus], name: str, now: float, spot: bool,
                    sessions: bool) -> tuple[Evidence, str, str]:
     """Machine time and interruptions there, across every job, weighed by age as the MTBF is
-    (reconciler.planner.outlook.reliability); session ends are left out where the session limit is
-    modelled apart. The prior is what the weighing left of the older record (the kind's prior
-    while there is none): a provider steady for days is not pulled towards the kind's 6 h."""
+    (reconciler.planner.outlook.reliability), the age counted in time watched
+    (`watched_records`); session ends are left out where the session limit is modelled apart.
+    The prior is what the weighing left of the older record (the kind's prior while there is
+    none): a provider steady for days is not pulled towards the kind's 6 h."""
     exposure = events = whole = ends = 0.0
-    for a in _attempts(statuses, name):
-        rec = attempt_record(a, now)
+    attempts = list(_attempts(statuses, name))
+    for a, rec in zip(attempts, watched_records(attempts, now), strict=True):
         counted = not (sessions and a.outcome == Outcome.SESSION_END)
         exposure += rec.exposure_seconds
         events += rec.interruptions if counted else 0.0
