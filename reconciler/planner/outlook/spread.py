@@ -225,7 +225,8 @@ def _interruptions(statuses: list[JobStatus], name: str, now: float, spot: bool,
     kind = "interruptible" if spot else "reliable"
     if exposure <= 0:
         return evidence, BORROWED, f"the prior for {kind} machines"
-    return evidence, MEASURED, f"{events:.1f} interruptions over {exposure / 3600.0:.1f} h (age-weighted)"
+    return (evidence, MEASURED,
+            f"{events:.1f} interruptions over {exposure / 3600.0:.1f} h of machine time (weighed by its age)")
 
 
 def _attempts(statuses: Iterable[JobStatus], name: str | None = None) -> Iterable[Attempt]:
