@@ -161,3 +161,11 @@ def test_a_wait_without_a_machine_ages_nothing_in_the_watched_record() -> None:
         HALF_LIFE_SECONDS / math.log(2.0) * (weight(3600.0) - weight(3 * 3600.0)))
     assert records[1].interruptions == 0.0 and records[2].exposure_seconds == pytest.approx(
         HALF_LIFE_SECONDS / math.log(2.0) * (1.0 - weight(1800.0)))
+
+
+def test_a_provider_nobody_used_for_days_drifts_back_towards_its_prior_in_the_watched_record() -> None:
+    """Beyond a day without any machine there, the calendar ages the record again: an interruption
+    three days ago, nothing since, is two days old."""
+    old = Attempt(epoch=1, provider="spot", worker="w1", started=NOW - 3 * DAY - 3600, ended=NOW - 3 * DAY,
+                  outcome=Outcome.INTERRUPTION)
+    assert watched_records([old], NOW)[0].interruptions == pytest.approx(weight(2 * DAY))

@@ -44,6 +44,7 @@ SHORT_WITHIN_SECONDS = 2 * SHORT_ROOM_SECONDS  # a room period that ends this so
 PRIOR_PERIODS = 10.0  # the short share's prior: this many room periods as memoryless ones would end
 MAX_SHORT_SHARE = 0.9
 SHAPE_HALF_LIFE_SECONDS = 7 * 24 * 3600.0  # a room period this old counts half toward the short share
+UNWATCHED_GRACE_SECONDS = 24 * 3600.0  # a wait without a machine there ages the record nothing up to this
 RESUME_GAP_SECONDS = 900.0  # a daemon back within this long goes on with the state it last saw (RoomWatch.recalled)
 
 
@@ -94,12 +95,13 @@ def attempt_record(a: Attempt, now: float) -> Record:
 def watched_records(attempts: list[Attempt], now: float) -> list[Record]:
     """Each attempt's record as `attempt_record` weighs it, but aged by the time the provider was
     watched since (some machine of ours ran there), not by the calendar: a wait without a machine
-    ages nothing. Weighed by the calendar, the interruption that ends a machine falls behind the
-    wait that follows it, so while a machine runs, the last interruptions count less than the
-    machine time since and the MTBF reads long, and right after one it reads short (on
-    bench/forecast.py's synthetic traces the forecast's median came before the outcome at 63 to
-    68 % of the cutoffs with a machine running). The forecast's futures use it; placement keeps the
-    calendar (docs/performance.md says why)."""
+    ages nothing, up to UNWATCHED_GRACE_SECONDS (beyond it the calendar counts again, so the record
+    of a provider nobody has used for days drifts back to its prior). Weighed by the calendar,
+    the interruption that ends a machine falls behind the wait that follows it, so while a machine
+    runs, the last interruptions count less than the machine time since and the MTBF reads long,
+    and right after one it reads short (on bench/forecast.py's synthetic traces the forecast's
+    median came before the outcome at 63 to 68 % of the cutoffs with a machine running). The
+    forecast's futures use it; placement keeps the calendar (docs/performance.md says why)."""
     spans = sorted((a.started, max(a.started, min(now, a.ended if a.ended is not None else now))) for a in attempts)
     merged: list[list[float]] = []
     for start, end in spans:
@@ -107,13 +109,16 @@ def watched_records(attempts: list[Attempt], now: float) -> list[Record]:
             merged[-1][1] = max(merged[-1][1], end)
         else:
             merged.append([start, end])
-
+    # Counted after each span's end: the span itself, and the wait that follows it beyond the grace.
+    nexts = [start for start, _ in merged[1:]] + [now][:len(merged)]
+    counted = [end - start + max(0.0, nxt - end - UNWATCHED_GRACE_SECONDS)
+               for (start, end), nxt in zip(merged, nexts, strict=True)]
+    after = list(itertools.accumulate(reversed(counted)))[::-1] + [0.0]
     ends = [end for _, end in merged]
-    after = list(itertools.accumulate(reversed([end - start for start, end in merged])))[::-1] + [0.0]
 
     def watched_since(t: float) -> float:
-        i = bisect.bisect_right(ends, t)  # the first span that ends after t
-        return after[i] if i == len(merged) else after[i + 1] + merged[i][1] - max(merged[i][0], t)
+        i = bisect.bisect_left(ends, t)  # the span t is in (t is an attempt's end)
+        return after[i] - (max(merged[i][0], t) - merged[i][0]) if i < len(merged) else 0.0
 
     out = []
     for a in attempts:
