@@ -48,3 +48,19 @@ def test_the_table_counts_ties_with_the_quantile_as_at_or_under_and_not_as_under
             for x in (5.0, 10.0, 10.0, 30.0)]
     assert bench.coverage(rows)[:2] == (0.75, 0.75)
     assert bench.under(rows) == (0.25, 0.75)
+
+
+def test_the_quick_run_ci_makes_meets_the_coverage_goal() -> None:
+    """Issue 26's goal, on what CI runs (no traces clone: the synthetic traces kept aside, 120
+    cutoffs): P50 about 0.5 (here within 0.45-0.55) and P90 within 0.85-0.97. Deterministic: seeded
+    traces and futures. It read 0.49 and 0.88 when the record began to age by the time watched,
+    0.42 and 0.86 before."""
+    env = {k: v for k, v in os.environ.items() if k != "SPOT_TRACES"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    res = subprocess.run([sys.executable, str(ROOT / "bench" / "forecast.py"), "--quick", "--only-check",
+                          "--seeds", "1"], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    match = LINE.fullmatch(res.stdout.strip().splitlines()[-1])
+    assert match, res.stdout
+    p50, p90 = (float(v) for v in match.groups())
+    assert 0.45 <= p50 <= 0.55 and 0.85 <= p90 <= 0.97, res.stdout
