@@ -141,6 +141,11 @@ def run_demo(root: Path, *, chaos: bool = True, seed: int | None = None, steps: 
     except FileExistsError as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         return 2
+    except OSError as exc:  # a name too long, a folder it may not write in, a full disk
+        why = exc.strerror or str(exc)
+        console.print(f"[red]error:[/red] cannot create the demo folder at {escape(str(root))}: {escape(why)}; "
+                      "pass --dir a folder you can write to")
+        return 2
     console.print(f"demo state repository: {escape(str(repo_dir))}")
     console.print(f"run storage: {escape(str(root / 'runs'))}   chaos: {'on' if chaos else 'off'}")
     stop = threading.Event()

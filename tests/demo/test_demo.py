@@ -42,3 +42,16 @@ def test_demo_attempt_table_keeps_rows_short_at_80_columns() -> None:
     rows = [line for line in out.splitlines() if line.strip()]
     assert "…" not in out and detail in " ".join(out.split()), out
     assert len(rows) <= 2 + 2 * 2, out  # the header, its rule, then at most two lines a row
+
+
+def test_a_demo_folder_that_cannot_be_made_is_one_error_sentence(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from reconciler.demo.local import run_demo
+
+    (tmp_path / "a-file").write_text("not a folder")
+    console = Console(width=400, record=True)
+    assert run_demo(tmp_path / "a-file" / "demo", console=console) == 2
+    said = console.export_text().strip()
+    assert said == (f"error: cannot create the demo folder at {tmp_path / 'a-file' / 'demo'}: Not a directory; "
+                    "pass --dir a folder you can write to"), said
