@@ -12,8 +12,7 @@ Its rules, in order:
 
 1. Infeasible: not even the fastest option can finish the rest by the deadline, or no option can
    finish it within what is left of the budget: say so at once, and go on as fast as allowed (the
-      checkpoints keep their value if the deadline moves; the deadline guard stops the run when it
-   comes).
+   checkpoints keep their value if the deadline moves; the deadline guard stops the run when it comes).
 2. Safety net: the slack is the time left beyond what the rest needs on the reliable fallback.
    Cheap capacity is used while the slack covers two changeovers to the fallback plus the next
    interruption there (the work since the last checkpoint: the worst this run has lost, else two
