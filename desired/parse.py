@@ -207,11 +207,11 @@ def _load_one(loader: _SafeLoader, index: int) -> Any:
         raise YamlProblem("nesting is too deep to read", index) from exc
 
 
-def _validation_errors(file: str, doc_index: int, exc: ValidationError,
-                       model: type[BaseModel]) -> list[ManifestError]:
-    """Every error pydantic found in the document (all at once), an unknown field with the known
-    field its spelling is closest to."""
-    out = []
+def field_problems(exc: ValidationError, model: type[BaseModel]) -> list[tuple[str | None, str]]:
+    """Every error pydantic found (all at once), as (the field's dotted path, what is wrong), an
+    unknown field with the known field its spelling is closest to. For manifests and for files the
+    daemon reads back (status/room.yaml)."""
+    out: list[tuple[str | None, str]] = []
     for err in exc.errors():
         parts = [p for p in err["loc"] if not str(p).startswith("function-")]
         loc = ".".join(str(p) for p in parts)
@@ -223,8 +223,13 @@ def _validation_errors(file: str, doc_index: int, exc: ValidationError,
             msg = f"unknown field{hint}" if hint else "unknown field (check the spelling; see `reconciler schema`)"
         elif msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
-        out.append(ManifestError(file, msg, doc_index, loc or None))
+        out.append((loc or None, msg))
     return out
+
+
+def _validation_errors(file: str, doc_index: int, exc: ValidationError,
+                       model: type[BaseModel]) -> list[ManifestError]:
+    return [ManifestError(file, msg, doc_index, loc) for loc, msg in field_problems(exc, model)]
 
 
 def _validate(model: type[BaseModel], data: Any, file: str, index: int) -> tuple[Any, list[ManifestError]]:

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
-from desired.parse import load_documents
+from desired.parse import field_problems, load_documents
 from status.models import Model, _LiteralDumper, from_iso, iso
 
 ROOM_FILE = "room.yaml"  # in the status folder
@@ -84,18 +84,12 @@ def parse_room(text: bytes | str) -> dict[str, RoomEvidence]:
                 raise ValueError("not a mapping")
             out[str(name)] = RoomEvidence.model_validate(
                 {k: from_iso(v) if k in _TIMES else v for k, v in row.items()})
-        except (ValidationError, ValueError) as exc:
-            raise ValueError(f"provider {name!r}: {one_problem(exc)}") from None
+        except ValidationError as exc:
+            where, what = field_problems(exc, RoomEvidence)[0]
+            raise ValueError(f"provider {name!r}: {where + ': ' if where else ''}{what}") from None
+        except ValueError as exc:  # not a mapping, a time that is not one
+            raise ValueError(f"provider {name!r}: {exc}") from None
     return out
-
-
-def one_problem(exc: Exception) -> str:
-    """The first line of an error, for a one-sentence message."""
-    if isinstance(exc, ValidationError):
-        first = exc.errors()[0]
-        where, what = ".".join(str(p) for p in first["loc"]), first["msg"].removeprefix("Value error, ")
-        return f"{where}: {what}" if where else what
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 def room_words(ev: RoomEvidence) -> str:
