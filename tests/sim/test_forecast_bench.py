@@ -64,3 +64,13 @@ def test_the_quick_run_ci_makes_meets_the_coverage_goal() -> None:
     assert match, res.stdout
     p50, p90 = (float(v) for v in match.groups())
     assert 0.45 <= p50 <= 0.55 and 0.85 <= p90 <= 0.97, res.stdout
+
+
+def test_the_spread_cost_bench_times_every_job_and_ends_with_its_line() -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    res = subprocess.run([sys.executable, str(ROOT / "bench" / "spread_cost.py"), "--jobs", "3", "--rounds", "1",
+                          "--futures", "50"], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    match = re.fullmatch(r"spread_cpu_seconds=(\d+\.\d+) jobs=3 attempts=(\d+) futures=50",
+                         res.stdout.strip().splitlines()[-1])
+    assert match and int(match.group(2)) > 3, res.stdout  # each job holds several attempts
