@@ -31,6 +31,7 @@ set (the status as recorded); the last line is over the outcomes kept aside (the
     python bench/forecast.py --quick --trace-dir ~/spot-traces   # W = 8 h, 10 cutoffs a trace, 10 seeds, under a minute
     python bench/forecast.py --trace-dir ~/spot-traces           # W = 8 h and 24 h, 20 cutoffs a trace, 40 seeds
     python bench/forecast.py --quick --only-check --traces 1 --seeds 1   # the smallest case (the test's)
+    python bench/forecast.py --quick --by-state   # each trace set also split: a machine running, or waiting
 
     ... a markdown table ...
     simulator: coverage_p50=… coverage_p90=…
@@ -205,7 +206,8 @@ def trace_case(args: tuple[str, float, float, int]) -> dict[str, Any]:
     seconds, cost = replay(trace, t0, hours * H, live.first_beat if live is not None else None, reached - step)
     # The forecast's cost is the whole run's, spent included (the live attempt's time before the
     # cutoff): so is the outcome's.
-    return _row(rel, hours, sp, seconds, open_cost(st, t0, {"spot": PRICE}) + cost)
+    return {**_row(rel, hours, sp, seconds, open_cost(st, t0, {"spot": PRICE}) + cost),
+            "state": "running" if live is not None else "waiting"}
 
 
 def _row(where: str, hours: float, sp: Any, seconds: float, cost: float) -> dict[str, Any]:
@@ -309,7 +311,9 @@ def under(rows: list[dict[str, Any]]) -> tuple[float, float]:
             sum(r["outcome"] < r["p90"] - 1e-6 for r in ok) / len(ok))
 
 
-def table(groups: dict[str, list[dict[str, Any]]]) -> list[str]:
+def table(groups: dict[str, list[dict[str, Any]]], by_state: bool = False) -> list[str]:
+    """One line per set and W (and per known rate); `by_state` adds, for the traces' cases, one line
+    each for the cutoffs with a machine running and those waiting for spot."""
     lines = ["| set | W (h) | cases | time <= P50 | time <= P90 | cost <= P50 | cost <= P90 | time < P50 "
              "| time < P90 |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -323,6 +327,8 @@ def table(groups: dict[str, list[dict[str, Any]]]) -> list[str]:
         for hours, mtbf in keys:
             part = [r for r in rows if r["hours"] == hours and r.get("mtbf") == mtbf]
             lines.append(line(name if mtbf is None else f"{name}: MTBF {mtbf:g} h", hours, part))
+            for state in ("running", "waiting") if by_state and mtbf is None else ():
+                lines.append(line(f"{name}: {state}", hours, [r for r in part if r.get("state") == state]))
         if any("mtbf" in r for r in rows):
             lines.append(line(f"{name}: all", rows[0]["hours"], rows))
     return lines
@@ -338,6 +344,8 @@ def main() -> None:
     ap.add_argument("--trace-dir", default=os.environ.get(TRACES_ENV),
                     help="a clone of github.com/skypilot-org/spot-traces (default: $SPOT_TRACES); without "
                          "one, synthetic traces (seeded) stand in for both sets")
+    ap.add_argument("--by-state", action="store_true",
+                    help="also split each trace set by the cutoff's state: a machine running, or waiting for spot")
     a = ap.parse_args()
     logging.getLogger("reconciler").setLevel(logging.CRITICAL)
     hours, cutoffs = ((8.0,), 10) if a.quick else ((8.0, 24.0), 20)
@@ -358,7 +366,7 @@ def main() -> None:
         for name, files in sets.items():
             groups[name] = list(pool.map(trace_case, trace_tasks(files, hours, cutoffs, a.futures), chunksize=8))
         groups[SIM_CASES] = list(pool.map(sim_case, sim_tasks(seeds, a.futures)))
-    print("\n".join(table(groups)))
+    print("\n".join(table(groups, a.by_state)))
     print(f"({time.perf_counter() - t0:.1f} s; {a.futures} futures a case; traces: a job of W hours on one spot "
           f"provider, forecast from the trace's past {HISTORY / H:.0f} h, outcome from its future; simulator: "
           f"{seeds} seeds a rate, forecast after {SIM_CUTOFF_HOURS:g} ± {SIM_CUTOFF_JITTER_HOURS:g} h of the real "

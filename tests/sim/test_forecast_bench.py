@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 LINE = re.compile(r"coverage_p50=(\d\.\d\d) coverage_p90=(\d\.\d\d)")
@@ -35,8 +36,8 @@ def test_quick_run_on_the_smallest_case_ends_with_the_coverage_line() -> None:
     assert 0.0 <= s50 <= s90 <= 1.0
 
 
-def test_the_table_counts_ties_with_the_quantile_as_at_or_under_and_not_as_under() -> None:
-    """An uninterrupted finish is the same time in the futures and the outcome: both shares are given."""
+def _bench() -> Any:
+    """bench/forecast.py as a module."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("bench_forecast", ROOT / "bench" / "forecast.py")
@@ -44,10 +45,30 @@ def test_the_table_counts_ties_with_the_quantile_as_at_or_under_and_not_as_under
     bench = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = bench  # its dataclasses look their module up
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_table_counts_ties_with_the_quantile_as_at_or_under_and_not_as_under() -> None:
+    """An uninterrupted finish is the same time in the futures and the outcome: both shares are given."""
+    bench = _bench()
     rows = [{"p50": 10.0, "p90": 20.0, "c50": 1.0, "c90": 2.0, "outcome": x, "cost": 1.0, "hours": 8}
             for x in (5.0, 10.0, 10.0, 30.0)]
     assert bench.coverage(rows)[:2] == (0.75, 0.75)
     assert bench.under(rows) == (0.25, 0.75)
+
+
+def test_by_state_splits_each_trace_set_into_cutoffs_running_and_waiting() -> None:
+    """`--by-state`: the forecast errs one way with a machine running and the other right after an
+    interruption (docs/performance.md), which the whole set's line hides."""
+    bench = _bench()
+    row = {"p50": 10.0, "p90": 20.0, "c50": 1.0, "c90": 2.0, "cost": 1.0, "hours": 8.0}
+    rows = [{**row, "outcome": 5.0, "state": "running"}, {**row, "outcome": 15.0, "state": "running"},
+            {**row, "outcome": 25.0, "state": "waiting"}]
+    lines = bench.table({"check": rows}, by_state=True)
+    assert lines[2].startswith("| check | 8 | 3 | 0.33 | 0.67 |")
+    assert lines[3].startswith("| check: running | 8 | 2 | 0.50 | 1.00 |")
+    assert lines[4].startswith("| check: waiting | 8 | 1 | 0.00 | 0.00 |")
+    assert len(bench.table({"check": rows})) == 3
 
 
 def test_the_quick_run_ci_makes_meets_the_coverage_goal() -> None:
