@@ -41,7 +41,11 @@ PRIOR_RELIABLE_MTBF_SECONDS = 30 * 24 * 3600.0  # machines nobody takes away sti
 PRIOR_ROOM_WAIT_SECONDS = 3600.0  # how long a provider stays without room, until the daemon has seen it
 EXPECTED_PRIOR_EVENTS = 0.5  # what the prior weighs in `expected_mean`: half an event (Jeffreys' prior for a rate)
 SHORT_WITHIN_SECONDS = 2 * SHORT_ROOM_SECONDS  # a room period that ends this soon counts as short (RoomWatch)
-PRIOR_PERIODS = 10.0  # the short share's prior: this many room periods as memoryless ones would end
+PRIOR_PERIODS = 10.0  # the short share's prior weighs this many room periods
+# The share of short room periods a provider is taken to have until its own are seen: borrowed from the
+# public AWS spot traces, where it reads 0.26 to 0.45 per zone (0.45 and 0.26 on the two tuning traces;
+# docs/guides/deadlines-budgets.md). The periods the daemon then sees pull it toward their own share.
+PRIOR_SHORT_SHARE = 0.35
 MAX_SHORT_SHARE = 0.9
 SHAPE_HALF_LIFE_SECONDS = 7 * 24 * 3600.0  # a room period this old counts half toward the short share
 UNWATCHED_GRACE_SECONDS = 24 * 3600.0  # a wait without a machine there ages the record nothing up to this
@@ -152,7 +156,7 @@ def change(before: JobStatus | None, after: JobStatus, provider: str, now: float
 class RoomShape:
     """What the lookahead knows of a provider's room periods beside their mean (lookahead.Model)."""
 
-    short_share: float = 0.0  # the share of room periods of the short kind
+    short_share: float = PRIOR_SHORT_SHARE  # the share of room periods of the short kind
     age_seconds: float | None = None  # how long it has had room now; None: no room, or since before the first look
 
 
@@ -171,9 +175,9 @@ class RoomWatch:
     within SHORT_WITHIN_SECONDS. On the public AWS spot traces far more of them do than a memoryless
     period of the same mean would: 29 to 51 % of them, holding a small share of the time
     with room (docs/guides/deadlines-budgets.md). `short_share` is the share of short periods (of
-    mean lookahead.SHORT_ROOM_SECONDS) that explains the excess, with PRIOR_PERIODS memoryless
-    periods as the prior; periods are weighed by age with a half-life of a week (SHAPE_HALF_LIFE_SECONDS),
-    as the shape of a market changes slower than its rate.
+    mean lookahead.SHORT_ROOM_SECONDS) that explains the excess, with PRIOR_PERIODS periods of the
+    share PRIOR_SHORT_SHARE (borrowed from those traces) as the prior; periods are weighed by age with
+    a half-life of a week (SHAPE_HALF_LIFE_SECONDS), as the shape of a market changes slower than its rate.
 
     Kept in git (status/room.yaml, `evidence` and `recalled`), so that a restarted daemon goes on
     from what it had seen. A provider that never says whether it has room keeps the priors."""
@@ -229,15 +233,17 @@ class RoomWatch:
 
     def short_share(self, provider: str) -> float:
         """The share of short room periods that explains how many ended within SHORT_WITHIN_SECONDS
-        beyond what memoryless periods of the same mean would: 0 until periods are seen."""
+        beyond what memoryless periods of the same mean would, with PRIOR_PERIODS periods of the prior
+        share PRIOR_SHORT_SHARE among those seen: the prior alone until periods are seen."""
         n = self.periods.get(provider, 0.0)
         if n <= 0:
-            return 0.0
+            return PRIOR_SHORT_SHARE
         memoryless = 1.0 - math.exp(-SHORT_WITHIN_SECONDS * n / self.room_seconds[provider])
-        seen = (self.shorts[provider] + PRIOR_PERIODS * memoryless) / (n + PRIOR_PERIODS)
         short_kind = 1.0 - math.exp(-SHORT_WITHIN_SECONDS / SHORT_ROOM_SECONDS)
         if short_kind <= memoryless:
             return 0.0
+        prior_ended = memoryless + PRIOR_SHORT_SHARE * (short_kind - memoryless)  # the prior's periods ending short
+        seen = (self.shorts[provider] + PRIOR_PERIODS * prior_ended) / (n + PRIOR_PERIODS)
         return min(MAX_SHORT_SHARE, max(0.0, (seen - memoryless) / (short_kind - memoryless)))
 
     def evidence(self) -> dict[str, RoomEvidence]:
