@@ -58,6 +58,19 @@ def test_a_live_spot_attempt_stays_and_one_on_demand_leaves_when_spot_has_room_a
     assert choose(situation(2.5, 2, current="ondemand", spot_there=False)).provider == "ondemand"
 
 
+def test_a_run_takes_spot_only_where_the_worst_interruption_there_would_leave_it_above_the_net() -> None:
+    """The lookahead prices an interruption's average loss (half a checkpoint interval). With 25
+    minutes of slack on on-demand it would move to spot: the move costs a tick and a changeover each
+    way (11 minutes), and an interruption just before a save 15 more (600 s of work, a 300 s tick),
+    which leaves less than the net's 6 minutes. With 35 minutes it moves."""
+    assert choose(situation(2 + 25 / 60, 2, current="ondemand")).provider == "ondemand"
+    assert choose(situation(2 + 35 / 60, 2, current="ondemand")).provider == "spot"
+    # From nowhere the way in is the launch's changeover: 22 minutes of slack (the way to on-demand
+    # counted) are too few, 27 enough.
+    assert choose(situation(2 + 25 / 60, 2)).provider == "ondemand"
+    assert choose(situation(2 + 30 / 60, 2)).provider == "spot"
+
+
 def test_one_early_interruption_does_not_read_as_spots_steady_rate_to_the_lookahead() -> None:
     """An interruption 30 minutes into spot's 6 h prior: the MTBF the status shows (capped: 0.9 h)
     would keep a run on on-demand for the rest of its 4 h of work; the lookahead plans with the
