@@ -52,17 +52,20 @@ class RoomEvidence(Model):
 _TIMES = ("seen_at", "state_since", "last_period_end")
 
 
+def room_row(ev: RoomEvidence) -> dict[str, Any]:
+    """One provider's evidence as the file writes it: times in ISO 8601, figures to four places."""
+    data = ev.model_dump(mode="json", exclude_none=True)
+    for key, value in data.items():
+        if key in _TIMES:
+            data[key] = iso(value)
+        elif isinstance(value, float):
+            data[key] = round(value, 4)
+    return data
+
+
 def render_room(lines: dict[str, RoomEvidence]) -> str:
     """Canonical YAML for `status/room.yaml`."""
-    rows: dict[str, Any] = {}
-    for name in sorted(lines):
-        data = lines[name].model_dump(mode="json", exclude_none=True)
-        for key, value in data.items():
-            if key in _TIMES:
-                data[key] = iso(value)
-            elif isinstance(value, float):
-                data[key] = round(value, 4)
-        rows[name] = data
+    rows: dict[str, Any] = {name: room_row(lines[name]) for name in sorted(lines)}
     header = ("# Written by the reconciler; do not edit. What the daemon has seen of each provider's room\n"
               "# for a worker, which the deadline policy's lookahead learns from (RoomWatch).\n")
     return header + yaml.dump({"providers": rows}, Dumper=_LiteralDumper, sort_keys=True, width=100)
@@ -100,6 +103,16 @@ def room_words(ev: RoomEvidence) -> str:
         share = ev.short_room_periods / ev.room_periods
         words.append(f"{100 * share:.0f} % of room periods end within {ev.short_within_seconds / 60:g} min")
     return "; ".join(words)
+
+
+def room_rows_of(text: bytes | None) -> dict[str, dict[str, Any]]:
+    """Each provider's evidence as the file writes it, with its `words`; none when the file is absent
+    or cannot be read. For `reconciler status --providers --json`."""
+    try:
+        saved = parse_room(text) if text else {}
+    except ValueError:
+        return {}
+    return {name: {**room_row(ev), "words": room_words(ev)} for name, ev in sorted(saved.items())}
 
 
 def room_words_of(text: bytes | None) -> dict[str, str]:

@@ -536,6 +536,10 @@ def status(repo: RepoOption = Path("."),
            as_json: Annotated[bool, typer.Option("--json", help="the same as --output json")] = False,
            job_name: Annotated[str | None, typer.Option("--job", help="one job in detail: its forecast on "
                                                          "each provider and the placement decision")] = None,
+           providers: Annotated[bool, typer.Option(
+               "--providers", help="the providers instead of the jobs: the ledger of the last status commit and "
+                                   "what the daemon has seen of each one's room (with --json: both as JSON)")
+           ] = False,
            repo_url: UrlOption = None, branch: BranchOption = None, path: PathOption = "") -> None:
     """A table of every job with its phase and progress (live progress from storage), its ETA, cost
     spent and projected, and deadline risk (the forecast of the last status commit), then each sweep's
@@ -546,8 +550,14 @@ def status(repo: RepoOption = Path("."),
     from reconciler.daemon.loop import read_run
 
     as_json = as_json or output is StatusOutput.JSON
+    if providers and job_name is not None:
+        raise _fail("--providers shows the providers and --job one job; pass one of them")
     rec = _reconciler(repo, repo_url, branch, path)
     status_at = rec.fresh_status(repo_url is not None)
+    if providers:
+        _show_providers(rec.repo.read_file(status_at, "status/providers.yaml"),
+                        rec.repo.read_file(status_at, "status/room.yaml"), as_json)
+        return
     commit = rec.repo.head()
     recorded = rec.read_recorded(status_at)
     desired = rec.read_desired(commit)
@@ -598,6 +608,30 @@ def status(repo: RepoOption = Path("."),
         err.print(f"[yellow]held:[/yellow] {escape(note)}")
     for e in desired.errors:
         err.print(f"[red]error:[/red] {escape(str(e))}")
+
+
+def _show_providers(ledger_text: bytes | None, room_text: bytes | None, as_json: bool) -> None:
+    """`status --providers`: the ledger (status/providers.yaml) and the room seen (status/room.yaml)."""
+    from status.room import room_rows_of
+
+    ledger = ledger_rows(ledger_text)
+    if as_json:
+        console.print_json(json.dumps({"providers": ledger, "room": room_rows_of(room_text)}, default=_json_value))
+        return
+    if not ledger:
+        console.print("no provider ledger yet: the daemon writes status/providers.yaml with its first status "
+                      "commit")
+    else:
+        console.print(ledger_table(ledger))
+    for line in room_lines(room_text):
+        console.print(line, overflow="fold")
+
+
+def _json_value(value: Any) -> str:
+    """What YAML read as a date or time (a hand-edited ledger), in ISO 8601."""
+    if hasattr(value, "isoformat"):
+        return str(value.isoformat())
+    raise TypeError(f"{type(value).__name__} is not JSON")
 
 
 def _forecast_fields(st: JobStatus | None, deadline: float | None) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import pty
 import re
 import select
 import struct
+import subprocess
 import sys
 import termios
 import time
@@ -126,6 +127,30 @@ def test_status_output_wide_plain_and_json(state_repo: StateRepoFixture) -> None
     rows = json.loads(status("-o", "json"))
     assert rows == json.loads(status("--json")) and {r["job"] for r in rows} == {"train-demo", "eval-nightly"}
     assert json.loads(status("--job", "train-demo", "-o", "json"))["job"] == "train-demo"
+
+
+def test_status_providers_gives_the_ledger_and_the_room_seen_as_text_and_as_json(
+        state_repo: StateRepoFixture) -> None:
+    """For scripts: `status --json` is a list of jobs; `--providers` gives what the daemon knows of
+    each provider instead, the ledger with its times in ISO 8601 and the room with its words."""
+    def status(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return zygote.run([sys.executable, "-m", "reconciler", "status", "--repo", str(state_repo.path), *args],
+                          capture_output=True, text=True, check=check)
+
+    empty = status("--providers")
+    assert "no provider ledger yet" in empty.stdout and "train-demo" not in empty.stdout
+    assert json.loads(status("--providers", "--json").stdout) == {"providers": [], "room": {}}
+    recorded_repo(state_repo)
+    text = " ".join(status("--providers").stdout.split())
+    assert "kaggle-free" in text and "21.5 gpu-hours" in text and "train-demo" not in text, text
+    assert "30 % of room periods end within 20 min" in text
+    data = json.loads(status("--providers", "-o", "json").stdout)
+    (row,) = data["providers"]
+    assert row["provider"] == "kaggle-free" and row["remaining"] == 21.5 and "T" in row["resets_at"]
+    room = data["room"]["kaggle-free"]
+    assert room["room_periods"] == 10.0 and "T" in room["seen_at"] and room["words"].startswith("without room")
+    both = status("--providers", "--job", "train-demo", check=False)
+    assert both.returncode != 0 and "pass one of them" in both.stderr
 
 
 def test_status_help_names_every_option(state_repo: StateRepoFixture) -> None:
