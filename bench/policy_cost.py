@@ -11,8 +11,8 @@ worker), so its cost grows with the window until the window is cut into longer s
 the work left, and with the room states: two, or up to eight where the daemon has seen short room
 periods on spot (RoomWatch). So the lookahead is timed twice on each situation: with memoryless room
 (spot's short share 0, two room states), and with spot's short share set to SHORT_SHARE, as
-RoomWatch learns on the AWS traces (the synthetic traces' periods are memoryless, and the share a
-run learns there is noise).
+RoomWatch learns on the AWS traces and near the share a new daemon starts from
+(reliability.PRIOR_SHORT_SHARE; the cost depends on whether the share is 0, not on its value).
 
     python bench/policy_cost.py --quick     # W = 8 h, 2 traces, under a minute
     python bench/policy_cost.py             # W = 8 h and 24 h, 3 traces

@@ -308,8 +308,9 @@ def _looked_ahead(s: Situation, spot: Option, fb: Option, slack: float, risk: st
     (reconciler.planner.outlook.lookahead) expects to finish for least, from this run's measured
     rate, checkpoint interval and changeovers, spot's MTBF, its wait for room and how its room periods
     spread (RoomWatch: how many are short, and how long room has been back now). Spot or a wait
-    only above the safety net (two changeovers of slack); the deadline's risk is the lookahead's
-    to weigh, so rule 2's cover for the next interruption does not apply."""
+    only above the safety net (two changeovers of slack); rule 2's cover for the next interruption
+    holds only on the way onto spot (`_way_in_covered`): a run there stays by the lookahead's
+    weighing of the risk."""
     assert s.deadline is not None and spot.rate is not None and fb.rate is not None
     model = lookahead.Model(
         step_seconds=s.tick_seconds, spot_price=spot.price, fallback_price=fb.price,

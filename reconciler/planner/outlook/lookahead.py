@@ -6,9 +6,9 @@ on spot or on the fallback (never interrupted), and spot has room or not. Spot's
 as a Markov chain: once spot has no room, room comes back after a mean of `down_seconds` (what the
 daemon has seen: reconciler.planner.outlook.reliability.RoomWatch; bench/deadline.py's reference
 gives it the trace's own mean periods), and a machine there lasts a mean of `up_seconds` (its
-MTBF). Where the daemon has seen more short room periods than memoryless ones would give (RoomWatch;
-on the public AWS spot traces 29 to 51 % of them end within 20 minutes), a room period is
-short (mean `short_seconds`) with chance `short_share` and long otherwise, so room that has just
+MTBF). A room period is short (mean `short_seconds`) with chance `short_share` and long
+otherwise (RoomWatch: a share borrowed from the public AWS spot traces, where 29 to 51 % of room
+periods end within 20 minutes, then the one the daemon sees; 0 reads as memoryless), so room that has just
 come back is likelier to go soon: the chain then counts the steps since room came back, one state
 a step for three short means, before room is taken as settled. A launch pays its changeover,
 billed, before any work; an interruption loses, on average, `unsaved_seconds` of work and leaves
